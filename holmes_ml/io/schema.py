@@ -1,0 +1,273 @@
+"""The canonical CommOps table: one row per communication operator executed by one rank.
+
+Every reader produces this table and everything downstream (features, detectors, localization,
+serving) reads only this table. :func:`validate` is the single gatekeeper: it coerces dtypes and
+raises :class:`SchemaError` naming the source, column, row and value when the input is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+#: Operator types the schema accepts.
+OP_TYPES: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "send",
+    "recv",
+)
+COLLECTIVE_OPS: frozenset[str] = frozenset(OP_TYPES) - {"send", "recv"}
+P2P_OPS: frozenset[str] = frozenset({"send", "recv"})
+
+#: Required columns and their kind (``int``, ``str`` or ``float``).
+REQUIRED_COLUMNS: dict[str, str] = {
+    "iteration": "int",
+    "rank": "int",
+    "op": "str",
+    "group": "str",
+    "seq": "int",
+    "nbytes": "int",
+    "start_ns": "int",
+    "duration_us": "float",
+}
+#: Optional columns the schema knows; other extra columns are kept as they are.
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "group_ranks": "str",  # space-separated global ranks of the group, in group order
+    "peer": "int",  # P2P peer global rank, -1 for collectives
+    "host": "str",
+    "group_kind": "str",  # tp, dp, pp, ep, cp, ... (free text, lower case)
+    "job": "str",
+}
+#: Label columns written by the simulator (never used as features).
+LABEL_COLUMNS: tuple[str, ...] = ("abnormal", "fault_id")
+
+_NUMPY_DTYPES = {"int": np.int64, "float": np.float64}
+
+
+class SchemaError(ValueError):
+    """Input does not follow the canonical CommOps schema.
+
+    The message names the source (file), the column, the first offending row and value, and what
+    was expected. The same facts are available as attributes for programmatic use.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        column: str | None = None,
+        row: int | None = None,
+        value: object = None,
+        expected: str | None = None,
+    ) -> None:
+        self.source = source
+        self.column = column
+        self.row = row
+        self.value = value
+        self.expected = expected
+        where = []
+        if source:
+            where.append(str(source))
+        if column:
+            where.append(f"column {column!r}")
+        if row is not None:
+            where.append(f"row {row}")
+        prefix = ": ".join([", ".join(where)]) + ": " if where else ""
+        detail = ""
+        if value is not None:
+            detail += f" (got {value!r}"
+            detail += f"; expected {expected})" if expected else ")"
+        elif expected:
+            detail += f" (expected {expected})"
+        super().__init__(f"{prefix}{message}{detail}")
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    """Knobs of :func:`validate`.
+
+    Parameters
+    ----------
+    check_groups:
+        Check that all participants of a group agree on its size (needs ``group_ranks``).
+    allow_negative_duration:
+        Accept negative durations (clock glitches); by default they are an error.
+    """
+
+    check_groups: bool = True
+    allow_negative_duration: bool = False
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.Series:
+    col = df[column]
+    if kind == "str":
+        if col.isna().any():
+            i = _first_bad(col.isna().to_numpy())
+            raise SchemaError(
+                "missing value", source=source, column=column, row=i, value=None,
+                expected="a non-empty string",
+            )
+        return col.astype(str)
+    numeric = pd.to_numeric(col, errors="coerce")
+    bad = numeric.isna().to_numpy() | ~np.isfinite(numeric.to_numpy(dtype=float, na_value=np.nan))
+    if bad.any():
+        i = _first_bad(bad)
+        raise SchemaError(
+            "not a number", source=source, column=column, row=i, value=col.iloc[i],
+            expected=f"a finite {kind}",
+        )
+    if kind == "int":
+        values = numeric.to_numpy(dtype=float)
+        frac = values != np.round(values)
+        if frac.any():
+            i = _first_bad(frac)
+            raise SchemaError(
+                "not an integer", source=source, column=column, row=i, value=col.iloc[i],
+                expected="an integer",
+            )
+        return numeric.astype(np.int64)
+    return numeric.astype(np.float64)
+
+
+def validate(
+    df: pd.DataFrame,
+    source: str | None = None,
+    options: ValidationOptions | None = None,
+) -> pd.DataFrame:
+    """Check and coerce a table to the canonical CommOps schema.
+
+    Parameters
+    ----------
+    df:
+        Candidate table, one row per operator per rank.
+    source:
+        Name of the file (or stream) the table came from, used in error messages.
+    options:
+        See :class:`ValidationOptions`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        A new table with required columns first, canonical dtypes (``int64``, ``float64``,
+        ``str``), ``op`` values lower-cased, and ``peer`` filled with -1 where absent.
+
+    Raises
+    ------
+    SchemaError
+        Missing column, wrong type, unknown op, negative size/duration, or a group whose
+        participants disagree on its size.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"iteration": [0], "rank": [0], "op": ["all_reduce"], "group": ["dp-0"],
+    ...                   "seq": [0], "nbytes": [1024], "start_ns": [0], "duration_us": [12.5]})
+    >>> validate(t).dtypes["duration_us"]
+    dtype('float64')
+    """
+    opts = options or ValidationOptions()
+    if not isinstance(df, pd.DataFrame):
+        raise SchemaError(
+            "not a table", source=source, value=type(df).__name__, expected="a pandas DataFrame"
+        )
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise SchemaError(
+            f"missing required column(s) {', '.join(missing)}",
+            source=source,
+            column=missing[0],
+            expected="columns " + ", ".join(REQUIRED_COLUMNS),
+        )
+    df = df.reset_index(drop=True)
+    out: dict[str, pd.Series] = {}
+    for column, kind in {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}.items():
+        if column in df.columns:
+            if column in OPTIONAL_COLUMNS and column != "peer" and kind == "str":
+                out[column] = df[column].fillna("").astype(str)
+            else:
+                out[column] = _coerce(df, column, kind, source)
+
+    op = out["op"].str.strip().str.lower()
+    known = op.isin(OP_TYPES).to_numpy()
+    if not known.all():
+        i = _first_bad(~known)
+        raise SchemaError(
+            "unknown op type", source=source, column="op", row=i, value=df["op"].iloc[i],
+            expected="one of " + ", ".join(OP_TYPES),
+        )
+    out["op"] = op
+    for column in ("nbytes", "seq", "rank", "iteration"):
+        neg = (out[column] < 0).to_numpy()
+        if neg.any():
+            i = _first_bad(neg)
+            raise SchemaError(
+                "negative value", source=source, column=column, row=i, value=out[column].iloc[i],
+                expected="a value >= 0",
+            )
+    if not opts.allow_negative_duration:
+        neg = (out["duration_us"] < 0).to_numpy()
+        if neg.any():
+            i = _first_bad(neg)
+            raise SchemaError(
+                "negative duration", source=source, column="duration_us", row=i,
+                value=out["duration_us"].iloc[i], expected="a duration >= 0 microseconds",
+            )
+    empty_group = (out["group"].str.len() == 0).to_numpy()
+    if empty_group.any():
+        i = _first_bad(empty_group)
+        raise SchemaError(
+            "empty group name", source=source, column="group", row=i, value="",
+            expected="a communicator name such as 'dp-0'",
+        )
+    if "peer" not in out:
+        out["peer"] = pd.Series(np.full(len(df), -1, dtype=np.int64))
+
+    result = pd.DataFrame(out)
+    extras = [c for c in df.columns if c not in result.columns]
+    for c in extras:
+        result[c] = df[c].to_numpy()
+
+    if opts.check_groups and "group_ranks" in result.columns and len(result):
+        _check_group_sizes(result, source)
+    return result
+
+
+def group_size_of(group_ranks: pd.Series) -> pd.Series:
+    """Number of ranks listed in each ``group_ranks`` string (0 where it is empty)."""
+    return group_ranks.str.count(r"\S+").astype(np.int64)
+
+
+def _check_group_sizes(df: pd.DataFrame, source: str | None) -> None:
+    listed = df["group_ranks"].str.len() > 0
+    if not listed.any():
+        return
+    sub = df.loc[listed, ["group", "group_ranks"]]
+    sizes = group_size_of(sub["group_ranks"])
+    per_group = sizes.groupby(sub["group"]).agg(["min", "max"])
+    bad = per_group[per_group["min"] != per_group["max"]]
+    if len(bad):
+        g = bad.index[0]
+        rows = sub.index[(sub["group"] == g).to_numpy()]
+        first = int(rows[0])
+        odd = rows[(sizes.loc[rows] != sizes.loc[first]).to_numpy()]
+        raise SchemaError(
+            f"participants of group {g!r} disagree on its size",
+            source=source,
+            column="group_ranks",
+            row=int(odd[0]),
+            value=f"{int(sizes.loc[odd[0]])} ranks",
+            expected=f"{int(sizes.loc[first])} ranks as in row {first}",
+        )

@@ -1,0 +1,1 @@
+"""holmes_ml.simulator"""

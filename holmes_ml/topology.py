@@ -1,0 +1,266 @@
+"""Cluster and job topology: where each rank runs and which devices its traffic crosses.
+
+Shared by the simulator (which builds one from a parallel layout) and by localization (which
+reads it from ``topology.json`` or derives a minimal one from the CommOps table).
+
+Device identifiers are strings with a kind prefix, so one namespace covers every suspect:
+
+=================  ==========================================================
+``gpu:H/g``        GPU ``g`` of host ``H``
+``nic:H/g``        the NIC serving that GPU (one NIC per GPU, rail-optimized)
+``host:H``         the host (CPU, memory, dataloader)
+``switch:L``       a leaf switch (``leaf-p{pod}-r{rail}``) or spine (``spine-{s}``)
+``link:L~S``       the cable between leaf ``L`` and spine ``S``
+=================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+#: Parallelism dimensions in Megatron's default order, fastest-varying first.
+COORD_KINDS: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
+DEVICE_KINDS: tuple[str, ...] = ("gpu", "nic", "host", "switch", "link")
+
+
+def device_kind(device: str) -> str:
+    """Kind prefix of a device id (``'nic:h/3'`` -> ``'nic'``)."""
+    kind, sep, _ = device.partition(":")
+    if not sep or kind not in DEVICE_KINDS:
+        raise ValueError(f"device id {device!r} has no known kind prefix; expected one of {DEVICE_KINDS}")
+    return kind
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communicator: its unique name, kind (tp/dp/pp/ep/cp/...) and member ranks in order."""
+
+    name: str
+    kind: str
+    ranks: tuple[int, ...]
+
+
+def kind_from_group_name(name: str) -> str:
+    """Best-effort group kind from a name such as ``'dp-1-0'`` (``'dp'``); ``'other'`` if unknown."""
+    head = name.split("-", 1)[0].split("_", 1)[0].lower()
+    return head if head in COORD_KINDS or head in {"world", "mp", "emb", "pos"} else "other"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Placement of ranks on hosts/GPUs/NICs/switches, and the job's communicators.
+
+    Parameters
+    ----------
+    ranks:
+        One row per global rank with columns ``rank``, ``host``, ``gpu`` (local index),
+        ``pod`` and, where known, the parallel coordinates ``tp, cp, ep, dp, pp`` (-1 if unknown).
+    groups:
+        Communicators by name.
+    spines:
+        Number of spine switches (0 when the fabric is unknown: then only NICs/hosts are named).
+    parallel:
+        Parallel sizes, e.g. ``{"tp": 8, "pp": 4, "dp": 2}``.
+    """
+
+    ranks: pd.DataFrame
+    groups: dict[str, Group] = field(default_factory=dict)
+    spines: int = 0
+    parallel: dict[str, int] = field(default_factory=dict)
+    gpus_per_host: int = 8
+
+    # ----------------------------------------------------------------- identities
+    @property
+    def world_size(self) -> int:
+        return int(len(self.ranks))
+
+    def _row(self, rank: int) -> pd.Series:
+        return self.ranks.iloc[int(self._index[int(rank)])]
+
+    @property
+    def _index(self) -> dict[int, int]:
+        # Cached lazily on the instance; frozen dataclass so go through object.__setattr__.
+        cache = self.__dict__.get("_rank_index")
+        if cache is None:
+            cache = {int(r): i for i, r in enumerate(self.ranks["rank"].to_numpy())}
+            object.__setattr__(self, "_rank_index", cache)
+        return cache
+
+    def host_of(self, rank: int) -> str:
+        return str(self._row(rank)["host"])
+
+    def gpu_of(self, rank: int) -> str:
+        row = self._row(rank)
+        return f"gpu:{row['host']}/{int(row['gpu'])}"
+
+    def nic_of(self, rank: int) -> str:
+        row = self._row(rank)
+        return f"nic:{row['host']}/{int(row['gpu'])}"
+
+    def leaf_of(self, rank: int) -> str | None:
+        if self.spines <= 0:
+            return None
+        row = self._row(rank)
+        return f"switch:leaf-p{int(row['pod'])}-r{int(row['gpu'])}"
+
+    def coords_of(self, rank: int) -> dict[str, int] | None:
+        row = self._row(rank)
+        coords = {k: int(row[k]) for k in COORD_KINDS if k in row.index and int(row[k]) >= 0}
+        return coords or None
+
+    def ranks_on(self, device: str) -> list[int]:
+        """Global ranks whose GPU, NIC or host is ``device`` (switches/links: ranks below them)."""
+        kind = device_kind(device)
+        body = device.split(":", 1)[1]
+        r = self.ranks
+        if kind in ("gpu", "nic"):
+            host, _, g = body.rpartition("/")
+            mask = (r["host"] == host) & (r["gpu"] == int(g))
+        elif kind == "host":
+            mask = r["host"] == body
+        elif kind == "switch" and body.startswith("leaf-p"):
+            pod, rail = body[len("leaf-p"):].split("-r")
+            mask = (r["pod"] == int(pod)) & (r["gpu"] == int(rail))
+        elif kind == "link":
+            leaf = body.split("~", 1)[0]
+            return self.ranks_on(f"switch:{leaf}")
+        else:  # spine: everybody below it
+            mask = np.ones(len(r), dtype=bool)
+        return sorted(int(x) for x in r.loc[mask, "rank"])
+
+    # ----------------------------------------------------------------- routing
+    def path(self, a: int, b: int) -> tuple[str, ...]:
+        """Devices a flow from rank ``a`` to rank ``b`` crosses (GPUs excluded).
+
+        Same host: NVLink only, so no network device. Same leaf (same pod and rail): NIC, leaf,
+        NIC. Otherwise up through a spine chosen by a deterministic ECMP hash of the pair.
+        """
+        ha, hb = self.host_of(a), self.host_of(b)
+        if ha == hb:
+            return ()
+        na, nb = self.nic_of(a), self.nic_of(b)
+        if self.spines <= 0:
+            return (na, nb)
+        la, lb = self.leaf_of(a), self.leaf_of(b)
+        assert la is not None and lb is not None
+        if la == lb:
+            return (na, la, nb)
+        s = zlib.crc32(f"{min(a, b)}-{max(a, b)}".encode()) % self.spines
+        spine = f"spine-{s}"
+        return (
+            na,
+            la,
+            f"link:{la.split(':', 1)[1]}~{spine}",
+            f"switch:{spine}",
+            f"link:{lb.split(':', 1)[1]}~{spine}",
+            lb,
+            nb,
+        )
+
+    def collective_devices(self, ranks: Sequence[int]) -> set[str]:
+        """Network devices crossed by a ring over ``ranks`` (the algorithm NCCL uses for large
+        messages); a two-member group is a single bidirectional flow."""
+        members = list(ranks)
+        devices: set[str] = set()
+        if len(members) < 2:
+            return devices
+        for i, a in enumerate(members):
+            b = members[(i + 1) % len(members)]
+            devices.update(self.path(a, b))
+        return devices
+
+    # ----------------------------------------------------------------- I/O
+    def to_dict(self) -> dict:
+        cols = {c: self.ranks[c].tolist() for c in self.ranks.columns}
+        return {
+            "version": 1,
+            "gpus_per_host": self.gpus_per_host,
+            "spines": self.spines,
+            "parallel": dict(self.parallel),
+            "ranks": cols,
+            "groups": [
+                {"name": g.name, "kind": g.kind, "ranks": list(g.ranks)} for g in self.groups.values()
+            ],
+        }
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "topology") -> Topology:
+        try:
+            ranks = pd.DataFrame(data["ranks"])
+            groups = {
+                g["name"]: Group(str(g["name"]), str(g["kind"]), tuple(int(x) for x in g["ranks"]))
+                for g in data.get("groups", [])
+            }
+            for col in ("rank", "host", "gpu", "pod"):
+                if col not in ranks.columns:
+                    raise KeyError(f"ranks.{col}")
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{source}: not a holmes_ml topology (missing {exc}); expected keys "
+                "'ranks' (with rank, host, gpu, pod) and 'groups'"
+            ) from exc
+        return cls(
+            ranks=ranks,
+            groups=groups,
+            spines=int(data.get("spines", 0)),
+            parallel={k: int(v) for k, v in data.get("parallel", {}).items()},
+            gpus_per_host=int(data.get("gpus_per_host", 8)),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Topology:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_ops(cls, ops: pd.DataFrame, gpus_per_host: int = 8) -> Topology:
+        """Derive a minimal topology from a canonical CommOps table.
+
+        Hosts come from the ``host`` column when present, otherwise consecutive blocks of
+        ``gpus_per_host`` ranks are assumed to share a host. Group members come from
+        ``group_ranks`` when present, otherwise from the ranks seen logging the group. Parallel
+        coordinates are taken from columns named ``tp, cp, ep, dp, pp`` if a reader supplied them.
+        The fabric above the NICs is unknown, so no switches or links are named.
+        """
+        per_rank = ops.groupby("rank", sort=True)
+        ranks = pd.DataFrame({"rank": np.asarray(sorted(per_rank.groups), dtype=np.int64)})
+        if "host" in ops.columns and (ops["host"].astype(str).str.len() > 0).all():
+            hosts = per_rank["host"].first().astype(str)
+            ranks["host"] = hosts.reindex(ranks["rank"]).to_numpy()
+            ranks["gpu"] = ranks.groupby("host").cumcount().to_numpy()
+        else:
+            ranks["host"] = [f"host-{r // gpus_per_host}" for r in ranks["rank"]]
+            ranks["gpu"] = (ranks["rank"] % gpus_per_host).to_numpy()
+        ranks["pod"] = 0
+        for k in COORD_KINDS:
+            if k in ops.columns:
+                ranks[k] = per_rank[k].first().reindex(ranks["rank"]).fillna(-1).astype(int).to_numpy()
+            else:
+                ranks[k] = -1
+        groups: dict[str, Group] = {}
+        has_list = "group_ranks" in ops.columns
+        kinds = ops.groupby("group")["group_kind"].first() if "group_kind" in ops.columns else None
+        for name, sub in ops.groupby("group", sort=False):
+            members: Iterable[int]
+            listed = sub["group_ranks"].iloc[0] if has_list else ""
+            if listed:
+                members = [int(x) for x in str(listed).split()]
+            else:
+                members = sorted(int(x) for x in sub["rank"].unique())
+            kind = str(kinds[name]) if kinds is not None and kinds[name] else kind_from_group_name(str(name))
+            groups[str(name)] = Group(str(name), kind, tuple(members))
+        return cls(ranks=ranks, groups=groups, spines=0, parallel={}, gpus_per_host=gpus_per_host)

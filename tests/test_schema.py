@@ -1,0 +1,83 @@
+"""The canonical CommOps schema: coercion and errors that name the file, column, row and value."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from holmes_ml.io.schema import OP_TYPES, REQUIRED_COLUMNS, SchemaError, validate
+
+
+def _table(**overrides) -> pd.DataFrame:
+    base = {
+        "iteration": [0, 0, 0, 0],
+        "rank": [0, 1, 0, 1],
+        "op": ["all_reduce", "all_reduce", "send", "recv"],
+        "group": ["dp-0", "dp-0", "pp-0-1", "pp-0-1"],
+        "seq": [0, 0, 0, 0],
+        "nbytes": [1024, 1024, 64, 64],
+        "start_ns": [10, 12, 20, 21],
+        "duration_us": [5.0, 3.5, 1.0, 2.0],
+    }
+    base.update(overrides)
+    return pd.DataFrame(base)
+
+
+def test_valid_table_is_coerced_to_canonical_dtypes():
+    out = validate(_table(nbytes=["1024", "1024", "64", "64"], op=[" All_Reduce", "all_reduce", "SEND", "recv"]))
+    assert list(out.columns[: len(REQUIRED_COLUMNS)]) == list(REQUIRED_COLUMNS)
+    assert out["nbytes"].dtype == "int64"
+    assert out["duration_us"].dtype == "float64"
+    assert out["op"].tolist() == ["all_reduce", "all_reduce", "send", "recv"]
+    assert (out["peer"] == -1).all()
+
+
+def test_extra_columns_are_kept():
+    out = validate(_table(abnormal=[True, False, False, False]))
+    assert out["abnormal"].tolist() == [True, False, False, False]
+
+
+@pytest.mark.parametrize("column", list(REQUIRED_COLUMNS))
+def test_missing_column_is_named(column):
+    with pytest.raises(SchemaError, match=column) as err:
+        validate(_table().drop(columns=[column]), source="ranks/rank-3.csv")
+    assert "ranks/rank-3.csv" in str(err.value)
+    assert err.value.column == column
+
+
+def test_unknown_op_names_row_value_and_choices():
+    with pytest.raises(SchemaError) as err:
+        validate(_table(op=["all_reduce", "allreduce_coalesced", "send", "recv"]), source="f.parquet")
+    msg = str(err.value)
+    assert "f.parquet" in msg and "'op'" in msg and "row 1" in msg and "allreduce_coalesced" in msg
+    assert all(op in msg for op in OP_TYPES)
+
+
+def test_wrong_type_names_value():
+    with pytest.raises(SchemaError, match=r"duration_us.*row 2.*'fast'"):
+        validate(_table(duration_us=[1.0, 2.0, "fast", 3.0]))
+
+
+def test_fractional_integer_is_refused():
+    with pytest.raises(SchemaError, match=r"seq.*row 3.*1\.5"):
+        validate(_table(seq=[0, 0, 1, 1.5]))
+
+
+def test_negative_duration_is_refused_unless_allowed():
+    from holmes_ml.io.schema import ValidationOptions
+
+    bad = _table(duration_us=[1.0, -2.0, 1.0, 1.0])
+    with pytest.raises(SchemaError, match="negative duration"):
+        validate(bad)
+    assert validate(bad, options=ValidationOptions(allow_negative_duration=True))["duration_us"].min() == -2.0
+
+
+def test_group_size_disagreement_is_reported():
+    t = _table(group_ranks=["0 1", "0 1 2", "0 1", "0 1"])
+    with pytest.raises(SchemaError, match=r"row 1.*dp-0.*disagree.*3 ranks.*2 ranks"):
+        validate(t, source="job.csv")
+
+
+def test_not_a_dataframe():
+    with pytest.raises(SchemaError, match="DataFrame"):
+        validate([1, 2, 3])  # type: ignore[arg-type]

@@ -1,0 +1,86 @@
+"""Topology: device naming, routing, JSON round trip, derivation from logs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from holmes_ml.topology import Group, Topology, device_kind, kind_from_group_name
+
+
+def _two_pods(hosts_per_pod: int = 2, pods: int = 2, spines: int = 4) -> Topology:
+    rows = []
+    for h in range(hosts_per_pod * pods):
+        for g in range(8):
+            rows.append({"rank": h * 8 + g, "host": f"node{h:03d}", "gpu": g, "pod": h // hosts_per_pod})
+    ranks = pd.DataFrame(rows)
+    for k in ("tp", "cp", "ep", "dp", "pp"):
+        ranks[k] = -1
+    ranks["tp"] = ranks["rank"] % 8
+    ranks["dp"] = ranks["rank"] // 8
+    return Topology(ranks=ranks, groups={"dp-0": Group("dp-0", "dp", (0, 8, 16, 24))}, spines=spines)
+
+
+def test_paths_follow_rails_and_spines():
+    topo = _two_pods()
+    assert topo.path(0, 1) == ()  # same host: NVLink
+    same_leaf = topo.path(0, 8)  # GPU 0 of two hosts in pod 0
+    assert same_leaf == ("nic:node000/0", "switch:leaf-p0-r0", "nic:node001/0")
+    cross = topo.path(0, 16)  # pod 0 -> pod 1
+    assert cross[0] == "nic:node000/0" and cross[-1] == "nic:node002/0"
+    assert any(d.startswith("switch:spine-") for d in cross)
+    assert sum(d.startswith("link:") for d in cross) == 2
+    assert topo.path(0, 16) == topo.path(16, 0)[::-1] or set(topo.path(0, 16)) == set(topo.path(16, 0))
+
+
+def test_collective_devices_and_ranks_on():
+    topo = _two_pods()
+    devs = topo.collective_devices((0, 8, 16, 24))
+    assert {"nic:node000/0", "nic:node003/0", "switch:leaf-p0-r0", "switch:leaf-p1-r0"} <= devs
+    assert topo.ranks_on("nic:node001/0") == [8]
+    assert topo.ranks_on("host:node001") == list(range(8, 16))
+    assert topo.ranks_on("switch:leaf-p1-r3") == [19, 27]
+    assert topo.coords_of(9) == {"tp": 1, "dp": 1}
+
+
+def test_json_round_trip(tmp_path):
+    topo = _two_pods()
+    path = tmp_path / "topology.json"
+    topo.to_json(path)
+    back = Topology.from_json(path)
+    assert back.world_size == topo.world_size and back.spines == topo.spines
+    assert back.groups == topo.groups
+    assert back.path(0, 16) == topo.path(0, 16)
+
+
+def test_bad_topology_file_names_the_problem(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text("{not json")
+    with pytest.raises(ValueError, match="t.json"):
+        Topology.from_json(p)
+    p.write_text('{"ranks": {"rank": [0]}}')
+    with pytest.raises(ValueError, match=r"t.json.*ranks.host"):
+        Topology.from_json(p)
+
+
+def test_from_ops_uses_group_ranks_and_hosts():
+    ops = pd.DataFrame(
+        {
+            "rank": [0, 1, 2, 3],
+            "group": ["dp-0", "dp-0", "tp-1", "tp-1"],
+            "group_ranks": ["0 1", "0 1", "2 3", "2 3"],
+            "host": ["a", "b", "b", "b"],
+        }
+    )
+    topo = Topology.from_ops(ops)
+    assert topo.host_of(0) == "a" and topo.gpu_of(3) == "gpu:b/2"
+    assert topo.groups["tp-1"] == Group("tp-1", "tp", (2, 3))
+    assert topo.path(0, 1) == ("nic:a/0", "nic:b/0")
+
+
+def test_device_kinds():
+    assert device_kind("link:leaf-p0-r1~spine-2") == "link"
+    with pytest.raises(ValueError, match="kind prefix"):
+        device_kind("eth0")
+    assert kind_from_group_name("dp-3-1") == "dp"
+    assert kind_from_group_name("mystery") == "other"
