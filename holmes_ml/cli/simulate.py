@@ -1,9 +1,175 @@
-"""Commands of the `holmes` CLI for this area (filled in by its owner)."""
+"""``holmes simulate``: simulate a job with injected faults and write labelled CommOps logs."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import typer
+
+_EPILOG = (
+    "Examples:\n\n"
+    "  holmes simulate --gpus 128 --iterations 30 --fault gpu_slow:rank=5,severity=0.5,start=10 "
+    "--out sim/\n\n"
+    "  holmes simulate --gpus 512 --model llama2-70b --tp 8 --pp 4 "
+    "--fault nic_slow:rank=9,severity=2,pattern=fluctuation,probability=0.3 "
+    "--fault host_stall:rank=100,severity=0.2,pattern=spike,start=7 --out sim/\n\n"
+    "  holmes simulate --gpus 128 --model mixtral-8x7b --tp 2 --pp 2 --ep 4 --cp 2 --out sim/\n\n"
+    "  holmes simulate --gpus 8192 --model llama2-70b --tp 8 --pp 8 --iterations 20 "
+    "--fault link_slow:severity=1 --out big/   (streams to Parquet row groups)\n\n"
+    "Fault syntax: KIND[:key=value,...]; KIND one of gpu_slow, nic_slow, link_slow, "
+    "switch_congested, host_stall; keys rank|ranks (3+4), device (nic:node003/5, "
+    "link:leaf-p0-r3~spine-1, switch:leaf-p0-r3), pattern (persistent|spike|fluctuation), "
+    "severity (0.5 = 1.5x slower), start, end, probability (fluctuation)."
+)
+
+_HELP = (
+    "Simulate a job and write OUT/ops.parquet (labelled), OUT/faults.json, OUT/topology.json.\n\n"
+    "Collectives complete at the last arrival plus an alpha-beta transfer over the links they "
+    "cross, so a straggler's own ops look short and its peers' long; each op is labelled "
+    "`abnormal` when a fault prolongs it relative to the same seed run without faults. Jobs "
+    "above 5M rows stream to Parquet row groups."
+)
+
+#: Above this many rows the job is streamed to disk instead of being held in memory.
+STREAM_ROWS = 5_000_000
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    @app.command("simulate", epilog=_EPILOG, help=_HELP)
+    def simulate_cmd(
+        gpus: int = typer.Option(128, "--gpus", help="World size (8-GPU hosts)."),
+        model: str = typer.Option(
+            "llama2-13b",
+            "--model",
+            help="llama2-7b, llama2-13b, llama2-70b, gpt3-175b or mixtral-8x7b.",
+        ),
+        tp: int = typer.Option(None, "--tp", help="Tensor parallel size (default per model)."),
+        pp: int = typer.Option(None, "--pp", help="Pipeline stages (default per model)."),
+        dp: int = typer.Option(None, "--dp", help="Data parallel size (default: the rest)."),
+        ep: int = typer.Option(1, "--ep", help="Expert parallel size (MoE models)."),
+        cp: int = typer.Option(1, "--cp", help="Context parallel size."),
+        iterations: int = typer.Option(30, "--iterations", help="Training iterations."),
+        microbatches: int = typer.Option(None, "--microbatches", help="Per iteration (1F1B)."),
+        fault: list[str] = typer.Option(
+            [], "--fault", help="Fault KIND[:key=value,...]; repeatable (see examples below)."
+        ),
+        jitter: float = typer.Option(0.03, "--jitter", help="Log-normal sigma of all timings."),
+        drift: float = typer.Option(
+            0.0, "--drift", help="Relative compute slow-down over the run (benign)."
+        ),
+        calibrate_from: Path = typer.Option(
+            None,
+            "--calibrate-from",
+            help="Canonical CommOps log (parquet/csv/jsonl, file or dir) to fit op durations from.",
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed for layout draws, faults and jitter."),
+        out: Path = typer.Option(..., "--out", help="Output directory."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
+    ) -> None:
+        """Simulate a job and write labelled CommOps logs plus ground truth (see --help)."""
+        import pandas as pd
+        from rich.console import Console
+        from rich.table import Table
+
+        from holmes_ml.simulator import FaultSpec, SimConfig, simulate, simulate_to
+
+        console = Console(stderr=False)
+        try:
+            faults = tuple(FaultSpec.parse(f) for f in fault)
+            cfg = SimConfig(
+                gpus=gpus,
+                model=model,
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                ep=ep,
+                cp=cp,
+                iterations=iterations,
+                microbatches=microbatches,
+                faults=faults,
+                seed=seed,
+                jitter=jitter,
+                drift=drift,
+                calibrate_from=calibrate_from,
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        show = progress and console.is_terminal
+        est_rows = _estimate_rows(cfg)
+        if est_rows > STREAM_ROWS:
+            summary = simulate_to(cfg, out, progress=show)
+            rows, abnormal = summary["rows"], summary["abnormal"]
+            resolved = [FaultSpec.from_dict(d) for d in summary["faults"]]
+            iter_abn = None
+            ops = None
+        else:
+            res = simulate(cfg, progress=show)
+            res.write(out)
+            rows, abnormal = len(res.ops), int(res.ops["abnormal"].sum())
+            resolved = res.faults
+            iter_abn = res.ops.groupby("iteration")["abnormal"].any()
+            ops = res.ops
+        lay = cfg.layout
+        console.print(
+            f"[bold]{gpus} GPUs[/] {model}: tp={lay.tp} cp={lay.cp} ep={lay.ep} dp={lay.dp} "
+            f"pp={lay.pp}, {lay.microbatches} microbatches, {iterations} iterations"
+        )
+        console.print(f"{rows:,} ops, {abnormal:,} labelled abnormal -> {out}/ops.parquet")
+        if resolved:
+            table = Table(title="injected faults (ground truth in faults.json)")
+            for col in ("kind", "device", "ranks", "pattern", "severity", "active iterations"):
+                table.add_column(col)
+            for f in resolved:
+                table.add_row(
+                    f.kind,
+                    ", ".join(f.devices[:2]) + (" ..." if len(f.devices) > 2 else ""),
+                    _short(f.ranks),
+                    f.pattern,
+                    f"{f.severity:g}",
+                    _short(f.active_iterations or ()),
+                )
+            console.print(table)
+        else:
+            console.print("healthy run (no faults)")
+        if iter_abn is None:
+            iter_abn = (
+                pd.read_parquet(out / "ops.parquet", columns=["iteration", "abnormal"])
+                .groupby("iteration")["abnormal"]
+                .any()
+            )
+        bad = [int(i) for i in iter_abn.index[iter_abn.to_numpy()]]
+        console.print(f"iterations with abnormal ops (ground truth): {_short(bad) or 'none'}")
+        if ops is not None:
+            irregular = _irregular(ops)
+            if irregular is not None:
+                console.print(
+                    f"irregular iterations (iteration-time detector): {_short(irregular) or 'none'}"
+                )
+
+
+def _estimate_rows(cfg) -> int:  # noqa: ANN001
+    """Upper estimate of the rows a job logs (chunks per microbatch are at most 6)."""
+    lay = cfg.layout
+    per_micro = 2 * (lay.tp > 1) + 2 * (lay.cp > 1) + 4 * (lay.ep > 1)
+    return int(lay.world * cfg.iterations * (lay.microbatches * (per_micro * 6 + 2) + 2))
+
+
+def _irregular(ops) -> list[int] | None:  # noqa: ANN001
+    """Iterations the features layer flags as irregular (None when it is unavailable)."""
+    try:
+        from holmes_ml.features import detect_irregular
+    except ImportError:
+        return None
+    try:
+        table = detect_irregular(ops)
+    except Exception as exc:  # noqa: BLE001 - an optional summary line must not fail the run
+        logging.getLogger(__name__).warning("irregular-iteration summary skipped: %s", exc)
+        return None
+    return [int(i) for i in table.index[table["irregular"].to_numpy(dtype=bool)]]
+
+
+def _short(values) -> str:  # noqa: ANN001
+    values = list(values)
+    text = ", ".join(str(v) for v in values[:6])
+    return text + (f" (+{len(values) - 6})" if len(values) > 6 else "")

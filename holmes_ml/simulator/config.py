@@ -1,0 +1,412 @@
+"""What to simulate: the job (:class:`SimConfig`) and the faults injected (:class:`FaultSpec`).
+
+Both are frozen dataclasses validated on construction, so a bad value fails where it is written,
+with a message naming the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from holmes_ml.simulator.models import DEFAULT_TP_PP, HARDWARE, MODELS
+
+FAULT_KINDS: tuple[str, ...] = (
+    "gpu_slow",
+    "nic_slow",
+    "link_slow",
+    "switch_congested",
+    "host_stall",
+)
+PATTERNS: tuple[str, ...] = ("spike", "fluctuation", "persistent")
+#: Device-id prefix each fault kind acts on.
+DEVICE_PREFIX: dict[str, str] = {
+    "gpu_slow": "gpu:",
+    "nic_slow": "nic:",
+    "link_slow": "link:",
+    "switch_congested": "switch:",
+    "host_stall": "host:",
+}
+_PARSE_KEYS = ("rank", "ranks", "device", "pattern", "severity", "start", "end", "probability")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One injected fault.
+
+    Parameters
+    ----------
+    kind:
+        ``gpu_slow`` (compute of a rank slower), ``nic_slow`` / ``link_slow`` (bandwidth cut on the
+        flows crossing that NIC / leaf-spine cable), ``switch_congested`` (every flow through a
+        switch), ``host_stall`` (a pause of one rank, e.g. a dataloader or CPU hiccup).
+    ranks:
+        For gpu/nic/host faults the rank whose device is faulty (empty: one is drawn with the
+        seed). For link/switch faults a rank below the device used to pick it; once resolved,
+        the ranks whose traffic crosses the device.
+    device:
+        Explicit device id (``nic:node003/5``, ``link:leaf-p0-r3~spine-1``, ``switch:spine-0``);
+        overrides ``ranks`` for choosing the device.
+    pattern:
+        ``persistent`` (every iteration from start to end), ``spike`` (1-2 iterations unless
+        ``end_iteration`` is given), ``fluctuation`` (each iteration active with ``probability``).
+    severity:
+        Slowdown factor minus one: 0.5 = compute 1.5x slower or bandwidth / 1.5. For
+        ``host_stall``: pause length as a fraction of the (healthy) iteration time.
+    start_iteration, end_iteration:
+        Onset and last iteration (inclusive; ``None`` = to the end of the run).
+    probability:
+        Chance a ``fluctuation`` fault is active in a given iteration.
+    hosts, links, devices, active_iterations:
+        Filled in by the simulator when it resolves the fault (see :meth:`to_dict`).
+
+    Examples
+    --------
+    >>> FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=5").ranks
+    (5,)
+    """
+
+    kind: str
+    ranks: tuple[int, ...] = ()
+    device: str | None = None
+    pattern: str = "persistent"
+    severity: float = 0.5
+    start_iteration: int = 0
+    end_iteration: int | None = None
+    probability: float = 0.5
+    hosts: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    active_iterations: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(
+                f"FaultSpec.kind: got {self.kind!r}; expected one of {', '.join(FAULT_KINDS)}"
+            )
+        if self.pattern not in PATTERNS:
+            raise ValueError(
+                f"FaultSpec.pattern: got {self.pattern!r}; expected one of {', '.join(PATTERNS)}"
+            )
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        if any(r < 0 for r in self.ranks):
+            raise ValueError(f"FaultSpec.ranks: got {self.ranks!r}; expected ranks >= 0")
+        if not (self.severity > 0):
+            raise ValueError(f"FaultSpec.severity: got {self.severity!r}; expected a number > 0")
+        if self.start_iteration < 0:
+            raise ValueError(
+                f"FaultSpec.start_iteration: got {self.start_iteration!r}; expected >= 0"
+            )
+        if self.end_iteration is not None and self.end_iteration < self.start_iteration:
+            raise ValueError(
+                f"FaultSpec.end_iteration: got {self.end_iteration!r}; expected >= start_iteration "
+                f"({self.start_iteration}) or None"
+            )
+        if not (0 < self.probability <= 1):
+            raise ValueError(
+                f"FaultSpec.probability: got {self.probability!r}; expected 0 < p <= 1"
+            )
+        if self.device is not None:
+            prefix = DEVICE_PREFIX[self.kind]
+            if not self.device.startswith(prefix):
+                raise ValueError(
+                    f"FaultSpec.device: got {self.device!r} for a {self.kind} fault; "
+                    "expected a device "
+                    f"id starting with {prefix!r}"
+                )
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """Parse ``KIND[:key=value,...]`` (the CLI's ``--fault``).
+
+        Keys: ``rank`` / ``ranks`` (``3+4`` for several), ``device``, ``pattern``, ``severity``,
+        ``start``, ``end``, ``probability``.
+
+        Examples
+        --------
+        >>> f = FaultSpec.parse("nic_slow:ranks=3+4,pattern=spike,severity=2,start=4")
+        >>> (f.kind, f.ranks, f.pattern, f.severity, f.start_iteration)
+        ('nic_slow', (3, 4), 'spike', 2.0, 4)
+        """
+        kind, _, rest = text.strip().partition(":")
+        kind = kind.strip()
+        if kind not in FAULT_KINDS:
+            raise ValueError(
+                f"fault {text!r}: unknown kind {kind!r}; expected one of {', '.join(FAULT_KINDS)} "
+                "(syntax KIND[:key=value,...])"
+            )
+        kwargs: dict = {"kind": kind}
+        for item in filter(None, (p.strip() for p in rest.split(","))):
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not eq or key not in _PARSE_KEYS:
+                raise ValueError(
+                    f"fault {text!r}: bad key {key!r}"
+                    + ("" if eq else " (missing '=value')")
+                    + f"; expected key=value with key one of {', '.join(_PARSE_KEYS)}"
+                )
+            try:
+                if key in ("rank", "ranks"):
+                    kwargs["ranks"] = tuple(int(v) for v in value.split("+"))
+                elif key == "device":
+                    kwargs["device"] = value
+                elif key == "pattern":
+                    kwargs["pattern"] = value
+                elif key in ("severity", "probability"):
+                    kwargs[key] = float(value)
+                elif key == "start":
+                    kwargs["start_iteration"] = int(value)
+                elif key == "end":
+                    kwargs["end_iteration"] = None if value.lower() in ("", "none") else int(value)
+            except ValueError as exc:
+                raise ValueError(
+                    f"fault {text!r}: bad value {value!r} for key {key!r} ({exc})"
+                ) from exc
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:
+            raise ValueError(f"fault {text!r}: {exc}") from exc
+
+    def to_dict(self) -> dict:
+        """The ``faults.json`` entry."""
+        return {
+            "kind": self.kind,
+            "ranks": list(self.ranks),
+            "hosts": list(self.hosts),
+            "links": list(self.links),
+            "devices": list(self.devices),
+            "start_iteration": self.start_iteration,
+            "end_iteration": self.end_iteration,
+            "pattern": self.pattern,
+            "severity": self.severity,
+            "probability": self.probability,
+            "active_iterations": None
+            if self.active_iterations is None
+            else list(self.active_iterations),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FaultSpec:
+        """Inverse of :meth:`to_dict` (unknown keys are ignored, so older files still load)."""
+        act = data.get("active_iterations")
+        return cls(
+            kind=data["kind"],
+            ranks=tuple(data.get("ranks", ())),
+            device=(data.get("devices") or [None])[0]
+            if data.get("device") is None
+            else data["device"],
+            pattern=data.get("pattern", "persistent"),
+            severity=float(data.get("severity", 0.5)),
+            start_iteration=int(data.get("start_iteration", 0)),
+            end_iteration=data.get("end_iteration"),
+            probability=float(data.get("probability", 0.5)),
+            hosts=tuple(data.get("hosts", ())),
+            links=tuple(data.get("links", ())),
+            devices=tuple(data.get("devices", ())),
+            active_iterations=None if act is None else tuple(int(i) for i in act),
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Resolved parallel sizes; world = tp * cp * ep * dp * pp."""
+
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    microbatches: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.ep * self.dp * self.pp
+
+    def as_dict(self) -> dict[str, int]:
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A simulated training job.
+
+    Parameters
+    ----------
+    gpus:
+        World size (8 GPUs per host; more than 8 must be a multiple of 8).
+    model:
+        One of :data:`holmes_ml.simulator.MODELS`.
+    tp, pp, dp, ep, cp:
+        Parallel sizes; ``None`` picks a sensible default for the model and fills ``dp`` with the
+        rest. Rank order is Megatron's ``tp-cp-ep-dp-pp`` (tp fastest, pp slowest).
+    iterations:
+        Training iterations to simulate.
+    microbatches:
+        Microbatches per iteration per pipeline (1F1B schedule); ``None`` = ``max(pp, 4)``.
+    faults:
+        Faults to inject (empty = healthy run).
+    seed:
+        Seeds every random draw (jitter, drift phase, fault placement and activity).
+    jitter:
+        Sigma of the log-normal noise on every compute and transfer time.
+    drift:
+        Relative growth of compute time over the run (0.1 = the last iteration computes 10%
+        slower than the first, linearly), shared by the whole job, as thermal throttling or
+        growing data-dependent work would cause. Benign: it never produces ``abnormal`` labels.
+    calibrate_from:
+        A canonical CommOps log (parquet/csv) whose per-(op, group_kind) duration spread replaces
+        ``jitter`` for communication (see :mod:`holmes_ml.simulator.calibrate`).
+    hardware:
+        ``a100`` or ``h100`` (see :data:`holmes_ml.simulator.models.HARDWARE`).
+    hosts_per_pod, spines:
+        Fabric: hosts below one set of rail leaves, and spine switches above the leaves.
+        ``hosts_per_pod=None`` uses 32 hosts per pod, but at least 4 pods for jobs under
+        128 hosts, so that small simulated jobs still cross leaf-spine links (see
+        :attr:`pod_hosts`).
+    micro_batch_size:
+        Sequences per microbatch.
+    job:
+        Value of the ``job`` column.
+    """
+
+    gpus: int = 128
+    model: str = "llama2-13b"
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    ep: int = 1
+    cp: int = 1
+    iterations: int = 30
+    microbatches: int | None = None
+    faults: tuple[FaultSpec, ...] = ()
+    seed: int = 0
+    jitter: float = 0.03
+    drift: float = 0.0
+    calibrate_from: str | Path | None = None
+    hardware: str = "a100"
+    hosts_per_pod: int | None = None
+    spines: int = 8
+    micro_batch_size: int = 1
+    job: str = "sim"
+    _layout: Layout | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "faults", tuple(self.faults))
+        if self.model not in MODELS:
+            raise ValueError(
+                f"SimConfig.model: got {self.model!r}; expected one of {', '.join(MODELS)}"
+            )
+        if self.hardware not in HARDWARE:
+            raise ValueError(
+                f"SimConfig.hardware: got {self.hardware!r}; expected one of {', '.join(HARDWARE)}"
+            )
+        for name in ("gpus", "iterations", "ep", "cp", "spines", "micro_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SimConfig.{name}: got {value!r}; expected an integer >= 1")
+        for name in ("tp", "pp", "dp", "microbatches", "hosts_per_pod"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(
+                    f"SimConfig.{name}: got {value!r}; expected an integer >= 1 or None"
+                )
+        if self.gpus > 8 and self.gpus % 8:
+            raise ValueError(
+                f"SimConfig.gpus: got {self.gpus}; expected a multiple of 8 (8-GPU hosts) or <= 8"
+            )
+        if not (0 <= self.jitter < 1):
+            raise ValueError(f"SimConfig.jitter: got {self.jitter!r}; expected 0 <= jitter < 1")
+        if not (0 <= self.drift < 0.5):
+            raise ValueError(f"SimConfig.drift: got {self.drift!r}; expected 0 <= drift < 0.5")
+        for i, f in enumerate(self.faults):
+            if not isinstance(f, FaultSpec):
+                raise ValueError(f"SimConfig.faults[{i}]: got {f!r}; expected a FaultSpec")
+            bad = [r for r in f.ranks if r >= self.gpus]
+            if bad:
+                raise ValueError(
+                    f"SimConfig.faults[{i}].ranks: got rank {bad[0]}; expected < gpus ({self.gpus})"
+                )
+            if f.start_iteration >= self.iterations:
+                raise ValueError(
+                    f"SimConfig.faults[{i}].start_iteration: got {f.start_iteration}; expected < "
+                    f"iterations ({self.iterations})"
+                )
+        object.__setattr__(self, "_layout", self._resolve_layout())
+
+    @property
+    def pod_hosts(self) -> int:
+        """Hosts per pod actually used (resolves ``hosts_per_pod=None``)."""
+        if self.hosts_per_pod is not None:
+            return self.hosts_per_pod
+        hosts = max(1, -(-self.gpus // 8))
+        return 32 if hosts >= 128 else max(1, -(-hosts // 4))
+
+    @property
+    def layout(self) -> Layout:
+        assert self._layout is not None
+        return self._layout
+
+    def _resolve_layout(self) -> Layout:
+        spec = MODELS[self.model]
+        dtp, dpp = DEFAULT_TP_PP[self.model]
+        tp = self.tp or dtp
+        pp = self.pp or dpp
+        fixed = self.cp * self.ep * (self.dp or 1)
+
+        def fits(t: int, p: int) -> bool:
+            return self.gpus % (t * p * fixed) == 0 and spec.layers % p == 0
+
+        # Shrink the defaults (never user-given sizes) until the job fits in the GPUs.
+        while not fits(tp, pp) and self.pp is None and pp > 1:
+            pp //= 2
+        while not fits(tp, pp) and self.tp is None and tp > 1:
+            tp //= 2
+        dp = self.dp or max(1, self.gpus // (tp * pp * self.cp * self.ep))
+        world = tp * pp * dp * self.cp * self.ep
+        if world != self.gpus:
+            raise ValueError(
+                f"SimConfig: layout tp={tp} x cp={self.cp} x ep={self.ep} x dp={dp} x pp={pp} = "
+                f"{world} GPUs; expected exactly gpus={self.gpus} (make gpus divisible by "
+                f"tp*cp*ep*pp={tp * self.cp * self.ep * pp})"
+            )
+        if spec.layers % pp:
+            raise ValueError(
+                f"SimConfig.pp: got {pp}; expected a divisor of {self.model}'s {spec.layers} layers"
+            )
+        if spec.heads % tp or spec.kv_heads % min(tp, spec.kv_heads):
+            raise ValueError(
+                f"SimConfig.tp: got {tp}; expected a divisor of {self.model}'s {spec.heads} heads"
+            )
+        if self.ep > 1 and (not spec.is_moe or spec.experts % self.ep):
+            raise ValueError(
+                f"SimConfig.ep: got {self.ep}; expected 1 for dense {self.model}"
+                if not spec.is_moe
+                else f"SimConfig.ep: got {self.ep}; expected a divisor of {spec.experts} experts"
+            )
+        if spec.seq_len % self.cp:
+            raise ValueError(
+                f"SimConfig.cp: got {self.cp}; expected a divisor of the sequence length "
+                f"{spec.seq_len}"
+            )
+        micro = self.microbatches or max(pp, 4)
+        return Layout(tp=tp, cp=self.cp, ep=self.ep, dp=dp, pp=pp, microbatches=micro)
+
+    def to_dict(self) -> dict:
+        lay = self.layout
+        return {
+            "gpus": self.gpus,
+            "model": self.model,
+            **lay.as_dict(),
+            "microbatches": lay.microbatches,
+            "iterations": self.iterations,
+            "seed": self.seed,
+            "jitter": self.jitter,
+            "drift": self.drift,
+            "calibrate_from": None if self.calibrate_from is None else str(self.calibrate_from),
+            "hardware": self.hardware,
+            "hosts_per_pod": self.pod_hosts,
+            "spines": self.spines,
+            "micro_batch_size": self.micro_batch_size,
+            "job": self.job,
+            "faults": [f.to_dict() for f in self.faults],
+        }

@@ -1,0 +1,282 @@
+"""Physics and contract tests of holmes_ml.simulator (small jobs, seeded, fast)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from holmes_ml.io.schema import validate
+from holmes_ml.simulator import (
+    ABNORMAL_ABS_US,
+    ABNORMAL_REL,
+    FaultSpec,
+    SimConfig,
+    fit_calibration,
+    load_result,
+    simulate,
+    simulate_to,
+)
+from holmes_ml.simulator.engine import Engine
+
+SMALL = {"gpus": 32, "model": "llama2-7b", "tp": 4, "pp": 2, "iterations": 4, "seed": 3}
+
+
+def _iteration_us(ops: pd.DataFrame) -> np.ndarray:
+    end = ops["start_ns"] + ops["duration_us"] * 1000.0
+    frame = pd.DataFrame({"s": ops["start_ns"], "e": end, "i": ops["iteration"]}).groupby("i")
+    return ((frame["e"].max() - frame["s"].min()) / 1000.0).to_numpy()
+
+
+def _instance_min(ops: pd.DataFrame) -> pd.Series:
+    """Per op instance (iteration, group, seq, op family) the shortest duration = pure transfer:
+    the last participant to arrive waits for nobody."""
+    fam = ops["op"].astype(str).replace({"recv": "p2p", "send": "p2p"})
+    keys = [ops["iteration"], ops["group"].astype(str), ops["seq"], fam]
+    return ops["duration_us"].groupby(keys).min()
+
+
+def test_straggler_own_collectives_shorten_while_tp_peers_lengthen() -> None:
+    healthy = simulate(SimConfig(**SMALL)).ops
+    fault = FaultSpec.parse("gpu_slow:rank=5,severity=1.0")
+    ops = simulate(SimConfig(**SMALL, faults=(fault,))).ops
+    tp = (ops["group_kind"] == "tp").to_numpy()
+    own = tp & (ops["rank"] == 5).to_numpy()
+    peers = tp & ops["rank"].isin([4, 6, 7]).to_numpy()  # rank 5's TP group is 4..7
+    assert ops.loc[own, "duration_us"].mean() < 0.9 * healthy.loc[own, "duration_us"].mean()
+    assert ops.loc[peers, "duration_us"].mean() > 3 * healthy.loc[peers, "duration_us"].mean()
+    # Labels: the peers' waits are abnormal (blamed on fault 0); the straggler's own copy is not.
+    assert ops.loc[peers, "abnormal"].mean() > 0.9
+    assert not ops.loc[own, "abnormal"].any()
+    assert set(ops.loc[ops["abnormal"], "fault_id"]) == {0}
+    others = tp & ~ops["rank"].between(4, 7).to_numpy() & (ops["iteration"] == 0).to_numpy()
+    # The TP groups of the other data-parallel replicas are not slowed at their start.
+    assert ops.loc[others, "abnormal"].mean() < 0.2
+
+
+@pytest.mark.parametrize(
+    ("fault", "hosts_per_pod"),
+    [
+        ("nic_slow:rank=9,severity=1", 32),
+        ("switch_congested:rank=9,severity=1", 2),
+        ("link_slow:rank=9,severity=1", None),  # default: 8 hosts -> 4 pods of 2
+    ],
+)
+def test_bandwidth_fault_lengthens_exactly_the_collectives_crossing_its_device(
+    fault: str, hosts_per_pod: int | None
+) -> None:
+    cfg = {**SMALL, "gpus": 64, "tp": 2, "hosts_per_pod": hosts_per_pod}
+    healthy = simulate(SimConfig(**cfg))
+    res = simulate(SimConfig(**cfg, faults=(FaultSpec.parse(fault),)))
+    device = res.faults[0].devices[0]
+    assert device.split(":")[0] == {"nic": "nic", "swi": "switch", "lin": "link"}[fault[:3]]
+    ratio = _instance_min(res.ops) / _instance_min(healthy.ops)
+    topo = res.topology
+    groups = ratio.index.get_level_values(1)
+    crossing = {
+        name for name in set(groups) if device in topo.collective_devices(topo.groups[name].ranks)
+    }
+    hit = groups.isin(list(crossing))
+    assert hit.any() and (~hit).any()
+    # Transfers over the faulty device take ~ (1 + severity) longer (minus latency terms) ...
+    assert ratio[hit].min() > 1.5
+    # ... and every other collective's own transfer is untouched (same seed, same draws).
+    np.testing.assert_allclose(ratio[~hit].to_numpy(), 1.0, rtol=1e-9)
+    assert res.faults[0].active_iterations == tuple(range(cfg["iterations"]))
+
+
+def test_iteration_time_grows_by_the_expected_amount() -> None:
+    # Without pipelining the straggler's extra compute lands fully on the critical path:
+    # delta = severity * microbatches * (t_fwd + t_bwd).
+    cfg = {**SMALL, "pp": 1, "jitter": 0.0}
+    engine = Engine(SimConfig(**cfg))
+    per_iter = engine.lay.microbatches * (engine.t_fwd_us + engine.t_bwd_us)
+    base = _iteration_us(simulate(SimConfig(**cfg)).ops)
+    deltas = []
+    for sev in (0.5, 1.0):
+        ops = simulate(
+            SimConfig(**cfg, faults=(FaultSpec(kind="gpu_slow", ranks=(5,), severity=sev),))
+        ).ops
+        delta = _iteration_us(ops) - base
+        np.testing.assert_allclose(delta[1:], sev * per_iter, rtol=0.02)
+        deltas.append(delta.mean())
+    # With a pipeline some of the extra time hides in the bubble, but it still grows with severity.
+    pp_times = [
+        _iteration_us(
+            simulate(
+                SimConfig(
+                    **SMALL,
+                    faults=(FaultSpec(kind="gpu_slow", ranks=(5,), severity=s),) if s else (),
+                )
+            ).ops
+        ).mean()
+        for s in (0, 0.5, 1.0, 2.0)
+    ]
+    assert np.all(np.diff(pp_times) > 0)
+
+
+def test_host_stall_pauses_one_rank_and_its_peers_wait() -> None:
+    fault = FaultSpec.parse("host_stall:rank=6,severity=0.3,pattern=spike,start=2,end=2")
+    res = simulate(SimConfig(**SMALL, faults=(fault,)))
+    ops = res.ops
+    pause = 0.3 * Engine(SimConfig(**SMALL)).est_iter_us
+    assert res.faults[0].active_iterations == (2,)
+    assert res.faults[0].devices == ("host:node000",)
+    waits = ops[(ops["iteration"] == 2) & ops["rank"].isin([4, 5, 7]) & (ops["group_kind"] == "tp")]
+    assert waits["duration_us"].max() > 0.9 * pause
+    assert not ops.loc[ops["iteration"] < 2, "abnormal"].any()
+    assert ops.loc[ops["iteration"] == 2, "abnormal"].any()
+
+
+def test_healthy_run_has_no_abnormal_labels_and_drift_is_benign() -> None:
+    ops = simulate(SimConfig(**{**SMALL, "iterations": 6}, drift=0.2)).ops
+    assert not ops["abnormal"].any()
+    assert (ops["fault_id"] == -1).all()
+    times = _iteration_us(ops)
+    assert 1.1 < times[-1] / times[1] < 1.25
+    validate(ops, "simulated")  # canonical schema, group sizes consistent
+
+
+def test_abnormal_label_threshold_matches_counterfactual() -> None:
+    healthy = simulate(SimConfig(**SMALL)).ops
+    res = simulate(SimConfig(**SMALL, faults=(FaultSpec.parse("gpu_slow:rank=20,severity=0.4"),)))
+    expect = res.ops["duration_us"] > healthy["duration_us"] * (1 + ABNORMAL_REL) + ABNORMAL_ABS_US
+    assert expect.any()
+    np.testing.assert_array_equal(res.ops["abnormal"].to_numpy(), expect.to_numpy())
+
+
+def test_multiple_faults_get_their_own_fault_id() -> None:
+    faults = (
+        FaultSpec.parse("gpu_slow:rank=5,severity=1,start=1"),
+        FaultSpec.parse("gpu_slow:rank=18,severity=1.5,pattern=spike,start=2"),
+    )
+    ops = simulate(SimConfig(**SMALL, faults=faults)).ops
+    abn = ops[ops["abnormal"] & (ops["group_kind"] == "tp")]
+    first = abn[abn["rank"].between(4, 7)]
+    second = abn[abn["rank"].between(16, 19)]
+    assert len(first) and len(second)
+    assert set(first["fault_id"]) == {0}
+    assert set(second["fault_id"]) == {1}
+    assert set(second["iteration"]) <= {2, 3}
+
+
+def test_same_seed_same_file_and_round_trip(tmp_path) -> None:
+    cfg = SimConfig(**SMALL, faults=(FaultSpec.parse("nic_slow:severity=1,pattern=fluctuation"),))
+    a, b = simulate(cfg), simulate(cfg)
+    a.write(tmp_path / "a")
+    b.write(tmp_path / "b")
+    digest = [hashlib.sha256((tmp_path / d / "ops.parquet").read_bytes()).hexdigest() for d in "ab"]
+    assert digest[0] == digest[1]
+    assert (tmp_path / "a" / "faults.json").read_text() == (
+        tmp_path / "b" / "faults.json"
+    ).read_text()
+    other = simulate(SimConfig(**{**SMALL, "seed": 4}, faults=cfg.faults))
+    assert not np.array_equal(other.ops["duration_us"], a.ops["duration_us"])
+
+    back = load_result(tmp_path / "a")
+    pd.testing.assert_frame_equal(back.ops, a.ops)
+    assert back.faults == a.faults
+    assert back.topology.to_dict() == a.topology.to_dict()
+    # Streaming writes the same rows.
+    simulate_to(cfg, tmp_path / "c")
+    pd.testing.assert_frame_equal(load_result(tmp_path / "c").ops, a.ops)
+    # One Parquet row group per iteration, so readers can stream large jobs.
+    assert pq.ParquetFile(tmp_path / "c" / "ops.parquet").num_row_groups == cfg.iterations
+    with pytest.raises(ValueError, match="ops.parquet"):
+        load_result(tmp_path / "missing")
+
+
+def test_faultspec_parse_errors_name_the_bad_key() -> None:
+    with pytest.raises(ValueError, match="'rnak'"):
+        FaultSpec.parse("gpu_slow:rnak=5")
+    with pytest.raises(ValueError, match="'severity'"):
+        FaultSpec.parse("gpu_slow:severity=abc")
+    with pytest.raises(ValueError, match="unknown kind 'gpu_slo'"):
+        FaultSpec.parse("gpu_slo:rank=1")
+    with pytest.raises(ValueError, match="pattern"):
+        FaultSpec.parse("nic_slow:pattern=sometimes")
+    with pytest.raises(ValueError, match="ranks"):
+        SimConfig(**SMALL, faults=(FaultSpec.parse("gpu_slow:rank=99"),))
+    spec = FaultSpec.parse("nic_slow:ranks=3+4,pattern=spike,severity=2,start=1,end=2")
+    assert (spec.ranks, spec.pattern, spec.end_iteration) == ((3, 4), "spike", 2)
+
+
+def test_six_dimensional_layout_runs_with_consistent_groups() -> None:
+    cfg = SimConfig(
+        gpus=64,
+        model="mixtral-8x7b",
+        tp=2,
+        pp=2,
+        ep=2,
+        cp=2,
+        iterations=2,
+        faults=(FaultSpec.parse("gpu_slow:rank=9,severity=1"),),
+    )
+    res = simulate(cfg)
+    ops = validate(res.ops, "6d")
+    assert res.topology.parallel == {"tp": 2, "cp": 2, "ep": 2, "dp": 4, "pp": 2}
+    assert set(ops["group_kind"]) == {"tp", "cp", "ep", "dp", "pp"}
+    assert {"all_to_all", "all_gather", "reduce_scatter", "all_reduce", "send", "recv"} <= set(
+        ops["op"]
+    )
+    coll = ops[ops["peer"] == -1]
+    size = coll.groupby(["iteration", "group", "seq"]).size()
+    listed = coll.groupby(["iteration", "group", "seq"])["group_ranks"].first().str.count(" ") + 1
+    pd.testing.assert_series_equal(size, listed, check_names=False)
+    p2p = ops[ops["peer"] >= 0]
+    per_op = p2p.groupby(["group", "op"]).size().unstack()
+    assert (per_op["send"] == per_op["recv"]).all()  # every send has its matching recv
+    # recv waits for its send: it never completes before the matching send started + transfer
+    s = p2p[p2p["op"] == "send"].set_index(["group", "seq"])
+    r = p2p[p2p["op"] == "recv"].set_index(["group", "seq"]).loc[s.index]
+    t0 = int(ops["start_ns"].min())
+    r_end = (r["start_ns"] - t0) / 1000 + r["duration_us"]
+    s_end = (s["start_ns"] - t0) / 1000 + s["duration_us"]
+    assert (r_end.to_numpy() >= s_end.to_numpy() - 0.01).all()
+    assert (r_end.to_numpy() > s_end.to_numpy() + 1.0).any()  # receivers arriving late finish later
+    per_rank = ops.groupby(["iteration", "rank"]).size()
+    assert per_rank.between(50, 400).all()
+
+
+def test_calibration_drives_transfer_and_iteration_times(tmp_path) -> None:
+    base = simulate(SimConfig(**SMALL)).ops
+    # A "real" cluster: wire 3x slower, iterations ~2x longer.
+    real = base.copy()
+    real["duration_us"] *= 3.0
+    real["start_ns"] = (real["start_ns"] - int(real["start_ns"].min())) * 2
+    real.to_parquet(tmp_path / "real.parquet")
+    cal = fit_calibration(real)
+    target = cal.get("all_reduce", "tp")
+    assert target is not None and target.sigma > 0
+    # Fitted on per-instance transfer (shortest duration), not on waits.
+    assert target.median_us == pytest.approx(
+        3 * _instance_min(base[base["group_kind"] == "tp"]).median(), rel=0.05
+    )
+    ops = simulate(SimConfig(**SMALL, calibrate_from=tmp_path / "real.parquet")).ops
+    got = _instance_min(ops[ops["group_kind"] == "tp"]).median()
+    assert got == pytest.approx(target.median_us, rel=0.1)
+    assert cal.iteration_us is not None
+    assert np.median(_iteration_us(ops)[1:]) == pytest.approx(cal.iteration_us, rel=0.1)
+    # Plain CSV without instance keys still fits (raw durations).
+    real[["op", "group_kind", "duration_us"]].to_csv(tmp_path / "real.csv", index=False)
+    assert fit_calibration(pd.read_csv(tmp_path / "real.csv")).get("send", "pp") is not None
+    with pytest.raises(ValueError, match="does not exist"):
+        simulate(SimConfig(**SMALL, calibrate_from=tmp_path / "nope.csv"))
+
+
+def test_fault_patterns_resolve_to_the_documented_active_iterations() -> None:
+    base = {**SMALL, "iterations": 40}
+    faults = (
+        FaultSpec.parse("gpu_slow:rank=1,pattern=spike,start=7"),
+        FaultSpec.parse("gpu_slow:rank=2,pattern=fluctuation,probability=0.5,start=10,end=29"),
+        FaultSpec.parse("nic_slow:rank=9,start=30"),
+    )
+    spike, fluct, pers = (f.spec for f in Engine(SimConfig(**base, faults=faults)).faults)
+    assert spike.active_iterations in ((7,), (7, 8))
+    assert set(fluct.active_iterations) <= set(range(10, 30))
+    assert 4 <= len(fluct.active_iterations) <= 16
+    assert pers.active_iterations == tuple(range(30, 40))
+    assert pers.devices == ("nic:node001/1",) and pers.hosts == ("node001",)

@@ -1,0 +1,79 @@
+"""`holmes simulate` and `holmes bench simulator` (small sizes)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from holmes_ml.cli import app
+from holmes_ml.simulator import load_result
+
+
+def test_simulate_cli_writes_labelled_logs_and_ground_truth(tmp_path) -> None:
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpus",
+            "32",
+            "--model",
+            "llama2-7b",
+            "--tp",
+            "4",
+            "--iterations",
+            "4",
+            "--fault",
+            "gpu_slow:rank=5,severity=1,start=2",
+            "--fault",
+            "nic_slow:rank=9,pattern=spike",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "gpu_slow" in result.output and "nic_slow" in result.output
+    # the spike is at iteration 0, the straggler from iteration 2
+    assert "iterations with abnormal ops (ground truth): 0" in result.output
+    faults = json.loads((out / "faults.json").read_text())
+    assert [f["kind"] for f in faults] == ["gpu_slow", "nic_slow"]
+    assert faults[0]["devices"] == ["gpu:node000/5"] and faults[0]["active_iterations"] == [2, 3]
+    res = load_result(out)
+    assert res.topology.parallel["tp"] == 4
+    abn = res.ops[res.ops["abnormal"]]
+    assert set(abn["fault_id"]) <= {0, 1} and len(abn)
+    assert set(abn.loc[abn["fault_id"] == 0, "iteration"]) <= {2, 3}
+    assert isinstance(pd.read_parquet(out / "ops.parquet"), pd.DataFrame)
+
+
+def test_simulate_cli_rejects_bad_fault_naming_the_key(tmp_path) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpus",
+            "16",
+            "--fault",
+            "gpu_slow:sevrity=2",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code != 0
+    assert "sevrity" in result.output
+
+
+def test_bench_simulator_quick_records_figures(monkeypatch) -> None:
+    from holmes_ml.bench import simulator as bench
+
+    monkeypatch.setattr(bench, "_sizes", lambda quick: (64, 3))
+    res = bench.run(quick=True)
+    assert res.name == "simulator"
+    assert res.figures["rows"] > 0 and res.figures["seconds"] > 0
+    assert res.figures["peak_rss_mb"] > 0
+    assert res.config["gpus"] == 64
