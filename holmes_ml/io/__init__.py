@@ -1,5 +1,7 @@
 """Readers that turn every supported input into the canonical CommOps table."""
 
+from holmes_ml.io.flight_recorder import HangFinding, hang_report
+from holmes_ml.io.readers import FORMATS, detect_format, read_ops
 from holmes_ml.io.schema import (
     COLLECTIVE_OPS,
     LABEL_COLUMNS,
@@ -12,6 +14,11 @@ from holmes_ml.io.schema import (
 )
 
 __all__ = [
+    "FORMATS",
+    "HangFinding",
+    "hang_report",
+    "detect_format",
+    "read_ops",
     "COLLECTIVE_OPS",
     "LABEL_COLUMNS",
     "OPTIONAL_COLUMNS",

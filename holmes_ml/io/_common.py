@@ -1,0 +1,212 @@
+"""Small helpers shared by the readers: opening files, JSON with line numbers, op/dtype names.
+
+Nothing here knows about a particular input format; each reader module owns its own format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from holmes_ml.io.schema import OP_TYPES, SchemaError
+
+#: Bytes per element for the dtype spellings seen in PyTorch traces and Flight Recorder dumps.
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "unsigned int": 4,
+    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "uint64": 8,
+    "long long": 8, "unsigned long": 8, "complexfloat": 8, "complex64": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2, "c10::bfloat16": 2, "short": 2,
+    "int16": 2, "short int": 2, "uint16": 2,
+    "char": 1, "signed char": 1, "unsigned char": 1, "byte": 1, "bool": 1, "int8": 1,
+    "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1, "complexdouble": 16, "complex128": 16,
+}
+
+# Spellings of communication operators in PyTorch/NCCL/gloo, reduced to a key by _op_key().
+_OP_ALIASES: dict[str, str] = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherintotensor": "all_gather",
+    "allgatherbase": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescattertensor": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+    "alltoallbase": "all_to_all",
+    "alltoallsingle": "all_to_all",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "reduce": "reduce",
+    "barrier": "barrier",
+    "send": "send",
+    "isend": "send",
+    "recv": "recv",
+    "irecv": "recv",
+    "recvanysource": "recv",
+    # NCCL implements point-to-point (and all-to-all) with one SendRecv kernel whose direction
+    # is not in its name; with no other context we report it as a send (documented in kineto).
+    "sendrecv": "send",
+    # gather/scatter are not in the canonical op list; they move data like reduce/broadcast
+    # (many-to-one / one-to-many rooted trees), which is what the detector cares about.
+    "gather": "reduce",
+    "scatter": "broadcast",
+}
+_SUFFIXES = ("coalesced", "tensor", "base", "single", "into")
+
+
+def _op_key(name: str) -> str:
+    key = name.strip().lower()
+    for prefix in ("nccl:", "gloo:", "c10d::", "nccl::", "mpi:", "ucc:"):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    key = re.sub(r"[^a-z0-9]", "", key)
+    # Drop implementation suffixes repeatedly ("allgather_into_tensor_coalesced").
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _SUFFIXES:
+            if key.endswith(suffix) and key[: -len(suffix)] in _OP_ALIASES:
+                key = key[: -len(suffix)]
+                changed = True
+    return key
+
+
+def canonical_op(name: str) -> str | None:
+    """Map an operator spelling (``nccl:_all_gather_base``, ``allreduce``...) to a schema op.
+
+    Returns ``None`` when the name is not a known communication operator.
+
+    Examples
+    --------
+    >>> canonical_op("nccl:_all_gather_base"), canonical_op("all_to_allv"), canonical_op("Foo")
+    ('all_gather', 'all_to_all', None)
+    """
+    key = _op_key(name)
+    if key in _OP_ALIASES:
+        return _OP_ALIASES[key]
+    if name.strip().lower() in OP_TYPES:
+        return name.strip().lower()
+    return None
+
+
+def require_op(name: str, source: str, where: str) -> str:
+    """Like :func:`canonical_op` but raise a :class:`SchemaError` naming file and field."""
+    op = canonical_op(name)
+    if op is None:
+        raise SchemaError(
+            "unknown communication operator", source=source, column=where, value=name,
+            expected="a collective or P2P name such as allreduce, all_gather_into_tensor, "
+            "reduce_scatter, alltoall, broadcast, reduce, barrier, send, recv",
+        )
+    return op
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Size in bytes of one element of ``dtype`` (``'Float'``, ``'c10::BFloat16'``...)."""
+    if not dtype:
+        return None
+    key = str(dtype).strip().lower()
+    if key.startswith("torch."):
+        key = key[len("torch."):]
+    return DTYPE_BYTES.get(key)
+
+
+def rank_from_name(path: str | Path) -> int | None:
+    """Guess a rank from a file name: ``rank-3``, ``rank3``, ``rank_3``, ``worker3``, ``x_3.json``.
+
+    Examples
+    --------
+    >>> rank_from_name("trace_rank-12.json.gz"), rank_from_name("worker3_step_12.123.pt.trace.json")
+    (12, 3)
+    """
+    name = Path(path).name
+    for pattern in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"_(\d+)\.(?:json|pkl|pickle|jsonl)"):
+        m = re.search(pattern, name, flags=re.IGNORECASE)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def open_bytes(path: str | Path) -> bytes:
+    """Whole file content, transparently gunzipped when it is gzip-compressed."""
+    p = Path(path)
+    if not p.exists():
+        raise SchemaError("file not found", source=str(p), expected="an existing file or directory")
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise SchemaError(f"corrupt gzip data: {exc}", source=str(p)) from exc
+    return raw
+
+
+def head_bytes(path: str | Path, n: int = 1 << 20) -> bytes:
+    """First ``n`` bytes of the (decompressed) file, for content sniffing."""
+    p = Path(path)
+    with p.open("rb") as fh:
+        magic = fh.read(2)
+    opener = gzip.open if magic == b"\x1f\x8b" else open
+    try:
+        with opener(p, "rb") as fh:  # type: ignore[operator]
+            return fh.read(n)
+    except (OSError, EOFError):
+        return b""
+
+
+def load_json(path: str | Path) -> Any:
+    """Parse a JSON document; a syntax error names the file, line and column."""
+    text = open_bytes(path).decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(
+            f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            source=str(path), expected="a valid JSON document",
+        ) from exc
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)`` for each non-empty line of a JSON Lines file."""
+    text = open_bytes(path).decode("utf-8", errors="replace")
+    for lineno, line in enumerate(io.StringIO(text), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(
+                f"malformed JSON on line {lineno}, column {exc.colno}: {exc.msg}",
+                source=str(path), row=lineno - 1, expected="one JSON object per line",
+            ) from exc
+        if not isinstance(obj, dict):
+            raise SchemaError(
+                f"line {lineno} is not a JSON object", source=str(path),
+                value=type(obj).__name__, expected="one JSON object per line",
+            )
+        yield lineno, obj
+
+
+def parse_rank_list(value: Any) -> list[int] | None:
+    """Ranks from ``[0, 1]``, ``"[0, 1]"``, ``"0 1"`` or ``"0,1"``; None when absent/unparsable."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        try:
+            return [int(v) for v in value]
+        except (TypeError, ValueError):
+            return None
+    nums = re.findall(r"-?\d+", str(value))
+    return [int(v) for v in nums] if nums else None
+
+
+def ranks_str(ranks: Iterable[int] | None) -> str:
+    """Canonical ``group_ranks`` spelling: space-separated global ranks."""
+    return " ".join(str(int(r)) for r in ranks) if ranks else ""

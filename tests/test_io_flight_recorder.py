@@ -1,0 +1,130 @@
+"""Flight Recorder dumps: a small realistic 4-rank fixture (torch is not needed)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from holmes_ml.io import SchemaError, detect_format, read_ops
+from holmes_ml.io.flight_recorder import hang_report, load_dump, read_flight_recorder
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _entry(i, seq, op="nccl:all_reduce", pg=("0", "default_pg"), start=0, dur_ms=1.5,
+           state="completed", p2p=None, nelems=1024, dtype="Float"):
+    e = {
+        "record_id": i, "pg_id": 0, "process_group": list(pg),
+        "collective_seq_id": seq if p2p is None else 0, "p2p_seq_id": p2p or 0, "op_id": i,
+        "profiling_name": op, "time_created_ns": T0 + start - 5000,
+        "input_sizes": [[nelems]], "input_dtypes": [dtype],
+        "output_sizes": [[nelems]], "output_dtypes": [dtype],
+        "state": state, "retired": state == "completed", "timeout_ms": 600000,
+        "is_p2p": p2p is not None, "frames": [{"name": "all_reduce", "filename": "x.py",
+                                              "line": 1}],
+    }
+    if dur_ms is not None:
+        e["duration_ms"] = dur_ms
+        e["time_discovered_started_ns"] = T0 + start
+        e["time_discovered_completed_ns"] = T0 + start + int(dur_ms * 1e6)
+    return e
+
+
+def _dump(rank, n_coll=5, slow_rank=None, stop_at=None, world=4):
+    rng = np.random.default_rng(rank)
+    entries = []
+    for s in range(1, n_coll + 1):
+        if stop_at is not None and s > stop_at:
+            break
+        dur = 2.0 + float(rng.uniform(0, 0.1))
+        if slow_rank is not None and rank != slow_rank:
+            dur += 5.0  # peers wait for the straggler
+        entries.append(_entry(len(entries), s, start=s * 10**8, dur_ms=dur))
+    # One P2P pair between ranks 0 and 1.
+    if rank in (0, 1):
+        name = "nccl:send 0->1" if rank == 0 else "nccl:recv 1<-0"
+        entries.append(_entry(len(entries), 0, op=name, p2p=1, start=9 * 10**8, dur_ms=0.5))
+    return {"version": "2.4", "rank": rank,
+            "pg_config": {"0": {"name": "0", "desc": "default_pg",
+                                "ranks": json.dumps(list(range(world)))}},
+            "pg_status": {}, "entries": entries}
+
+
+def _write(tmp_path, dumps, name="nccl_trace_rank_{r}"):
+    d = tmp_path / "fr"
+    d.mkdir()
+    for r, doc in dumps.items():
+        (d / name.format(r=r)).write_text(json.dumps(doc))
+    return d
+
+
+def test_read_dumps_into_ops(tmp_path):
+    d = _write(tmp_path, {r: _dump(r, slow_rank=2) for r in range(4)})
+    assert detect_format(next(d.iterdir())) == "flight-recorder"
+    ops = read_ops(d)
+    coll = ops[ops["op"] == "all_reduce"]
+    assert len(coll) == 20 and sorted(coll["seq"].unique()) == [1, 2, 3, 4, 5]
+    assert (coll["nbytes"] == 4096).all()
+    assert set(coll["group_ranks"]) == {"0 1 2 3"}
+    # The straggler's own collectives are short, its peers wait.
+    med = coll.groupby("rank")["duration_us"].median()
+    assert med.idxmin() == 2 and med[2] < 2200 and med.drop(2).min() > 6900
+    send = ops[ops["op"] == "send"].iloc[0]
+    recv = ops[ops["op"] == "recv"].iloc[0]
+    assert (send["rank"], send["peer"], recv["rank"], recv["peer"]) == (0, 1, 1, 0)
+    assert send["seq"] == recv["seq"] == 1
+
+
+def test_rank_from_file_name_and_untimed_entries(tmp_path):
+    doc = _dump(3)
+    del doc["rank"]
+    doc["entries"].append(_entry(99, 6, dur_ms=None, state="scheduled"))
+    p = tmp_path / "nccl_trace_rank_3"
+    p.write_text(json.dumps(doc))
+    assert load_dump(p)["rank"] == 3
+    ops = read_flight_recorder([p])
+    assert set(ops["rank"]) == {3} and len(ops) == 5  # untimed entry left out
+
+
+def test_gloo_dump_without_durations_is_explained(tmp_path):
+    doc = {"rank": 0, "pg_config": {}, "entries": [_entry(0, 1, dur_ms=None, state="scheduled")]}
+    p = tmp_path / "fr_0.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SchemaError, match="duration"):
+        read_ops(p, format="flight-recorder")
+
+
+def test_pickle_refused_unless_trusted(tmp_path):
+    p = tmp_path / "nccl_trace_rank_0.pkl"
+    p.write_bytes(pickle.dumps(_dump(0)))
+    assert detect_format(p) == "flight-recorder"
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "unpickl" in str(err.value) and "runs code" in str(err.value)
+    ops = read_ops(p, trust_pickle=True)
+    assert len(ops) == 6
+
+
+def test_hang_report_names_the_missing_rank(tmp_path):
+    dumps = {r: _dump(r, stop_at=3 if r == 1 else None) for r in range(4)}
+    d = _write(tmp_path, dumps)
+    findings = hang_report(sorted(d.iterdir()))
+    assert len(findings) == 1
+    f = findings[0]
+    assert f.group == "0" and f.seq == 4 and f.missing_ranks == (1,)
+    assert f.reached_ranks == (0, 2, 3) and f.op == "nccl:all_reduce"
+    assert hang_report({r: dumps[r]["entries"] for r in (0, 2, 3)}) == []
+
+
+def test_unknown_op_in_dump(tmp_path):
+    doc = _dump(0)
+    doc["entries"][2]["profiling_name"] = "nccl:teleport"
+    p = tmp_path / "fr_0.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "fr_0.json" in str(err.value) and "teleport" in str(err.value)
+    assert "entries[2]" in str(err.value)

@@ -1,0 +1,143 @@
+"""Native CSV/Parquet/JSONL readers, format detection and bad-input messages."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.io import FORMATS, SchemaError, detect_format, read_ops
+
+
+def _ops(n_ranks: int = 4, iters: int = 3, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for it in range(iters):
+        for r in range(n_ranks):
+            rows.append({"iteration": it, "rank": r, "op": "all_reduce", "group": "dp-0",
+                         "seq": it, "nbytes": 1 << 20, "start_ns": 10**18 + it * 10**9 + r,
+                         "duration_us": float(rng.uniform(100, 200)),
+                         "group_ranks": " ".join(map(str, range(n_ranks)))})
+    return pd.DataFrame(rows)
+
+
+def _write_per_rank(df: pd.DataFrame, d, kinds=("csv", "csv.gz", "jsonl", "parquet")):
+    d.mkdir()
+    for i, (r, sub) in enumerate(df.groupby("rank")):
+        kind = kinds[i % len(kinds)]
+        p = d / f"rank-{r}.{kind}"
+        if kind == "csv":
+            sub.to_csv(p, index=False)
+        elif kind == "csv.gz":
+            sub.to_csv(p, index=False, compression="gzip")
+        elif kind == "jsonl":
+            sub.to_json(p, orient="records", lines=True)
+        elif kind == "jsonl.gz":
+            p.write_bytes(gzip.compress(sub.to_json(orient="records", lines=True).encode()))
+        else:
+            sub.to_parquet(p)
+    return d
+
+
+@pytest.mark.parametrize("kind", ["csv", "csv.gz", "jsonl", "jsonl.gz", "parquet"])
+def test_single_file_roundtrip(tmp_path, kind):
+    df = _ops()
+    d = _write_per_rank(df, tmp_path / "d", kinds=(kind,))
+    f = next(iter(sorted(d.iterdir())))
+    assert detect_format(f) == "native"
+    out = read_ops(f)
+    assert set(out["rank"]) == {0}
+    exp = df[df["rank"] == 0].reset_index(drop=True)
+    np.testing.assert_allclose(out["duration_us"], exp["duration_us"])
+    assert out["start_ns"].dtype == np.int64 and (out["start_ns"] == exp["start_ns"]).all()
+    assert (out["peer"] == -1).all()
+
+
+def test_directory_of_mixed_per_rank_files(tmp_path):
+    df = _ops(n_ranks=8)
+    d = _write_per_rank(df, tmp_path / "d")
+    out = read_ops(d)
+    assert len(out) == len(df)
+    merged = out.merge(df, on=["rank", "seq"], suffixes=("", "_exp"))
+    np.testing.assert_allclose(merged["duration_us"], merged["duration_us_exp"])
+    assert sorted(out["rank"].unique()) == list(range(8))
+
+
+def test_unknown_format_argument(tmp_path):
+    d = _write_per_rank(_ops(), tmp_path / "d", kinds=("csv",))
+    with pytest.raises(SchemaError, match="format"):
+        read_ops(d, format="nope")
+    assert "native" in FORMATS
+
+
+def test_missing_column_names_file_and_column(tmp_path):
+    p = tmp_path / "rank-0.csv"
+    _ops().drop(columns="nbytes").to_csv(p, index=False)
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "rank-0.csv" in str(err.value) and "nbytes" in str(err.value)
+
+
+def test_unknown_op_names_value_and_row(tmp_path):
+    df = _ops()
+    df.loc[5, "op"] = "allfoo"
+    p = tmp_path / "x.jsonl"
+    df.to_json(p, orient="records", lines=True)
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    msg = str(err.value)
+    assert "x.jsonl" in msg and "'op'" in msg and "allfoo" in msg and "row 5" in msg
+
+
+def test_wrong_type_names_value(tmp_path):
+    df = _ops().astype({"duration_us": object})
+    df.loc[2, "duration_us"] = "slow"
+    p = tmp_path / "bad.csv"
+    df.to_csv(p, index=False)
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "bad.csv" in str(err.value) and "duration_us" in str(err.value)
+    assert "slow" in str(err.value)
+
+
+def test_mismatched_group_size(tmp_path):
+    df = _ops()
+    df.loc[df["rank"] == 3, "group_ranks"] = "0 1 2"
+    d = _write_per_rank(df, tmp_path / "d", kinds=("csv",))
+    with pytest.raises(SchemaError) as err:
+        read_ops(d)
+    assert "group_ranks" in str(err.value) and "dp-0" in str(err.value)
+
+
+def test_truncated_jsonl_names_line(tmp_path):
+    p = tmp_path / "t.jsonl"
+    text = _ops().to_json(orient="records", lines=True)
+    cut = text.index("\n", len(text) // 2) - 10  # in the middle of a record
+    p.write_text(text[:cut])
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    nth = text[:cut].count("\n") + 1
+    assert "t.jsonl" in str(err.value) and f"line {nth}" in str(err.value)
+
+
+def test_mixed_formats_rejected(tmp_path):
+    d = _write_per_rank(_ops(), tmp_path / "d", kinds=("csv",))
+    (d / "trace.json").write_text(json.dumps({"traceEvents": [], "distributedInfo": {"rank": 9}}))
+    with pytest.raises(SchemaError, match="different formats"):
+        read_ops(d)
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(SchemaError, match="not found"):
+        read_ops(tmp_path / "nothing.csv")
+
+
+def test_unrecognised_content(tmp_path):
+    p = tmp_path / "notes.bin"
+    p.write_bytes(b"\x00\x01hello")
+    with pytest.raises(SchemaError) as err:
+        detect_format(p)
+    assert "notes.bin" in str(err.value) and "format" in str(err.value)
