@@ -1,0 +1,251 @@
+"""``holmes bench features``: throughput and memory of per-operator feature extraction.
+
+Times :func:`holmes_ml.features.build_features` on a simulated job, single process, and — when
+the models package provides a default model — features plus inference. :func:`synthetic_ops` is a
+tiny dependency-free job generator for tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import tracemalloc
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.bench.record import BenchResult, peak_rss_mb
+
+logger = logging.getLogger(__name__)
+
+
+def synthetic_ops(
+    tp: int = 4,
+    pp: int = 2,
+    dp: int = 4,
+    iterations: int = 50,
+    seed: int = 0,
+    tp_ops: int = 6,
+    dp_ops: int = 2,
+    jitter: float = 0.02,
+    slow_rank: int | None = None,
+    slow_factor: float = 1.0,
+    slow_iterations: tuple[int, int] | None = None,
+) -> pd.DataFrame:
+    """A small canonical CommOps table with Megatron-like tp/pp/dp traffic, for tests and
+    benchmarks when the simulator is absent.
+
+    Every iteration each rank runs ``tp_ops`` tensor-parallel all-reduces, a send/recv with the
+    neighbouring pipeline stage and ``dp_ops`` data-parallel all-reduces. A collective completes
+    when its last participant has arrived plus a transfer time, so each rank's ``duration_us``
+    includes waiting for its peers, as in real logs. A ``slow_rank`` arrives ``slow_factor``
+    times later at each op (a straggler) during ``slow_iterations`` (``[a, b)``); its peers then
+    wait, and those instances are labelled ``abnormal`` with ``fault_id`` 0.
+
+    Parameters
+    ----------
+    tp, pp, dp:
+        Parallel sizes; world size is ``tp * pp * dp``.
+    iterations:
+        Number of iterations.
+    seed:
+        Seed of the jitter.
+    tp_ops, dp_ops:
+        Collectives per iteration in each tp and dp group.
+    jitter:
+        Relative standard deviation of arrival and transfer noise.
+    slow_rank, slow_factor, slow_iterations:
+        The straggler, how much slower it computes, and when (default: all iterations).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Canonical columns plus ``peer``, ``group_ranks``, ``group_kind``, ``abnormal``,
+        ``fault_id``.
+    """
+    rng = np.random.default_rng(seed)
+
+    def rank_of(t: int, s: int, d: int) -> int:
+        return t + tp * (s + pp * d)
+
+    rows: list[tuple] = []  # rank, op, group, kind, local_seq, nbytes, peer, offset_us, inst, xfer
+    inst = 0
+    offset = 0.0
+    for j in range(tp_ops):
+        offset += 400.0
+        for s in range(pp):
+            for d in range(dp):
+                members = [rank_of(t, s, d) for t in range(tp)]
+                for r in members:
+                    rows.append((r, "all_reduce", f"tp-{s}-{d}", "tp", j, 1 << 24, -1, offset,
+                                 inst, 150.0, members))
+                inst += 1
+    offset += 300.0
+    for s in range(pp - 1):
+        for t in range(tp):
+            for d in range(dp):
+                a, b = rank_of(t, s, d), rank_of(t, s + 1, d)
+                members = [rank_of(t, x, d) for x in range(pp)]
+                g = f"pp-{t}-{d}"
+                rows.append((a, "send", g, "pp", s, 1 << 22, b, offset, inst, 80.0, members))
+                rows.append((b, "recv", g, "pp", s, 1 << 22, a, offset, inst, 80.0, members))
+                inst += 1
+    for j in range(dp_ops):
+        offset += 600.0
+        for t in range(tp):
+            for s in range(pp):
+                members = [rank_of(t, s, d) for d in range(dp)]
+                for r in members:
+                    rows.append((r, "all_reduce", f"dp-{t}-{s}", "dp", j, 1 << 28, -1, offset,
+                                 inst, 900.0, members))
+                inst += 1
+    tpl = pd.DataFrame(rows, columns=["rank", "op", "group", "kind", "lseq", "nbytes", "peer",
+                                      "offset", "inst", "xfer", "members"])
+    tpl = tpl.sort_values(["inst", "rank"], kind="stable").reset_index(drop=True)
+    per_group = tpl.groupby("group")["lseq"].transform("max").to_numpy() + 1
+    n_t, n_inst = len(tpl), inst
+    inst_ids = tpl["inst"].to_numpy()
+    inst_starts = np.flatnonzero(np.r_[True, inst_ids[1:] != inst_ids[:-1]])
+
+    slow = np.zeros((iterations, n_t))
+    if slow_rank is not None and slow_factor != 1.0:
+        a, b = slow_iterations or (0, iterations)
+        faulty = np.zeros(iterations, dtype=bool)
+        faulty[max(a, 0):min(b, iterations)] = True
+        on_rank = tpl["rank"].to_numpy() == slow_rank
+        slow[np.ix_(faulty, on_rank)] = (slow_factor - 1.0) * tpl["offset"].to_numpy()[on_rank]
+    period = offset + 1000.0
+    arrive_rel = (tpl["offset"].to_numpy()[None, :]
+                  * (1 + jitter * rng.standard_normal((iterations, n_t)) / 4) + slow)
+    done_rel = np.maximum.reduceat(arrive_rel, inst_starts, axis=1)
+    xfer = tpl["xfer"].to_numpy()[inst_starts][None, :] * np.exp(
+        jitter * rng.standard_normal((iterations, n_inst)))
+    done_rel = done_rel + xfer
+    it_len = np.maximum(done_rel.max(axis=1) + 1000.0, period)
+    it_start_us = np.concatenate([[0.0], np.cumsum(it_len)[:-1]])
+    duration = done_rel[:, inst_ids] - arrive_rel
+    start_ns = np.rint((it_start_us[:, None] + arrive_rel) * 1e3).astype(np.int64) + 1_700_000_000 * 10**9
+
+    its = np.repeat(np.arange(iterations), n_t)
+    lseq = np.tile(tpl["lseq"].to_numpy(), iterations)
+    seq = its * np.tile(per_group, iterations) + lseq
+    abnormal = np.zeros((iterations, n_t), dtype=bool)
+    if slow_rank is not None and slow_factor != 1.0:
+        hit_inst = np.zeros(n_inst, dtype=bool)
+        hit_inst[inst_ids[tpl["rank"].to_numpy() == slow_rank]] = True
+        abnormal = np.asarray(slow.any(axis=1))[:, None] & hit_inst[inst_ids][None, :]
+    members = tpl["members"].map(lambda m: " ".join(map(str, m))).to_numpy()
+    ops = pd.DataFrame({
+        "iteration": its.astype(np.int64),
+        "rank": np.tile(tpl["rank"].to_numpy(), iterations).astype(np.int64),
+        "op": np.tile(tpl["op"].to_numpy(), iterations),
+        "group": np.tile(tpl["group"].to_numpy(), iterations),
+        "seq": seq.astype(np.int64),
+        "nbytes": np.tile(tpl["nbytes"].to_numpy(), iterations).astype(np.int64),
+        "start_ns": start_ns.ravel(),
+        "duration_us": np.maximum(duration.ravel(), 0.0),
+        "group_ranks": np.tile(members, iterations),
+        "peer": np.tile(tpl["peer"].to_numpy(), iterations).astype(np.int64),
+        "group_kind": np.tile(tpl["kind"].to_numpy(), iterations),
+        "abnormal": abnormal.ravel(),
+        "fault_id": np.where(abnormal.ravel(), 0, -1).astype(np.int64),
+    })
+    # Logs arrive rank by rank, in time order within a rank.
+    return ops.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def _simulated_ops(target_ops: int, seed: int) -> tuple[pd.DataFrame, str]:
+    """A simulated 128-GPU job of about ``target_ops`` rows with a straggler from mid-run.
+
+    The fault matters: irregular iterations take the slower path of the history features
+    (a separate regular-only baseline), so a fault-free job would flatter the figure.
+    """
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    small = simulate(SimConfig(seed=seed, iterations=4))
+    per_iter = max(1, len(small.ops) // max(1, small.ops["iteration"].nunique()))
+    iters = max(5, target_ops // per_iter)
+    fault = FaultSpec.parse(f"gpu_slow:rank=5,severity=0.5,start={iters // 2}")
+    res = simulate(SimConfig(seed=seed, iterations=iters, faults=(fault,)))
+    return res.ops, "simulator 128 GPUs, gpu_slow from mid-run"
+
+
+def _time_inference(
+    ops: pd.DataFrame, cfg, figures: dict[str, float], goals: dict[str, str]
+) -> None:
+    """Features + scoring with the shipped default model, when the models package has one."""
+    from holmes_ml.features import build_features
+
+    try:
+        from holmes_ml.models import default_model
+
+        model = default_model()
+    except Exception as exc:  # noqa: BLE001 - a missing model must not hide the main figure
+        logger.warning("no default model to time inference with: %s", exc)
+        return
+    try:
+        t0 = time.perf_counter()
+        scorer = getattr(model, "decision_function", None) or model.predict
+        scorer(build_features(ops, cfg))
+        sec = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - a broken model must not hide the main figure
+        logger.warning("default model inference failed: %s", exc)
+        return
+    figures["ops_per_s_with_inference"] = float(len(ops) / sec)
+    goals["ops_per_s_with_inference"] = ">= 1e6"
+
+
+def run(quick: bool = False) -> BenchResult:
+    """Measure ``build_features`` throughput (ops/s, single process) and peak memory."""
+    from holmes_ml.features import FeatureConfig, build_features
+
+    target = 200_000 if quick else 2_000_000
+    ops, source = _simulated_ops(target, seed=0)
+    ops = ops.reset_index(drop=True)
+    cfg = FeatureConfig()
+    build_features(ops.head(5000), cfg)  # warm caches and imports outside the timing
+    repeats = 3
+    walls: list[float] = []
+    cpus: list[float] = []
+    n_features = 0
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), os.times()
+        feats = build_features(ops, cfg)
+        t1, c1 = time.perf_counter(), os.times()
+        n_features = feats.shape[1]
+        del feats  # the next call must not find this result still holding its memory
+        walls.append(t1 - t0)
+        cpus.append((c1.user - c0.user) + (c1.system - c0.system))
+    best = min(walls)
+    figures: dict[str, float] = {
+        "n_ops": float(len(ops)),
+        "seconds": float(best),
+        "ops_per_s": float(len(ops) / best),
+        # user + system CPU of this single-threaded process: the per-core figure, less
+        # sensitive than wall time to other processes sharing the machine
+        "ops_per_cpu_s": float(len(ops) / max(min(cpus), 1e-9)),
+        # the first call also pays for the kernel mapping fresh memory (page faults)
+        "ops_per_s_first_call": float(len(ops) / walls[0]),
+    }
+    goals = {"ops_per_s": ">= 1e6", "ops_per_cpu_s": ">= 1e6"}
+    _time_inference(ops, cfg, figures, goals)
+    # Memory of feature extraction itself (numpy reports its buffers to tracemalloc); the
+    # process peak RSS below also includes generating the job.
+    tracemalloc.start()
+    try:
+        build_features(ops, cfg)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    figures["features_peak_mb"] = peak / 2**20
+    figures["features_bytes_per_op"] = peak / max(len(ops), 1)
+    figures["peak_rss_mb"] = peak_rss_mb()
+    return BenchResult(
+        name="features",
+        figures=figures,
+        config={"quick": quick, "source": source, "window": cfg.window,
+                "n_features": n_features, "n_ranks": int(ops["rank"].nunique()),
+                "iterations": int(ops["iteration"].nunique())},
+        goals=goals,
+    )

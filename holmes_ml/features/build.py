@@ -1,0 +1,667 @@
+"""Per-operator features: the detector's view of one CommOps row.
+
+Four families, all computed with sorted-array arithmetic (no Python per row):
+
+* **history** of the operator's own signature (rank, group, op, position within the iteration,
+  bytes) over the ``window`` previous occurrences, which excludes the current iteration so a fault
+  cannot hide itself inside its own reference;
+* **peers** within one collective instance (group, seq, iteration) or one send/recv pair: how this
+  copy compares with the other participants' copies, when this rank arrived, and how its
+  duration splits into *waiting* for the last participant (someone else's fault) and the
+  *transfer* after it (whose history ratio exposes a slow link, NIC or switch);
+* **fixed** facts: op type, message size, group size and kind;
+* **context**: how slow the whole iteration is, and the rank's recent average latency.
+
+Scale-free columns (ratios, z-scores, ranks) are what lets one model serve jobs of different
+size and speed; the microsecond-valued columns are listed in :data:`TIME_FEATURES` so that a drift
+adjuster can rescale or drop them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.features import _segments as seg
+from holmes_ml.features.iterations import IrregularityConfig, detect_irregular, iteration_spans
+from holmes_ml.io.schema import OP_TYPES, SchemaError
+
+logger = logging.getLogger(__name__)
+
+#: Columns measured in microseconds (everything else is scale-free).
+TIME_FEATURES: tuple[str, ...] = (
+    "duration_us",
+    "hist_mean_us",
+    "hist_std_us",
+    "hist_q1_us",
+    "hist_median_us",
+    "hist_q3_us",
+    "hist_iqr_us",
+    "peer_median_us",
+    "arrival_lag_us",
+    "rank_window_mean_us",
+    "wait_us",
+    "xfer_us",
+)
+
+#: The model's feature schema, in a stable order. Append new columns at the end only.
+FEATURE_COLUMNS: tuple[str, ...] = (
+    "duration_us",
+    # history of this op's own signature over earlier iterations
+    "history_len",
+    "hist_mean_us",
+    "hist_std_us",
+    "hist_q1_us",
+    "hist_median_us",
+    "hist_q3_us",
+    "hist_iqr_us",
+    "hist_z",
+    "hist_iqr_score",
+    "hist_ratio",
+    # peers in the same collective instance / send-recv pair
+    "peer_count",
+    "peer_median_us",
+    "peer_ratio_median",
+    "peer_ratio_min",
+    "peer_ratio_max",
+    "arrival_lag_us",
+    "arrival_lag_rel",
+    "arrived_last",
+    "arrival_rank",
+    # fixed
+    "op_code",
+    "is_p2p",
+    "log2_bytes",
+    "group_size",
+    "group_kind_code",
+    # context
+    "iter_time_ratio",
+    "rank_window_mean_us",
+    "rank_latency_ratio",
+    # appended after the first schema
+    "arrival_lag_spread",
+    # this copy split into waiting for the last participant and the transfer after it
+    "wait_us",
+    "wait_rel",
+    "xfer_us",
+    "xfer_hist_ratio",
+    # duration over its median in regular iterations only (survives a persistent fault)
+    "base_ratio",
+)
+
+#: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
+GROUP_KIND_CODES: dict[str, int] = {"tp": 0, "dp": 1, "pp": 2, "ep": 3, "cp": 4, "other": 5}
+#: Ordinal code of each op type (``op_code``): its index in :data:`holmes_ml.io.schema.OP_TYPES`.
+OP_CODES: dict[str, int] = {op: i for i, op in enumerate(OP_TYPES)}
+
+_REQUIRED = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us")
+_EPS_US = 1e-3  # 1 ns: denominators in microseconds never go below this
+_COL = {name: i for i, name in enumerate(FEATURE_COLUMNS)}
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """Knobs of :func:`build_features`.
+
+    Parameters
+    ----------
+    window:
+        Number of earlier occurrences of the same operator signature (normally one per
+        iteration) whose statistics form the history features.
+    min_spread:
+        Floor of the standard deviation and IQR used as z-score / IQR-score denominators, as a
+        fraction of the history median: a perfectly steady history would otherwise turn a 0.1 %
+        wobble into an enormous score.
+    clip:
+        Scale-free features are clipped to ``[-clip, clip]`` so that a single absurd value
+        (clock glitch) cannot dominate a model's split points or a drift statistic.
+    history_regular_only:
+        Build the ``hist_*`` features from regular iterations only (those the irregularity
+        monitor does not flag). ``base_ratio`` and ``xfer_hist_ratio`` always are: under a
+        persistent fault they keep comparing with the pre-fault baseline, while the plain
+        history absorbs the slowdown after ``window`` iterations. Rows of irregular
+        iterations still *get* history features either way.
+    irregularity:
+        How the iteration-time ratio's reference and the regular iterations are built (see
+        :class:`~holmes_ml.features.iterations.IrregularityConfig`).
+    chunk_rows:
+        Rows processed at once by the history window (bounds the temporary
+        ``chunk_rows x window`` matrix; memory, not results, depends on it).
+    """
+
+    window: int = 10
+    min_spread: float = 0.01
+    clip: float = 1e4
+    history_regular_only: bool = False
+    irregularity: IrregularityConfig = field(default_factory=IrregularityConfig)
+    chunk_rows: int = 1 << 15
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, (int, np.integer)) or self.window < 1:
+            raise ValueError(f"FeatureConfig.window: got {self.window!r}; expected an int >= 1")
+        if not (self.min_spread >= 0 and np.isfinite(self.min_spread)):
+            raise ValueError(
+                f"FeatureConfig.min_spread: got {self.min_spread!r}; expected a finite value >= 0"
+            )
+        if not self.clip > 0:
+            raise ValueError(f"FeatureConfig.clip: got {self.clip!r}; expected a value > 0")
+        if self.chunk_rows < 1:
+            raise ValueError(
+                f"FeatureConfig.chunk_rows: got {self.chunk_rows!r}; expected an int >= 1"
+            )
+
+
+# --------------------------------------------------------------------------- input
+def _check_columns(ops: pd.DataFrame) -> None:
+    if not isinstance(ops, pd.DataFrame):
+        raise SchemaError(
+            "build_features: not a table", value=type(ops).__name__,
+            expected="a canonical CommOps pandas DataFrame",
+        )
+    missing = [c for c in _REQUIRED if c not in ops.columns]
+    if missing:
+        raise SchemaError(
+            f"build_features: missing required column(s) {', '.join(missing)}",
+            column=missing[0],
+            expected="the canonical CommOps columns " + ", ".join(_REQUIRED)
+            + " (run holmes_ml.io.schema.validate first)",
+        )
+
+
+def _op_codes(op: pd.Series) -> np.ndarray:
+    # Factorize (cheap on categoricals and object columns alike), then map the few distinct
+    # names; an unknown or missing name maps to -1.
+    local, names = pd.factorize(op, sort=False, use_na_sentinel=True)
+    table = np.array([OP_CODES.get(str(name), -1) for name in names] + [-1], dtype=np.int64)
+    codes = table[local]  # the NA sentinel -1 reads the trailing -1
+    if (codes < 0).any():
+        i = int(np.flatnonzero(codes < 0)[0])
+        raise SchemaError(
+            "build_features: unknown op type", column="op", row=i, value=op.iloc[i],
+            expected="one of " + ", ".join(OP_TYPES),
+        )
+    return codes
+
+
+def _int_col(ops: pd.DataFrame, name: str) -> np.ndarray:
+    try:
+        return ops[name].to_numpy(dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(
+            f"build_features: column is not integer ({exc})", column=name,
+            expected="int64 values (run holmes_ml.io.schema.validate first)",
+        ) from exc
+
+
+# --------------------------------------------------------------------------- history
+def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
+    """Batcher odd-even merge-sort comparators for ``size`` elements.
+
+    Built for the next power of two and pruned to ``size``: the missing elements act as
+    ``+inf`` padding, for which every comparator touching them is a no-op.
+    """
+    p = 1
+    while p < size:
+        p *= 2
+    pairs: list[tuple[int, int]] = []
+    t = 1
+    while t < p:
+        k = t
+        while k >= 1:
+            for j in range(k % t, p - k, 2 * k):
+                for i in range(min(k, p - j - k)):
+                    if (i + j) // (2 * t) == (i + j + k) // (2 * t) and i + j + k < size:
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        t *= 2
+    return tuple(pairs)
+
+
+_NETWORK_MAX = 32  # beyond this many lags np.sort beats a comparator network
+
+
+def _sort_columns(m: np.ndarray, tmp: np.ndarray) -> None:
+    """Sort each column of a ``(w, rows)`` matrix in place.
+
+    A sorting network runs ~w log^2 w vectorized min/max passes over contiguous rows, several
+    times faster than ``np.sort`` on millions of 10-element rows.
+    """
+    w = m.shape[0]
+    if w > _NETWORK_MAX:
+        m.sort(axis=0)
+        return
+    for i, j in _sorting_network(w):
+        np.minimum(m[i], m[j], out=tmp)
+        np.maximum(m[i], m[j], out=m[j])
+        m[i] = tmp
+
+
+_HISTORY_OUTPUTS = (
+    "history_len", "hist_mean_us", "hist_std_us", "hist_q1_us", "hist_median_us", "hist_q3_us",
+    "hist_iqr_us", "hist_z", "hist_iqr_score", "hist_ratio", "arrival_lag_rel", "wait_rel",
+    "xfer_hist_ratio", "base_ratio",
+)
+
+
+def _history(
+    matrix: np.ndarray,
+    values: np.ndarray,
+    xfer: np.ndarray,
+    wait: np.ndarray,
+    sig: np.ndarray,
+    iteration: np.ndarray,
+    regular: np.ndarray,
+    peer_med: np.ndarray,
+    lag_us: np.ndarray,
+    cfg: FeatureConfig,
+) -> None:
+    """History features of every row, written straight into ``matrix`` (features x rows).
+
+    The statistics are over up to ``window`` earlier occurrences of each row's signature in
+    rows where ``regular`` is true (see ``FeatureConfig.history_regular_only``). Rows are
+    sorted by (signature, iteration) and the history rows compacted in that order, so the
+    earlier occurrences of row ``i`` are the ``history_len`` compacted rows just before its
+    place; lag ``l`` of a chunk is then one gather. Everything derived from
+    the statistics is computed per chunk and scattered into ``matrix``, so no row-sized
+    float64 temporaries exist (memory stays ~ chunk x window).
+
+    Without history the op's peers stand in for its past: the history statistics are the peer
+    median, ratios become peer ratios and the spread-based scores are neutral (0).
+    """
+    n = len(values)
+    w = int(cfg.window)
+    order = seg.sort_by(sig, iteration)
+    v = values[order]
+    x = xfer[order]
+    r = regular[order]
+    starts, seg_id, _ = seg.segment_layout(sig[order])
+
+    def window_of(use: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        # Usable rows strictly before each row (sorted order), globally and in its segment.
+        if use is None:
+            before = np.arange(n, dtype=np.int64)
+        else:
+            before = np.cumsum(use, dtype=np.int64) - use
+        return before, np.minimum(before - before[starts][seg_id], w)
+
+    all_regular = bool(r.all())
+    before_h, count_h = window_of(r if cfg.history_regular_only else None)
+    # Same window when every iteration is regular (the common case): computed once.
+    same_window = all_regular or cfg.history_regular_only
+    before_b, count_b = (before_h, count_h) if same_window else window_of(r)
+    # lag l of row i is padded[w - 1 + before[i] - l]
+    pad = np.zeros(w)
+    padded_h = np.concatenate([pad, v[r] if cfg.history_regular_only else v])
+    padded_b = np.concatenate([pad, v[r]])
+    padded_x = np.concatenate([pad, x[r]])
+    del r
+    chunk = int(min(cfg.chunk_rows, max(n, 1)))
+    lag_idx = np.arange(w, dtype=np.int64)[:, None]
+    mat = np.empty((w, chunk))
+    tmp = np.empty(chunk)
+    rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS}
+    clip = cfg.clip
+
+    def sorted_window(m, padded, before, c, t):
+        """Fill ``m`` with each row's window (inf past its length), sorted per column."""
+        k = len(before)
+        if before[-1] - before[0] == k - 1:  # consecutive rows: slices, no gather
+            lo = int(before[0]) + w - 1
+            for lag in range(w):
+                m[lag] = padded[lo - lag: lo - lag + k]
+        else:
+            idx = before + (w - 1)
+            for lag in range(w):
+                m[lag] = padded[idx - lag]
+        invalid = lag_idx >= c[None, :]
+        m[invalid] = np.inf
+        _sort_columns(m, t)
+        return invalid
+
+    def quantile(m, c, cols, frac):
+        # numpy's default ("linear") percentile of the c valid values; an empty window reads
+        # inf (neutral values replace it below), hence the silenced inf - inf.
+        h = np.maximum(c - 1, 0) * frac
+        lo = np.floor(h).astype(np.int64)
+        hi = np.ceil(h).astype(np.int64)
+        vlo = m[lo, cols]
+        vhi = m[hi, cols]
+        with np.errstate(invalid="ignore"):
+            return np.where(hi == lo, vlo, vlo + (vhi - vlo) * (h - lo))
+
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        m = mat[:, : b - a]
+        t = tmp[: b - a]
+        cols = np.arange(b - a)
+        where = order[a:b]
+        pm = peer_med[where]
+        d = v[a:b]
+
+        c = count_h[a:b]
+        invalid = sorted_window(m, padded_h, before_h[a:b], c, t)
+        valid_m = np.where(invalid, 0.0, m)
+        denom = np.maximum(c, 1)
+        mu = valid_m.sum(axis=0) / denom
+        dev = np.where(invalid, 0.0, valid_m - mu)
+        sd = np.sqrt(np.einsum("ij,ij->j", dev, dev) / denom)
+        has = c > 0
+        q1 = np.where(has, quantile(m, c, cols, 0.25), pm)
+        med = np.where(has, quantile(m, c, cols, 0.5), pm)
+        q3 = np.where(has, quantile(m, c, cols, 0.75), pm)
+        mean = np.where(has, mu, pm)
+        sd = np.where(has, sd, 0.0)
+        iqr = q3 - q1
+        med_safe = np.maximum(med, _EPS_US)
+        floor = np.maximum(cfg.min_spread * np.abs(med), _EPS_US)
+
+        # Baseline: regular iterations only, so that it survives a persistent fault.
+        cb = count_b[a:b]
+        hb = cb > 0
+        if same_window:
+            base_med = med
+        else:
+            sorted_window(m, padded_b, before_b[a:b], cb, t)
+            base_med = np.where(hb, quantile(m, cb, cols, 0.5), pm)
+        # The transfer part of the duration (the wait part moves with every peer's arrival;
+        # the transfer is steady), against its own baseline.
+        sorted_window(m, padded_x, before_b[a:b], cb, t)
+        x_med = np.where(hb, quantile(m, cb, cols, 0.5), 1.0)
+
+        out = {
+            "history_len": c,
+            "hist_mean_us": mean,
+            "hist_std_us": sd,
+            "hist_q1_us": q1,
+            "hist_median_us": med,
+            "hist_q3_us": q3,
+            "hist_iqr_us": iqr,
+            "hist_z": np.where(has, (d - mean) / np.maximum(sd, floor), 0.0),
+            "hist_iqr_score": np.where(has, (d - med) / np.maximum(iqr, floor), 0.0),
+            "hist_ratio": d / med_safe,
+            "arrival_lag_rel": lag_us[where] / med_safe,
+            "wait_rel": wait[where] / med_safe,
+            "base_ratio": d / np.maximum(base_med, _EPS_US),
+            "xfer_hist_ratio": np.where(hb, x[a:b] / np.maximum(x_med, _EPS_US), 1.0),
+        }
+        for name, vals in out.items():
+            if name in TIME_FEATURES:
+                with np.errstate(over="ignore"):  # float32 overflow -> inf, repaired later
+                    matrix[rows_of[name], where] = vals
+            else:
+                matrix[rows_of[name], where] = np.clip(vals, -clip, clip)
+
+
+# --------------------------------------------------------------------------- peers
+def _peers(
+    put, instance: np.ndarray, start: np.ndarray, dur: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrival order and duration spread within each collective instance / P2P pair.
+
+    Writes the peer columns through ``put(name, values)`` as soon as each exists (memory) and
+    returns ``(peer_median_us, arrival_lag_us, wait_us)``, which the history features reuse.
+    """
+    n = len(start)
+    # Dense instance ids by hashing (no sort), the earliest arrival per instance, then one
+    # sort by (instance, lag): lags have a small range, so that key packs into one int64.
+    sid = seg.dense(instance)
+    seg_min_start = np.full(int(sid.max()) + 1 if n else 0, np.iinfo(np.int64).max)
+    np.minimum.at(seg_min_start, sid, start)
+    lag_ns = start - seg_min_start[sid]
+    del seg_min_start
+    lag_us = lag_ns / 1e3
+    put("arrival_lag_us", lag_us)
+    order = seg.sort_by(sid, lag_ns)
+    starts, s_sorted, pos = seg.segment_layout(sid[order])
+    lengths = np.diff(np.append(starts, n))
+    back = np.empty(n, dtype=np.int64)
+    back[order] = np.arange(n, dtype=np.int64)
+    s_of = s_sorted[back]  # segment of each row, in row order
+    put("peer_count", lengths[s_of])
+
+    lag_sorted = lag_ns[order]
+    del lag_ns
+    spread = np.maximum.reduceat(lag_sorted, starts)[s_sorted] if n else lag_sorted
+    put("arrived_last", ((lag_sorted == spread) & (spread > 0))[back])
+    # Time spent waiting for the last participant to arrive: the part of this copy's duration
+    # caused by someone else (a straggler); the rest is the transfer itself.
+    wait_us = np.minimum((spread - lag_sorted)[back] / 1e3, dur)
+    # where this rank's arrival falls between the first and the last participant's
+    put("arrival_lag_spread",
+        np.where(spread > 0, lag_sorted / np.maximum(spread, 1), 0.0)[back])
+    del spread
+    # Equal arrival times share the rank of the first of them, so that the result does not
+    # depend on row order.
+    tie_start = (pos == 0) | np.concatenate([[True], lag_sorted[1:] != lag_sorted[:-1]])
+    del lag_sorted
+    first = np.maximum.accumulate(np.where(tie_start, np.arange(n, dtype=np.int64), 0))
+    del tie_start
+    size = lengths[s_sorted]
+    rank_frac = np.where(size > 1, (first - starts[s_sorted]) / np.maximum(size - 1, 1), 0.0)
+    put("arrival_rank", rank_frac[back])
+    del first, size, rank_frac, back, pos, s_sorted
+
+    d_sorted = dur[order]
+    del order
+    if n:
+        put("peer_ratio_min", dur / np.maximum(np.minimum.reduceat(d_sorted, starts)[s_of],
+                                                  _EPS_US))
+        put("peer_ratio_max", dur / np.maximum(np.maximum.reduceat(d_sorted, starts)[s_of],
+                                                  _EPS_US))
+    else:
+        put("peer_ratio_min", dur)
+        put("peer_ratio_max", dur)
+    del d_sorted
+    # Median per segment needs durations ordered within each segment.
+    dd = dur[seg.sort_by(sid, dur)]
+    lo = starts + (lengths - 1) // 2
+    hi = starts + lengths // 2
+    peer_med = (0.5 * (dd[lo] + dd[hi]) if n else dd)[s_of]
+    put("peer_median_us", peer_med)
+    put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
+    return peer_med, lag_us, wait_us
+
+
+# --------------------------------------------------------------------------- fixed facts
+def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: np.ndarray):
+    """Group size and kind code per row, computed once per distinct group."""
+    n_groups = len(gnames)
+    n = len(gcode)
+    first = np.full(n_groups, n, dtype=np.int64)
+    np.minimum.at(first, gcode, np.arange(n, dtype=np.int64))
+    sizes = np.zeros(n_groups, dtype=np.float64)
+    if "group_ranks" in ops.columns:
+        listed = ops["group_ranks"].iloc[first].fillna("").astype(str)
+        sizes = listed.str.count(r"\S+").to_numpy(dtype=np.float64)
+    if (sizes == 0).any():
+        # No member list: count the distinct ranks seen logging the group.
+        pairs = np.unique(seg.combine(gcode, rank))
+        span = int(rank.max()) + 1
+        seen = np.bincount(pairs // span, minlength=n_groups).astype(np.float64)
+        if len(seen) != n_groups:  # combine() fell back to dense codes; recount directly
+            seen = pd.Series(rank).groupby(gcode).nunique().reindex(
+                range(n_groups), fill_value=0).to_numpy(dtype=np.float64)
+        sizes = np.where(sizes > 0, sizes, seen)
+    if "group_kind" in ops.columns:
+        kinds = ops["group_kind"].iloc[first].fillna("").astype(str).str.lower().to_numpy()
+    else:
+        kinds = np.full(n_groups, "", dtype=object)
+    from holmes_ml.topology import kind_from_group_name
+
+    codes = np.empty(n_groups, dtype=np.float64)
+    for i, (kind, name) in enumerate(zip(kinds, gnames, strict=True)):
+        k = kind if kind else kind_from_group_name(str(name))
+        codes[i] = GROUP_KIND_CODES.get(k, GROUP_KIND_CODES["other"])
+    return sizes[gcode], codes[gcode]
+
+
+# --------------------------------------------------------------------------- context
+def _iteration_context(
+    iteration: np.ndarray, start: np.ndarray, dur: np.ndarray, cfg: FeatureConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: job-wide iteration duration over its reference (only earlier iterations shape
+    it), and whether the row's iteration is regular."""
+    uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur)
+    table = pd.DataFrame(
+        {"duration_s": (it_end - it_start) / 1e9}, index=pd.Index(uniq, name="iteration")
+    )
+    det = detect_irregular(table, cfg.irregularity)
+    where = np.searchsorted(det.index.to_numpy(), iteration)
+    return (det["ratio"].to_numpy(dtype=np.float64)[where],
+            ~det["irregular"].to_numpy(dtype=bool)[where])
+
+
+def _rank_latency(
+    rank: np.ndarray, iteration: np.ndarray, dur: np.ndarray, window: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean op latency of this rank over its ``window`` previous iterations, and the ratio of
+    the current iteration's mean to it."""
+    key = seg.combine(rank - rank.min(), iteration - iteration.min())
+    uniq, inv = seg.unique_inverse(key)  # sorted: by rank, then iteration
+    total = np.bincount(inv, weights=dur, minlength=len(uniq))
+    count = np.bincount(inv, minlength=len(uniq))
+    per_iter = total / np.maximum(count, 1)
+    ranks_u = np.empty(len(uniq), dtype=np.int64)
+    ranks_u[inv] = rank
+    _, _, pos = seg.segment_layout(ranks_u)
+    csum = np.concatenate([[0.0], np.cumsum(per_iter)])
+    k = np.minimum(pos, window)
+    idx = np.arange(len(uniq))
+    window_sum = csum[idx] - csum[idx - k]
+    window_mean = np.where(k > 0, window_sum / np.maximum(k, 1), per_iter)
+    ratio = per_iter / np.maximum(window_mean, _EPS_US)
+    return window_mean[inv], ratio[inv]
+
+
+# --------------------------------------------------------------------------- public
+def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.DataFrame:
+    """Feature matrix of a canonical CommOps table, one row per operator.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps table (see :mod:`holmes_ml.io.schema`; run ``validate`` on foreign
+        input first). Optional ``peer``, ``group_ranks`` and ``group_kind`` columns are used
+        when present. Label columns are ignored.
+    cfg:
+        See :class:`FeatureConfig`; defaults to ``FeatureConfig()``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``float32`` columns :data:`FEATURE_COLUMNS` (in that order) with the same index as
+        ``ops``; never NaN or infinite. Rows without history (first occurrence of a signature)
+        have ``history_len = 0``, history statistics equal to the peer median, zero scores and
+        ``xfer_hist_ratio = 1``. Features of iteration ``k`` only read iterations ``<= k``.
+
+    Raises
+    ------
+    SchemaError
+        Missing required column, non-integer key column or unknown op type.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> ops = pd.DataFrame({"iteration": [0, 0], "rank": [0, 1], "op": ["all_reduce"] * 2,
+    ...                     "group": ["dp-0"] * 2, "seq": [0, 0], "nbytes": [1024] * 2,
+    ...                     "start_ns": [0, 4000], "duration_us": [5.0, 1.0]})
+    >>> f = build_features(ops)
+    >>> f["arrived_last"].tolist(), f["arrival_lag_us"].tolist()
+    ([0.0, 1.0], [0.0, 4.0])
+    """
+    cfg = cfg or FeatureConfig()
+    _check_columns(ops)
+    n = len(ops)
+    # Column-major storage: each feature fills one contiguous row of ``matrix`` and pandas
+    # takes ``matrix.T`` as its single float32 block without copying.
+    matrix = np.zeros((len(FEATURE_COLUMNS), n), dtype=np.float32)
+    if n == 0:
+        return pd.DataFrame(matrix.T, columns=list(FEATURE_COLUMNS), index=ops.index)
+
+    iteration = _int_col(ops, "iteration")
+    rank = _int_col(ops, "rank")
+    seq = _int_col(ops, "seq")
+    nbytes = _int_col(ops, "nbytes")
+    start = _int_col(ops, "start_ns")
+    dur = ops["duration_us"].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(dur)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SchemaError(
+            "build_features: not a finite duration", column="duration_us", row=i,
+            value=float(dur[i]), expected="a finite number of microseconds",
+        )
+    opcode = _op_codes(ops["op"])
+    gcode_raw, gnames = pd.factorize(ops["group"], sort=False)
+    gcode = gcode_raw.astype(np.int64)
+    peer = _int_col(ops, "peer") if "peer" in ops.columns else np.full(n, -1, dtype=np.int64)
+    is_p2p = opcode >= OP_CODES["send"]
+    it0 = iteration - iteration.min()
+    rank0 = rank - min(int(rank.min()), 0)
+
+    # Position of the op among this rank's ops on this group in this iteration (by seq).
+    irg = seg.dense(seg.combine(it0, rank0, gcode))
+    order = seg.sort_by(irg, seq)
+    _, _, p = seg.segment_layout(irg[order])
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = p
+
+    # Signature: the same op of the same rank at the same place in every iteration.
+    sig = seg.dense(seg.combine(rank0, gcode, opcode, pos, seg.dense(nbytes)))
+    del irg, order, p, pos
+    time_cols = frozenset(TIME_FEATURES)
+    written: set[str] = set()
+
+    def put(name: str, values: np.ndarray) -> None:
+        written.add(name)
+        # Each column goes into the float32 matrix as soon as it exists, so that float64
+        # temporaries do not pile up (peak memory, and page faults, scale with them).
+        if name in time_cols:
+            with np.errstate(over="ignore"):  # float32 overflow -> inf, repaired at the end
+                matrix[_COL[name]] = values
+        else:
+            matrix[_COL[name]] = np.clip(values, -cfg.clip, cfg.clip)
+
+    put("duration_us", dur)
+    put("op_code", opcode)
+    put("is_p2p", is_p2p)
+    put("log2_bytes", np.log2(nbytes.astype(np.float64) + 1.0))
+    sizes, kinds = _group_facts(ops, gcode, gnames, rank)
+    put("group_size", sizes)
+    put("group_kind_code", kinds)
+    del sizes, kinds
+    ratio, regular = _iteration_context(iteration, start, dur, cfg)
+    put("iter_time_ratio", ratio)
+    del ratio
+    rank_mean, rank_ratio = _rank_latency(rank, iteration, dur, int(cfg.window))
+    put("rank_window_mean_us", rank_mean)
+    put("rank_latency_ratio", rank_ratio)
+    del rank_mean, rank_ratio
+
+    # Collective instance, or a send and its matching recv (directional src -> dst pair).
+    is_send = opcode == OP_CODES["send"]
+    # A P2P op whose peer is unknown (-1) pairs by (group, seq) alone: src = dst = 0.
+    known = is_p2p & (peer >= 0)
+    src = np.where(known, np.where(is_send, rank, peer) + 1, 0)
+    dst = np.where(known, np.where(is_send, peer, rank) + 1, 0)
+    del known
+    instance = seg.combine(it0, gcode, seq - seq.min(), src, dst)
+    del src, dst, is_send
+    peer_med, lag_us, wait_us = _peers(put, instance, start, dur)
+    del instance
+    xfer_us = dur - wait_us
+    put("wait_us", wait_us)
+    put("xfer_us", xfer_us)
+
+    _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
+    written.update(_HISTORY_OUTPUTS)
+    if len(written) != len(FEATURE_COLUMNS):  # a programming error, not bad input
+        raise RuntimeError(f"features not computed: {set(FEATURE_COLUMNS) - written}")
+    # Belt and braces: a float32 overflow of an absurd raw time must not leak inf downstream.
+    if not np.isfinite(matrix).all():
+        big = float(np.finfo(np.float32).max)
+        np.nan_to_num(matrix, copy=False, nan=0.0, posinf=big, neginf=-big)
+    return pd.DataFrame(matrix.T, columns=list(FEATURE_COLUMNS), index=ops.index, copy=False)

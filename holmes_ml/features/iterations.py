@@ -1,0 +1,338 @@
+"""Iteration monitor: job-wide iteration times and the delta-irregular iterations among them.
+
+Holmes only starts localizing when the job as a whole slows down: an iteration is *irregular* when
+it takes more than ``delta`` times a robust reference built from earlier regular iterations. This
+module turns the CommOps table into one row per iteration, flags irregular iterations, groups them
+into episodes and names each episode's pattern (spike, fluctuation, persistent).
+
+The number of iterations is small (thousands, not millions), so the sequential reference update
+below loops over iterations in Python; everything per operator is vectorized.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.features._segments import unique_inverse
+from holmes_ml.io.schema import SchemaError
+
+logger = logging.getLogger(__name__)
+
+#: Columns of :func:`iteration_table` (indexed by ``iteration``). ``time_us`` is ``duration_s``
+#: in microseconds, the unit of every other time in the CommOps schema.
+ITERATION_COLUMNS: tuple[str, ...] = ("start_ns", "end_ns", "duration_s", "time_us", "n_ops")
+#: Columns :func:`detect_irregular` adds.
+IRREGULARITY_COLUMNS: tuple[str, ...] = (
+    "reference_s",
+    "reference_us",
+    "ratio",
+    "irregular",
+    "episode",
+    "pattern",
+)
+#: Episode patterns :func:`detect_irregular` reports; regular iterations get ``""``.
+PATTERNS: tuple[str, ...] = ("", "spike", "fluctuation", "persistent")
+
+
+def _require(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise SchemaError(
+            f"{what}: missing column(s) {', '.join(missing)}",
+            column=missing[0],
+            expected="columns " + ", ".join(columns),
+        )
+
+
+def _empty_table() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "start_ns": np.empty(0, np.int64),
+            "end_ns": np.empty(0, np.int64),
+            "duration_s": np.empty(0, np.float64),
+            "time_us": np.empty(0, np.float64),
+            "n_ops": np.empty(0, np.int64),
+        },
+        index=pd.Index(np.empty(0, np.int64), name="iteration"),
+    )
+
+
+def iteration_spans(
+    it: np.ndarray, start: np.ndarray, dur: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Array core of :func:`iteration_table`: ``(iterations, start_ns, end_ns, n_ops)``.
+
+    Takes int64 ``iteration`` and ``start_ns`` and float ``duration_us`` arrays (already
+    checked); feature extraction calls it directly to avoid building a DataFrame.
+    """
+    # An absurd duration (> 30 years) must not overflow int64 nanoseconds.
+    end = start + np.rint(np.minimum(dur * 1e3, 1e18)).astype(np.int64)
+    # Reductions over dense iteration codes: iterations are few, ops are many.
+    uniq, code = unique_inverse(it)
+    n = len(uniq)
+    it_start = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    it_end = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(it_start, code, start)
+    np.maximum.at(it_end, code, end)
+    n_ops = np.bincount(code, minlength=n).astype(np.int64)
+    return uniq.astype(np.int64), it_start, it_end, n_ops
+
+
+def iteration_table(ops: pd.DataFrame) -> pd.DataFrame:
+    """Job-wide timing of every iteration.
+
+    An iteration spans from the earliest start of any operator of any rank to the latest end
+    (``start_ns + duration_us``) of any operator of any rank. Ranks missing from an iteration
+    (sampled or partial logs) simply do not contribute; an iteration with one logged op is fine.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps table (needs ``iteration``, ``start_ns``, ``duration_us``). Row order
+        does not matter.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``iteration`` (int64, increasing) with columns ``start_ns``, ``end_ns``
+        (int64), ``duration_s`` (``(end_ns - start_ns) / 1e9``), ``time_us`` (the same in
+        microseconds) and ``n_ops`` (operators logged in the iteration).
+
+    Raises
+    ------
+    SchemaError
+        When a needed column is missing.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> ops = pd.DataFrame({"iteration": [1, 0, 0, 1], "start_ns": [1000, 0, 500, 1200],
+    ...                     "duration_us": [0.1, 0.2, 0.3, 0.5]})
+    >>> t = iteration_table(ops)
+    >>> t.index.tolist(), t["end_ns"].tolist(), t["n_ops"].tolist()
+    ([0, 1], [800, 1700], [2, 2])
+    """
+    if not isinstance(ops, pd.DataFrame):
+        raise SchemaError(
+            "iteration_table: not a table", value=type(ops).__name__,
+            expected="a canonical CommOps pandas DataFrame",
+        )
+    _require(ops, ("iteration", "start_ns", "duration_us"), "iteration_table")
+    if len(ops) == 0:
+        return _empty_table()
+    it = ops["iteration"].to_numpy(dtype=np.int64)
+    start = ops["start_ns"].to_numpy(dtype=np.int64)
+    dur = ops["duration_us"].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(dur)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SchemaError(
+            "iteration_table: not a finite duration", column="duration_us", row=i,
+            value=float(dur[i]), expected="a finite number of microseconds",
+        )
+    uniq, it_start, it_end, n_ops = iteration_spans(it, start, dur)
+    span_ns = (it_end - it_start).astype(np.float64)
+    return pd.DataFrame(
+        {
+            "start_ns": it_start,
+            "end_ns": it_end,
+            "duration_s": span_ns / 1e9,
+            "time_us": span_ns / 1e3,
+            "n_ops": n_ops,
+        },
+        index=pd.Index(uniq.astype(np.int64), name="iteration"),
+    )
+
+
+@dataclass(frozen=True)
+class IrregularityConfig:
+    """How :func:`detect_irregular` decides that an iteration is irregular.
+
+    Parameters
+    ----------
+    delta:
+        An iteration is irregular when ``time > delta * reference``. The default 1.1 follows
+        Holmes: below about 1.04 ordinary iteration jitter (data-dependent compute, GC, clock
+        noise: typically 1-3 %) crosses the threshold often enough that alarms stop meaning
+        anything, while real faults usually cost well over 10 %.
+    window:
+        Number of earlier *regular* iterations whose median is the reference. A rolling median
+        follows slow drift (a job getting 10 % slower over hundreds of iterations is not
+        flagged) but, because irregular iterations never enter it, a persistent step stays
+        flagged from its onset to its end.
+    min_history:
+        Iterations judged before this many regular iterations exist are never flagged; their
+        reference is the median of the iterations so far, themselves included.
+    spike_max:
+        Longest episode (consecutive irregular iterations) still called a ``spike``.
+    persistent_min:
+        Episodes at least this long are ``persistent`` whatever surrounds them. An isolated
+        episode longer than ``spike_max`` is ``persistent`` too (a sustained slowdown that ended).
+    fluctuation_gap:
+        Short episodes (fewer than ``persistent_min`` iterations) with another short episode at
+        most this many regular iterations away are ``fluctuation``: irregular iterations
+        interleaved with normal ones.
+    """
+
+    delta: float = 1.1
+    window: int = 20
+    min_history: int = 3
+    spike_max: int = 2
+    persistent_min: int = 10
+    fluctuation_gap: int = 5
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.delta) and self.delta > 1.0):
+            raise ValueError(f"IrregularityConfig.delta: got {self.delta!r}; expected a number > 1")
+        for name in ("window", "min_history", "spike_max", "persistent_min"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"IrregularityConfig.{name}: got {value!r}; expected an int >= 1")
+        if self.fluctuation_gap < 0:
+            raise ValueError(
+                f"IrregularityConfig.fluctuation_gap: got {self.fluctuation_gap!r}; "
+                "expected an int >= 0"
+            )
+        if self.persistent_min <= self.spike_max:
+            raise ValueError(
+                f"IrregularityConfig.persistent_min: got {self.persistent_min!r}; expected more "
+                f"than spike_max={self.spike_max}"
+            )
+
+
+def _references(times: np.ndarray, config: IrregularityConfig) -> tuple[np.ndarray, np.ndarray]:
+    n = len(times)
+    reference = np.empty(n, dtype=np.float64)
+    irregular = np.zeros(n, dtype=bool)
+    history: deque[float] = deque(maxlen=config.window)
+    for i in range(n):
+        if len(history) >= config.min_history:
+            ref = float(np.median(np.fromiter(history, dtype=np.float64)))
+            reference[i] = ref
+            irregular[i] = times[i] > config.delta * ref
+        else:
+            # Warm-up: never flagged; the reference is what is known so far (this iteration
+            # included) so that no iteration's ratio depends on later ones.
+            reference[i] = float(np.median(np.append(np.fromiter(history, np.float64), times[i])))
+        if not irregular[i]:
+            history.append(float(times[i]))
+    return reference, irregular
+
+
+def _episodes(irregular: np.ndarray, config: IrregularityConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Episode id and pattern of every iteration (``-1`` / ``""`` for regular ones)."""
+    n = len(irregular)
+    episode = np.full(n, -1, dtype=np.int64)
+    pattern = np.full(n, "", dtype=object)
+    if not irregular.any():
+        return episode, pattern
+    padded = np.concatenate([[False], irregular, [False]]).astype(np.int8)
+    edges = np.diff(padded)
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)  # exclusive
+    lengths = ends - starts
+    short = lengths < config.persistent_min
+    gaps = starts[1:] - ends[:-1]
+    # A short episode is part of a fluctuation when another short episode is close by.
+    near_prev = np.concatenate([[False], (gaps <= config.fluctuation_gap) & short[:-1]])
+    near_next = np.concatenate([(gaps <= config.fluctuation_gap) & short[1:], [False]])
+    near = short & (near_prev | near_next)
+    names = np.where(
+        ~short, "persistent",
+        np.where(near, "fluctuation", np.where(lengths <= config.spike_max, "spike", "persistent")),
+    )
+    seg_id = np.cumsum(edges[:-1] == 1) - 1
+    episode = np.where(irregular, seg_id, -1).astype(np.int64)
+    pattern = np.where(irregular, names[np.maximum(seg_id, 0)], "").astype(object)
+    return episode, pattern
+
+
+def detect_irregular(
+    ops_or_iteration_table: pd.DataFrame, cfg: IrregularityConfig | None = None
+) -> pd.DataFrame:
+    """Flag delta-irregular iterations, group them into episodes and name their pattern.
+
+    Parameters
+    ----------
+    ops_or_iteration_table:
+        Either a canonical CommOps table (anything with ``duration_us``; it goes through
+        :func:`iteration_table` first) or an iteration table (``duration_s`` column, iteration
+        as the index or as an ``iteration`` column).
+    cfg:
+        See :class:`IrregularityConfig`; defaults to ``IrregularityConfig()``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The iteration table indexed by ``iteration`` (increasing), plus ``reference_s`` (median
+        of up to ``window`` earlier *regular* iteration durations), ``reference_us`` (the same in
+        microseconds), ``ratio`` (``duration_s / reference_s``, 1 when undefined),
+        ``irregular`` (bool), ``episode`` (0, 1, ... per maximal run of irregular iterations,
+        -1 for regular ones) and ``pattern``: ``"spike"`` (an isolated run of at most
+        ``spike_max`` iterations), ``"fluctuation"`` (short runs interleaved with regular
+        iterations), ``"persistent"`` (a long run) or ``""`` for regular iterations.
+
+    Raises
+    ------
+    SchemaError
+        Missing column or a non-finite / negative duration.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"duration_s": [1.0] * 5 + [1.5] + [1.0] * 2})
+    >>> out = detect_irregular(t)
+    >>> out.index[out["irregular"]].tolist(), out.loc[5, "pattern"]
+    ([5], 'spike')
+    """
+    cfg = cfg or IrregularityConfig()
+    if not isinstance(ops_or_iteration_table, pd.DataFrame):
+        raise SchemaError(
+            "detect_irregular: not a table", value=type(ops_or_iteration_table).__name__,
+            expected="a CommOps or iteration-table pandas DataFrame",
+        )
+    if "duration_s" in ops_or_iteration_table.columns:
+        out = ops_or_iteration_table.copy()
+        if "iteration" in out.columns:
+            out = out.set_index("iteration")
+        out.index = pd.Index(out.index.to_numpy(dtype=np.int64), name="iteration")
+        out = out.sort_index(kind="stable")
+    elif "duration_us" in ops_or_iteration_table.columns:
+        out = iteration_table(ops_or_iteration_table)
+    else:
+        raise SchemaError(
+            "detect_irregular: neither an iteration table nor a CommOps table",
+            column="duration_s",
+            expected="an iteration table with 'duration_s' (see iteration_table) or CommOps "
+            "columns iteration, start_ns, duration_us",
+        )
+    times = out["duration_s"].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(times) | (times < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SchemaError(
+            "detect_irregular: bad iteration duration", column="duration_s", row=i,
+            value=float(times[i]), expected="a finite duration >= 0 in seconds",
+        )
+    reference, irregular = _references(times, cfg)
+    episode, pattern = _episodes(irregular, cfg)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(reference > 0, times / reference, 1.0)
+    out["reference_s"] = np.nan_to_num(reference, nan=0.0)
+    out["reference_us"] = out["reference_s"].to_numpy() * 1e6
+    out["ratio"] = np.nan_to_num(ratio, nan=1.0, posinf=1.0)
+    out["irregular"] = irregular
+    out["episode"] = episode
+    out["pattern"] = pd.Series(pattern, index=out.index, dtype=object).astype(str)
+    n_irr = int(irregular.sum())
+    if n_irr:
+        logger.info(
+            "%d of %d iterations irregular (delta=%.3g) in %d episode(s)",
+            n_irr, len(out), cfg.delta, int(episode.max()) + 1,
+        )
+    return out

@@ -1,0 +1,246 @@
+"""Per-operator features (holmes_ml.features.build_features)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.bench.features import synthetic_ops
+from holmes_ml.features import (
+    FEATURE_COLUMNS,
+    GROUP_KIND_CODES,
+    OP_CODES,
+    TIME_FEATURES,
+    FeatureConfig,
+    build_features,
+    detect_irregular,
+)
+from holmes_ml.io.schema import OP_TYPES, SchemaError
+
+
+@pytest.fixture(scope="module")
+def ops() -> pd.DataFrame:
+    """16 ranks (tp=4, pp=2, dp=2), 20 iterations, rank 5 a 1.6x straggler in 12..15."""
+    return synthetic_ops(tp=4, pp=2, dp=2, iterations=20, seed=11, slow_rank=5,
+                         slow_factor=1.6, slow_iterations=(12, 16))
+
+
+@pytest.fixture(scope="module")
+def feats(ops) -> pd.DataFrame:
+    return build_features(ops)
+
+
+def test_schema_dtype_and_finiteness(ops, feats):
+    assert list(feats.columns) == list(FEATURE_COLUMNS)
+    assert set(TIME_FEATURES) <= set(FEATURE_COLUMNS)
+    assert (feats.dtypes == np.float32).all()
+    assert feats.index.equals(ops.index)
+    assert np.isfinite(feats.to_numpy()).all()
+    assert set(OP_CODES) == set(OP_TYPES)
+    assert set(feats["op_code"].unique()) == {OP_CODES[o] for o in ops["op"].unique()}
+    assert set(feats["group_kind_code"].unique()) == {
+        GROUP_KIND_CODES[k] for k in ops["group_kind"].unique()
+    }
+
+
+def test_row_alignment_with_shuffled_input_and_foreign_index(ops, feats):
+    shuffled = ops.sample(frac=1.0, random_state=5)
+    shuffled.index = shuffled.index * 7 + 3  # a non-range index must be carried through
+    got = build_features(shuffled)
+    assert got.index.equals(shuffled.index)
+    expected = feats.loc[(shuffled.index - 3) // 7].to_numpy()
+    np.testing.assert_allclose(got.to_numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_tied_arrivals_do_not_depend_on_row_order():
+    base = pd.DataFrame({
+        "iteration": [0] * 4, "rank": [0, 1, 2, 3], "op": ["all_gather"] * 4,
+        "group": ["tp-0"] * 4, "seq": [7] * 4, "nbytes": [1 << 20] * 4,
+        "start_ns": [100, 100, 100, 500], "duration_us": [3.0, 2.0, 2.5, 1.0],
+    })
+    f = build_features(base)
+    g = build_features(base.iloc[::-1]).loc[base.index]
+    np.testing.assert_array_equal(f.to_numpy(), g.to_numpy())
+    np.testing.assert_array_equal(f["arrival_rank"], [0, 0, 0, 1])
+
+
+def test_categorical_string_columns_give_identical_features(ops, feats):
+    cat = ops.copy()
+    for c in ("op", "group", "group_ranks", "group_kind"):
+        cat[c] = cat[c].astype("category")
+    np.testing.assert_array_equal(build_features(cat).to_numpy(), feats.to_numpy())
+
+
+@pytest.mark.parametrize("k", [0, 2, 9])
+def test_no_leakage_from_later_iterations(ops, feats, k):
+    changed = ops.copy()
+    later = changed["iteration"] > k
+    rng = np.random.default_rng(0)
+    changed.loc[later, "duration_us"] *= rng.uniform(0.2, 5.0, size=int(later.sum()))
+    changed.loc[later, "start_ns"] += 10**9
+    got = build_features(changed)
+    early = ~later.to_numpy()
+    np.testing.assert_array_equal(got.to_numpy()[early], feats.to_numpy()[early])
+    # and the change is visible where it should be
+    assert not np.array_equal(got.to_numpy()[~early], feats.to_numpy()[~early])
+
+
+@pytest.mark.parametrize("regular_only", [True, False])
+def test_history_statistics_match_a_direct_computation(ops, regular_only):
+    cfg = FeatureConfig(history_regular_only=regular_only)
+    feats = build_features(ops, cfg)
+    w = cfg.window
+    flagged = detect_irregular(ops)
+    irregular = set(flagged.index[flagged["irregular"]])
+    assert irregular == {12, 13, 14, 15}  # the straggler's iterations
+    sig = ops[(ops["rank"] == 3) & (ops["group"] == "tp-0-0")]
+    first_seq = sig.groupby("iteration")["seq"].transform("min")
+    one = sig[sig["seq"] == first_seq].sort_values("iteration")
+    durations = one["duration_us"].to_numpy()
+    usable = ~one["iteration"].isin(irregular).to_numpy() if regular_only else np.ones(20, bool)
+    for i in (0, 1, 4, 13, 17):
+        row = feats.loc[one.index[i]]
+        past = durations[:i][usable[:i]][-w:]
+        assert row["history_len"] == len(past)
+        if len(past) == 0:
+            assert row["hist_z"] == 0 and row["hist_iqr_score"] == 0
+            continue
+        assert row["hist_mean_us"] == pytest.approx(past.mean(), rel=1e-5)
+        assert row["hist_std_us"] == pytest.approx(past.std(), rel=1e-4, abs=1e-3)
+        assert row["hist_median_us"] == pytest.approx(np.median(past), rel=1e-5)
+        q1, q3 = np.percentile(past, [25, 75])
+        assert row["hist_q1_us"] == pytest.approx(q1, rel=1e-5)
+        assert row["hist_iqr_us"] == pytest.approx(q3 - q1, rel=1e-4, abs=1e-3)
+        assert row["hist_ratio"] == pytest.approx(durations[i] / np.median(past), rel=1e-5)
+
+
+def test_peer_features_known_answer():
+    rows = {
+        "iteration": [0] * 6, "rank": [0, 1, 2, 3, 0, 1],
+        "op": ["all_reduce"] * 4 + ["send", "recv"], "group": ["dp-0"] * 4 + ["pp-0"] * 2,
+        "seq": [0, 0, 0, 0, 0, 0], "nbytes": [4096] * 4 + [64] * 2,
+        "start_ns": [1000, 3000, 2000, 9000, 20000, 15000],
+        "duration_us": [10.0, 8.0, 9.0, 2.0, 1.0, 6.0], "peer": [-1, -1, -1, -1, 1, 0],
+    }
+    f = build_features(pd.DataFrame(rows))
+    np.testing.assert_array_equal(f["peer_count"], [4, 4, 4, 4, 2, 2])
+    np.testing.assert_array_equal(f["arrived_last"], [0, 0, 0, 1, 1, 0])
+    np.testing.assert_allclose(f["arrival_lag_us"], [0, 2, 1, 8, 5, 0])
+    np.testing.assert_allclose(f["peer_median_us"][:4], 8.5)
+    np.testing.assert_allclose(f["peer_ratio_min"][:4], [5, 4, 4.5, 1])
+    np.testing.assert_allclose(f["peer_ratio_max"][:4], [1, 0.8, 0.9, 0.2])
+    np.testing.assert_allclose(f["arrival_rank"][:4], [0, 2 / 3, 1 / 3, 1])
+    np.testing.assert_allclose(f["arrival_lag_spread"], [0, 0.25, 0.125, 1, 1, 0])
+    # waiting for the last arrival vs the transfer after it (all finish together here)
+    np.testing.assert_allclose(f["wait_us"], [8, 6, 7, 0, 0, 5])
+    np.testing.assert_allclose(f["xfer_us"], [2, 2, 2, 2, 1, 1])
+    np.testing.assert_array_equal(f["xfer_hist_ratio"], 1.0)
+    np.testing.assert_array_equal(f["is_p2p"], [0, 0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(f["group_size"], [4, 4, 4, 4, 2, 2])
+    np.testing.assert_allclose(f["log2_bytes"][0], np.log2(4097), rtol=1e-6)
+    # one iteration only: no history, neutral values, nothing NaN
+    assert (f["history_len"] == 0).all() and (f["hist_z"] == 0).all()
+    np.testing.assert_allclose(f["iter_time_ratio"], 1.0)
+
+
+def test_p2p_without_peer_pairs_by_group_and_seq():
+    rows = {
+        "iteration": [0, 0, 0, 0], "rank": [0, 1, 0, 1], "op": ["send", "recv", "send", "recv"],
+        "group": ["pp-0"] * 4, "seq": [0, 0, 1, 1], "nbytes": [64] * 4,
+        "start_ns": [0, 2000, 10000, 10000], "duration_us": [3.0, 1.0, 1.0, 1.0],
+    }
+    f = build_features(pd.DataFrame(rows))  # no peer column at all
+    np.testing.assert_array_equal(f["peer_count"], [2, 2, 2, 2])
+    np.testing.assert_array_equal(f["arrived_last"], [0, 1, 0, 0])
+    with_peer = build_features(pd.DataFrame({**rows, "peer": [1, 0, 1, 0]}))
+    np.testing.assert_array_equal(with_peer.to_numpy(), f.to_numpy())
+
+
+def test_straggler_signals_on_synthetic_job(ops, feats):
+    ab = ops["abnormal"].to_numpy()
+    assert 0 < ab.sum() < len(ab)
+    assert feats["hist_z"][ab].mean() > feats["hist_z"][~ab].mean() + 2
+    assert feats["hist_ratio"][ab].mean() > 1.2 * feats["hist_ratio"][~ab].mean()
+    slow = ((ops["rank"] == 5) & ops["iteration"].between(12, 15) & ~ops["op"].isin(["send", "recv"])
+            ).to_numpy()
+    assert feats["arrived_last"][slow].mean() > 0.95
+    assert feats["iter_time_ratio"][ops["iteration"] == 13].min() > 1.1
+
+
+def test_input_errors_name_the_column(ops):
+    with pytest.raises(SchemaError, match="seq"):
+        build_features(ops.drop(columns="seq"))
+    bad = ops.head(10).copy()
+    bad["op"] = bad["op"].astype(object)
+    bad.loc[bad.index[2], "op"] = "allreduce"
+    with pytest.raises(SchemaError, match="op.*allreduce"):
+        build_features(bad)
+    bad = ops.head(10).copy()
+    bad.loc[bad.index[4], "duration_us"] = np.inf
+    with pytest.raises(SchemaError, match="duration_us"):
+        build_features(bad)
+    with pytest.raises(SchemaError):
+        build_features([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window"):
+        FeatureConfig(window=0)
+    empty = build_features(ops.head(0))
+    assert empty.shape == (0, len(FEATURE_COLUMNS))
+
+
+def test_chunking_and_window_change_only_what_they_should(ops, feats):
+    small_chunks = build_features(ops, FeatureConfig(chunk_rows=97))
+    np.testing.assert_array_equal(small_chunks.to_numpy(), feats.to_numpy())
+    short = build_features(ops, FeatureConfig(window=3))
+    assert short["history_len"].max() == 3
+    np.testing.assert_array_equal(short["peer_ratio_median"], feats["peer_ratio_median"])
+
+
+def test_time_features_scale_with_time_and_the_rest_do_not(ops, feats):
+    """A job running uniformly 2x slower: TIME_FEATURES double, every other column is equal
+    (the property drift handling relies on)."""
+    slow = ops.copy()
+    slow["duration_us"] *= 2.0
+    slow["start_ns"] = (slow["start_ns"] - slow["start_ns"].min()) * 2
+    got = build_features(slow)
+    for col in FEATURE_COLUMNS:
+        factor = 2.0 if col in TIME_FEATURES else 1.0
+        np.testing.assert_allclose(got[col], factor * feats[col], rtol=1e-4, atol=1e-4,
+                                   err_msg=col)
+
+
+def test_missing_ranks_in_some_iterations(ops, feats):
+    gone = (ops["rank"] == 6) & ops["iteration"].isin([3, 4])
+    partial = ops[~gone]
+    got = build_features(partial)
+    assert np.isfinite(got.to_numpy()).all()
+    before = (partial["iteration"] < 3).to_numpy()
+    np.testing.assert_array_equal(got.to_numpy()[before], feats.loc[partial.index].to_numpy()[before])
+    tp_of_6 = (partial["group"] == "tp-1-0") & (partial["iteration"] == 3)
+    assert (got.loc[tp_of_6[tp_of_6].index, "peer_count"] == 3).all()
+    later6 = (partial["rank"] == 6) & (partial["iteration"] == 5)
+    # rank 6's history skips the missing iterations: still `window`-capped, never empty
+    assert (got.loc[later6[later6].index, "history_len"] == 3).all()
+
+
+def test_baseline_survives_a_persistent_fault_longer_than_the_window():
+    ops = synthetic_ops(tp=4, pp=2, dp=2, iterations=24, seed=4, slow_rank=5,
+                        slow_factor=1.6, slow_iterations=(6, 24))
+    cfg = FeatureConfig(window=3)
+    f = build_features(ops, cfg)
+    late_ab = (ops["abnormal"] & (ops["iteration"] >= 12)).to_numpy()
+    assert late_ab.sum() > 50
+    # the plain history has absorbed the slowdown; the regular-only baseline has not
+    assert np.median(f["hist_ratio"][late_ab]) < 1.1
+    assert np.median(f["base_ratio"][late_ab]) > 1.3
+    regular_only = build_features(ops, FeatureConfig(window=3, history_regular_only=True))
+    assert np.median(regular_only["hist_ratio"][late_ab]) > 1.3
+    np.testing.assert_array_equal(regular_only["base_ratio"], f["base_ratio"])
+
+
+def test_absurd_but_finite_durations_stay_finite(ops):
+    wild = ops.head(200).copy()
+    wild.loc[wild.index[7], "duration_us"] = 1e40  # overflows float32
+    f = build_features(wild)
+    assert np.isfinite(f.to_numpy()).all()
+    assert f.loc[wild.index[7], "duration_us"] == np.finfo(np.float32).max

@@ -1,0 +1,32 @@
+"""``holmes bench features`` and its synthetic job generator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from holmes_ml.bench import features as bench
+from holmes_ml.io.schema import validate
+
+
+def test_synthetic_ops_is_canonical_and_labels_the_straggler_window():
+    ops = bench.synthetic_ops(tp=2, pp=2, dp=2, iterations=10, seed=1, slow_rank=3,
+                              slow_factor=2.0, slow_iterations=(4, 6))
+    validate(ops, "synthetic")
+    assert ops["rank"].nunique() == 8
+    abnormal_iters = set(ops.loc[ops["abnormal"], "iteration"])
+    assert abnormal_iters == {4, 5}
+    assert (ops.loc[ops["abnormal"], "fault_id"] == 0).all()
+    # every collective instance has all its group members
+    sizes = ops.groupby(["iteration", "group", "seq"])["rank"].nunique()
+    members = ops.groupby(["iteration", "group", "seq"])["group_ranks"].first().str.split().map(len)
+    assert (sizes == members).all()
+
+
+def test_run_quick_reports_throughput_and_memory():
+    result = bench.run(quick=True)
+    assert result.name == "features"
+    figures = result.figures
+    assert figures["n_ops"] > 100_000
+    for key in ("ops_per_s", "ops_per_cpu_s", "ops_per_s_first_call", "features_peak_mb"):
+        assert np.isfinite(figures[key]) and figures[key] > 0, key
+    assert result.config["n_features"] > 20

@@ -1,0 +1,172 @@
+"""Irregularity monitor: iteration_table and detect_irregular (holmes_ml.features.iterations)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.features import IrregularityConfig, detect_irregular, iteration_table
+from holmes_ml.io.schema import SchemaError
+
+
+def _times(values) -> pd.DataFrame:
+    """An iteration table from a list of durations in seconds."""
+    return pd.DataFrame(
+        {"duration_s": np.asarray(values, dtype=np.float64)},
+        index=pd.Index(np.arange(len(values)), name="iteration"),
+    )
+
+
+def _ops_from_durations(durations_s, ranks: int = 4, seed: int = 0) -> pd.DataFrame:
+    """Ops whose job-wide iteration span is exactly ``durations_s`` (one op per rank)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    t0 = 0
+    for it, d in enumerate(durations_s):
+        span_ns = int(round(d * 1e9))
+        for r in range(ranks):
+            # rank 0 starts at t0 and ends last, defining the span; others sit inside it
+            start = t0 if r == 0 else t0 + int(rng.integers(1, span_ns // 4))
+            end = t0 + span_ns if r == 0 else start + span_ns // 4
+            rows.append((it, r, "all_reduce", "dp-0", it, 1024, start, (end - start) / 1e3))
+        t0 += span_ns + 1000
+    return pd.DataFrame(rows, columns=["iteration", "rank", "op", "group", "seq", "nbytes",
+                                       "start_ns", "duration_us"])
+
+
+def test_iteration_table_spans_min_start_to_max_end_in_any_row_order():
+    ops = _ops_from_durations([1.0, 2.0, 1.5])
+    shuffled = ops.sample(frac=1.0, random_state=3)
+    t = iteration_table(shuffled)
+    assert t.index.name == "iteration"
+    assert t.index.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(t["duration_s"].to_numpy(), [1.0, 2.0, 1.5], rtol=1e-9)
+    np.testing.assert_allclose(t["time_us"].to_numpy(), [1e6, 2e6, 1.5e6], rtol=1e-9)
+    assert t["n_ops"].tolist() == [4, 4, 4]
+    expected_start = ops.groupby("iteration")["start_ns"].min().to_numpy()
+    np.testing.assert_array_equal(t["start_ns"].to_numpy(), expected_start)
+    pd.testing.assert_frame_equal(t, iteration_table(ops))
+
+
+def test_iteration_table_missing_ranks_sparse_iterations_and_single_op():
+    ops = _ops_from_durations([1.0, 1.0, 1.0, 1.0])
+    # drop rank 2 from iteration 1 and iteration 2 entirely; renumber iteration 3 -> 10**6
+    ops = ops[~((ops["iteration"] == 1) & (ops["rank"] == 2)) & (ops["iteration"] != 2)].copy()
+    ops.loc[ops["iteration"] == 3, "iteration"] = 10**6
+    t = iteration_table(ops)
+    assert t.index.tolist() == [0, 1, 10**6]
+    assert t["n_ops"].tolist() == [4, 3, 4]
+    one = iteration_table(ops.head(1))
+    assert len(one) == 1 and one["duration_s"].iloc[0] == pytest.approx(1.0)
+    empty = iteration_table(ops.head(0))
+    assert len(empty) == 0 and "duration_s" in empty.columns
+
+
+def test_iteration_table_errors_name_the_column():
+    ops = _ops_from_durations([1.0])
+    with pytest.raises(SchemaError, match="start_ns"):
+        iteration_table(ops.drop(columns="start_ns"))
+    bad = ops.copy()
+    bad.loc[1, "duration_us"] = np.nan
+    with pytest.raises(SchemaError, match="duration_us"):
+        iteration_table(bad)
+
+
+def test_spike_is_flagged_and_classified():
+    t = _times([1.0] * 10 + [1.5] + [1.0] * 10)
+    out = detect_irregular(t)
+    assert out.index[out["irregular"]].tolist() == [10]
+    assert out.loc[10, "pattern"] == "spike"
+    assert out.loc[10, "episode"] == 0
+    assert out.loc[10, "ratio"] == pytest.approx(1.5)
+    assert out.loc[10, "reference_s"] == pytest.approx(1.0)
+    regular = out[~out["irregular"]]
+    assert (regular["pattern"] == "").all() and (regular["episode"] == -1).all()
+
+
+def test_persistent_step_stays_flagged_because_irregular_iterations_never_enter_reference():
+    # 40 slow iterations: more than the 20-iteration window, so a reference that absorbed
+    # irregular iterations would stop flagging half-way.
+    t = _times([1.0] * 10 + [1.3] * 40 + [1.0] * 5)
+    out = detect_irregular(t)
+    irr = out.index[out["irregular"]].to_numpy()
+    np.testing.assert_array_equal(irr, np.arange(10, 50))
+    assert set(out.loc[irr, "pattern"]) == {"persistent"}
+    assert out.loc[irr, "episode"].nunique() == 1
+    np.testing.assert_allclose(out.loc[irr, "reference_s"].to_numpy(), 1.0)
+
+
+def test_fluctuation_intermittent_short_episodes():
+    d = [1.0] * 10
+    for _ in range(4):
+        d += [1.4, 1.0, 1.0]
+    d += [1.0] * 10
+    out = detect_irregular(_times(d))
+    irr = out[out["irregular"]]
+    assert len(irr) == 4
+    assert set(irr["pattern"]) == {"fluctuation"}
+    assert irr["episode"].tolist() == [0, 1, 2, 3]
+
+
+def test_mixed_episodes_get_their_own_patterns():
+    d = [1.0] * 10 + [1.5] + [1.0] * 15 + [1.3] * 12 + [1.0] * 5
+    out = detect_irregular(_times(d))
+    assert out.loc[10, "pattern"] == "spike"
+    assert set(out.loc[26:37, "pattern"]) == {"persistent"}
+    assert out["episode"].max() == 1
+
+
+def test_delta_threshold_and_jitter_does_not_alarm():
+    rng = np.random.default_rng(7)
+    jittery = 1.0 + 0.02 * rng.standard_normal(300)
+    assert not detect_irregular(_times(jittery))["irregular"].any()
+    # 6 % slower: below the default delta, above a 1.04 delta
+    d = [1.0] * 10 + [1.06] + [1.0] * 5
+    assert not detect_irregular(_times(d))["irregular"].any()
+    out = detect_irregular(_times(d), IrregularityConfig(delta=1.04))
+    assert out.index[out["irregular"]].tolist() == [10]
+
+
+def test_rolling_reference_follows_slow_drift():
+    d = np.linspace(1.0, 1.5, 200)  # +0.25 % per iteration: drift, not a fault
+    assert not detect_irregular(_times(d))["irregular"].any()
+
+
+def test_accepts_ops_or_table_with_iteration_column_and_short_inputs():
+    durations = [1.0] * 6 + [2.0] + [1.0] * 3
+    ops = _ops_from_durations(durations).sample(frac=1.0, random_state=1)
+    from_ops = detect_irregular(ops)
+    assert from_ops.index[from_ops["irregular"]].tolist() == [6]
+    table = iteration_table(ops).reset_index()
+    from_col = detect_irregular(table)
+    pd.testing.assert_series_equal(from_ops["irregular"], from_col["irregular"])
+    one = detect_irregular(_times([3.0]))
+    assert len(one) == 1 and not one["irregular"].iloc[0] and one["ratio"].iloc[0] == 1.0
+    assert len(detect_irregular(_times([]))) == 0
+    # before min_history regular iterations nothing is flagged
+    assert not detect_irregular(_times([1.0, 5.0]))["irregular"].any()
+
+
+def test_detect_irregular_errors():
+    with pytest.raises(SchemaError, match="duration_s"):
+        detect_irregular(pd.DataFrame({"x": [1.0]}))
+    with pytest.raises(SchemaError, match="duration_s"):
+        detect_irregular(_times([1.0, -1.0]))
+    with pytest.raises(ValueError, match="delta"):
+        IrregularityConfig(delta=0.9)
+    with pytest.raises(ValueError, match="persistent_min"):
+        IrregularityConfig(spike_max=5, persistent_min=3)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_ratio_of_an_iteration_ignores_later_iterations(k):
+    rng = np.random.default_rng(k)
+    d = 1.0 + 0.02 * rng.standard_normal(20)
+    d[8] = 1.6
+    base = detect_irregular(_times(d))
+    changed = d.copy()
+    changed[k + 1:] = rng.uniform(0.5, 3.0, size=len(d) - k - 1)
+    out = detect_irregular(_times(changed))
+    cols = ["reference_s", "ratio", "irregular"]
+    pd.testing.assert_frame_equal(out.loc[:k, cols], base.loc[:k, cols])
