@@ -1,0 +1,199 @@
+"""The saved-model envelope: a zip holding a JSON header and a joblib payload.
+
+The header records the versions of holmes_ml, scikit-learn, lightgbm and numpy, the feature schema,
+a hash of the training data, metrics, and the sha256 of the payload. :func:`load_model` checks
+the header before it unpickles anything: a file that is not an envelope, or whose payload hash
+does not match, is refused with :class:`ModelFileError`; a version mismatch only warns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import warnings
+import zipfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import joblib
+import numpy as np
+import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FORMAT", "ModelFileError", "data_hash", "read_header", "load_model", "save_model"]
+
+#: Identifies the envelope format in the header (bump ``version`` on incompatible changes).
+FORMAT = {"name": "holmes-ml-model", "version": 1}
+_HEADER = "header.json"
+_PAYLOAD = "model.joblib"
+_LIBS = {"holmes_ml": "holmes-ml", "sklearn": "scikit-learn", "lightgbm": "lightgbm",
+         "numpy": "numpy"}
+
+
+class ModelFileError(ValueError):
+    """A model file is foreign, damaged or tampered with (the message names the file and why)."""
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for key, dist in _LIBS.items():
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = "missing"
+    return out
+
+
+def data_hash(*arrays: Any) -> str:
+    """sha256 over the bytes of the given arrays/DataFrames (the training-data fingerprint)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        if a is None:
+            continue
+        if isinstance(a, pd.DataFrame | pd.Series):
+            h.update(pd.util.hash_pandas_object(a, index=False).to_numpy().tobytes())
+        else:
+            h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+    return h.hexdigest()
+
+
+def save_model(
+    model: Any,
+    path: str | Path,
+    metrics: dict[str, float] | None = None,
+    training_data: Any = None,
+    feature_columns: tuple[str, ...] | list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` into a checked envelope at ``path``.
+
+    Parameters
+    ----------
+    model:
+        A fitted detector.
+    path:
+        Output file (``.holmes`` by convention).
+    metrics:
+        Figures to keep with the model (e.g. held-out F1).
+    training_data:
+        ``X`` or ``(X, y)``; only its sha256 is stored.
+    feature_columns:
+        The feature schema; defaults to ``model.feature_names_in_`` when present.
+    extra:
+        Any other JSON-serializable facts (training command, scenarios).
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    path = Path(path)
+    buf = io.BytesIO()
+    joblib.dump(model, buf, compress=3)
+    payload = buf.getvalue()
+    if feature_columns is None and hasattr(model, "feature_names_in_"):
+        feature_columns = [str(c) for c in model.feature_names_in_]
+    if isinstance(training_data, tuple):
+        th = data_hash(*training_data)
+    elif training_data is not None:
+        th = data_hash(training_data)
+    else:
+        th = None
+    header = {
+        "format": FORMAT,
+        "estimator": type(model).__name__,
+        "versions": _versions(),
+        "feature_columns": list(feature_columns) if feature_columns is not None else None,
+        "training_data_sha256": th,
+        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "extra": extra or {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Fixed timestamps keep the file byte-identical for identical models.
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, data in ((_HEADER, json.dumps(header, indent=2).encode()), (_PAYLOAD, payload)):
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    logger.info("saved %s (%d bytes) to %s", type(model).__name__, path.stat().st_size, path)
+    return path
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of an envelope, without loading the model."""
+    header, _ = _open(Path(path), payload=False)
+    return header
+
+
+def _open(path: Path, payload: bool) -> tuple[dict[str, Any], bytes | None]:
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such model file")
+    if not zipfile.is_zipfile(path):
+        raise ModelFileError(
+            f"{path}: not a holmes_ml model envelope (expected a zip with {_HEADER}; "
+            "refusing to unpickle a foreign file)"
+        )
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if _HEADER not in names or _PAYLOAD not in names:
+                raise ModelFileError(
+                    f"{path}: not a holmes_ml model envelope (has {sorted(names)}; "
+                    f"expected {_HEADER} and {_PAYLOAD})"
+                )
+            header = json.loads(zf.read(_HEADER))
+            data = zf.read(_PAYLOAD) if payload else None
+    except (zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path}: damaged model envelope ({exc})") from exc
+    fmt = header.get("format") if isinstance(header, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("name") != FORMAT["name"]:
+        raise ModelFileError(f"{path}: header format is {fmt!r}; expected {FORMAT}")
+    if fmt.get("version") != FORMAT["version"]:
+        raise ModelFileError(
+            f"{path}: envelope version {fmt.get('version')!r}; this holmes_ml reads "
+            f"version {FORMAT['version']}"
+        )
+    return header, data
+
+
+def load_model(path: str | Path, check_features: bool = True) -> Any:
+    """Load a model saved by :func:`save_model`, after checking its envelope.
+
+    Raises
+    ------
+    ModelFileError
+        The file is not an envelope, is damaged, or its payload hash does not match the header
+        (tampered); or its feature schema differs from :data:`holmes_ml.features.FEATURE_COLUMNS`.
+
+    Warns
+    -----
+    UserWarning
+        When it was saved with other versions of holmes_ml / scikit-learn / lightgbm / numpy.
+    """
+    path = Path(path)
+    header, payload = _open(path, payload=True)
+    assert payload is not None
+    digest = hashlib.sha256(payload).hexdigest()
+    if digest != header.get("payload_sha256"):
+        raise ModelFileError(
+            f"{path}: payload sha256 {digest[:16]}... does not match the header's "
+            f"{str(header.get('payload_sha256'))[:16]}...; the file was modified — refusing to load"
+        )
+    if check_features and header.get("feature_columns") is not None:
+        from holmes_ml.features import FEATURE_COLUMNS
+
+        if list(header["feature_columns"]) != list(FEATURE_COLUMNS):
+            raise ModelFileError(
+                f"{path}: feature schema has {len(header['feature_columns'])} columns "
+                f"that differ from this holmes_ml's FEATURE_COLUMNS ({len(FEATURE_COLUMNS)}); "
+                "retrain with `holmes train`"
+            )
+    saved, now = header.get("versions", {}), _versions()
+    drift = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    if drift:
+        msg = ", ".join(f"{k} saved {a} now {b}" for k, (a, b) in drift.items())
+        warnings.warn(f"{path}: model saved with other library versions ({msg})", stacklevel=2)
+    return joblib.load(io.BytesIO(payload))

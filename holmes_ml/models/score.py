@@ -1,0 +1,65 @@
+"""The shipped default detector and per-op scoring of a CommOps table."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.models.persist import ModelFileError, load_model
+
+__all__ = ["DEFAULT_MODEL", "default_model", "score_ops"]
+
+#: File name of the shipped model inside ``holmes_ml/data``.
+DEFAULT_MODEL = "default-model.holmes"
+
+
+@functools.lru_cache(maxsize=1)
+def default_model() -> Any:
+    """The detector shipped in ``holmes_ml/data/default-model.holmes`` (loaded once)."""
+    ref = resources.files("holmes_ml") / "data" / DEFAULT_MODEL
+    if not ref.is_file():
+        raise ModelFileError(
+            f"{ref}: default model missing; build it with "
+            "`holmes train --preset default --out holmes_ml/data/default-model.holmes`"
+        )
+    with resources.as_file(ref) as path:
+        return load_model(path)
+
+
+def score_ops(
+    ops: pd.DataFrame, model: Any = None, features: pd.DataFrame | None = None
+) -> np.ndarray:
+    """P(abnormal) of every op, aligned with the rows of ``ops``.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps table.
+    model:
+        A fitted detector; ``None`` uses :func:`default_model`.
+    features:
+        Precomputed :func:`holmes_ml.features.build_features` of ``ops`` (same row order).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 scores in [0, 1], one per row of ``ops``.
+    """
+    from holmes_ml.features import FEATURE_COLUMNS, build_features
+
+    if model is None:
+        model = default_model()
+    if features is None:
+        features = build_features(ops)
+    if len(features) != len(ops):
+        raise ValueError(
+            f"score_ops: features has {len(features)} rows; expected {len(ops)} (one per op)"
+        )
+    if len(ops) == 0:
+        return np.zeros(0, dtype=np.float64)
+    F = features.loc[:, list(FEATURE_COLUMNS)]
+    return np.asarray(model.decision_function(F), dtype=np.float64)

@@ -1,0 +1,212 @@
+"""An optuna-tuned detector that is itself a scikit-learn estimator.
+
+:class:`TunedDetector` searches the hyper-parameters of a random-forest or LightGBM detector by
+maximizing out-of-fold F1, then refits the best configuration on all data. With ``storage`` set to
+an optuna RDB URL (``sqlite:///study.db``) several processes can tune the same named study.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from holmes_ml.models.detectors import (
+    LightGBMDetector,
+    RandomForestDetector,
+    best_f1_threshold,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TunedDetector"]
+
+_ESTIMATORS = ("rf", "lgbm")
+
+
+def _suggest(trial: Any, kind: str) -> dict[str, Any]:
+    if kind == "rf":
+        return {
+            "n_estimators": trial.suggest_int("n_estimators", 20, 120, step=20),
+            "max_depth": trial.suggest_int("max_depth", 6, 20),
+            "min_samples_leaf": trial.suggest_int("min_samples_leaf", 1, 20, log=True),
+            "max_features": trial.suggest_float("max_features", 0.2, 0.8),
+        }
+    return {
+        "n_estimators": trial.suggest_int("n_estimators", 50, 300, step=50),
+        "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
+        "num_leaves": trial.suggest_int("num_leaves", 8, 63, log=True),
+        "min_child_samples": trial.suggest_int("min_child_samples", 5, 100, log=True),
+        "colsample_bytree": trial.suggest_float("colsample_bytree", 0.4, 1.0),
+        "reg_lambda": trial.suggest_float("reg_lambda", 1e-3, 10.0, log=True),
+    }
+
+
+def _base(kind: str, random_state: Any, params: dict[str, Any]) -> Any:
+    cls = RandomForestDetector if kind == "rf" else LightGBMDetector
+    return cls(random_state=random_state, **params)
+
+
+class _Objective:
+    """Out-of-fold F1 of one trial's configuration (at its own best threshold)."""
+
+    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: int, random_state: Any):
+        self.kind, self.X, self.y, self.cv, self.random_state = kind, X, y, cv, random_state
+
+    def __call__(self, trial: Any) -> float:
+        det = _base(self.kind, self.random_state, _suggest(trial, self.kind))
+        est = det._make_estimator()
+        folds = StratifiedKFold(self.cv, shuffle=True, random_state=0)
+        oof = cross_val_predict(est, self.X, self.y, cv=folds, method="predict_proba")[:, 1]
+        cut = best_f1_threshold(self.y, oof)
+        pred = oof >= cut
+        tp = float(np.sum(pred & (self.y == 1)))
+        f1 = 2 * tp / max(float(pred.sum() + self.y.sum()), 1.0)
+        trial.set_user_attr("threshold", cut)
+        return f1
+
+
+class TunedDetector(ClassifierMixin, BaseEstimator):
+    """Random-forest or LightGBM detector with optuna-tuned hyper-parameters.
+
+    Parameters
+    ----------
+    estimator:
+        ``"rf"`` or ``"lgbm"``.
+    n_trials:
+        Trials this ``fit`` runs (added to any already in a shared study).
+    storage:
+        ``None`` (in memory) or an optuna RDB URL such as ``"sqlite:///study.db"``.
+    study_name:
+        Name of the study in ``storage`` (created if missing, joined if present).
+    cv:
+        Folds of the out-of-fold F1 each trial maximizes.
+    max_tune_samples:
+        Trials see a stratified subsample of at most this many rows (the refit uses all rows).
+    timeout:
+        Seconds after which no new trial starts (``None`` = no limit).
+    random_state:
+        Seeds the sampler, the subsample and the estimators.
+
+    Attributes
+    ----------
+    study_ : optuna.Study
+    best_params_ : dict
+    best_estimator_ : RandomForestDetector | LightGBMDetector
+        Refit on all data with the best parameters.
+    threshold_ : float
+        The best trial's out-of-fold F1-optimal threshold.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_classification
+    >>> X, y = make_classification(300, random_state=0)
+    >>> det = TunedDetector("lgbm", n_trials=2, random_state=0).fit(X, y)
+    >>> sorted(det.best_params_)[:2]
+    ['colsample_bytree', 'learning_rate']
+    """
+
+    def __init__(
+        self,
+        estimator: str = "lgbm",
+        n_trials: int = 20,
+        storage: str | None = None,
+        study_name: str | None = None,
+        cv: int = 3,
+        max_tune_samples: int = 100_000,
+        timeout: float | None = None,
+        random_state: int | None = None,
+    ) -> None:
+        self.estimator = estimator
+        self.n_trials = n_trials
+        self.storage = storage
+        self.study_name = study_name
+        self.cv = cv
+        self.max_tune_samples = max_tune_samples
+        self.timeout = timeout
+        self.random_state = random_state
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+    def fit(self, X, y):
+        """Run the study on ``(X, y)``, then refit the best configuration on all rows."""
+        import optuna
+
+        if self.estimator not in _ESTIMATORS:
+            raise ValueError(
+                f"TunedDetector.estimator: got {self.estimator!r}; expected one of {_ESTIMATORS}"
+            )
+        if not isinstance(self.n_trials, numbers.Integral) or self.n_trials < 0:
+            raise ValueError(f"TunedDetector.n_trials: got {self.n_trials!r}; expected an int >= 0")
+        if not isinstance(self.cv, numbers.Integral) or self.cv < 2:
+            raise ValueError(f"TunedDetector.cv: got {self.cv!r}; expected an int >= 2")
+        Xa, ya = validate_data(self, X, y, dtype=np.float64)
+        classes = np.unique(ya)
+        if len(classes) != 2:
+            raise ValueError(
+                f"TunedDetector.fit: y has classes {classes.tolist()}; expected exactly two "
+                "(normal, abnormal)"
+            )
+        self.classes_ = classes
+        y01 = (ya == classes[1]).astype(np.int64)
+        rng = np.random.default_rng(self.random_state)
+        idx = np.arange(len(y01))
+        if len(idx) > self.max_tune_samples:
+            # Stratified: keep every class in proportion.
+            keep = []
+            for c in (0, 1):
+                ci = idx[y01 == c]
+                n = max(1, int(round(self.max_tune_samples * len(ci) / len(idx))))
+                keep.append(rng.choice(ci, size=min(n, len(ci)), replace=False))
+            idx = np.sort(np.concatenate(keep))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        sampler = optuna.samplers.TPESampler(seed=self.random_state)
+        self.study_ = optuna.create_study(
+            storage=self.storage,
+            study_name=self.study_name,
+            direction="maximize",
+            sampler=sampler,
+            load_if_exists=True,
+        )
+        cv = int(min(self.cv, np.bincount(y01[idx]).min()))
+        if cv >= 2 and self.n_trials > 0:
+            objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state)
+            self.study_.optimize(objective, n_trials=int(self.n_trials), timeout=self.timeout)
+        done = [t for t in self.study_.trials if t.value is not None]
+        if done:
+            best = self.study_.best_trial
+            self.best_params_ = dict(best.params)
+            self.best_score_ = float(best.value)
+            self.threshold_ = float(best.user_attrs.get("threshold", 0.5))
+        else:
+            self.best_params_, self.best_score_, self.threshold_ = {}, float("nan"), 0.5
+        self.best_estimator_ = _base(
+            self.estimator, self.random_state, {**self.best_params_, "threshold": self.threshold_}
+        ).fit(Xa, y01)
+        logger.info("tuned %s: best F1 %.4f with %s", self.estimator, self.best_score_,
+                    self.best_params_)
+        return self
+
+    def decision_function(self, X) -> np.ndarray:
+        """P(abnormal) from the refit best estimator."""
+        check_is_fitted(self)
+        Xa = validate_data(self, X, reset=False, dtype=np.float64)
+        return self.best_estimator_.decision_function(Xa)
+
+    def predict_proba(self, X) -> np.ndarray:
+        """``[P(normal), P(abnormal)]`` per row."""
+        s = self.decision_function(X)
+        return np.column_stack([1.0 - s, s])
+
+    def predict(self, X) -> np.ndarray:
+        """``classes_[1]`` where the score reaches ``threshold_``."""
+        s = self.decision_function(X)
+        return self.classes_[(s >= self.threshold_).astype(np.int64)]

@@ -1,0 +1,97 @@
+"""Model envelope round-trip, tampering and foreign files; default model; score_ops."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import joblib
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+
+from holmes_ml.models import (
+    ModelFileError,
+    RandomForestDetector,
+    default_model,
+    load_model,
+    read_header,
+    save_model,
+    score_ops,
+)
+
+
+@pytest.fixture()
+def fitted():
+    X, y = make_classification(200, n_features=5, random_state=0)
+    return RandomForestDetector(n_estimators=10, random_state=0).fit(X, y), X, y
+
+
+def test_round_trip_keeps_scores_and_header(fitted, tmp_path):
+    det, X, y = fitted
+    path = save_model(det, tmp_path / "m.holmes", metrics={"f1": 0.9}, training_data=(X, y))
+    back = load_model(path)
+    np.testing.assert_allclose(back.decision_function(X), det.decision_function(X))
+    h = read_header(path)
+    assert h["metrics"] == {"f1": 0.9}
+    assert set(h["versions"]) == {"holmes_ml", "sklearn", "lightgbm", "numpy"}
+    assert len(h["training_data_sha256"]) == 64
+
+
+def test_tampered_payload_is_refused(fitted, tmp_path):
+    det, X, y = fitted
+    path = save_model(det, tmp_path / "m.holmes")
+    other = RandomForestDetector(n_estimators=3, random_state=1).fit(X, y)
+    with zipfile.ZipFile(path) as zf:
+        header = zf.read("header.json")
+    bad = tmp_path / "bad.holmes"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("header.json", header)
+        with zf.open("model.joblib", "w") as fh:
+            joblib.dump(other, fh)
+    with pytest.raises(ModelFileError, match="bad.holmes.*sha256.*modified"):
+        load_model(bad)
+
+
+def test_foreign_files_are_refused(fitted, tmp_path):
+    det, _, _ = fitted
+    pkl = tmp_path / "plain.pkl"
+    joblib.dump(det, pkl)
+    with pytest.raises(ModelFileError, match="plain.pkl: not a holmes_ml model envelope"):
+        load_model(pkl)
+    z = tmp_path / "other.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("header.json", json.dumps({"format": {"name": "something-else"}}))
+        zf.writestr("model.joblib", b"x")
+    with pytest.raises(ModelFileError, match="other.zip: header format"):
+        load_model(z)
+
+
+def test_version_drift_warns(fitted, tmp_path):
+    det, _, _ = fitted
+    path = save_model(det, tmp_path / "m.holmes")
+    with zipfile.ZipFile(path) as zf:
+        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    header["versions"]["sklearn"] = "0.0.1"
+    drifted = tmp_path / "drifted.holmes"
+    with zipfile.ZipFile(drifted, "w") as zf:
+        zf.writestr("header.json", json.dumps(header))
+        zf.writestr("model.joblib", payload)
+    with pytest.warns(UserWarning, match="sklearn saved 0.0.1"):
+        load_model(drifted)
+
+
+def test_default_model_scores_simulated_ops():
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    res = simulate(SimConfig(gpus=64, iterations=12, seed=11,
+                             faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.8,start=4"),)))
+    det = default_model()
+    s = score_ops(res.ops)
+    assert s.shape == (len(res.ops),) and s.dtype == np.float64
+    ab = res.ops["abnormal"].to_numpy(dtype=bool)
+    # Abnormal ops must rank well above normal ones, and few normal ops may cross the cut.
+    assert np.median(s[ab]) > np.quantile(s[~ab], 0.99)
+    assert (s[~ab] >= det.threshold_).mean() < 0.01
+    shuffled = res.ops.sample(frac=1.0, random_state=0)
+    np.testing.assert_allclose(score_ops(shuffled), s[shuffled.index.to_numpy()], atol=1e-9)
