@@ -1,9 +1,79 @@
-"""Commands of the `holmes` CLI for this area (filled in by its owner)."""
+"""``holmes localize PATH...``: name the device slowing a job (thin shell over the pipeline)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.table import Table
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``localize`` to ``app``."""
+
+    @app.command("localize")
+    def localize(
+        paths: list[Path] = typer.Argument(
+            ..., help="Log files or a simulator output directory.", show_default=False
+        ),
+        model: Path | None = typer.Option(
+            None, "--model", help="Detector file (default: the bundled model, or the rule "
+            "baseline when none is installed). 'rule' forces the baseline."
+        ),
+        format: str = typer.Option(
+            "auto", "--format",
+            help="auto|native|kineto|flight-recorder|nccl-inspector|bytedance",
+        ),
+        top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this dir."),
+        topology: Path | None = typer.Option(
+            None, "--topology", help="topology.json (otherwise derived from the logs)."
+        ),
+    ) -> None:
+        """Localize the GPU/NIC/link/switch/host (or workload cause) slowing the job."""
+        from holmes_ml import pipeline
+        from holmes_ml.localize import LocalizeConfig
+        from holmes_ml.topology import Topology
+
+        cfg = replace(LocalizeConfig(), top_k=top_k)
+        mdl: object = None
+        if model is not None:
+            if str(model) == "rule":
+                mdl = "rule"
+            else:
+                from holmes_ml.models import load_model  # type: ignore[attr-defined]
+
+                mdl = load_model(model)
+        topo = Topology.from_json(topology) if topology is not None else None
+        files, topo = pipeline.resolve_paths(paths, topo)
+        ops = pipeline.read_paths(files, format)
+        summary = pipeline.summarize(ops, mdl, cfg)
+        verdict = pipeline.localize_summaries([summary], topo, cfg)
+        if plot is not None:
+            from holmes_ml.report import write_plots
+
+            write_plots(verdict, summary.iterations, plot)
+        if as_json:
+            typer.echo(json.dumps(verdict.to_dict()))
+            return
+        console = Console()
+        console.print(
+            f"irregular iterations: {list(verdict.irregular_iterations) or 'none'}"
+        )
+        if not verdict.candidates:
+            console.print("[green]no device blamed[/green]")
+        else:
+            table = Table(title="suspects (best first)")
+            for col in ("#", "kind", "device", "ranks", "score", "coords", "top evidence"):
+                table.add_column(col)
+            for i, c in enumerate(verdict.candidates, 1):
+                ev = c.evidence[0].detail if c.evidence else ""
+                table.add_row(str(i), c.kind.value, c.device, " ".join(map(str, c.ranks[:8])),
+                              f"{c.score:.3f}", json.dumps(c.coords) if c.coords else "", ev)
+            console.print(table)
+        for w in verdict.workload_findings:
+            console.print(f"[yellow]workload ({w.kind})[/yellow]: {w.detail}")

@@ -1,0 +1,90 @@
+"""Knobs of localization, in one frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LocalizeConfig:
+    """How the operator-GPU graph rules and the cross-iteration ranking decide.
+
+    Parameters
+    ----------
+    window:
+        Most recent irregular iterations analysed (older ones are ignored).
+    probe_iterations:
+        Iterations analysed even when the iteration monitor flags none, spread evenly over the
+        log: a fault present from the first step never makes an iteration *irregular* relative to
+        its neighbours, but its abnormal operators are still visible.
+    context_iterations:
+        Regular iterations next to the analysed ones whose operators set the "typical transfer
+        time" of each operator class (only those ops are scored: the detector pre-filter).
+    score_threshold:
+        Operator score at or above which an operator copy is abnormal. ``None``: the model's
+        ``threshold_`` (or 0.5).
+    follow_fraction:
+        Backtracking: a straggler's lateness counts as *explained* by its previous operator when
+        it waited there at least this fraction of the lateness; the search then moves to whoever
+        it waited for.
+    min_wait_us:
+        Waits and excess transfer times below this are noise (clock resolution, launch jitter).
+    rel_excess:
+        A transfer is slow when it exceeds its class's typical time by this fraction.
+    min_evidence:
+        Operator instances a candidate needs.
+    min_weight_fraction:
+        A candidate's explained time per analysed iteration must reach this fraction of the
+        median iteration time; below it the slowdown is within normal jitter.
+    min_share:
+        Candidates whose normalised score is below this are dropped.
+    top_k:
+        Candidates returned at most.
+    host_concentration:
+        A straggler is called a *host* stall (not a slow GPU) when, in the iterations it is
+        blamed for, at least this share of its lateness comes from one single pause.
+    workload_min_iterations:
+        Workload rules need at least this many analysed iterations.
+    with_rule:
+        With an ML detector, also count as abnormal the copies the "3σ + rule" baseline flags
+        (union). Off: the detector alone decides.
+    """
+
+    window: int = 50
+    probe_iterations: int = 3
+    context_iterations: int = 3
+    score_threshold: float | None = None
+    follow_fraction: float = 0.5
+    min_wait_us: float = 50.0
+    rel_excess: float = 0.3
+    min_evidence: int = 2
+    min_weight_fraction: float = 0.02
+    min_share: float = 0.05
+    top_k: int = 5
+    host_concentration: float = 0.7
+    workload_min_iterations: int = 4
+    with_rule: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("window", "top_k", "min_evidence", "workload_min_iterations"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")
+        for name in ("probe_iterations", "context_iterations"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 0")
+        for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")
+        if self.score_threshold is not None and not 0.0 <= self.score_threshold <= 1.0:
+            raise ValueError(
+                f"LocalizeConfig.score_threshold: got {self.score_threshold!r}; expected None or "
+                "a score in [0, 1]"
+            )
+        if self.min_wait_us < 0 or self.rel_excess < 0:
+            raise ValueError(
+                "LocalizeConfig.min_wait_us / rel_excess: got "
+                f"{self.min_wait_us!r} / {self.rel_excess!r}; expected values >= 0"
+            )

@@ -1,0 +1,163 @@
+"""Typed results of localization: device kinds, evidence, candidates, workload findings, verdict.
+
+Everything here is a frozen dataclass (or an enum) so results can be hashed, compared in tests and
+serialised with :meth:`Verdict.to_dict` into the one JSON contract the CLI and service expose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class DeviceKind(str, Enum):
+    """What a candidate is: the kind prefix of a topology device id."""
+
+    GPU = "gpu"
+    NIC = "nic"
+    LINK = "link"
+    SWITCH = "switch"
+    HOST = "host"
+
+    @classmethod
+    def of(cls, device: str) -> DeviceKind:
+        """Kind of a topology device id such as ``'nic:h3/1'``."""
+        head, sep, _ = device.partition(":")
+        try:
+            return cls(head)
+        except ValueError:
+            raise ValueError(
+                f"device id {device!r}: unknown kind prefix {head!r}; expected one of "
+                + ", ".join(k.value for k in cls)
+            ) from None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One observation supporting a candidate.
+
+    Parameters
+    ----------
+    iteration, group, seq, op:
+        The operator instance (collective or P2P pair) where the observation was made.
+    rule:
+        ``"straggler"`` (the candidate arrived last and its lateness is not explained by an
+        earlier wait), ``"p2p-chain"`` (reached by following a late send upstream),
+        ``"communication"`` (every copy was slow: the transfer itself) or ``"host-stall"``.
+    detail:
+        Human-readable sentence.
+    weight:
+        Microseconds of operator time this observation explains.
+    """
+
+    iteration: int
+    group: str
+    seq: int
+    op: str
+    rule: str
+    detail: str
+    weight: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iteration": int(self.iteration),
+            "group": self.group,
+            "seq": int(self.seq),
+            "op": self.op,
+            "rule": self.rule,
+            "detail": self.detail,
+            "weight": round(float(self.weight), 3),
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A suspect device with its normalised score and the evidence behind it.
+
+    ``score`` is normalised so the candidates of one verdict sum to 1.
+    """
+
+    kind: DeviceKind
+    device: str
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    score: float
+    coords: dict[str, int] | None = None
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_dict(self, max_evidence: int = 5) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "device": self.device,
+            "ranks": [int(r) for r in self.ranks],
+            "hosts": [str(h) for h in self.hosts],
+            "score": round(float(self.score), 6),
+            "coords": dict(self.coords) if self.coords else None,
+            "evidence": [e.to_dict() for e in self.evidence[:max_evidence]],
+        }
+
+
+@dataclass(frozen=True)
+class WorkloadFinding:
+    """A slowdown explained by the workload (not by a device), e.g. a heavier pipeline stage.
+
+    Parameters
+    ----------
+    kind:
+        ``"stage-imbalance"`` (one pipeline stage is consistently the last to arrive) or
+        ``"rank-imbalance"`` (the late data-parallel rank changes from step to step, as with
+        sequence-length imbalance).
+    ranks:
+        Ranks involved (the heavy stage, or every rank that was late at some step).
+    share:
+        Fraction of the explained wait time covered by this finding.
+    detail:
+        Human-readable sentence.
+    """
+
+    kind: str
+    ranks: tuple[int, ...]
+    share: float
+    detail: str
+    coords: dict[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "ranks": [int(r) for r in self.ranks],
+            "share": round(float(self.share), 6),
+            "coords": dict(self.coords) if self.coords else None,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of localizing one window of logs.
+
+    ``candidates`` are best first and empty when the job is healthy or when the slowdown is
+    explained by the workload (then see ``workload_findings``).
+    """
+
+    irregular: bool
+    irregular_iterations: tuple[int, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
+    workload_findings: tuple[WorkloadFinding, ...] = ()
+    stats: dict[str, float] = field(default_factory=dict, compare=False)
+
+    def to_dict(self, max_evidence: int = 5) -> dict[str, Any]:
+        """The JSON contract: ``irregular``, ``irregular_iterations``, ``candidates`` (each with
+        ``kind, device, ranks, hosts, score, coords, evidence``) and ``workload``: ``None``, or
+        the main workload finding (``kind, ranks, share, coords, detail``) with any further
+        findings under ``others``."""
+        workload: dict[str, Any] | None = None
+        if self.workload_findings:
+            workload = self.workload_findings[0].to_dict()
+            workload["others"] = [w.to_dict() for w in self.workload_findings[1:]]
+        return {
+            "irregular": bool(self.irregular),
+            "irregular_iterations": [int(i) for i in self.irregular_iterations],
+            "candidates": [c.to_dict(max_evidence) for c in self.candidates],
+            "workload": workload,
+        }

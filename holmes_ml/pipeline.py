@@ -1,0 +1,418 @@
+"""End-to-end localization: per-node summaries, then one verdict for the job.
+
+``summarize`` runs next to the logs (one node or the whole job): it scores every operator, keeps
+only the abnormal copies plus per-``(iteration, rank)`` timing and the communicator membership —
+the small record that leaves the node. ``localize_summaries`` merges node summaries and applies
+the graph rules (:mod:`holmes_ml.localize.rules`). ``analyze`` is both in one call.
+
+Scoring uses :func:`holmes_ml.models.score_ops` (the bundled default model unless another is
+given), united with the rule baseline when ``LocalizeConfig.with_rule`` (default: the shipped
+detector under-calls the waits of a straggler's partners). Without a usable model it falls back,
+with a warning, to the "3σ + rule without ML" baseline alone: an operator copy is abnormal when its
+duration exceeds the median of its class (``op, group_kind, nbytes``) by more than
+``max(min_wait_us, 3 σ, rel_excess × median)`` (σ from the class's MAD).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.features import detect_irregular
+from holmes_ml.io.schema import REQUIRED_COLUMNS
+from holmes_ml.localize.config import LocalizeConfig
+from holmes_ml.localize.rules import localize_records
+from holmes_ml.localize.types import Verdict
+from holmes_ml.topology import Group, Topology, kind_from_group_name
+
+logger = logging.getLogger(__name__)
+
+_ABNORMAL_EXTRA = ("peer", "host", "score", "excess_us")
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """What a node agent ships upstream.
+
+    Parameters
+    ----------
+    iterations:
+        One row per ``(iteration, rank)``: ``start_ns, end_ns, comm_us, n_ops``.
+    abnormal:
+        Abnormal operator copies only: canonical columns plus ``peer, host, score, excess_us``.
+    groups:
+        ``group, group_kind, group_ranks`` of the communicators seen.
+    ranks:
+        ``rank, host`` plus any parallel coordinates (``dp, pp, tp, ...``) known on the node.
+    """
+
+    iterations: pd.DataFrame
+    abnormal: pd.DataFrame
+    groups: pd.DataFrame
+    ranks: pd.DataFrame | None = None
+
+    def nbytes(self) -> int:
+        """Bytes of the summary as Parquet would hold it (approximate: in-memory size)."""
+        frames = [self.iterations, self.abnormal, self.groups]
+        if self.ranks is not None:
+            frames.append(self.ranks)
+        return int(sum(f.memory_usage(deep=True).sum() for f in frames))
+
+
+# ------------------------------------------------------------------ scoring
+def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.ndarray:
+    """The "3σ + rule without ML" score: 0.5 exactly at the abnormality bar, 1 at twice it.
+
+    The reference of a copy is the median duration of its class (``op, group_kind, nbytes`` and
+    position within the iteration) over all ranks and iterations; for send/recv, whose waits
+    depend on the pipeline stage, the same class within the rank's stage (``pp`` column) when
+    known, else the copy's own history (same rank, group, position). The bar
+    is ``max(min_wait_us, 3 σ, rel_excess × reference, 0.2 × compute gap)`` where the gap is the
+    time the rank spent outside communication just before the copy: waits caused by normal
+    compute jitter scale with that gap, a fault's wait is a large fraction of it.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps rows.
+    config:
+        ``min_wait_us`` and ``rel_excess`` set the bar.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 score per row, aligned with ``ops``.
+    """
+    cfg = config or LocalizeConfig()
+    typical, sigma, gap = _class_stats(ops)
+    excess = ops["duration_us"].to_numpy(dtype=np.float64) - typical
+    bar = np.maximum.reduce([
+        np.full(len(ops), cfg.min_wait_us), 3.0 * sigma, cfg.rel_excess * typical, 0.2 * gap,
+    ])
+    return np.clip(excess / (2.0 * bar), 0.0, 1.0)
+
+
+def _codes(col: pd.Series) -> np.ndarray:
+    """Dense integer codes of a column (categorical or not)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.cat.codes.to_numpy().astype(np.int64)
+    return pd.factorize(col, sort=False)[0].astype(np.int64)
+
+
+def _combine(*codes: np.ndarray) -> np.ndarray:
+    """One dense int64 key from several code arrays (re-densified at each step: no overflow)."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for c in codes:
+        c = np.asarray(c, dtype=np.int64)
+        c = c - c.min() if len(c) else c
+        key = pd.factorize(key * (int(c.max()) + 1 if len(c) else 1) + c)[0].astype(np.int64)
+    return key
+
+
+def _class_stats(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reference duration, MAD-based σ and preceding compute gap per row (aligned with ops)."""
+    o = ops.reset_index(drop=True)
+    it = o["iteration"].to_numpy(dtype=np.int64)
+    rank = o["rank"].to_numpy(dtype=np.int64)
+    group = _codes(o["group"])
+    start = o["start_ns"].to_numpy(dtype=np.int64)
+    dur = o["duration_us"].to_numpy(dtype=np.float64)
+    seq = o["seq"].to_numpy(dtype=np.int64)
+    # Integer keys throughout: string concatenation over millions of rows dominates otherwise.
+    pos = seq - pd.Series(seq).groupby(_combine(it, group, rank)).transform("min").to_numpy()
+    op_s = o["op"]
+    op = _codes(op_s)
+    p2p = op_s.isin(["send", "recv"]).to_numpy()
+    gk = _codes(o["group_kind"]) if "group_kind" in o.columns else np.zeros(len(o), np.int64)
+    nb = _codes(o["nbytes"])
+    cls = _combine(op, gk, nb, pos)
+    if "pp" in o.columns:
+        # Pipeline stage known: compare a send/recv with the same one of the other replicas of
+        # its stage (robust even when a fault is present from the first iteration).
+        own = _combine(cls, _codes(o["pp"]))
+    else:
+        own = _combine(op, group, rank, pos)
+    key = _combine(p2p.astype(np.int64), np.where(p2p, own, cls))
+    d = pd.Series(dur)
+    med = d.groupby(key).transform("median").to_numpy()
+    mad = (d - med).abs().groupby(key).transform("median").to_numpy()
+    order = np.lexsort((start, rank))
+    end = start + (dur * 1e3).astype(np.int64)
+    gap = np.zeros(len(o))
+    so, eo, ro = start[order], end[order], rank[order]
+    g = np.r_[0.0, (so[1:] - eo[:-1]) / 1e3]
+    g[np.r_[True, ro[1:] != ro[:-1]]] = 0.0
+    gap[order] = np.maximum(g, 0.0)
+    return med, 1.4826 * mad, gap
+
+
+def _score(ops: pd.DataFrame, model: Any, config: LocalizeConfig) -> tuple[np.ndarray, float]:
+    """Scores and threshold: the ML detector when available, else the rule baseline.
+
+    ``model=None`` means the bundled default model; when it (or the models package) is not
+    installed the rule baseline is used and a warning says so. ``model="rule"`` forces it.
+    """
+    if isinstance(model, str) and model == "rule":
+        return rule_scores(ops, config), 0.5
+    try:
+        from holmes_ml.models import default_model, score_ops
+    except ImportError:
+        logger.warning("holmes_ml.models unavailable; using the 3-sigma + rule baseline")
+        return rule_scores(ops, config), 0.5
+    if model is None:
+        try:
+            model = default_model()
+        except Exception as exc:  # noqa: BLE001 - any unusable default falls back, loudly
+            logger.warning("default model unusable (%s); using the 3-sigma + rule baseline", exc)
+            return rule_scores(ops, config), 0.5
+    scores = np.asarray(score_ops(ops, model=model), dtype=np.float64)
+    thr = config.score_threshold
+    if thr is None:
+        thr = float(getattr(model, "threshold_", 0.5))
+    if config.with_rule:
+        # Map both onto "0.5 = at the bar" and keep the larger: a copy is abnormal when the
+        # detector or the rule says so (the rule catches waits a detector may under-call).
+        ml = np.where(scores >= thr, 0.5 + 0.5 * (scores - thr) / max(1 - thr, 1e-9),
+                      0.5 * scores / max(thr, 1e-9))
+        return np.maximum(ml, rule_scores(ops, config)), 0.5
+    return scores, thr
+
+
+# ------------------------------------------------------------------ summaries
+def summarize(
+    ops: pd.DataFrame, model: Any = None, config: LocalizeConfig | None = None
+) -> NodeSummary:
+    """Score the operators of one node (or job) and keep only what localization needs.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps table (optionally with ``group_ranks, peer, host, group_kind`` and
+        coordinate columns ``dp, pp, tp, cp, ep``).
+    model:
+        Detector for :func:`holmes_ml.models.score_ops`; ``None`` uses the default model (or the
+        rule baseline when no model package is available); ``"rule"`` forces the baseline.
+    config:
+        :class:`LocalizeConfig`.
+
+    Returns
+    -------
+    NodeSummary
+    """
+    cfg = config or LocalizeConfig()
+    missing = [c for c in REQUIRED_COLUMNS if c not in ops.columns]
+    if missing:
+        raise ValueError(f"ops: missing columns {missing}; expected {list(REQUIRED_COLUMNS)}")
+    ops = ops.reset_index(drop=True)
+    scores, thr = _score(ops, model, cfg)
+    typical, _, _ = _class_stats(ops)
+    end = ops["start_ns"].to_numpy(dtype=np.int64) + (
+        ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
+    per = ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
+        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"),
+    ).reset_index()
+    mask = scores >= thr
+    keep = list(REQUIRED_COLUMNS) + [c for c in ("peer", "host") if c in ops.columns]
+    if "group_kind" in ops.columns:
+        keep.append("group_kind")
+    abnormal = ops.loc[mask, keep].copy()
+    for c in ("op", "group", "host", "group_kind"):
+        if c in abnormal.columns:
+            abnormal[c] = abnormal[c].astype(str)
+    abnormal["score"] = scores[mask].astype(np.float32)
+    abnormal["excess_us"] = (ops["duration_us"].to_numpy()[mask] - typical[mask]).astype(
+        np.float32)
+    groups = _groups_of(ops)
+    rcols = ["rank"] + [c for c in ("host", "dp", "pp", "tp", "cp", "ep") if c in ops.columns]
+    ranks = ops[rcols].drop_duplicates("rank").reset_index(drop=True)
+    if "host" in ranks.columns:
+        ranks["host"] = ranks["host"].astype(str)
+    return NodeSummary(per, abnormal.reset_index(drop=True), groups, ranks)
+
+
+def _groups_of(ops: pd.DataFrame) -> pd.DataFrame:
+    g = ops.groupby(ops["group"].astype(str), sort=True)
+    if "group_ranks" in ops.columns:
+        gr = g["group_ranks"].first().astype(str)
+        empty = gr.str.len() == 0
+    else:
+        gr = pd.Series("", index=g.size().index)
+        empty = pd.Series(True, index=gr.index)
+    if empty.any():
+        seen = g["rank"].unique().map(lambda a: " ".join(str(int(x)) for x in sorted(a)))
+        gr = gr.where(~empty, seen)
+    if "group_kind" in ops.columns:
+        gk = g["group_kind"].first().astype(str)
+    else:
+        gk = pd.Series([kind_from_group_name(n) for n in gr.index], index=gr.index)
+    return pd.DataFrame({"group": gr.index, "group_kind": gk.to_numpy(),
+                         "group_ranks": gr.to_numpy()})
+
+
+def _merge(summaries: Sequence[NodeSummary]) -> NodeSummary:
+    if not summaries:
+        raise ValueError("summaries: got an empty list; expected at least one NodeSummary")
+    its = pd.concat([s.iterations for s in summaries], ignore_index=True)
+    ab = pd.concat([s.abnormal for s in summaries], ignore_index=True)
+    groups = pd.concat([s.groups for s in summaries], ignore_index=True)
+    # A communicator spanning nodes is listed by each node with its full membership when
+    # group_ranks is known; otherwise the union of the ranks each node saw.
+    groups = groups.groupby("group", sort=True).agg(
+        group_kind=("group_kind", "first"),
+        group_ranks=("group_ranks", lambda s: " ".join(
+            str(x) for x in sorted({int(v) for t in s for v in str(t).split()}))),
+    ).reset_index()
+    ranks = [s.ranks for s in summaries if s.ranks is not None]
+    rk = pd.concat(ranks, ignore_index=True).drop_duplicates("rank") if ranks else None
+    return NodeSummary(its, ab, groups, rk)
+
+
+def topology_from_summary(summary: NodeSummary) -> Topology:
+    """Minimal topology (hosts, GPUs, communicators, coordinates; no fabric) of a summary."""
+    ranks = np.sort(summary.iterations["rank"].unique()).astype(np.int64)
+    r = pd.DataFrame({"rank": ranks})
+    if summary.ranks is not None and "host" in summary.ranks.columns:
+        hosts = summary.ranks.set_index("rank")["host"].astype(str)
+        r["host"] = hosts.reindex(r["rank"]).fillna("").to_numpy()
+        r.loc[r["host"] == "", "host"] = [f"host-{x // 8}" for x in r.loc[r["host"] == "", "rank"]]
+        r["gpu"] = r.groupby("host").cumcount().to_numpy()
+    else:
+        r["host"] = [f"host-{x // 8}" for x in ranks]
+        r["gpu"] = ranks % 8
+    r["pod"] = 0
+    for k in ("tp", "cp", "ep", "dp", "pp"):
+        if summary.ranks is not None and k in summary.ranks.columns:
+            v = summary.ranks.set_index("rank")[k].reindex(r["rank"])
+            r[k] = v.fillna(-1).astype(np.int64).to_numpy()
+        else:
+            r[k] = -1
+    groups = {
+        str(g.group): Group(str(g.group), str(g.group_kind),
+                            tuple(int(x) for x in str(g.group_ranks).split()))
+        for g in summary.groups.itertuples()
+    }
+    return Topology(ranks=r, groups=groups, spines=0)
+
+
+def localize_summaries(
+    summaries: Sequence[NodeSummary],
+    topology: Topology | None = None,
+    config: LocalizeConfig | None = None,
+) -> Verdict:
+    """Merge node summaries and localize the slowdown.
+
+    Parameters
+    ----------
+    summaries:
+        One :class:`NodeSummary` per node (or one for the whole job).
+    topology:
+        Job topology (fabric included) when known; else derived from the summaries, and then only
+        GPUs, NICs and hosts can be named.
+    config:
+        :class:`LocalizeConfig`.
+
+    Returns
+    -------
+    Verdict
+    """
+    cfg = config or LocalizeConfig()
+    s = _merge(list(summaries))
+    topo = topology if topology is not None else topology_from_summary(s)
+    irr = _irregular(s.iterations)
+    return localize_records(s.abnormal, s.groups, s.iterations, topo, cfg, irr)
+
+
+def _irregular(iterations: pd.DataFrame) -> tuple[int, ...]:
+    if len(iterations) == 0:
+        return ()
+    span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),
+                                                end_ns=("end_ns", "max"))
+    table = pd.DataFrame({"duration_s": (span["end_ns"] - span["start_ns"]) / 1e9},
+                         index=span.index)
+    table.index.name = "iteration"
+    out = detect_irregular(table)
+    return tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
+
+
+def analyze(
+    ops: pd.DataFrame,
+    topology: Topology | None = None,
+    model: Any = None,
+    config: LocalizeConfig | None = None,
+) -> Verdict:
+    """Localize the device slowing a job from its CommOps table.
+
+    Equivalent to ``localize_summaries([summarize(ops, model, config)], topology, config)``.
+
+    Examples
+    --------
+    >>> from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+    >>> res = simulate(SimConfig(gpus=32, model="llama2-7b", iterations=8, seed=0,
+    ...     faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.5"),)))
+    >>> analyze(res.ops, res.topology, model="rule").candidates[0].ranks
+    (5,)
+    """
+    cfg = config or LocalizeConfig()
+    return localize_summaries([summarize(ops, model, cfg)], topology, cfg)
+
+
+def analyze_paths(
+    paths: Sequence[str | Path],
+    format: str = "auto",
+    model: Any = None,
+    topology: Topology | None = None,
+    config: LocalizeConfig | None = None,
+) -> Verdict:
+    """Read logs (any supported format) and :func:`analyze` them.
+
+    A simulator output directory (``ops.parquet`` + ``topology.json``) brings its own topology.
+    """
+    files, topology = resolve_paths(paths, topology)
+    return analyze(read_paths(files, format), topology, model, config)
+
+
+def resolve_paths(
+    paths: Sequence[str | Path], topology: Topology | None = None
+) -> tuple[list[Path], Topology | None]:
+    """Expand simulator output directories into their ``ops.parquet`` (and ``topology.json``)."""
+    files: list[Path] = []
+    for p in (Path(x) for x in paths):
+        if p.is_dir() and (p / "ops.parquet").exists():
+            files.append(p / "ops.parquet")
+            if topology is None and (p / "topology.json").exists():
+                topology = Topology.from_json(p / "topology.json")
+        else:
+            files.append(p)
+    return files, topology
+
+
+def read_paths(files: Sequence[Path], format: str = "auto") -> pd.DataFrame:
+    """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`)."""
+    try:
+        from holmes_ml.io import read_ops  # type: ignore[attr-defined]
+    except ImportError:
+        read_ops = None
+    if read_ops is not None:
+        return read_ops([str(f) for f in files], format=format)
+    from holmes_ml.io.schema import validate
+
+    frames = []
+    files = [Path(f) for f in files]
+    for f in files:
+        if not f.exists():
+            raise FileNotFoundError(f"{f}: no such file")
+        if f.suffix == ".parquet":
+            frames.append(pd.read_parquet(f))
+        elif f.suffix == ".csv":
+            frames.append(pd.read_csv(f))
+        else:
+            raise ValueError(f"{f}: unsupported file type {f.suffix!r}; expected .parquet or "
+                             ".csv (install the readers for other formats)")
+    return validate(pd.concat(frames, ignore_index=True), source=str(files[0]))

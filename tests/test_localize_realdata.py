@@ -1,0 +1,35 @@
+"""Real ByteDance what-if traces: a slowed worker is named; workload imbalance is not blamed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from holmes_ml.pipeline import analyze
+
+DATA = Path("/work/shared/realdata/bytedance-whatif")
+pytestmark = pytest.mark.skipif(not DATA.exists(), reason="real traces not available")
+
+
+def _read(trial: str):
+    io = pytest.importorskip("holmes_ml.io")
+    if not hasattr(io, "read_ops"):
+        pytest.skip("holmes_ml.io.read_ops not available")
+    return io.read_ops(DATA / f"trace-{trial}.parquet", format="bytedance")
+
+
+@pytest.mark.parametrize("model", [None, "rule"])
+def test_ar_names_the_dp0_pp0_worker(model) -> None:
+    verdict = analyze(_read("AR"), model=model)
+    assert verdict.candidates
+    top = verdict.candidates[0]
+    assert top.coords is not None
+    assert top.coords["dp"] == 0 and top.coords["pp"] == 0
+
+
+@pytest.mark.parametrize("model", [None, "rule"])
+@pytest.mark.parametrize("trial", ["SE", "ST"])
+def test_workload_imbalance_is_not_blamed_on_a_device(trial: str, model) -> None:
+    verdict = analyze(_read(trial), model=model)
+    assert verdict.candidates == ()
