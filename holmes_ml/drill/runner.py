@@ -1,0 +1,231 @@
+"""Launch the drill job, collect its logs, localize, and judge the answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+#: Faults the drill can inject (``bandwidth`` needs root and network namespaces).
+FAULTS: tuple[str, ...] = ("none", "straggler", "stall", "bandwidth")
+
+
+@dataclass(frozen=True)
+class DrillConfig:
+    """What to run and what to break.
+
+    Parameters
+    ----------
+    ranks, tp, pp, dp:
+        World size and layout; ``ranks`` must equal ``tp * pp * dp``.
+    fault:
+        One of :data:`FAULTS`. ``straggler``: ``straggler_s`` extra compute (sleep) per forward
+        and backward microbatch on ``rank`` from ``start_iteration`` on (default: a third of
+        the way in, so the localizer sees healthy steps first, as in a real incident);
+        ``stall``: one pause of ``stall_s`` seconds on ``rank`` at ``stall_iteration``
+        (default: the middle iteration); ``bandwidth`` (root only): every rank in its own
+        network namespace, ``rank``'s veth capped with ``tc tbf`` for the whole run (see
+        :mod:`holmes_ml.drill.netns`).
+    rank:
+        Rank to break.
+    iterations, microbatches, microbatch_size, hidden:
+        Size of the job.
+    out:
+        Output directory (logs, ``drill.json``).
+    timeout_s:
+        The job is killed after this many seconds.
+    """
+
+    ranks: int = 8
+    tp: int = 2
+    pp: int = 2
+    dp: int = 2
+    fault: str = "straggler"
+    rank: int = 0
+    iterations: int = 20
+    microbatches: int = 2
+    microbatch_size: int = 8
+    hidden: int = 64
+    straggler_s: float = 0.02
+    stall_s: float = 1.5
+    start_iteration: int | None = None
+    stall_iteration: int | None = None
+    out: str = "drill-out"
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault={self.fault!r}: expected one of {', '.join(FAULTS)}")
+        for name in ("tp", "pp", "dp", "iterations", "microbatches"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
+        if self.ranks != self.tp * self.pp * self.dp:
+            raise ValueError(
+                f"ranks={self.ranks}: expected tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = "
+                f"{self.tp * self.pp * self.dp}"
+            )
+        if not 0 <= self.rank < self.ranks:
+            raise ValueError(f"rank={self.rank}: expected 0 <= rank < {self.ranks}")
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    """Outcome of one drill: ``ok`` is the exit criterion (found, or healthy when fault none)."""
+
+    ok: bool
+    fault: str
+    rank: int
+    top_ranks: tuple[int, ...]
+    top_kind: str | None
+    localizer: str
+    job_seconds: float
+    n_ops: int
+    verdict: dict[str, Any] = field(default_factory=dict)
+    log_paths: tuple[str, ...] = ()
+    skipped: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def free_port() -> int:
+    """An unused TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _job_config(cfg: DrillConfig, out: Path) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["out"] = str(out / "logs")
+    d["stall_iteration"] = (
+        cfg.iterations // 2 if cfg.stall_iteration is None else cfg.stall_iteration
+    )
+    d["start_iteration"] = (
+        cfg.iterations // 3 if cfg.start_iteration is None else cfg.start_iteration
+    )
+    d["host"] = socket.gethostname()
+    return d
+
+
+def launch(
+    cfg: DrillConfig, out: Path, prefixes: list[list[str]] | None = None,
+    master_addr: str = "127.0.0.1", extra_env: dict[str, str] | None = None,
+) -> float:
+    """Run the N-process gloo job (on loopback unless ``prefixes`` put ranks in namespaces).
+
+    Returns the job's wall time in seconds.
+    """
+    payload = json.dumps(_job_config(cfg, out))
+    env = {**os.environ, "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(cfg.ranks), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    t0 = time.perf_counter()
+    procs = []
+    errs = []
+    for r in range(cfg.ranks):
+        err = (out / f"rank{r}.stderr").open("w")
+        errs.append(err)
+        procs.append(subprocess.Popen(
+            [*(prefixes[r] if prefixes else []), sys.executable, "-m", "holmes_ml.drill.job",
+             payload],
+            env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=err,
+        ))
+    try:
+        deadline = t0 + cfg.timeout_s
+        for r, p in enumerate(procs):
+            rc = p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+            if rc != 0:
+                tail = (out / f"rank{r}.stderr").read_text()[-2000:]
+                raise RuntimeError(f"drill rank {r} exited with code {rc}:\n{tail}")
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"drill job did not finish within timeout_s={cfg.timeout_s}") from exc
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for e in errs:
+            e.close()
+    return time.perf_counter() - t0
+
+
+def localize(paths: list[Path]) -> tuple[dict[str, Any], str]:
+    """Verdict dict from :func:`holmes_ml.pipeline.analyze_paths`, or the fallback localizer."""
+    try:
+        from holmes_ml.pipeline import analyze_paths
+    except ImportError as exc:
+        logger.warning("holmes_ml.pipeline unavailable (%s); using the drill's fallback", exc)
+        from holmes_ml.drill.fallback import arrival_localize
+
+        ops = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+        return arrival_localize(ops), "fallback-arrival"
+    try:
+        return analyze_paths([str(p) for p in paths]).to_dict(), "holmes_ml.pipeline"
+    except Exception as exc:  # noqa: BLE001 - a drill must report, not crash, on a broken pipeline
+        logger.warning("holmes_ml.pipeline failed on the drill logs (%s); using the fallback", exc)
+        from holmes_ml.drill.fallback import arrival_localize
+
+        ops = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+        verdict = arrival_localize(ops)
+        verdict["pipeline_error"] = f"{type(exc).__name__}: {exc}"
+        return verdict, "fallback-arrival"
+
+
+def judge(cfg: DrillConfig, verdict: dict[str, Any]) -> tuple[bool, tuple[int, ...], str | None]:
+    """Did the injected rank come back on top (or, for ``none``, no candidate at all)?"""
+    cands = verdict.get("candidates") or []
+    if not cands:
+        return cfg.fault == "none", (), None
+    top = cands[0]
+    ranks = tuple(int(r) for r in top.get("ranks", []))
+    if cfg.fault == "none":
+        return False, ranks, top.get("kind")
+    # the top suspect must be specific: contain the rank and not half the job
+    ok = cfg.rank in ranks and len(ranks) < max(2, cfg.ranks / 2)
+    return ok, ranks, top.get("kind")
+
+
+def run_drill(cfg: DrillConfig) -> DrillResult:
+    """Launch, log, localize and judge; write ``<out>/drill.json``.
+
+    Examples
+    --------
+    >>> res = run_drill(DrillConfig(fault="straggler", rank=5, out="/tmp/d"))  # doctest: +SKIP
+    >>> res.ok, res.top_ranks  # doctest: +SKIP
+    (True, (5,))
+    """
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.fault == "bandwidth":
+        from holmes_ml.drill.netns import bandwidth_unavailable, namespaces
+
+        reason = bandwidth_unavailable()
+        if reason:
+            result = DrillResult(False, cfg.fault, cfg.rank, (), None, "", 0.0, 0, skipped=reason)
+            (out / "drill.json").write_text(json.dumps(result.to_dict(), indent=2))
+            return result
+        with namespaces(cfg.ranks, cfg.rank) as (prefixes, master):
+            seconds = launch(cfg, out, prefixes, master, {"GLOO_SOCKET_IFNAME": "eth0"})
+    else:
+        seconds = launch(cfg, out)
+    paths = sorted((out / "logs").glob("commops-rank*.parquet"))
+    n_ops = sum(len(pd.read_parquet(p, columns=["seq"])) for p in paths)
+    verdict, who = localize(paths)
+    ok, top_ranks, top_kind = judge(cfg, verdict)
+    result = DrillResult(ok, cfg.fault, cfg.rank, top_ranks, top_kind, who, round(seconds, 3),
+                         n_ops, verdict, tuple(str(p) for p in paths))
+    (out / "drill.json").write_text(json.dumps({"config": asdict(cfg), **result.to_dict()},
+                                               indent=2, default=str))
+    return result

@@ -1,0 +1,163 @@
+"""Fault drill: config checks, the fallback localizer, and real 8-rank gloo drills."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.drill import DrillConfig, run_drill
+from holmes_ml.drill.fallback import arrival_localize
+from holmes_ml.drill.job import layout_groups
+from holmes_ml.drill.runner import judge
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="tp\\*pp\\*dp"):
+        DrillConfig(ranks=6, tp=2, pp=2, dp=2)
+    with pytest.raises(ValueError, match="fault='flood'"):
+        DrillConfig(fault="flood")
+    with pytest.raises(ValueError, match="rank=8"):
+        DrillConfig(rank=8)
+
+
+def test_layout_groups_cover_every_rank_once():
+    tp_groups, dp_groups = layout_groups(2, 2, 2)
+    assert tp_groups[0] == [0, 1] and dp_groups[0] == [0, 2]
+    for groups in (tp_groups, dp_groups):
+        assert sorted(r for g in groups for r in g) == list(range(8))
+
+
+def _synthetic(slow_rank: int | None, n_ranks=4, iterations=30, seed=0) -> pd.DataFrame:
+    """All ranks compute then all_reduce on one group; ``slow_rank`` computes 10 ms longer."""
+    rng = np.random.default_rng(seed)
+    compute = rng.uniform(1e6, 2e6, size=(iterations, n_ranks))  # ns
+    if slow_rank is not None:
+        compute[:, slow_rank] += 1e7
+    rows = []
+    t = np.zeros(n_ranks)
+    for it in range(iterations):  # tiny loop over iterations, not ops
+        start = t + compute[it]
+        end = start.max() + 5e4
+        rows.append(pd.DataFrame({
+            "iteration": it, "rank": np.arange(n_ranks), "op": "all_reduce", "group": "dp-0",
+            "seq": it, "nbytes": 64, "start_ns": start.astype(np.int64),
+            "duration_us": (end - start) / 1e3, "peer": -1, "host": "h",
+        }))
+        t = np.full(n_ranks, end)
+    return pd.concat(rows, ignore_index=True).sample(frac=1.0, random_state=seed)
+
+
+@pytest.mark.parametrize("slow", [0, 3])
+def test_fallback_finds_straggler(slow):
+    verdict = arrival_localize(_synthetic(slow))
+    assert [c["ranks"] for c in verdict["candidates"]] == [[slow]]
+    assert verdict["irregular"]
+
+
+def test_fallback_healthy_has_no_candidate():
+    assert arrival_localize(_synthetic(None))["candidates"] == []
+
+
+def test_judge():
+    cfg = DrillConfig(fault="straggler", rank=5)
+    assert judge(cfg, {"candidates": [{"kind": "gpu", "ranks": [5]}]})[0]
+    assert not judge(cfg, {"candidates": [{"kind": "gpu", "ranks": [4]}]})[0]
+    assert not judge(cfg, {"candidates": [{"kind": "host", "ranks": list(range(8))}]})[0]
+    assert not judge(cfg, {"candidates": []})[0]
+    healthy = DrillConfig(fault="none")
+    assert judge(healthy, {"candidates": []})[0]
+    assert not judge(healthy, {"candidates": [{"kind": "gpu", "ranks": [1]}]})[0]
+
+
+_PIPELINE_XFAIL = pytest.mark.xfail(
+    reason="holmes_ml.pipeline (localize helper, in progress) misses the drill's straggler and "
+    "flags the healthy drill as of 2026-11-23; remove this mark once it passes",
+    strict=False,
+)
+
+
+def _ops(res) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in res.log_paths], ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def straggler_drill(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("drill-straggler")
+    return run_drill(DrillConfig(fault="straggler", rank=5, iterations=12, out=str(out),
+                                 timeout_s=110))
+
+
+@pytest.fixture(scope="module")
+def healthy_drill(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("drill-healthy")
+    return run_drill(DrillConfig(fault="none", iterations=12, out=str(out), timeout_s=110))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_ci_drill_logs_are_complete(straggler_drill):
+    res = straggler_drill
+    # per rank and step: 4 tp all_reduce, 4 P2P (2 microbatches x fwd/bwd), 1 dp all_reduce
+    assert res.n_ops == 8 * 12 * 9
+    ops = _ops(res)
+    assert sorted(ops["rank"].unique()) == list(range(8))
+    assert set(ops["group_kind"]) == {"tp", "dp", "pp"}
+    summary = json.loads((Path(res.log_paths[0]).parent.parent / "drill.json").read_text())
+    assert summary["rank"] == 5 and summary["fault"] == "straggler"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_ci_drill_straggler_visible_in_logs(straggler_drill):
+    """The injected rank is the culprit by the arrival-order rule on the real logs."""
+    verdict = arrival_localize(_ops(straggler_drill))
+    assert [c["ranks"] for c in verdict["candidates"]][:1] == [[5]]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_ci_drill_healthy_logs_have_no_culprit(healthy_drill):
+    assert arrival_localize(_ops(healthy_drill))["candidates"] == []
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@_PIPELINE_XFAIL
+def test_ci_drill_straggler_top1(straggler_drill):
+    assert straggler_drill.top_ranks == (5,), straggler_drill.verdict
+    assert straggler_drill.ok
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@_PIPELINE_XFAIL
+def test_ci_drill_healthy(healthy_drill):
+    assert healthy_drill.verdict["candidates"] == [], healthy_drill.verdict
+    assert healthy_drill.ok
+
+
+@pytest.mark.root
+@pytest.mark.torch
+@pytest.mark.slow
+def test_bandwidth_drill_netns(tmp_path):
+    pytest.importorskip("torch")
+    from holmes_ml.drill.netns import bandwidth_unavailable
+
+    reason = bandwidth_unavailable()
+    if reason:
+        pytest.skip(reason)
+    res = run_drill(DrillConfig(fault="bandwidth", rank=3, iterations=12, out=str(tmp_path)))
+    assert not res.skipped
+    assert res.n_ops == 8 * 12 * 9
+    assert res.top_ranks == (3,), res.verdict
+    # namespaces of this drill are gone
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"hd{os.getpid() % 100000}-r" not in left
