@@ -1,9 +1,91 @@
-"""Commands of the `holmes` CLI for this area (filled in by its owner)."""
+"""``holmes serve`` (the central service) and ``holmes agent`` (one per node)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
+    """Add ``serve`` and ``agent`` to ``app``."""
+
+    @app.command("serve")
+    def serve_cmd(
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback "
+                                 "unless a --token is given)."),
+        port: int = typer.Option(8787, "--port"),
+        db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file."),
+        token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
+                                  help="Bearer token required for writes."),
+        model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
+                                   "output) used for raw-record jobs."),
+        webhook: str = typer.Option(None, "--webhook", help="URL POSTed when a job's top "
+                                    "candidate device changes."),
+        max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body."),
+        analyze_every: float = typer.Option(2.0, "--analyze-every", help="Seconds between "
+                                            "background localizations of jobs with new data."),
+    ) -> None:
+        """Run the central service: ingest from agents, localize per job, REST + /metrics.
+
+        Example: `holmes serve --db /var/lib/holmes/serve.db --token $T --host 0.0.0.0`
+        """
+        from holmes_ml.serve.app import ServeSettings, serve
+
+        settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
+                                 webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
+                                 analyze_interval_s=analyze_every)
+        try:
+            settings.check()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        serve(settings)
+
+    @app.command("agent")
+    def agent_cmd(
+        follow: Path = typer.Option(..., "--follow", exists=True, file_okay=False,
+                                    help="Directory of this node's per-rank CommOps logs "
+                                    "(*.jsonl, *.csv, *.parquet)."),
+        server: str = typer.Option("http://127.0.0.1:8787", "--server"),
+        job: str = typer.Option(..., "--job", help="Job name in the service."),
+        token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN"),
+        source: str = typer.Option(None, "--source", help="Agent name (default: host name)."),
+        outbox: Path = typer.Option(None, "--outbox", help="Outbox database (default "
+                                    "FOLLOW/.holmes-agent.db)."),
+        model: Path = typer.Option(None, "--model", help="Detector file (default: the "
+                                   "shipped model; 'rule' for the rule baseline)."),
+        topology: Path = typer.Option(None, "--topology", help="topology.json to attach."),
+        poll: float = typer.Option(2.0, "--poll", help="Seconds between polls."),
+        once: bool = typer.Option(False, "--once", help="Ship everything now and exit."),
+    ) -> None:
+        """Follow a node's CommOps logs and ship summaries to `holmes serve`.
+
+        Example: `holmes agent --follow /logs/job7 --server http://svc:8787 --job job7 --token $T`
+        """
+        import json
+
+        from holmes_ml.serve.agent import Agent, AgentConfig
+
+        loaded = None
+        if model is not None and str(model) == "rule":
+            loaded = "rule"  # the pipeline's rule baseline, no detector file
+        elif model is not None:
+            from holmes_ml.models import load_model
+
+            loaded = load_model(model)
+        cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
+                          source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
+                          outbox=outbox, poll_s=poll)
+        agent = Agent(cfg, model=loaded)
+        try:
+            if topology is not None:
+                agent.put_topology(json.loads(topology.read_text()))
+            agent.run(once=once)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            agent.close()
+        s = agent.stats
+        typer.echo(f"read {s.ops_read} ops ({s.raw_bytes} B), sent {s.batches_sent} batches "
+                   f"({s.sent_bytes} B)")

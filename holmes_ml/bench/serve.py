@@ -1,0 +1,215 @@
+"""``holmes bench serve``: ingest rate, request latency and agent traffic of the service.
+
+Starts a real ``holmes serve`` (uvicorn subprocess on a free loopback port, temporary SQLite
+database), then measures
+
+* sustained raw-record ingest: columnar batches of canonical records posted back to back by
+  ``clients`` concurrent clients (ops/s over the whole run, every batch committed with fsync);
+* p50/p99 latency of those ingest requests and of ``GET /v1/jobs/{job}/verdict``;
+* agent traffic: a simulated faulty job is summarized per node with
+  :func:`holmes_ml.pipeline.summarize` and the gzip-compressed agent batches are compared with the
+  raw per-node logs (Parquet and JSON lines).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from holmes_ml.bench.record import BenchResult
+
+_LAUNCH = (
+    "import sys; from holmes_ml.serve.app import ServeSettings, serve; "
+    "serve(ServeSettings(db=sys.argv[1], port=int(sys.argv[2]), token='bench', "
+    "max_body_bytes=256 * 2**20, analyze_interval_s=0))"
+)
+_COLS = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(db: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(db), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("holmes serve did not start within 30 s")
+
+
+def _batches(n_batches: int, rows: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(n_batches):
+        cols = {
+            "iteration": (np.arange(rows) // 4096 + b).tolist(),
+            "rank": rng.integers(0, 256, rows).tolist(),
+            "op": ["all_reduce"] * rows,
+            "group": ["dp-0"] * rows,
+            "seq": np.arange(rows).tolist(),
+            "nbytes": [1 << 20] * rows,
+            "start_ns": (b * 10**9 + np.arange(rows) * 1000).tolist(),
+            "duration_us": rng.normal(100, 5, rows).round(3).tolist(),
+        }
+        body = {"source": f"bench{b % 4}", "batch_id": f"b{b}", "columns": cols}
+        out.append(json.dumps(body, separators=(",", ":")).encode())
+    return out
+
+
+def _arrow_bodies(bodies: list[bytes]) -> list[bytes]:
+    import pyarrow as pa
+
+    out = []
+    for body in bodies:
+        table = pa.table(json.loads(body)["columns"])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        out.append(sink.getvalue().to_pybytes())
+    return out
+
+
+def _ingest(url: str, bodies: list[bytes], clients: int,
+            arrow: bool = False) -> tuple[float, list[float]]:
+    import httpx
+
+    lat: list[float] = []
+    lock = threading.Lock()
+    queue = list(enumerate(bodies))
+
+    def worker() -> None:
+        with httpx.Client(base_url=url, timeout=120,
+                          headers={"Authorization": "Bearer bench",
+                                   "Content-Type": "application/json"}) as c:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    i, body = queue.pop()
+                t0 = time.perf_counter()
+                if arrow:
+                    r = c.post("/v1/jobs/bench-arrow/raw.arrow", content=body,
+                               params={"source": "arrow", "batch_id": f"a{i}"},
+                               headers={"Content-Type": "application/vnd.apache.arrow.stream"})
+                else:
+                    r = c.post("/v1/jobs/bench/raw", content=body)
+                r.raise_for_status()
+                with lock:
+                    lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, lat
+
+
+def _agent_traffic(quick: bool) -> tuple[dict[str, float], str]:
+    from holmes_ml import pipeline
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    sim = simulate(SimConfig(gpus=64 if quick else 256, iterations=12 if quick else 30, seed=0,
+                             faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=4"),)))
+    ops = sim.ops.drop(columns=["abnormal", "fault_id"])
+    raw_parquet = raw_jsonl = sent = 0
+    model = "default"
+    with tempfile.TemporaryDirectory() as tmp:
+        for host, part in ops.groupby(ops["host"].astype(str), sort=True):
+            p = Path(tmp) / f"{host}.parquet"
+            part.to_parquet(p)
+            raw_parquet += p.stat().st_size
+            raw_jsonl += len(part.to_json(orient="records", lines=True).encode())
+            try:
+                s = pipeline.summarize(part)
+            except Exception:  # noqa: BLE001 - no default model file yet: rule baseline
+                s = pipeline.summarize(part, model="rule")
+                model = "rule"
+            batch = {
+                "iterations": {c: s.iterations[c].tolist() for c in s.iterations.columns},
+                "abnormal": {c: s.abnormal[c].astype(str if s.abnormal[c].dtype == object
+                                                     else s.abnormal[c].dtype).tolist()
+                             for c in s.abnormal.columns},
+                "groups": s.groups.to_dict("list"),
+            }
+            sent += len(gzip.compress(json.dumps(batch, default=float).encode()))
+    return {
+        "agent_bytes": float(sent),
+        "raw_parquet_bytes": float(raw_parquet),
+        "raw_jsonl_bytes": float(raw_jsonl),
+        "agent_reduction_vs_jsonl_pct": 100.0 * (1 - sent / raw_jsonl),
+        "agent_reduction_vs_parquet_pct": 100.0 * (1 - sent / raw_parquet),
+    }, model
+
+
+def run(quick: bool = False) -> BenchResult:
+    """Measure the service on loopback (see module docstring)."""
+    import httpx
+
+    rows = 20_000
+    n_batches = 20 if quick else 100
+    clients = 2
+    bodies = _batches(n_batches, rows, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = _start(Path(tmp) / "bench.db")
+        try:
+            seconds, lat = _ingest(url, bodies, clients)
+            arrow_bodies = _arrow_bodies(bodies)
+            a_seconds, a_lat = _ingest(url, arrow_bodies, clients, arrow=True)
+            q = []
+            with httpx.Client(base_url=url, timeout=60) as c:
+                for _ in range(50):
+                    t0 = time.perf_counter()
+                    c.get("/v1/jobs/bench").raise_for_status()
+                    q.append(time.perf_counter() - t0)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    figures = {
+        "ingest_ops_per_s": rows * n_batches / seconds,
+        "ingest_mb_per_s": sum(map(len, bodies)) / seconds / 2**20,
+        "ingest_p50_ms": float(np.percentile(lat, 50) * 1e3),
+        "ingest_p99_ms": float(np.percentile(lat, 99) * 1e3),
+        "ingest_arrow_ops_per_s": rows * n_batches / a_seconds,
+        "ingest_arrow_p99_ms": float(np.percentile(a_lat, 99) * 1e3),
+        "query_p99_ms": float(np.percentile(q, 99) * 1e3),
+    }
+    traffic, model = _agent_traffic(quick)
+    figures.update(traffic)
+    return BenchResult(
+        name="serve",
+        figures=figures,
+        config={"quick": quick, "rows_per_batch": rows, "batches": n_batches,
+                "clients": clients, "agent_model": model, "transport": "HTTP/1.1 JSON columnar, loopback",
+                "durability": "SQLite WAL synchronous=FULL, commit per batch"},
+        goals={"ingest_ops_per_s": ">= 200000", "ingest_arrow_ops_per_s": ">= 200000", "agent_reduction_vs_jsonl_pct": ">= 97"},
+        tables={"latency": [{"request": "POST raw batch (20k ops)",
+                             "p50_ms": figures["ingest_p50_ms"],
+                             "p99_ms": figures["ingest_p99_ms"]},
+                            {"request": "GET job", "p99_ms": figures["query_p99_ms"]}]},
+    )
+
+
+__all__ = ["run"]

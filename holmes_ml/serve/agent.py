@@ -1,0 +1,461 @@
+"""The node agent: follow local CommOps logs, summarize them, ship summaries through an outbox.
+
+Each poll the agent (1) reads what its ranks' log files gained (``*.jsonl`` and ``*.csv`` are
+read incrementally; ``*.parquet`` is re-read when it changes), (2) takes the iterations that are
+*complete* (a rank has logged a later iteration, or the agent is flushing), scores them with
+``holmes_ml.pipeline.summarize`` over a few earlier iterations of context, and (3) writes the
+resulting batch — iteration summaries, abnormal operators, group membership — into a SQLite
+outbox *in the same transaction* that advances its per-rank watermark. A sender then posts the
+outbox in order, gzip-compressed, retrying with exponential back-off, and forgets a batch only
+once the service acknowledged it. A restarted agent re-reads its files and skips what the
+watermark says was already queued, so a crash of the agent or of the service loses nothing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import socket
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.io.schema import validate
+
+logger = logging.getLogger(__name__)
+
+PATTERNS = ("*.jsonl", "*.csv", "*.parquet")
+_ABNORMAL_COLUMNS = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns",
+                     "duration_us", "score")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Configuration of one node agent.
+
+    Parameters
+    ----------
+    follow:
+        Directory holding this node's per-rank CommOps log files.
+    server:
+        Base URL of ``holmes serve`` (e.g. ``http://127.0.0.1:8787``).
+    job:
+        Job name the batches are filed under.
+    token:
+        Bearer token of the service (``None`` when it runs without one).
+    source:
+        Name of this agent in the service (default: the host name).
+    outbox:
+        SQLite outbox file (default ``<follow>/.holmes-agent.db``).
+    history:
+        Earlier iterations given to the feature builder as context.
+    poll_s:
+        Seconds between polls of the log directory.
+    backoff_s, backoff_max_s:
+        First and largest wait between retries while the service is unreachable.
+    timeout_s:
+        HTTP timeout per request.
+    """
+
+    follow: Path
+    server: str
+    job: str
+    token: str | None = None
+    source: str | None = None
+    outbox: Path | None = None
+    history: int = 10
+    poll_s: float = 2.0
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    timeout_s: float = 30.0
+
+    @property
+    def source_name(self) -> str:
+        return self.source or socket.gethostname().split(".")[0] or "agent"
+
+    @property
+    def outbox_path(self) -> Path:
+        return self.outbox or Path(self.follow) / ".holmes-agent.db"
+
+
+# ----------------------------------------------------------------------------- outbox
+class Outbox:
+    """Durable queue of batches plus the agent's watermarks (one SQLite file, WAL mode)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, batch_id TEXT NOT NULL,
+                body BLOB, state TEXT NOT NULL DEFAULT 'queued', created_at REAL NOT NULL,
+                error TEXT);
+            CREATE TABLE IF NOT EXISTS watermark (rank INTEGER PRIMARY KEY,
+                iteration INTEGER NOT NULL);
+            CREATE TABLE IF NOT EXISTS sent_groups (name TEXT PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS sent_ranks (rank INTEGER PRIMARY KEY);
+            """
+        )
+
+    def close(self) -> None:
+        self.db.close()
+
+    def next_seq(self) -> int:
+        # Seqs start at the clock (ms) of the first batch, so a fresh outbox keeps growing past
+        # what the service saw from an outbox that was deleted.
+        row = self.db.execute("SELECT max(seq) FROM outbox").fetchone()
+        return max(int(row[0]) + 1 if row[0] is not None else 0, int(time.time() * 1000))
+
+    def watermarks(self) -> dict[int, int]:
+        return dict(self.db.execute("SELECT rank, iteration FROM watermark").fetchall())
+
+    def sent_groups(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT name FROM sent_groups")}
+
+    def sent_ranks(self) -> set[int]:
+        return {int(r[0]) for r in self.db.execute("SELECT rank FROM sent_ranks")}
+
+    def enqueue(self, source: str, batch: dict, marks: dict[int, int], groups: list[str],
+                ranks: list[int]) -> int:
+        """Queue ``batch`` and advance the watermarks atomically; returns its seq."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            seq = self.next_seq()
+            batch = {**batch, "source": source, "seq": seq, "batch_id": f"{source}-{seq}"}
+            body = gzip.compress(json.dumps(batch, separators=(",", ":")).encode(), 6)
+            self.db.execute("INSERT INTO outbox (seq, batch_id, body, created_at) "
+                            "VALUES (?,?,?,?)", (seq, batch["batch_id"], body, time.time()))
+            self.db.executemany("INSERT OR REPLACE INTO watermark VALUES (?,?)",
+                                list(marks.items()))
+            self.db.executemany("INSERT OR IGNORE INTO sent_groups VALUES (?)",
+                                [(g,) for g in groups])
+            self.db.executemany("INSERT OR IGNORE INTO sent_ranks VALUES (?)",
+                                [(r,) for r in ranks])
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return seq
+
+    def pending(self) -> list[tuple[int, str, bytes]]:
+        return self.db.execute(
+            "SELECT seq, batch_id, body FROM outbox WHERE state='queued' ORDER BY seq"
+        ).fetchall()
+
+    def mark(self, seq: int, state: str, error: str | None = None) -> None:
+        # The body is dropped once acknowledged: the service has it durably.
+        self.db.execute("UPDATE outbox SET state=?, error=?, body=CASE WHEN ?='acked' "
+                        "THEN NULL ELSE body END WHERE seq=?", (state, error, state, seq))
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT state, count(*) FROM outbox GROUP BY state"))
+
+
+# ----------------------------------------------------------------------------- file following
+@dataclass
+class _FileState:
+    offset: int = 0
+    header: list[str] | None = None
+    stamp: tuple[int, int] | None = None
+
+
+def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
+    """New rows of ``path`` since ``state`` (``None`` when nothing new)."""
+    st = path.stat()
+    if path.suffix == ".parquet":
+        stamp = (st.st_size, st.st_mtime_ns)
+        if stamp == state.stamp:
+            return None
+        state.stamp = stamp
+        return pd.read_parquet(path)  # whole file: the watermark drops what was shipped
+    if st.st_size <= state.offset:
+        return None
+    with path.open("rb") as fh:
+        fh.seek(state.offset)
+        data = fh.read(st.st_size - state.offset)
+    end = data.rfind(b"\n")
+    if end < 0:
+        return None  # a line still being written
+    data = data[: end + 1]
+    state.offset += len(data)
+    if path.suffix == ".jsonl":
+        return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
+    if state.header is None:
+        first, _, data = data.partition(b"\n")
+        state.header = first.decode().strip().split(",")
+        if not data.strip():
+            return None
+    return pd.read_csv(io.BytesIO(data), names=state.header, header=None)
+
+
+def _default_summarize(model: Any = None) -> Callable[[pd.DataFrame], Any]:
+    from holmes_ml import pipeline
+
+    return lambda ops: pipeline.summarize(ops, model=model)
+
+
+@dataclass
+class AgentStats:
+    raw_bytes: int = 0
+    sent_bytes: int = 0
+    batches_sent: int = 0
+    batches_queued: int = 0
+    ops_read: int = 0
+    failures: int = 0
+
+
+@dataclass
+class Agent:
+    """Follows ``config.follow`` and ships summaries to ``config.server``.
+
+    Parameters
+    ----------
+    config:
+        See :class:`AgentConfig`.
+    summarize:
+        ``ops -> NodeSummary`` (``iterations``, ``abnormal``, ``groups`` tables); default
+        :func:`holmes_ml.pipeline.summarize` with ``model``.
+    model:
+        Detector used by the default ``summarize``.
+    """
+
+    config: AgentConfig
+    summarize: Callable[[pd.DataFrame], Any] | None = None
+    model: Any = None
+    stats: AgentStats = field(default_factory=AgentStats)
+
+    def __post_init__(self) -> None:
+        self._summarize = self.summarize or _default_summarize(self.model)
+        self.outbox = Outbox(self.config.outbox_path)
+        self._files: dict[Path, _FileState] = {}
+        self._buffer: list[pd.DataFrame] = []
+        self._ops = pd.DataFrame()
+        self._retry_at = 0.0
+        self._backoff = self.config.backoff_s
+        self._client: Any = None
+
+    def close(self) -> None:
+        self.outbox.close()
+        if self._client is not None:
+            self._client.close()
+
+    # -------------------------------------------------------------- reading
+    def read_new(self) -> int:
+        """Read what the log files gained; returns the number of new rows."""
+        n = 0
+        for pattern in PATTERNS:
+            for path in sorted(Path(self.config.follow).glob(pattern)):
+                state = self._files.setdefault(path, _FileState())
+                before = state.offset
+                df = _read_increment(path, state)
+                if df is None or df.empty:
+                    continue
+                df = validate(df, source=str(path))
+                if path.suffix == ".parquet":
+                    # Re-read parquet replaces that file's rows.
+                    df["_file"] = str(path)
+                    if len(self._ops) and "_file" in self._ops.columns:
+                        self._ops = self._ops[self._ops["_file"] != str(path)]
+                    self.stats.raw_bytes += path.stat().st_size
+                else:
+                    df["_file"] = str(path)
+                    self.stats.raw_bytes += state.offset - before
+                self._buffer.append(df)
+                n += len(df)
+        if self._buffer:
+            self._ops = pd.concat([self._ops, *self._buffer], ignore_index=True)
+            self._buffer.clear()
+        self.stats.ops_read += n
+        return n
+
+    # -------------------------------------------------------------- summarizing
+    def queue_ready(self, flush: bool = False) -> int | None:
+        """Summarize complete iterations not yet queued; returns the new batch seq or None."""
+        ops = self._ops
+        if ops.empty:
+            return None
+        marks = self.outbox.watermarks()
+        rank = ops["rank"].to_numpy()
+        it = ops["iteration"].to_numpy()
+        ranks = np.unique(rank)
+        last = pd.Series(it).groupby(rank).max()
+        ready = last if flush else last - 1
+        mark = pd.Series({r: marks.get(int(r), -1) for r in ranks}, dtype=np.int64)
+        ready_row = ready.reindex(rank).to_numpy()
+        mark_row = mark.reindex(rank).to_numpy()
+        new = (it > mark_row) & (it <= ready_row)
+        if not new.any():
+            self._trim(mark)
+            return None
+        context = (it > mark_row - self.config.history) & (it <= ready_row)
+        sub = ops.loc[context].drop(columns=["_file"]).reset_index(drop=True)
+        is_new = new[context]
+        summary = self._summarize(sub)
+        new_pairs = pd.MultiIndex.from_arrays([it[new], rank[new]]).unique()
+        batch = self._batch(sub, is_new, summary, new_pairs)
+        grew = ready[ready > mark.reindex(ready.index)]
+        advanced = {int(r): int(v) for r, v in grew.items()}
+        batch_groups = [g["name"] for g in batch.get("groups", [])]
+        batch_ranks = batch["ranks"]["rank"] if batch.get("ranks") else []
+        seq = self.outbox.enqueue(self.config.source_name, batch, advanced, batch_groups,
+                                  batch_ranks)
+        self.stats.batches_queued += 1
+        self._trim(pd.Series({**mark.to_dict(), **advanced}))
+        return seq
+
+    def _trim(self, mark: pd.Series) -> None:
+        # Keep only the rows later batches may still need (history context and unshipped).
+        if self._ops.empty or not len(mark):
+            return
+        keep_from = mark.reindex(self._ops["rank"].to_numpy()).fillna(-1).to_numpy()
+        self._ops = self._ops[self._ops["iteration"].to_numpy() > keep_from - self.config.history]
+
+    def _batch(self, sub: pd.DataFrame, is_new: np.ndarray, summary: Any,
+               new_pairs: pd.MultiIndex) -> dict:
+        iters = summary.iterations
+        key = pd.MultiIndex.from_arrays([iters["iteration"], iters["rank"]])
+        iters = iters[key.isin(new_pairs)]
+        ab = summary.abnormal
+        if len(ab):
+            akey = pd.MultiIndex.from_arrays([ab["iteration"], ab["rank"]])
+            ab = ab[akey.isin(new_pairs)]
+        batch: dict[str, Any] = {
+            "iterations": {
+                "iteration": iters["iteration"].astype(int).tolist(),
+                "rank": iters["rank"].astype(int).tolist(),
+                "start_ns": iters["start_ns"].astype(int).tolist(),
+                "end_ns": iters["end_ns"].astype(int).tolist(),
+                "comm_us": iters["comm_us"].astype(float).round(3).tolist(),
+                "n_ops": iters["n_ops"].astype(int).tolist(),
+            },
+            "abnormal": {c: _plain(ab[c]) for c in _ABNORMAL_COLUMNS} if len(ab) else None,
+        }
+        if batch["abnormal"] is not None:
+            for c in ("peer", "host", "group_kind", "excess_us"):
+                if c in ab.columns:
+                    batch["abnormal"][c] = _plain(ab[c])
+        if batch["abnormal"] is not None:
+            batch["abnormal"]["score"] = [min(1.0, max(0.0, s)) for s in
+                                          batch["abnormal"]["score"]]
+        sent_groups = self.outbox.sent_groups()
+        groups = summary.groups
+        if len(groups):
+            groups = groups[~groups["group"].astype(str).isin(sent_groups)]
+            batch["groups"] = [
+                {"name": str(g), "kind": str(k) or "other",
+                 "ranks": [int(x) for x in str(r).split()] or [0]}
+                for g, k, r in zip(groups["group"], groups["group_kind"], groups["group_ranks"],
+                                   strict=True)
+                if str(r).split()
+            ]
+        sent_ranks = self.outbox.sent_ranks()
+        seen = sorted(set(map(int, sub["rank"].unique())) - sent_ranks)
+        if seen:
+            if "host" in sub.columns:
+                hosts = sub.groupby("rank")["host"].first().astype(str)
+            else:
+                hosts = pd.Series(dtype=str)
+            host = [hosts.get(r, "") or socket.gethostname() for r in seen]
+            gpu = pd.Series(host).groupby(host).cumcount().tolist()
+            batch["ranks"] = {"rank": seen, "host": host, "gpu": gpu}
+            for c in ("dp", "pp", "tp", "cp", "ep"):
+                if c in sub.columns:
+                    v = sub.groupby("rank")[c].first().reindex(seen).fillna(-1)
+                    batch["ranks"][c] = v.astype(np.int64).tolist()
+        return batch
+
+    # -------------------------------------------------------------- sending
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            if self.config.token:
+                headers["Authorization"] = f"Bearer {self.config.token}"
+            self._client = httpx.Client(base_url=self.config.server.rstrip("/"),
+                                        headers=headers, timeout=self.config.timeout_s)
+        return self._client
+
+    def send_pending(self) -> int:
+        """Post queued batches in order; returns how many the service acknowledged.
+
+        Stops at the first transport error or 5xx and waits (exponential back-off) before the
+        next attempt; a 4xx other than a duplicate marks the batch ``rejected`` and moves on.
+        """
+        if time.monotonic() < self._retry_at:
+            return 0
+        import httpx
+
+        acked = 0
+        url = f"/v1/jobs/{self.config.job}/batches"
+        for seq, batch_id, body in self.outbox.pending():
+            try:
+                r = self._http().post(url, content=body)
+            except httpx.HTTPError as exc:
+                self._fail(f"{type(exc).__name__}: {exc}")
+                break
+            if r.status_code >= 500:
+                self._fail(f"HTTP {r.status_code}")
+                break
+            if r.status_code >= 400:
+                logger.error("batch %s refused by the service (HTTP %s): %s", batch_id,
+                             r.status_code, r.text[:500])
+                self.outbox.mark(seq, "rejected", r.text[:2000])
+                continue
+            self.outbox.mark(seq, "acked")
+            self.stats.sent_bytes += len(body)
+            self.stats.batches_sent += 1
+            acked += 1
+            self._backoff = self.config.backoff_s
+        return acked
+
+    def _fail(self, why: str) -> None:
+        self.stats.failures += 1
+        logger.warning("service %s unreachable (%s); retrying in %.1fs", self.config.server,
+                       why, self._backoff)
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
+
+    def put_topology(self, topology: dict) -> None:
+        """Attach a topology (``Topology.to_dict()``) to the job."""
+        body = gzip.compress(json.dumps(topology).encode())
+        r = self._http().put(f"/v1/jobs/{self.config.job}/topology", content=body)
+        r.raise_for_status()
+
+    # -------------------------------------------------------------- loop
+    def step(self, flush: bool = False) -> None:
+        """One poll: read, queue complete iterations, send."""
+        self.read_new()
+        self.queue_ready(flush=flush)
+        self.send_pending()
+
+    def run(self, once: bool = False, stop: Callable[[], bool] | None = None) -> None:
+        """Poll until ``stop()`` is true (or once, flushing and sending everything)."""
+        if once:
+            self.step(flush=True)
+            while self.outbox.pending():
+                time.sleep(max(0.0, self._retry_at - time.monotonic()))
+                if self.send_pending() == 0 and stop is not None and stop():
+                    break
+            return
+        while not (stop is not None and stop()):
+            self.step()
+            time.sleep(self.config.poll_s)
+
+
+def _plain(s: pd.Series) -> list:
+    if s.dtype.kind in "iu":
+        return s.astype(np.int64).tolist()
+    if s.dtype.kind == "f":
+        return s.astype(np.float64).round(3).tolist()
+    return s.astype(str).tolist()

@@ -1,0 +1,625 @@
+"""The central service: FastAPI app over a SQLite :class:`~holmes_ml.serve.store.Store`.
+
+Writes (agent batches, raw records, topology, forced analysis) need ``Authorization: Bearer
+<token>`` when a token is configured; the service refuses to bind a non-loopback address
+without one. Every write is committed before it is acknowledged. Localization runs in a
+background thread for jobs whose data changed since their last verdict, and can be forced with
+``POST /v1/jobs/{job}/analyze``.
+
+Endpoints: ``GET /healthz``, ``GET /metrics``, ``GET /v1/jobs``, ``GET /v1/jobs/{job}``,
+``GET /v1/jobs/{job}/iterations``, ``GET /v1/jobs/{job}/verdict``,
+``GET /v1/jobs/{job}/candidates``, ``POST /v1/jobs/{job}/batches`` (agent),
+``POST /v1/jobs/{job}/raw``, ``PUT /v1/jobs/{job}/topology``, ``POST /v1/jobs/{job}/analyze``;
+OpenAPI at ``/openapi.json`` and ``/docs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from holmes_ml.serve import require_extra
+
+require_extra("fastapi")
+require_extra("prometheus_client")
+
+import prometheus_client as prom  # noqa: E402
+from fastapi import Depends, FastAPI, Header, Query, Request  # noqa: E402
+from fastapi import Path as PathParam  # noqa: E402
+from fastapi.responses import JSONResponse, Response  # noqa: E402
+from prometheus_client.core import GaugeMetricFamily  # noqa: E402
+
+from holmes_ml.io.schema import SchemaError, validate  # noqa: E402
+from holmes_ml.serve.engine import (  # noqa: E402
+    Analyzers,
+    compute_verdict,
+    iteration_rows,
+    pipeline_analyzers,
+)
+from holmes_ml.serve.schemas import (  # noqa: E402
+    NAME_PATTERN,
+    Ack,
+    AgentBatch,
+    Candidate,
+    IterationOut,
+    JobOut,
+    RawBatch,
+    TopologyIn,
+    VerdictOut,
+    finite,
+)
+from holmes_ml.serve.store import Store, StoreError  # noqa: E402
+from holmes_ml.topology import Topology  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Configuration of ``holmes serve``.
+
+    Parameters
+    ----------
+    db:
+        SQLite database file (created when missing).
+    host, port:
+        Where to listen; anything but a loopback address needs ``token``.
+    token:
+        Bearer token required for writes (``None``: writes are open, loopback only).
+    model:
+        Detector file, loaded with :func:`holmes_ml.models.load_model` (raw-record jobs only;
+        agents score on their node). ``None``: the pipeline's default model.
+    webhook:
+        URL that receives a JSON POST when a job's top candidate device changes.
+    max_body_bytes:
+        Largest request body accepted (after gzip decompression too).
+    analyze_interval_s:
+        How often the background thread re-localizes jobs with new data (0: never; use
+        ``POST /v1/jobs/{job}/analyze``).
+    """
+
+    db: Path
+    host: str = "127.0.0.1"
+    port: int = 8787
+    token: str | None = None
+    model: Path | None = None
+    webhook: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    analyze_interval_s: float = 2.0
+
+    def check(self) -> None:
+        """Refuse unsafe or impossible settings (raises ``ValueError`` naming the option)."""
+        if not is_loopback(self.host) and not self.token:
+            raise ValueError(
+                f"--host {self.host!r} is not a loopback address; a --token (or "
+                "HOLMES_SERVE_TOKEN) is required before the service accepts remote writes"
+            )
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port {self.port}: expected 1..65535")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"--max-body {self.max_body_bytes}: expected at least 1024 bytes")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> ServeSettings:
+        """Settings from ``HOLMES_SERVE_*`` variables, overridden by non-None keyword args.
+
+        Only the serving layer reads the environment: ``HOLMES_SERVE_DB``, ``_HOST``, ``_PORT``,
+        ``_TOKEN``, ``_MODEL``, ``_WEBHOOK``.
+        """
+        env = os.environ
+        values: dict[str, Any] = {
+            "db": Path(env.get("HOLMES_SERVE_DB", "holmes-serve.db")),
+            "host": env.get("HOLMES_SERVE_HOST", "127.0.0.1"),
+            "port": int(env.get("HOLMES_SERVE_PORT", "8787")),
+            "token": env.get("HOLMES_SERVE_TOKEN") or None,
+            "model": Path(env["HOLMES_SERVE_MODEL"]) if env.get("HOLMES_SERVE_MODEL") else None,
+            "webhook": env.get("HOLMES_SERVE_WEBHOOK") or None,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ----------------------------------------------------------------------------- body limits
+class BodyLimit:
+    """ASGI middleware: refuse bodies over ``limit`` bytes (413) and inflate gzip bodies.
+
+    The body is read up front (the JSON parser needs it whole anyway), so an oversized upload is
+    cut off at ``limit + 1`` bytes instead of being buffered.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send, 413, f"request body: {int(declared)} bytes; expected at "
+                               f"most {self.limit}")
+            return
+        chunks, size = [], 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(send, 413, f"request body: more than {self.limit} bytes; "
+                                   f"expected at most {self.limit}")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        encoding = headers.get(b"content-encoding", b"identity").lower()
+        if encoding == b"gzip":
+            try:
+                inflater = zlib.decompressobj(wbits=31)
+                body = inflater.decompress(body, self.limit + 1)
+                if len(body) > self.limit or inflater.unconsumed_tail:
+                    await self._refuse(send, 413, f"request body: more than {self.limit} bytes "
+                                       "once decompressed")
+                    return
+            except zlib.error as exc:
+                await self._refuse(send, 400, f"request body: not valid gzip ({exc})")
+                return
+            scope = dict(scope)
+            scope["headers"] = [
+                (k, v) for k, v in scope["headers"]
+                if k not in (b"content-encoding", b"content-length")
+            ] + [(b"content-length", str(len(body)).encode())]
+        elif encoding != b"identity":
+            await self._refuse(send, 415, f"Content-Encoding {encoding.decode(errors='replace')!r}"
+                               "; expected gzip or identity")
+            return
+        sent = False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(send: Callable, status: int, detail: str) -> None:
+        payload = json.dumps({"detail": detail, "field": "body"}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+# ----------------------------------------------------------------------------- metrics
+class _JobCollector:
+    """Per-job gauges computed at scrape time from the store (so they survive restarts)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+        now = time.time()
+        lag = GaugeMetricFamily(
+            "holmes_job_lag_seconds",
+            "Seconds since the newest operator a job has reported started", labels=["job"])
+        stale = GaugeMetricFamily(
+            "holmes_job_verdict_age_seconds", "Seconds since the job's verdict was computed",
+            labels=["job"])
+        irregular = GaugeMetricFamily(
+            "holmes_job_irregular_iterations", "Irregular iterations in the latest verdict",
+            labels=["job"])
+        top = GaugeMetricFamily(
+            "holmes_job_top_candidate_score", "Score of the job's current top candidate device",
+            labels=["job", "device", "kind"])
+        records = GaugeMetricFamily(
+            "holmes_job_records", "Operator records accepted for the job", labels=["job"])
+        for job in self.service.store.jobs():
+            name = job["job"]
+            records.add_metric([name], float(job["records"]))
+            if job["newest_ns"]:
+                lag.add_metric([name], max(0.0, now - job["newest_ns"] / 1e9))
+            latest = self.service.store.latest_verdict(name)
+            if latest is None:
+                continue
+            stale.add_metric([name], now - latest["computed_at"])
+            body = latest["verdict"]
+            irregular.add_metric([name], float(len(body.get("irregular_iterations", []))))
+            if body.get("candidates"):
+                c = body["candidates"][0]
+                top.add_metric([name, str(c.get("device") or ""), str(c.get("kind", ""))],
+                               finite(c.get("score", 0.0)))
+        yield from (lag, stale, irregular, top, records)
+
+
+# ----------------------------------------------------------------------------- service
+@dataclass
+class Service:
+    """State shared by the request handlers and the analysis thread."""
+
+    store: Store
+    analyzers: Analyzers | None
+    model: Any = None
+    webhook: str | None = None
+    registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
+    errors: dict[str, str] = field(default_factory=dict)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.ingested = prom.Counter("holmes_ingest_records", "Operator records accepted",
+                                     ["mode"], registry=r)
+        self.batches = prom.Counter("holmes_ingest_batches", "Batches accepted (new ones)",
+                                    ["mode"], registry=r)
+        self.duplicates = prom.Counter("holmes_ingest_duplicate_batches",
+                                       "Batches received again (idempotent)", registry=r)
+        self.rejected = prom.Counter("holmes_requests_rejected", "Requests answered with 4xx",
+                                     ["status"], registry=r)
+        self.latency = prom.Histogram("holmes_request_seconds", "Request latency", ["route"],
+                                      registry=r)
+        self.analyses = prom.Counter("holmes_analyses", "Verdict computations", ["outcome"],
+                                     registry=r)
+        r.register(_JobCollector(self))
+
+    def lock(self, job: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(job, threading.Lock())
+
+    def analyze(self, job: str) -> dict | None:
+        """Recompute ``job``'s verdict if its data changed; returns the latest stored verdict."""
+        with self.lock(job):
+            info = self.store.job(job)
+            latest = self.store.latest_verdict(job)
+            if latest is not None and latest["data_batches"] >= info["batches"]:
+                return latest
+            if self.analyzers is None:
+                self.errors[job] = "localization unavailable: holmes_ml.pipeline is not installed"
+                return latest
+            try:
+                body = compute_verdict(self.store, job, self.analyzers, self.model)
+            except Exception as exc:  # noqa: BLE001 - a bad job must not stop the service
+                logger.exception("localization of job %s failed", job)
+                self.errors[job] = f"localization failed: {type(exc).__name__}: {exc}"
+                self.analyses.labels("error").inc()
+                return latest
+            self.errors.pop(job, None)
+            self.analyses.labels("ok").inc()
+            top = body["candidates"][0].get("device") if body["candidates"] else None
+            old_top = None
+            if latest and latest["verdict"].get("candidates"):
+                old_top = latest["verdict"]["candidates"][0].get("device")
+            self.store.save_verdict(job, body, info["batches"], top)
+            if top is not None and top != old_top:
+                self._notify(job, body)
+            return self.store.latest_verdict(job)
+
+    def _notify(self, job: str, body: dict) -> None:
+        if not self.webhook:
+            return
+        payload = {"event": "new_top_candidate", "job": job, "candidate": body["candidates"][0],
+                   "irregular_iterations": body.get("irregular_iterations", [])}
+        try:
+            import httpx
+
+            httpx.post(self.webhook, json=payload, timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - a dead webhook must not block localization
+            logger.warning("webhook %s failed: %s", self.webhook, exc)
+
+    def analyze_dirty(self) -> None:
+        for job in self.store.jobs():
+            if job["batches"]:
+                try:
+                    self.analyze(job["job"])
+                except Exception:  # noqa: BLE001
+                    logger.exception("background analysis of %s failed", job["job"])
+
+
+def _load_model(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from holmes_ml.models import load_model
+
+    return load_model(path)
+
+
+def _default_analyzers() -> Analyzers | None:
+    try:
+        return pipeline_analyzers()
+    except ImportError as exc:
+        logger.warning("holmes_ml.pipeline is unavailable (%s); verdicts will not be computed",
+                       exc)
+        return None
+
+
+def _candidate(c: dict) -> Candidate:
+    return Candidate(
+        kind=str(c.get("kind", "")), device=c.get("device"),
+        ranks=[int(r) for r in c.get("ranks", [])], hosts=[str(h) for h in c.get("hosts", [])],
+        score=finite(c.get("score", 0.0)), coords=c.get("coords"), evidence=c.get("evidence"),
+    )
+
+
+def create_app(
+    settings: ServeSettings,
+    analyzers: Analyzers | None = None,
+    model: Any = None,
+) -> FastAPI:
+    """Build the service.
+
+    Parameters
+    ----------
+    settings:
+        See :class:`ServeSettings` (checked with :meth:`ServeSettings.check`).
+    analyzers:
+        Pipeline functions; default :func:`holmes_ml.serve.engine.pipeline_analyzers`.
+    model:
+        An already loaded detector (overrides ``settings.model``).
+    """
+    settings.check()
+    store = Store(settings.db)
+    service = Service(
+        store=store,
+        analyzers=analyzers if analyzers is not None else _default_analyzers(),
+        model=model if model is not None else _load_model(settings.model),
+        webhook=settings.webhook,
+    )
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(settings.analyze_interval_s):
+            service.analyze_dirty()
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):  # noqa: ANN202
+        thread = None
+        if settings.analyze_interval_s > 0:
+            thread = threading.Thread(target=loop, name="holmes-analyze", daemon=True)
+            thread.start()
+        yield
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        store.close()
+
+    app = FastAPI(
+        title="holmes_ml service",
+        version="1",
+        description="Accumulates CommOps summaries from node agents and localizes the device "
+        "slowing each training job.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    def require_token(authorization: str | None = Header(default=None)) -> None:
+        if not settings.token:
+            return
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), settings.token.encode()):
+            raise StoreError("Authorization: expected 'Bearer <token>' with the service token",
+                             field="authorization", status=401)
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_request: Request, exc: StoreError) -> JSONResponse:
+        service.rejected.labels(str(exc.status)).inc()
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=exc.status)
+
+    @app.middleware("http")
+    async def _timing(request: Request, call_next: Callable) -> Response:
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        service.latency.labels(getattr(route, "path", "other")).observe(time.perf_counter() - t0)
+        if 400 <= response.status_code < 500:
+            service.rejected.labels(str(response.status_code)).inc()
+        return response
+
+    JobName = PathParam(pattern=NAME_PATTERN, max_length=128, description="Job name")
+
+    def job_out(j: dict) -> JobOut:
+        latest = store.latest_verdict(j["job"])
+        top = None
+        if latest and latest["verdict"].get("candidates"):
+            top = _candidate(latest["verdict"]["candidates"][0])
+        return JobOut(job=j["job"], created_at=j["created_at"],
+                      last_ingest_at=j["last_ingest_at"], records=j["records"],
+                      batches=j["batches"], mode=j["mode"], top=top)
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        """Liveness and a few counters."""
+        return {"status": "ok", "jobs": len(store.jobs()),
+                "pipeline": service.analyzers is not None}
+
+    @app.get("/metrics", response_class=Response)
+    def metrics() -> Response:
+        """Prometheus metrics."""
+        return Response(prom.generate_latest(service.registry),
+                        media_type=prom.CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/jobs", response_model=list[JobOut])
+    def list_jobs() -> list[JobOut]:
+        """All jobs with their bookkeeping and current top candidate."""
+        return [job_out(j) for j in store.jobs()]
+
+    @app.get("/v1/jobs/{job}", response_model=JobOut)
+    def job_detail(job: str = JobName) -> JobOut:
+        """One job."""
+        return job_out(store.job(job))
+
+    @app.post("/v1/jobs/{job}/batches", response_model=Ack,
+              dependencies=[Depends(require_token)])
+    async def ingest_batch(request: Request, batch: AgentBatch, job: str = JobName) -> Ack:
+        """Accept one agent batch (idempotent per ``batch_id``; ``seq`` must grow)."""
+        digest = hashlib.sha256(await request.body()).hexdigest()
+        from starlette.concurrency import run_in_threadpool
+
+        ack = await run_in_threadpool(store.ingest_agent, job, batch.model_dump(), digest)
+        _count(ack, "agent")
+        return Ack(**ack)
+
+    @app.post("/v1/jobs/{job}/raw", response_model=Ack, dependencies=[Depends(require_token)])
+    async def ingest_raw(request: Request, batch: RawBatch, job: str = JobName) -> Ack:
+        """Accept raw CommOps records (columnar); the service scores and localizes them."""
+        digest = hashlib.sha256(await request.body()).hexdigest()
+        from starlette.concurrency import run_in_threadpool
+
+        ack = await run_in_threadpool(_store_raw, job, batch, digest)
+        _count(ack, "raw")
+        return Ack(**ack)
+
+    def _store_raw(job: str, batch: RawBatch, digest: str) -> dict:
+        cols = {k: v for k, v in batch.columns.__dict__.items() if v is not None}
+        return _store_frame(job, batch.source, batch.batch_id, batch.seq, pd.DataFrame(cols),
+                            digest)
+
+    def _store_frame(job: str, source: str, batch_id: str, seq: int | None, df: pd.DataFrame,
+                     digest: str) -> dict:
+        import pyarrow as pa
+
+        try:
+            df = validate(df, source=f"batch {batch_id!r}")
+        except SchemaError as exc:
+            raise StoreError(str(exc), field=f"columns.{exc.column}", status=422) from exc
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        return store.ingest_raw(job, source, batch_id, seq, table, digest)
+
+    @app.post(
+        "/v1/jobs/{job}/raw.arrow", response_model=Ack, dependencies=[Depends(require_token)],
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/vnd.apache.arrow.stream": {"schema": {"type": "string",
+                                                                "format": "binary"}}}}},
+    )
+    async def ingest_arrow(
+        request: Request,
+        job: str = JobName,
+        source: str = Query(..., pattern=NAME_PATTERN, max_length=128),
+        batch_id: str = Query(..., pattern=NAME_PATTERN, max_length=128),
+        seq: int | None = Query(None, ge=0, le=2**63 - 1),
+    ) -> Ack:
+        """Raw CommOps records as an Arrow IPC stream (the fast path for loggers)."""
+        import pyarrow as pa
+        from starlette.concurrency import run_in_threadpool
+
+        body = await request.body()
+        try:
+            df = pa.ipc.open_stream(pa.py_buffer(body)).read_all().to_pandas()
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            raise StoreError(f"body: not an Arrow IPC stream ({exc})", field="body",
+                             status=422) from exc
+        digest = hashlib.sha256(body).hexdigest()
+        ack = await run_in_threadpool(_store_frame, job, source, batch_id, seq, df, digest)
+        _count(ack, "raw")
+        return Ack(**ack)
+
+    def _count(ack: dict, mode: str) -> None:
+        if ack.get("duplicate"):
+            service.duplicates.inc()
+        else:
+            service.batches.labels(mode).inc()
+            service.ingested.labels(mode).inc(ack["records"])
+
+    @app.put("/v1/jobs/{job}/topology", dependencies=[Depends(require_token)])
+    def put_topology(body: TopologyIn, job: str = JobName) -> dict:
+        """Attach the job's topology (as written by ``Topology.to_dict``)."""
+        data = body.model_dump()
+        try:
+            Topology.from_dict(data, source="body")
+            if len({len(v) for v in data["ranks"].values()}) > 1:
+                raise ValueError("body.ranks: columns of unequal length")
+        except (ValueError, TypeError) as exc:
+            raise StoreError(str(exc), field="ranks", status=422) from exc
+        store.set_topology(job, data)
+        return {"job": job, "ranks": len(next(iter(data["ranks"].values()), []))}
+
+    @app.post("/v1/jobs/{job}/analyze", response_model=VerdictOut,
+              dependencies=[Depends(require_token)])
+    def analyze_now(job: str = JobName) -> VerdictOut:
+        """Localize now (instead of waiting for the background thread)."""
+        service.analyze(job)
+        return verdict(job)
+
+    @app.get("/v1/jobs/{job}/verdict", response_model=VerdictOut)
+    def verdict(job: str = JobName) -> VerdictOut:
+        """The latest verdict: irregular iterations and ranked candidates with evidence."""
+        info = store.job(job)
+        latest = store.latest_verdict(job)
+        body = latest["verdict"] if latest else {}
+        return VerdictOut(
+            job=job,
+            version=latest["version"] if latest else 0,
+            computed_at=latest["computed_at"] if latest else 0.0,
+            data_batches=latest["data_batches"] if latest else 0,
+            stale=(latest["data_batches"] if latest else 0) < info["batches"],
+            error=service.errors.get(job),
+            irregular=bool(body.get("irregular", False)),
+            irregular_iterations=[int(i) for i in body.get("irregular_iterations", [])],
+            candidates=[_candidate(c) for c in body.get("candidates", [])],
+            workload=body.get("workload"),
+        )
+
+    @app.get("/v1/jobs/{job}/candidates", response_model=list[Candidate])
+    def candidates(job: str = JobName, limit: int = Query(10, ge=1, le=1000)) -> list:
+        """Ranked candidate devices of the latest verdict, best first."""
+        return verdict(job).candidates[:limit]
+
+    @app.get("/v1/jobs/{job}/iterations", response_model=list[IterationOut])
+    def iterations(job: str = JobName, irregular_only: bool = False) -> list[IterationOut]:
+        """Job-wide iteration times with the irregularity monitor's verdict on each."""
+        store.job(job)
+        rows = iteration_rows(store, job)
+        if irregular_only and len(rows):
+            rows = rows[rows["irregular"].astype(bool)]
+        return [
+            IterationOut(iteration=int(r.iteration), time_us=finite(r.time_us),
+                         reference_us=finite(r.reference_us), ratio=finite(r.ratio),
+                         irregular=bool(r.irregular), pattern=str(r.pattern))
+            for r in rows.itertuples(index=False)
+        ]
+
+    return app
+
+
+def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
+          log_level: str = "warning") -> None:
+    """Run the service with uvicorn until interrupted."""
+    uvicorn = require_extra("uvicorn")
+    app = create_app(settings, analyzers=analyzers)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
+                access_log=False, timeout_graceful_shutdown=5)
+
+
+__all__ = ["BodyLimit", "ServeSettings", "Service", "create_app", "is_loopback", "serve"]

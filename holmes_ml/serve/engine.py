@@ -1,0 +1,149 @@
+"""Turn what a job has accumulated in the :class:`~holmes_ml.serve.store.Store` into a verdict.
+
+Agent jobs are rebuilt into one ``NodeSummary`` and localized with
+:func:`holmes_ml.pipeline.localize_summaries`; raw jobs are localized with
+:func:`holmes_ml.pipeline.analyze`. The two pipeline entry points are reached through
+:class:`Analyzers`, so a caller (a test, a deployment with a custom localizer) can substitute them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.serve.store import Store
+from holmes_ml.topology import Topology
+
+logger = logging.getLogger(__name__)
+
+CANONICAL = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us")
+
+
+@dataclass(frozen=True)
+class Analyzers:
+    """The pipeline functions the service calls.
+
+    Parameters
+    ----------
+    localize_summaries:
+        ``(summaries, topology=None) -> Verdict`` (anything with ``to_dict()``, or a dict).
+    analyze:
+        ``(ops, topology=None, model=None) -> Verdict``.
+    node_summary:
+        ``(iterations=, abnormal=, groups=) -> NodeSummary``.
+    """
+
+    localize_summaries: Callable[..., Any]
+    analyze: Callable[..., Any]
+    node_summary: Callable[..., Any]
+
+
+def pipeline_analyzers() -> Analyzers:
+    """The real pipeline (:mod:`holmes_ml.pipeline`)."""
+    from holmes_ml import pipeline
+
+    return Analyzers(
+        localize_summaries=pipeline.localize_summaries,
+        analyze=pipeline.analyze,
+        node_summary=pipeline.NodeSummary,
+    )
+
+
+def _verdict_dict(verdict: Any) -> dict:
+    body = verdict.to_dict() if hasattr(verdict, "to_dict") else dict(verdict)
+    body.setdefault("irregular", False)
+    body.setdefault("irregular_iterations", [])
+    body.setdefault("candidates", [])
+    return body
+
+
+def groups_frame(groups: dict[str, tuple[str, tuple[int, ...]]]) -> pd.DataFrame:
+    """``{name: (kind, ranks)}`` as the ``NodeSummary.groups`` table."""
+    return pd.DataFrame(
+        {
+            "group": list(groups),
+            "group_kind": [k for k, _ in groups.values()],
+            "group_ranks": [" ".join(map(str, r)) for _, r in groups.values()],
+        },
+        columns=["group", "group_kind", "group_ranks"],
+    )
+
+
+def agent_summary_frames(data: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """Store rows of an agent job as the three ``NodeSummary`` tables."""
+    groups = groups_frame(data["groups"])
+    ab = data["abnormal"].copy()
+    if len(groups):
+        info = groups.set_index("group")
+        ab["group_ranks"] = ab["group"].map(info["group_ranks"]).fillna("").astype(str)
+        kinds = ab["group"].map(info["group_kind"]).fillna("").astype(str)
+        ab["group_kind"] = ab["group_kind"].where(ab["group_kind"] != "", kinds)
+    ranks = data["ranks"]
+    if len(ranks) and "host" in ab.columns:
+        hosts = ranks.set_index("rank")["host"]
+        missing = ab["host"].astype(str).str.len() == 0
+        ab.loc[missing, "host"] = ab.loc[missing, "rank"].map(hosts).fillna("").astype(str)
+    ranks = ranks.drop(columns=[c for c in ranks.columns if (ranks[c] == -1).all()])
+    return {"iterations": data["iterations"], "abnormal": ab, "groups": groups,
+            "ranks": ranks if len(ranks) else None}
+
+
+def topology_of(store: Store, job: str) -> Topology | None:
+    raw = store.topology(job)
+    if raw is not None:
+        return Topology.from_dict(raw, source=f"topology of job {job!r}")
+    return None
+
+
+def compute_verdict(
+    store: Store, job: str, analyzers: Analyzers, model: Any = None
+) -> dict:
+    """Localize everything ``job`` has accumulated; returns the verdict's JSON dict."""
+    info = store.job(job)
+    topology = topology_of(store, job)
+    if info["mode"] == "raw":
+        ops = store.raw_ops(job)
+        verdict = analyzers.analyze(ops, topology=topology, model=model)
+    elif info["mode"] == "agent":
+        frames = agent_summary_frames(store.agent_data(job))
+        summary = analyzers.node_summary(**frames)
+        verdict = analyzers.localize_summaries([summary], topology=topology)
+    else:
+        return {"irregular": False, "irregular_iterations": [], "candidates": []}
+    return _verdict_dict(verdict)
+
+
+def iteration_rows(store: Store, job: str) -> pd.DataFrame:
+    """Job-wide iteration times with the irregularity monitor's columns.
+
+    Built from agent iteration summaries (one pseudo-operator per rank and iteration spanning
+    its window) or from raw records, then passed to :func:`holmes_ml.features.detect_irregular`.
+    """
+    from holmes_ml.features import detect_irregular, iteration_table
+
+    info = store.job(job)
+    if info["mode"] == "raw":
+        ops = store.raw_ops(job)
+    elif info["mode"] == "agent":
+        it = store.agent_data(job)["iterations"]
+        ops = pd.DataFrame(
+            {
+                "iteration": it["iteration"].astype(np.int64),
+                "rank": it["rank"].astype(np.int64),
+                "start_ns": it["start_ns"].astype(np.int64),
+                "duration_us": (it["end_ns"] - it["start_ns"]).astype(np.float64) / 1e3,
+            }
+        )
+    else:
+        ops = pd.DataFrame()
+    if ops.empty:
+        return pd.DataFrame(
+            columns=["iteration", "time_us", "reference_us", "ratio", "irregular", "pattern"]
+        )
+    rows = detect_irregular(iteration_table(ops))
+    return rows.reset_index(drop="iteration" in rows.columns)

@@ -1,0 +1,238 @@
+"""Wire format between agents, loggers and the central service (pydantic models).
+
+Tables travel *columnar* (one JSON list per column) because it is several times smaller and
+faster to validate than a list of objects; every table checks that its columns have equal
+lengths and names the offending column when they do not. Pydantic turns every other mistake
+(wrong type, negative size, unknown operator) into a 422 whose ``loc`` names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from holmes_ml.serve import require_extra
+
+require_extra("pydantic")
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator  # noqa: E402
+
+from holmes_ml.io.schema import OP_TYPES  # noqa: E402
+
+I64_MAX = 2**63 - 1
+#: Names of jobs, agents, batches: safe in URLs, logs and Prometheus labels.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=128)]
+NonNegInt = Annotated[int, Field(ge=0, le=I64_MAX)]
+Rank = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Peer = Annotated[int, Field(ge=-1, le=2**31 - 1)]
+Duration = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Text = Annotated[str, Field(max_length=256)]
+Coord = Annotated[int, Field(ge=-1, le=2**31 - 1)]
+Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
+OpName = Literal[OP_TYPES]  # type: ignore[valid-type]
+
+
+class _Strict(BaseModel):
+    # Unknown fields are a client bug (a typo would silently drop data): reject them by name.
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Columnar(_Strict):
+    """A table sent as equal-length columns."""
+
+    @model_validator(mode="after")
+    def _equal_lengths(self):  # noqa: ANN202 - pydantic hook
+        lengths = {
+            name: len(value)
+            for name, value in self.__dict__.items()
+            if isinstance(value, list) and value is not None
+        }
+        if lengths:
+            first, n = next(iter(lengths.items()))
+            for name, length in lengths.items():
+                if length != n:
+                    raise ValueError(
+                        f"column {name!r} has {length} values but column {first!r} has {n}; "
+                        "expected columns of equal length"
+                    )
+        return self
+
+    def __len__(self) -> int:
+        for value in self.__dict__.values():
+            if isinstance(value, list):
+                return len(value)
+        return 0
+
+
+class RankTable(_Columnar):
+    """Where the agent's ranks run (sent once; lets the centre name GPUs, NICs and hosts)."""
+
+    rank: list[Rank]
+    host: list[Text]
+    gpu: list[Annotated[int, Field(ge=0, le=1023)]]
+    dp: list[Coord] | None = None
+    pp: list[Coord] | None = None
+    tp: list[Coord] | None = None
+    cp: list[Coord] | None = None
+    ep: list[Coord] | None = None
+
+
+class GroupInfo(_Strict):
+    """One communicator: its members in group order (sent once per group)."""
+
+    name: Text = Field(min_length=1)
+    kind: Text = "other"
+    ranks: list[Rank] = Field(min_length=1, max_length=1_000_000)
+
+
+class IterationTable(_Columnar):
+    """Per (iteration, rank) summary: the window the rank spent in the iteration's operators.
+
+    Mirrors ``NodeSummary.iterations`` of :mod:`holmes_ml.pipeline`: ``start_ns`` is the rank's
+    earliest arrival at an operator of the iteration, ``end_ns`` the latest completion,
+    ``comm_us`` the summed operator time and ``n_ops`` how many operators were scored (the ones
+    not reported abnormal are thereby known to be normal).
+    """
+
+    iteration: list[NonNegInt]
+    rank: list[Rank]
+    start_ns: list[NonNegInt]
+    end_ns: list[NonNegInt]
+    comm_us: list[Duration]
+    n_ops: list[NonNegInt]
+
+
+class AbnormalOpTable(_Columnar):
+    """Operators the agent's detector flagged, canonical columns plus ``score``."""
+
+    iteration: list[NonNegInt]
+    rank: list[Rank]
+    op: list[OpName]
+    group: list[Text]
+    seq: list[NonNegInt]
+    nbytes: list[NonNegInt]
+    start_ns: list[NonNegInt]
+    duration_us: list[Duration]
+    score: list[Score]
+    peer: list[Peer] | None = None
+    host: list[Text] | None = None
+    group_kind: list[Text] | None = None
+    excess_us: list[Finite] | None = None
+
+
+class AgentBatch(_Strict):
+    """What an agent sends: one outbox entry.
+
+    ``(source, seq)`` orders an agent's batches (``seq`` must grow from batch to batch);
+    ``batch_id`` makes a resend idempotent: the same id with the same content gets the same
+    answer and stores nothing twice.
+    """
+
+    source: Name
+    batch_id: Name
+    seq: NonNegInt
+    ranks: RankTable | None = None
+    groups: list[GroupInfo] = Field(default_factory=list, max_length=1_000_000)
+    iterations: IterationTable | None = None
+    abnormal: AbnormalOpTable | None = None
+
+
+class RawColumns(_Columnar):
+    """Raw CommOps records (the canonical schema of :mod:`holmes_ml.io.schema`)."""
+
+    iteration: list[NonNegInt]
+    rank: list[Rank]
+    op: list[OpName]
+    group: list[Text]
+    seq: list[NonNegInt]
+    nbytes: list[NonNegInt]
+    start_ns: list[NonNegInt]
+    duration_us: list[Duration]
+    group_ranks: list[Annotated[str, Field(max_length=1_000_000)]] | None = None
+    peer: list[Peer] | None = None
+    host: list[Text] | None = None
+    group_kind: list[Text] | None = None
+
+
+class RawBatch(_Strict):
+    """Raw records posted by a logger or a small job (the centre scores and localizes them)."""
+
+    source: Name
+    batch_id: Name
+    seq: NonNegInt | None = Field(
+        default=None, description="Optional; when given, must grow from batch to batch."
+    )
+    columns: RawColumns
+
+
+class TopologyIn(_Strict):
+    """A topology as written by :meth:`holmes_ml.topology.Topology.to_dict`."""
+
+    model_config = ConfigDict(extra="allow")
+    ranks: dict[str, list[int | str]]
+    groups: list[GroupInfo] = Field(default_factory=list)
+    spines: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    gpus_per_host: Annotated[int, Field(ge=1, le=1024)] = 8
+    parallel: dict[str, Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- responses
+class Ack(BaseModel):
+    """Answer to an accepted write; a duplicate gets the stored answer with ``duplicate``."""
+
+    job: str
+    source: str
+    batch_id: str
+    seq: int | None
+    records: int
+    duplicate: bool = False
+
+
+class Candidate(BaseModel):
+    kind: str
+    device: str | None = None
+    ranks: list[int]
+    hosts: list[str]
+    score: float
+    coords: dict | list | None = None
+    evidence: dict | list | str | None = None
+
+
+class VerdictOut(BaseModel):
+    job: str
+    version: int = Field(description="0 while no verdict has been computed yet")
+    computed_at: float
+    data_batches: int = Field(description="Batches the verdict was computed from")
+    stale: bool = Field(description="True when batches arrived after this verdict")
+    error: str | None = None
+    irregular: bool
+    irregular_iterations: list[int]
+    candidates: list[Candidate]
+    workload: dict | list | None = None
+
+
+class JobOut(BaseModel):
+    job: str
+    created_at: float
+    last_ingest_at: float | None
+    records: int
+    batches: int
+    mode: Literal["agent", "raw", "empty"]
+    top: Candidate | None = None
+
+
+class IterationOut(BaseModel):
+    iteration: int
+    time_us: float
+    reference_us: float
+    ratio: float
+    irregular: bool
+    pattern: str
+
+
+def finite(x: float) -> float:
+    """Replace NaN/inf by 0 so responses stay valid JSON."""
+    return float(x) if math.isfinite(float(x)) else 0.0

@@ -1,0 +1,417 @@
+"""Durable state of the central service: one SQLite database in WAL mode.
+
+Every write is one transaction committed (``synchronous=FULL``) *before* the caller
+acknowledges it, so a ``kill -9`` at any point keeps every acknowledged record and verdict: the
+transaction either made it to the write-ahead log or the client never heard "accepted" and will
+resend. Batches are keyed by ``(job, source, batch_id)``; a resend with the same content returns
+the stored answer and stores nothing, a resend with different content is refused.
+
+This module is plain library code (sqlite3, pandas, pyarrow): it takes paths as arguments and
+never reads the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+COORDS = ("dp", "pp", "tp", "cp", "ep")
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job TEXT PRIMARY KEY, created_at REAL NOT NULL, last_ingest_at REAL,
+    records INTEGER NOT NULL DEFAULT 0, batches INTEGER NOT NULL DEFAULT 0,
+    mode TEXT NOT NULL DEFAULT 'empty', topology TEXT, newest_ns INTEGER);
+CREATE TABLE IF NOT EXISTS batches (
+    job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, seq INTEGER,
+    digest TEXT NOT NULL, records INTEGER NOT NULL, ack TEXT NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (job, source, batch_id));
+CREATE TABLE IF NOT EXISTS sources (
+    job TEXT NOT NULL, source TEXT NOT NULL, last_seq INTEGER NOT NULL,
+    PRIMARY KEY (job, source));
+CREATE TABLE IF NOT EXISTS ranks (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, host TEXT NOT NULL, gpu INTEGER NOT NULL,
+    dp INTEGER NOT NULL DEFAULT -1, pp INTEGER NOT NULL DEFAULT -1,
+    tp INTEGER NOT NULL DEFAULT -1, cp INTEGER NOT NULL DEFAULT -1,
+    ep INTEGER NOT NULL DEFAULT -1, PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS groups (
+    job TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, ranks TEXT NOT NULL,
+    PRIMARY KEY (job, name));
+CREATE TABLE IF NOT EXISTS iterations (
+    job TEXT NOT NULL, iteration INTEGER NOT NULL, rank INTEGER NOT NULL,
+    start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, comm_us REAL NOT NULL,
+    n_ops INTEGER NOT NULL, PRIMARY KEY (job, iteration, rank));
+CREATE TABLE IF NOT EXISTS abnormal (
+    job TEXT NOT NULL, iteration INTEGER NOT NULL, rank INTEGER NOT NULL, op TEXT NOT NULL,
+    grp TEXT NOT NULL, seq INTEGER NOT NULL, nbytes INTEGER NOT NULL, start_ns INTEGER NOT NULL,
+    duration_us REAL NOT NULL, score REAL NOT NULL, peer INTEGER NOT NULL DEFAULT -1,
+    host TEXT NOT NULL DEFAULT '', group_kind TEXT NOT NULL DEFAULT '',
+    excess_us REAL NOT NULL DEFAULT 0, PRIMARY KEY (job, iteration, rank, grp, seq, peer));
+CREATE TABLE IF NOT EXISTS raw (
+    job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, n INTEGER NOT NULL,
+    payload BLOB NOT NULL, PRIMARY KEY (job, source, batch_id));
+CREATE TABLE IF NOT EXISTS verdicts (
+    job TEXT NOT NULL, version INTEGER NOT NULL, computed_at REAL NOT NULL,
+    data_batches INTEGER NOT NULL, top TEXT, body TEXT NOT NULL,
+    PRIMARY KEY (job, version));
+"""
+
+
+class StoreError(ValueError):
+    """A write the store refuses; ``field`` names the offending request field."""
+
+    status = 400
+
+    def __init__(self, message: str, field: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        if status is not None:
+            self.status = status
+
+
+class ConflictError(StoreError):
+    """Same batch id with different content, a batch out of order, or a mode mix-up."""
+
+    status = 409
+
+
+class UnknownJobError(StoreError):
+    status = 404
+
+
+class Store:
+    """The service's SQLite database.
+
+    Parameters
+    ----------
+    path:
+        Database file; created with its tables when missing. ``":memory:"`` is accepted for
+        tests of the store alone.
+
+    Examples
+    --------
+    >>> s = Store(":memory:")
+    >>> s.jobs()
+    []
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # One connection shared by the request threads, serialized by a lock: SQLite allows a
+        # single writer anyway, and reads are short.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: the WAL is fsynced at every commit, so "acknowledged" survives even a power cut.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_DDL)
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            self._db.execute(
+                "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.path}: database schema version {row[0]}; expected {SCHEMA_VERSION} "
+                "(use a new --db file)"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ batch bookkeeping
+    def _check_batch(
+        self,
+        db: sqlite3.Connection,
+        job: str,
+        source: str,
+        batch_id: str,
+        seq: int | None,
+        digest: str,
+        mode: str,
+    ) -> dict | None:
+        """Return the stored ack for a duplicate, raise for conflicts, None for a new batch."""
+        row = db.execute(
+            "SELECT digest, ack FROM batches WHERE job=? AND source=? AND batch_id=?",
+            (job, source, batch_id),
+        ).fetchone()
+        if row is not None:
+            if row[0] != digest:
+                raise ConflictError(
+                    f"batch_id {batch_id!r} of source {source!r} was already accepted with "
+                    "different content; expected a new batch_id for new data",
+                    field="batch_id",
+                )
+            ack = json.loads(row[1])
+            ack["duplicate"] = True
+            return ack
+        jrow = db.execute("SELECT mode FROM jobs WHERE job=?", (job,)).fetchone()
+        if jrow is not None and jrow[0] not in ("empty", mode):
+            raise ConflictError(
+                f"job {job!r} receives {jrow[0]} data; {mode} data for it is refused "
+                "(use another job name)",
+                field="job",
+            )
+        if seq is not None:
+            srow = db.execute(
+                "SELECT last_seq FROM sources WHERE job=? AND source=?", (job, source)
+            ).fetchone()
+            # Gaps are allowed (an agent may drop a batch the service refused) but never a step
+            # back: an older batch arriving after a newer one is out of order.
+            if srow is not None and seq <= srow[0]:
+                raise ConflictError(
+                    f"seq: got {seq} from source {source!r}, expected more than {srow[0]} "
+                    "(batches of a source are sent in increasing seq order)",
+                    field="seq",
+                )
+        return None
+
+    def _record_batch(
+        self,
+        db: sqlite3.Connection,
+        job: str,
+        source: str,
+        batch_id: str,
+        seq: int | None,
+        digest: str,
+        records: int,
+        mode: str,
+        newest_ns: int | None,
+    ) -> dict:
+        now = time.time()
+        ack = {
+            "job": job, "source": source, "batch_id": batch_id, "seq": seq,
+            "records": int(records), "duplicate": False,
+        }
+        db.execute(
+            "INSERT INTO batches VALUES (?,?,?,?,?,?,?,?)",
+            (job, source, batch_id, seq, digest, int(records), json.dumps(ack), now),
+        )
+        if seq is not None:
+            db.execute(
+                "INSERT INTO sources VALUES (?,?,?) ON CONFLICT(job, source) "
+                "DO UPDATE SET last_seq=excluded.last_seq",
+                (job, source, seq),
+            )
+        db.execute(
+            "INSERT INTO jobs (job, created_at, last_ingest_at, records, batches, mode, newest_ns)"
+            " VALUES (?,?,?,?,1,?,?) ON CONFLICT(job) DO UPDATE SET"
+            " last_ingest_at=excluded.last_ingest_at, records=records+excluded.records,"
+            " batches=batches+1, mode=excluded.mode,"
+            " newest_ns=max(coalesce(newest_ns, 0), coalesce(excluded.newest_ns, 0))",
+            (job, now, now, int(records), mode, newest_ns),
+        )
+        return ack
+
+    # ------------------------------------------------------------------ writes
+    def ingest_agent(self, job: str, batch: dict[str, Any], digest: str) -> dict:
+        """Store one agent batch (a dumped :class:`~holmes_ml.serve.schemas.AgentBatch`).
+
+        Returns the acknowledgement; raises :class:`ConflictError` for conflicts.
+        """
+        source, batch_id, seq = batch["source"], batch["batch_id"], batch["seq"]
+        with self._tx() as db:
+            dup = self._check_batch(db, job, source, batch_id, seq, digest, "agent")
+            if dup is not None:
+                return dup
+            n = 0
+            newest = None
+            if batch.get("ranks"):
+                r = batch["ranks"]
+                k = len(r["rank"])
+                coords = [r.get(c) or [-1] * k for c in COORDS]
+                db.executemany(
+                    "INSERT OR REPLACE INTO ranks VALUES (?,?,?,?,?,?,?,?,?)",
+                    [(job, *row) for row in zip(r["rank"], r["host"], r["gpu"], *coords,
+                                                strict=True)],
+                )
+            for g in batch.get("groups") or ():
+                db.execute(
+                    "INSERT OR REPLACE INTO groups VALUES (?,?,?,?)",
+                    (job, g["name"], g["kind"], " ".join(map(str, g["ranks"]))),
+                )
+            it = batch.get("iterations")
+            if it and it["iteration"]:
+                cols = [it[c] for c in ("iteration", "rank", "start_ns", "end_ns", "comm_us",
+                                        "n_ops")]
+                db.executemany(
+                    "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?)",
+                    [(job, *row) for row in zip(*cols, strict=True)],
+                )
+                n += int(sum(it["n_ops"]))
+                newest = int(max(it["end_ns"]))
+            ab = batch.get("abnormal")
+            if ab and ab["iteration"]:
+                cols = [ab[c] for c in ("iteration", "rank", "op", "group", "seq", "nbytes",
+                                        "start_ns", "duration_us", "score")]
+                k = len(ab["iteration"])
+                cols.append(ab.get("peer") or [-1] * k)
+                cols.append(ab.get("host") or [""] * k)
+                cols.append(ab.get("group_kind") or [""] * k)
+                cols.append(ab.get("excess_us") or [0.0] * k)
+                db.executemany(
+                    "INSERT OR REPLACE INTO abnormal VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [(job, *row) for row in zip(*cols, strict=True)],
+                )
+            return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest)
+
+    def ingest_raw(
+        self,
+        job: str,
+        source: str,
+        batch_id: str,
+        seq: int | None,
+        table: pa.Table,
+        digest: str,
+    ) -> dict:
+        """Store one batch of validated raw CommOps records (kept as an Arrow IPC blob)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        payload = sink.getvalue().to_pybytes()
+        newest = None
+        if table.num_rows and "start_ns" in table.column_names:
+            newest = int(pa.compute.max(table.column("start_ns")).as_py())
+        with self._tx() as db:
+            dup = self._check_batch(db, job, source, batch_id, seq, digest, "raw")
+            if dup is not None:
+                return dup
+            db.execute(
+                "INSERT INTO raw VALUES (?,?,?,?,?)",
+                (job, source, batch_id, table.num_rows, sqlite3.Binary(payload)),
+            )
+            return self._record_batch(
+                db, job, source, batch_id, seq, digest, table.num_rows, "raw", newest
+            )
+
+    def set_topology(self, job: str, topology: dict) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs (job, created_at, topology) VALUES (?,?,?) "
+                "ON CONFLICT(job) DO UPDATE SET topology=excluded.topology",
+                (job, now, json.dumps(topology)),
+            )
+
+    def save_verdict(self, job: str, verdict: dict, data_batches: int, top: str | None) -> int:
+        """Append a verdict for ``job``; returns its version (1, 2, ...)."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT coalesce(max(version), 0) FROM verdicts WHERE job=?", (job,)
+            ).fetchone()
+            version = int(row[0]) + 1
+            db.execute(
+                "INSERT INTO verdicts VALUES (?,?,?,?,?,?)",
+                (job, version, time.time(), int(data_batches), top, json.dumps(verdict)),
+            )
+        return version
+
+    # ------------------------------------------------------------------ reads
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def jobs(self) -> list[dict]:
+        rows = self._query(
+            "SELECT job, created_at, last_ingest_at, records, batches, mode, newest_ns "
+            "FROM jobs ORDER BY job"
+        )
+        keys = ("job", "created_at", "last_ingest_at", "records", "batches", "mode", "newest_ns")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def job(self, job: str) -> dict:
+        """One job's bookkeeping row; raises :class:`UnknownJobError` when absent."""
+        for j in self.jobs():
+            if j["job"] == job:
+                return j
+        raise UnknownJobError(f"unknown job {job!r}; list jobs with GET /v1/jobs", field="job")
+
+    def topology(self, job: str) -> dict | None:
+        rows = self._query("SELECT topology FROM jobs WHERE job=?", (job,))
+        return json.loads(rows[0][0]) if rows and rows[0][0] else None
+
+    def agent_data(self, job: str) -> dict[str, Any]:
+        """Everything agents sent for ``job``: iteration summaries, abnormal ops, groups, ranks."""
+        with self._lock:
+            it = pd.read_sql_query(
+                "SELECT iteration, rank, start_ns, end_ns, comm_us, n_ops FROM iterations "
+                "WHERE job=? ORDER BY iteration, rank", self._db, params=(job,),
+            )
+            ab = pd.read_sql_query(
+                "SELECT iteration, rank, op, grp AS 'group', seq, nbytes, start_ns, duration_us,"
+                " score, peer, host, group_kind, excess_us FROM abnormal WHERE job=? ORDER BY iteration, grp, seq, rank",
+                self._db, params=(job,),
+            )
+            groups = self._db.execute(
+                "SELECT name, kind, ranks FROM groups WHERE job=? ORDER BY name", (job,)
+            ).fetchall()
+            ranks = pd.read_sql_query(
+                "SELECT rank, host, gpu, dp, pp, tp, cp, ep FROM ranks WHERE job=? ORDER BY rank",
+                self._db,
+                params=(job,),
+            )
+        return {
+            "iterations": it,
+            "abnormal": ab,
+            "groups": {n: (k, tuple(int(x) for x in r.split())) for n, k, r in groups},
+            "ranks": ranks,
+        }
+
+    def raw_ops(self, job: str) -> pd.DataFrame:
+        """All raw records of ``job`` in arrival order, as one canonical table."""
+        rows = self._query(
+            "SELECT payload FROM raw WHERE job=? ORDER BY rowid", (job,)
+        )
+        tables = [pa.ipc.open_stream(pa.py_buffer(r[0])).read_all() for r in rows]
+        if not tables:
+            return pd.DataFrame()
+        return pa.concat_tables(tables, promote_options="default").to_pandas()
+
+    def latest_verdict(self, job: str) -> dict | None:
+        rows = self._query(
+            "SELECT version, computed_at, data_batches, body FROM verdicts WHERE job=? "
+            "ORDER BY version DESC LIMIT 1", (job,),
+        )
+        if not rows:
+            return None
+        version, at, data_batches, body = rows[0]
+        return {"version": int(version), "computed_at": float(at),
+                "data_batches": int(data_batches), "verdict": json.loads(body)}
+
+    def counts(self) -> dict[str, int]:
+        """Row counts per table (for tests and health checks)."""
+        out = {}
+        for table in ("batches", "iterations", "abnormal", "raw", "verdicts"):
+            out[table] = int(self._query(f"SELECT count(*) FROM {table}")[0][0])
+        out["raw_records"] = int(self._query("SELECT coalesce(sum(n), 0) FROM raw")[0][0])
+        return out

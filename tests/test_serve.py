@@ -1,0 +1,261 @@
+"""The service against a real uvicorn on 127.0.0.1: ingest, query, errors, crash safety, fuzz."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_serve_support import TOKEN, auth, make_ops, raw_body, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("serve"))
+    yield srv
+    srv.stop()
+
+
+def test_raw_ingest_query_and_metrics(server):
+    ops = make_ops(seed=1, slow_rank=5)
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    half = len(ops) // 2
+    for i, part in enumerate((ops.iloc[:half], ops.iloc[half:])):
+        r = c.post("/v1/jobs/jobA/raw", json=raw_body(part, f"b{i}", seq=i))
+        assert r.status_code == 200, r.text
+        assert r.json()["records"] == len(part) and not r.json()["duplicate"]
+    v = c.post("/v1/jobs/jobA/analyze").json()
+    assert v["version"] == 1 and not v["stale"]
+    assert v["candidates"][0]["ranks"] == [5]
+    jobs = {j["job"]: j for j in c.get("/v1/jobs").json()}
+    assert jobs["jobA"]["records"] == len(ops) and jobs["jobA"]["mode"] == "raw"
+    assert jobs["jobA"]["top"]["ranks"] == [5]
+    its = c.get("/v1/jobs/jobA/iterations").json()
+    assert [i["iteration"] for i in its] == sorted(ops["iteration"].unique().tolist())
+    assert c.get("/v1/jobs/jobA/candidates", params={"limit": 1}).json()[0]["ranks"] == [5]
+    m = c.get("/metrics").text
+    assert f'holmes_ingest_records_total{{mode="raw"}} {float(len(ops))}' in m
+    assert 'holmes_job_top_candidate_score{device="gpu:rank5",job="jobA",kind="gpu"}' in m
+    # a resend is idempotent: same answer, nothing stored twice
+    r = c.post("/v1/jobs/jobA/raw", json=raw_body(ops.iloc[:half], "b0", seq=0))
+    assert r.status_code == 200 and r.json()["duplicate"]
+    assert c.get("/v1/jobs/jobA").json()["records"] == len(ops)
+
+
+def test_gzip_agent_batch_roundtrip(server):
+    body = {"source": "n1", "batch_id": "n1-0", "seq": 0,
+            "ranks": {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1]},
+            "groups": [{"name": "dp-0", "kind": "dp", "ranks": [0, 1]}],
+            "iterations": {"iteration": [0, 0], "rank": [0, 1], "start_ns": [0, 5],
+                           "end_ns": [100, 900], "comm_us": [0.1, 0.9], "n_ops": [3, 3]},
+            "abnormal": {"iteration": [0], "rank": [1], "op": ["all_reduce"], "group": ["dp-0"],
+                         "seq": [0], "nbytes": [8], "start_ns": [5], "duration_us": [0.9],
+                         "score": [0.97]}}
+    r = httpx.post(server.url + "/v1/jobs/jobG/batches",
+                   content=gzip.compress(json.dumps(body).encode()),
+                   headers={**auth(), "Content-Encoding": "gzip",
+                            "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.json()["records"] == 6
+    v = httpx.post(server.url + "/v1/jobs/jobG/analyze", headers=auth()).json()
+    assert v["candidates"][0]["ranks"] == [1]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status", "needle"),
+    [
+        (lambda b: b["columns"].update(rank=["x"] * len(b["columns"]["rank"])), 422, "rank"),
+        (lambda b: b["columns"]["seq"].pop(), 422, "seq"),
+        (lambda b: b["columns"].update(op=["allreduce!"] * len(b["columns"]["op"])), 422, "op"),
+        (lambda b: b.update(batch_id="../etc"), 422, "batch_id"),
+        (lambda b: b.update(extra=1), 422, "extra"),
+        (lambda b: b["columns"].update(duration_us=[-1.0] * len(b["columns"]["rank"])), 422,
+         "duration_us"),
+    ],
+)
+def test_bad_bodies_get_4xx_naming_the_field(server, mutate, status, needle):
+    body = raw_body(make_ops(seed=2, iterations=2), "bad")
+    mutate(body)
+    r = httpx.post(server.url + "/v1/jobs/jobBad/raw", json=body, headers=auth())
+    assert r.status_code == status, r.text
+    assert needle in r.text
+
+
+def test_protocol_errors(server):
+    u = server.url
+    ok = raw_body(make_ops(seed=3, iterations=2), "p0", seq=5)
+    assert httpx.post(u + "/v1/jobs/jobP/raw", json=ok).status_code == 401
+    assert httpx.post(u + "/v1/jobs/jobP/raw", json=ok,
+                      headers=auth("wrong")).status_code == 401
+    r = httpx.post(u + "/v1/jobs/jobP/raw", content=b"{not json", headers=auth())
+    assert r.status_code == 422
+    assert httpx.post(u + "/v1/jobs/jobP/raw", json=ok, headers=auth()).status_code == 200
+    older = raw_body(make_ops(seed=3, iterations=2), "p1", seq=4)
+    r = httpx.post(u + "/v1/jobs/jobP/raw", json=older, headers=auth())
+    assert r.status_code == 409 and r.json()["field"] == "seq"
+    changed = raw_body(make_ops(seed=4, iterations=2), "p0", seq=5)
+    r = httpx.post(u + "/v1/jobs/jobP/raw", json=changed, headers=auth())
+    assert r.status_code == 409 and r.json()["field"] == "batch_id"
+    r = httpx.post(u + "/v1/jobs/jobP/raw", content=b"x" * (5 * 2**20),
+                   headers={**auth(), "Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = httpx.get(u + "/v1/jobs/nope/verdict")
+    assert r.status_code == 404 and "nope" in r.json()["detail"]
+    assert httpx.get(u + "/v1/jobs/jobP").json()["records"] == len(ok["columns"]["rank"])
+
+
+def test_refuses_remote_bind_without_token(tmp_path):
+    from holmes_ml.serve.app import ServeSettings
+
+    with pytest.raises(ValueError, match="--token"):
+        ServeSettings(db=tmp_path / "x.db", host="0.0.0.0").check()
+    ServeSettings(db=tmp_path / "x.db", host="0.0.0.0", token="t").check()
+
+
+def test_kill9_mid_ingest_keeps_every_acknowledged_batch(tmp_path):
+    ops = make_ops(seed=7, ranks=8, iterations=40, slow_rank=3)
+    parts = [ops[ops["iteration"] == i] for i in range(40)]
+    srv = start_server(tmp_path)
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def feed(url: str) -> None:
+        with httpx.Client(base_url=url, headers=auth(), timeout=5) as c:
+            for i, part in enumerate(parts):
+                if stop.is_set():
+                    return
+                try:
+                    r = c.post("/v1/jobs/crash/raw", json=raw_body(part, f"it{i}", seq=i))
+                except httpx.HTTPError:
+                    return
+                if r.status_code == 200:
+                    acked.append(i)
+
+    t = threading.Thread(target=feed, args=(srv.url,))
+    t.start()
+    while len(acked) < 10:
+        t.join(0.01)
+    srv.kill9()
+    t.join()
+    assert 10 <= len(acked) < 40
+    srv2 = start_server(tmp_path, db=srv.db)
+    try:
+        c = httpx.Client(base_url=srv2.url, headers=auth(), timeout=30)
+        assert c.get("/v1/jobs/crash").json()["records"] == sum(len(parts[i]) for i in acked)
+        for i, part in enumerate(parts):  # the feeder resends everything: duplicates are no-ops
+            r = c.post("/v1/jobs/crash/raw", json=raw_body(part, f"it{i}", seq=i))
+            assert r.status_code in (200, 409), r.text
+            assert r.status_code == 200 or i < max(acked)
+        after = c.post("/v1/jobs/crash/analyze").json()
+    finally:
+        srv2.stop()
+    ref = start_server(tmp_path / "ref" if (tmp_path / "ref").mkdir() is None else tmp_path)
+    try:
+        c = httpx.Client(base_url=ref.url, headers=auth(), timeout=30)
+        for i, part in enumerate(parts):
+            assert c.post("/v1/jobs/crash/raw", json=raw_body(part, f"it{i}", seq=i)).is_success
+        expected = c.post("/v1/jobs/crash/analyze").json()
+    finally:
+        ref.stop()
+    assert after["candidates"] == expected["candidates"]
+    assert after["candidates"][0]["ranks"] == [3]
+
+
+def _json_values():
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                     st.floats(allow_nan=False), st.text(max_size=20))
+    return st.recursive(leaf, lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+        max_leaves=20)
+
+
+def _from_schema(schema: dict, spec: dict, depth: int = 0):
+    """A hypothesis strategy for (mostly) schema-shaped JSON, with random deviations."""
+    if "$ref" in schema:
+        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    if depth > 4:
+        return _json_values()
+    if "anyOf" in schema:
+        return st.one_of(*[_from_schema(s, spec, depth + 1) for s in schema["anyOf"]])
+    t = schema.get("type")
+    if t == "object" and "properties" in schema:
+        props = {k: _from_schema(v, spec, depth + 1) for k, v in schema["properties"].items()}
+        return st.fixed_dictionaries(
+            {k: v for k, v in props.items() if k in schema.get("required", [])},
+            optional={k: v for k, v in props.items() if k not in schema.get("required", [])})
+    if t == "array":
+        return st.lists(_from_schema(schema.get("items", {}), spec, depth + 1), max_size=3)
+    if t == "integer":
+        return st.integers(-5, 2**64)
+    if t == "number":
+        return st.floats(allow_nan=False, allow_infinity=False)
+    if t == "string":
+        if "enum" in schema:
+            return st.sampled_from(schema["enum"]) | st.text(max_size=5)
+        return st.from_regex(r"[A-Za-z0-9]{1,8}", fullmatch=True) | st.text(max_size=8)
+    return _json_values()
+
+
+def test_fuzz_from_openapi_never_5xx(server):
+    spec = httpx.get(server.url + "/openapi.json").json()
+    ops = []
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+            ops.append((path, method, body.get("schema")))
+    names = st.sampled_from(["jobA", "fz", "x" * 129, "a/b", "..", "%00", "j-1"])
+    client = httpx.Client(base_url=server.url, timeout=30)
+
+    @settings(max_examples=150, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def check(data):
+        path, method, schema = data.draw(st.sampled_from(ops))
+        url = path.replace("{job}", data.draw(names))
+        kwargs: dict = {"headers": auth() if data.draw(st.booleans()) else {}}
+        if schema is not None:
+            payload = data.draw(_from_schema(schema, spec) | _json_values())
+            kwargs["content"] = json.dumps(payload).encode()
+            kwargs["headers"]["Content-Type"] = "application/json"
+        if method == "get":
+            kwargs["params"] = data.draw(st.dictionaries(
+                st.sampled_from(["limit", "irregular_only"]), st.text(max_size=6), max_size=2))
+        r = client.request(method.upper(), url, **kwargs)
+        assert r.status_code < 500, (method, url, r.text)
+
+    check()
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_token_constant_is_used():
+    assert TOKEN and auth()["Authorization"].endswith(TOKEN)
+
+
+def test_arrow_ingest_fast_path(server):
+    import pyarrow as pa
+
+    ops = make_ops(seed=9, iterations=3)
+    table = pa.Table.from_pandas(ops, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    h = {**auth(), "Content-Type": "application/vnd.apache.arrow.stream"}
+    q = {"source": "lg", "batch_id": "a0", "seq": 0}
+    r = httpx.post(server.url + "/v1/jobs/jobArrow/raw.arrow", content=sink.getvalue().to_pybytes(),
+                   params=q, headers=h)
+    assert r.status_code == 200 and r.json()["records"] == len(ops), r.text
+    r = httpx.post(server.url + "/v1/jobs/jobArrow/raw.arrow", content=b"garbage",
+                   params={**q, "batch_id": "a1", "seq": 1}, headers=h)
+    assert r.status_code == 422 and r.json()["field"] == "body"
+    bad = pa.Table.from_pandas(ops.drop(columns=["seq"]), preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, bad.schema) as w:
+        w.write_table(bad)
+    r = httpx.post(server.url + "/v1/jobs/jobArrow/raw.arrow", content=sink.getvalue().to_pybytes(),
+                   params={**q, "batch_id": "a2", "seq": 2}, headers=h)
+    assert r.status_code == 422 and "seq" in r.json()["detail"]
+    assert httpx.get(server.url + "/v1/jobs/jobArrow").json()["records"] == len(ops)

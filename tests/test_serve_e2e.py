@@ -1,0 +1,54 @@
+"""Two agent processes feed a simulated 256-GPU job with a slow GPU; the service names it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+from test_serve_support import TOKEN, auth, start_server
+
+from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+AGENT = "from holmes_ml.cli import main; main()"
+
+
+def test_two_agents_localize_injected_gpu(tmp_path):
+    sim = simulate(SimConfig(gpus=256, iterations=16, seed=3,
+                             faults=(FaultSpec.parse("gpu_slow:rank=37,severity=0.5,start=6"),)))
+    injected = sim.faults[0].to_dict()["devices"][0]
+    hosts = sorted(sim.ops["host"].astype(str).unique())
+    ops = sim.ops.drop(columns=["abnormal", "fault_id"])
+    nodes = []
+    for i, part in enumerate((hosts[: len(hosts) // 2], hosts[len(hosts) // 2:])):
+        d = tmp_path / f"node{i}"
+        d.mkdir()
+        ops[ops["host"].astype(str).isin(part)].to_parquet(d / "ops.parquet")
+        nodes.append(d)
+    (tmp_path / "topology.json").write_text(json.dumps(sim.topology.to_dict()))
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", AGENT, "agent", "--follow", str(d), "--server", srv.url,
+                 "--job", "sim256", "--token", TOKEN, "--source", f"node{i}", "--once",
+                 "--model", "rule"]
+                + (["--topology", str(tmp_path / "topology.json")] if i == 0 else []),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )
+            for i, d in enumerate(nodes)
+        ]
+        outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        job = httpx.get(srv.url + "/v1/jobs/sim256").json()
+        assert job["records"] == len(ops)
+        v = httpx.post(srv.url + "/v1/jobs/sim256/analyze", headers=auth(), timeout=60).json()
+        assert v["error"] is None and v["irregular"]
+        assert v["candidates"][0]["device"] == injected, v["candidates"][:2]
+        assert v["candidates"][0]["ranks"] == [37]
+        sent = sum(int(o.split("sent ")[1].split("(")[1].split(" B")[0]) for o in outs)
+        raw = sum((d / "ops.parquet").stat().st_size for d in nodes)
+        assert sent < 0.1 * raw, (sent, raw)
+    finally:
+        srv.stop()
