@@ -22,3 +22,22 @@ def test_write_result_records_provenance(tmp_path):
 
 def test_git_commit_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == "unknown"
+
+
+def test_markdown_report_lists_figures_goals_and_tables(tmp_path):
+    import numpy as np
+
+    res = BenchResult(
+        "unit",
+        {"top1": np.float64(0.975)},
+        goals={"top1": ">= 0.98"},
+        tables={"by scale": [{"gpus": 64, "top1": 1.0}, {"gpus": 8192, "top1": 0.95, "n": 40}]},
+    )
+    write_result(res, tmp_path)
+    text = (tmp_path / "unit.md").read_text()
+    assert "| top1 | 0.975 | >= 0.98 |" in text
+    assert "### by scale" in text
+    # a column that only a later row has still gets a header and an empty cell before it
+    assert "| gpus | top1 | n |" in text
+    assert "| 64 | 1 |  |" in text
+    assert json.loads((tmp_path / "unit.json").read_text())["figures"]["top1"] == 0.975

@@ -33,6 +33,11 @@ class BenchResult:
         Anything else worth keeping (per-trial rows, tables).
     goals:
         Optional ``figure -> "<= 60"`` style targets, echoed into the report.
+    tables:
+        Named tables (``title -> list of row dicts``) rendered into the Markdown report, e.g.
+        accuracy per scale for every method.
+    plots:
+        PNG files the benchmark wrote (paths relative to the output directory).
     """
 
     name: str
@@ -40,6 +45,8 @@ class BenchResult:
     config: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     goals: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
@@ -81,8 +88,40 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Render row dicts as a GitHub Markdown table (columns in first-seen order)."""
+    if not rows:
+        return "_(no rows)_\n"
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(c for c in row if c not in columns)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(result: BenchResult, commit: str | None = None) -> str:
+    """The human-readable report of one result: headline figures with goals, then its tables."""
+    rows = [
+        {"figure": k, "value": v, "goal": result.goals.get(k, "")} for k, v in result.figures.items()
+    ]
+    parts = [f"## holmes bench {result.name}\n", f"commit `{commit or git_commit()}`\n",
+             markdown_table(rows)]
+    for title, table in result.tables.items():
+        parts += [f"\n### {title}\n", markdown_table(table)]
+    for plot in result.plots:
+        parts.append(f"\n![{Path(plot).stem}]({plot})\n")
+    return "\n".join(parts)
+
+
 def write_result(result: BenchResult, out_dir: str | Path) -> Path:
-    """Write ``<out_dir>/<name>.json`` and return its path."""
+    """Write ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``; return the JSON path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -94,5 +133,15 @@ def write_result(result: BenchResult, out_dir: str | Path) -> Path:
         **asdict(result),
     }
     path = out / f"{result.name}.json"
-    path.write_text(json.dumps(payload, indent=2, default=float))
+    path.write_text(json.dumps(payload, indent=2, default=_json_default))
+    (out / f"{result.name}.md").write_text(render_markdown(result, payload["git_commit"]))
     return path
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars and arrays, Paths: whatever json cannot encode natively
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    return float(value)

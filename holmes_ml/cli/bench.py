@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import typer
@@ -10,12 +11,22 @@ from rich.console import Console
 from rich.table import Table
 
 from holmes_ml.bench import BENCHMARKS
+from holmes_ml.bench.plugins import load_localizer
 from holmes_ml.bench.record import write_result
 
 
-def _run_one(name: str, quick: bool, out: Path, console: Console) -> None:
+def _run_one(
+    name: str, quick: bool, out: Path, console: Console, localizers: dict
+) -> str:
     module, _, func = BENCHMARKS[name].partition(":")
-    result = getattr(importlib.import_module(module), func)(quick=quick)
+    run = getattr(importlib.import_module(module), func)
+    kwargs: dict = {"quick": quick}
+    params = inspect.signature(run).parameters
+    if "out_dir" in params:
+        kwargs["out_dir"] = out
+    if localizers and "localizers" in params:
+        kwargs["localizers"] = localizers
+    result = run(**kwargs)
     path = write_result(result, out)
     table = Table(title=f"holmes bench {name}" + (" --quick" if quick else ""))
     table.add_column("figure")
@@ -25,7 +36,8 @@ def _run_one(name: str, quick: bool, out: Path, console: Console) -> None:
         shown = f"{value:,.4g}" if isinstance(value, float) else str(value)
         table.add_row(key, shown, result.goals.get(key, ""))
     console.print(table)
-    console.print(f"written {path}")
+    console.print(f"written {path} and {path.with_suffix('.md')}")
+    return path.with_suffix(".md").name
 
 
 def register(app: typer.Typer) -> None:
@@ -38,12 +50,28 @@ def register(app: typer.Typer) -> None:
             False, "--quick", help="Small sizes that finish in a few minutes (what CI runs)."
         ),
         out: Path = typer.Option(
-            Path("bench-results"), "--out", help="Directory for <name>.json results."
+            Path("bench-results"), "--out", help="Directory for NAME.json, NAME.md and PNG plots."
+        ),
+        localizer: list[str] = typer.Option(
+            [],
+            "--localizer",
+            help="Your own localizer, as module:callable, benchmarked beside the built-in ones on "
+            "the same scenarios (see holmes_ml/bench/plugins.py for the interface). Repeatable.",
         ),
     ) -> None:
-        """Measure speed, memory or accuracy; results go to OUT/NAME.json with the git commit,
-        machine and library versions."""
+        """Measure speed, memory or accuracy.
+
+        Each benchmark writes OUT/NAME.json (every figure, the config, git commit, machine and
+        library versions), OUT/NAME.md (tables) and PNG plots; `all` also writes OUT/index.md.
+
+        Examples: `holmes bench simulator`, `holmes bench all --quick --out /tmp/b`,
+        `holmes bench localize --localizer mypkg.loc:my_localizer`.
+        """
         console = Console()
+        try:
+            plugins = {spec: load_localizer(spec) for spec in localizer}
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--localizer") from exc
         names = list(BENCHMARKS) if name == "all" else [name]
         unknown = [n for n in names if n not in BENCHMARKS]
         if unknown:
@@ -51,5 +79,11 @@ def register(app: typer.Typer) -> None:
                 f"unknown benchmark {unknown[0]!r}; expected one of {', '.join(BENCHMARKS)} or 'all'",
                 param_hint="NAME",
             )
-        for n in names:
-            _run_one(n, quick, out, console)
+        reports = [_run_one(n, quick, out, console, plugins) for n in names]
+        if name == "all":
+            index = out / "index.md"
+            index.write_text(
+                "# holmes bench all" + (" --quick" if quick else "") + "\n\n"
+                + "\n".join(f"- [{r[:-3]}]({r})" for r in reports) + "\n"
+            )
+            console.print(f"written {index}")

@@ -1,0 +1,84 @@
+"""Plug-in point: benchmark your own localizer on the same scenarios as the built-in ones.
+
+A localizer is any Python callable (a function, or an instance of a class with ``__call__``)::
+
+    def my_localizer(ops: pandas.DataFrame, topology: holmes_ml.topology.Topology) -> list:
+        ...
+
+It receives the canonical CommOps table of one simulated job **without** the label columns, and
+the job's topology, and returns its suspects best first. Each suspect may be
+
+* an ``int`` — a global rank (read as "the GPU of that rank"),
+* a ``str`` device id — ``gpu:H/g``, ``nic:H/g``, ``host:H``, ``switch:...``, ``link:...``
+  (see :mod:`holmes_ml.topology`),
+* an object with a ``ranks`` attribute (such as :class:`holmes_ml.localize.Candidate`).
+
+Give it to the benchmark as ``module:attribute`` (the module must be importable, e.g. on
+``PYTHONPATH``); a class is instantiated with no arguments::
+
+    holmes bench localize --localizer mypkg.loc:my_localizer
+
+Example
+-------
+>>> loc = load_localizer("holmes_ml.bench.plugins:example_longest_comm")
+>>> loc.__name__
+'example_longest_comm'
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from holmes_ml.topology import Topology
+
+Localizer = Callable[[pd.DataFrame, Topology], Sequence[Any]]
+
+
+def load_localizer(spec: str) -> Localizer:
+    """Import ``module:attribute`` and return a callable localizer.
+
+    Raises
+    ------
+    ValueError
+        When ``spec`` is not ``module:attribute``, cannot be imported, or is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--localizer {spec!r}: expected 'module:attribute', e.g. 'mypkg.loc:rank_it'")
+    try:
+        obj: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--localizer {spec!r}: cannot import it ({exc})") from exc
+    if inspect.isclass(obj):
+        obj = obj()
+    if not callable(obj):
+        raise ValueError(f"--localizer {spec!r}: {type(obj).__name__} is not callable")
+    return obj
+
+
+def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
+    """The global ranks a suspect stands for (a rank, a device id, or a candidate)."""
+    if isinstance(suspect, (int,)) and not isinstance(suspect, bool):
+        return frozenset([int(suspect)])
+    if isinstance(suspect, str):
+        return frozenset(int(r) for r in topology.ranks_on(suspect))
+    ranks = getattr(suspect, "ranks", None)
+    if ranks is None and isinstance(suspect, dict):
+        ranks = suspect.get("ranks")
+    if ranks is None:
+        raise TypeError(
+            f"localizer returned a suspect of type {type(suspect).__name__}; expected an int rank, "
+            "a device id string or an object with .ranks"
+        )
+    return frozenset(int(r) for r in ranks)
+
+
+def example_longest_comm(ops: pd.DataFrame, topology: Topology) -> list[int]:
+    """A tiny example plug-in: ranks ordered by total communication time, longest first."""
+    total = ops.groupby("rank")["duration_us"].sum().sort_values(ascending=False)
+    return [int(r) for r in total.index]

@@ -1,0 +1,91 @@
+"""``holmes demo``: simulate a job with a fault, localize it, and show the verdict next to the truth."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_FAULT_KINDS = ("gpu_slow", "nic_slow", "host_stall")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        gpus: int = typer.Option(128, "--gpus", help="Job size in GPUs (8-GPU hosts)."),
+        model: str = typer.Option("llama2-13b", "--model", help="Model whose shapes drive the job."),
+        fault: str = typer.Option(
+            "",
+            "--fault",
+            help="Fault to inject, in `holmes simulate --fault` syntax "
+            "(e.g. 'gpu_slow:rank=37,severity=0.6'). Default: a seeded pick of a GPU, NIC or "
+            "host fault on a random rank.",
+        ),
+        iterations: int = typer.Option(30, "--iterations", help="Training iterations to simulate."),
+        seed: int = typer.Option(7, "--seed", help="Seed for the job, the fault and the jitter."),
+        out: Path = typer.Option(Path("demo-out"), "--out", help="Where the simulated logs go."),
+    ) -> None:
+        """Simulate a faulty job, localize the fault with the bundled model, print the verdict
+        beside the ground truth (what `make demo` runs)."""
+        from holmes_ml.pipeline import analyze
+        from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+        console = Console()
+        rng = random.Random(seed)
+        if not fault:
+            kind = rng.choice(DEFAULT_FAULT_KINDS)
+            fault = f"{kind}:rank={rng.randrange(gpus)},severity=0.6,pattern=persistent,start=10"
+        spec = FaultSpec.parse(fault)
+        cfg = SimConfig(gpus=gpus, model=model, iterations=iterations, faults=(spec,), seed=seed)
+        console.rule("[bold]1. simulate")
+        result = simulate(cfg, progress=console.is_terminal)
+        result.write(out)
+        truth = [f.to_dict() for f in result.faults]
+        console.print(
+            f"{gpus} GPUs, {model}, layout {result.topology.parallel}, {len(result.ops):,} ops "
+            f"written to {out}/ops.parquet"
+        )
+        console.rule("[bold]2. localize (operator logs only; the truth stays hidden)")
+        ops = result.ops.drop(columns=[c for c in ("abnormal", "fault_id") if c in result.ops.columns])
+        verdict = analyze(ops, topology=result.topology)
+        (out / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2))
+
+        table = Table(title="verdict vs ground truth")
+        table.add_column("")
+        table.add_column("kind")
+        table.add_column("ranks")
+        table.add_column("hosts")
+        table.add_column("score", justify="right")
+        for f in truth:
+            table.add_row(
+                "[green]injected", f["kind"], _short(f["ranks"]), _short(f["hosts"]), ""
+            )
+        for i, c in enumerate(verdict.candidates[:3]):
+            d = c.to_dict() if hasattr(c, "to_dict") else c
+            table.add_row(
+                f"suspect #{i + 1}", str(d["kind"]), _short(d["ranks"]), _short(d["hosts"]),
+                f"{d['score']:.3f}",
+            )
+        console.print(table)
+        top = verdict.candidates[0] if verdict.candidates else None
+        hit = top is not None and set(top.ranks) & set(truth[0]["ranks"])
+        console.print(
+            f"irregular iterations: {list(verdict.irregular_iterations)[:20]}"
+            + (" ..." if len(verdict.irregular_iterations) > 20 else "")
+        )
+        console.print(
+            "[bold green]top suspect matches the injected fault"
+            if hit
+            else "[bold red]top suspect does not match the injected fault"
+        )
+        console.print(f"verdict JSON: {out / 'verdict.json'}")
+
+
+def _short(values: list) -> str:
+    values = list(values)
+    text = ", ".join(str(v) for v in values[:4])
+    return text + (f" (+{len(values) - 4})" if len(values) > 4 else "")
