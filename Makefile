@@ -26,7 +26,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check holmes_ml tests
-	$(VENV)/bin/pytest -n 2 --durations=15
+	$(VENV)/bin/pytest -n 2 --durations=15 --doctest-modules --nbmake holmes_ml tests notebooks
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check holmes_ml tests
