@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "detector": "holmes_ml.bench.detector:run",
     "drift": "holmes_ml.bench.drift:run",
     "localize": "holmes_ml.bench.localize:run",
+    "latency": "holmes_ml.bench.latency:run",
     "logger": "holmes_ml.bench.logger:run",
     "serve": "holmes_ml.bench.serve:run",
 }

@@ -238,7 +238,58 @@ def _speed(quick: bool) -> dict[str, float]:
     }
 
 
-def run(quick: bool = False, localizers: dict[str, Any] | None = None) -> BenchResult:
+def _plots(summary: list[dict], breakdown: list[dict], out_dir: Any) -> list[str]:
+    """Bar chart of top-1 per method (with 95% CI) and top-1 per breakdown axis per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [r["method"] for r in summary]
+    top1 = [r["top1"] for r in summary]
+    ci = [tuple(float(x) for x in r["top1_ci95"].strip("[]").split(",")) for r in summary]
+    lows = np.array([t - lo for t, (lo, _) in zip(top1, ci, strict=True)])
+    highs = np.array([hi - t for t, (_, hi) in zip(top1, ci, strict=True)])
+    err = np.vstack([lows, highs])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, top1, yerr=np.clip(err, 0, None), capsize=3, color="tab:blue")
+    ax.set_ylabel("top-1 accuracy")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"localization top-1, {summary[0]['trials'] if summary else 0} faulty trials")
+    ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    fig.savefig(out / "localize-methods.png", dpi=110)
+    plt.close(fig)
+    files = ["localize-methods.png"]
+    df = pd.DataFrame(breakdown)
+    if len(df):
+        axes_keys = [k for k in ("gpus", "dims", "kind", "pattern") if (df["by"] == k).any()]
+        fig, axs = plt.subplots(1, len(axes_keys), figsize=(4 * len(axes_keys), 3.5), squeeze=False)
+        for ax, key in zip(axs[0], axes_keys, strict=True):
+            sub = df[df["by"] == key]
+            table = sub.pivot_table(index="value", columns="method", values="top1", sort=False)
+            if key == "gpus":
+                table = table.sort_index(key=lambda idx: idx.astype(int))
+            table.plot(ax=ax, marker="o", legend=ax is axs[0][-1])
+            ax.set_title(f"top-1 by {key}")
+            ax.set_ylim(0, 1.05)
+            ax.set_xlabel(key)
+        if axs[0][-1].get_legend() is not None:
+            axs[0][-1].legend(fontsize=7, loc="lower left")
+        fig.tight_layout()
+        fig.savefig(out / "localize-breakdown.png", dpi=110)
+        plt.close(fig)
+        files.append("localize-breakdown.png")
+    return files
+
+
+def run(
+    quick: bool = False, localizers: dict[str, Any] | None = None, out_dir: Any = None
+) -> BenchResult:
     """Accuracy of Holmes and the baselines, 8,192-GPU window time, speedup and bytes."""
     t0 = time.perf_counter()
     summary, breakdown = _accuracy(quick, localizers)
@@ -261,4 +312,5 @@ def run(quick: bool = False, localizers: dict[str, Any] | None = None) -> BenchR
                "holmes_healthy_flagged": "<= 0.01", "window_localize_seconds": "<= 3",
                "speedup_vs_full_log": ">= 10", "bytes_reduction_pct": ">= 97"},
         tables={"methods side by side": summary, "breakdown": breakdown},
+        plots=_plots(summary, breakdown, out_dir) if out_dir is not None and summary else [],
     )
