@@ -29,8 +29,11 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(7, "--seed", help="Seed for the job, the fault and the jitter."),
         out: Path = typer.Option(Path("demo-out"), "--out", help="Where the simulated logs go."),
     ) -> None:
-        """Simulate a faulty job, localize the fault with the bundled model, print the verdict
-        beside the ground truth (what `make demo` runs)."""
+        """Simulate a faulty job, localize it with the bundled model, show verdict vs truth.
+
+        This is what `make demo` runs. Example: `holmes demo --gpus 256 --fault
+        nic_slow:rank=40,severity=1`.
+        """
         from holmes_ml.pipeline import analyze
         from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
