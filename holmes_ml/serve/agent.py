@@ -1,7 +1,9 @@
 """The node agent: follow local CommOps logs, summarize them, ship summaries through an outbox.
 
 Each poll the agent (1) reads what its ranks' log files gained (``*.jsonl`` and ``*.csv`` are
-read incrementally; ``*.parquet`` is re-read when it changes), (2) takes the iterations that are
+read incrementally; ``*.parquet`` is re-read when it changes; traces in the other supported
+formats — Kineto, Flight Recorder, NCCL Inspector, gzipped logs — are re-read together through
+:func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
 *complete* (a rank has logged a later iteration, or the agent is flushing), scores them with
 ``holmes_ml.pipeline.summarize`` over a few earlier iterations of context, and (3) writes the
 resulting batch — iteration summaries, abnormal operators, group membership — into a SQLite
@@ -33,6 +35,9 @@ from holmes_ml.io.schema import validate
 logger = logging.getLogger(__name__)
 
 PATTERNS = ("*.jsonl", "*.csv", "*.parquet")
+#: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
+WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
+_WHOLE = "<whole-file traces>"
 _ABNORMAL_COLUMNS = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns",
                      "duration_us", "score")
 
@@ -272,11 +277,42 @@ class Agent:
                     self.stats.raw_bytes += state.offset - before
                 self._buffer.append(df)
                 n += len(df)
+        n += self._read_whole_files()
         if self._buffer:
             self._ops = pd.concat([self._ops, *self._buffer], ignore_index=True)
             self._buffer.clear()
         self.stats.ops_read += n
         return n
+
+    def _read_whole_files(self) -> int:
+        """Re-read every non-incremental trace when any of them changed (ranks of a Kineto or
+        Flight Recorder job are matched across files, so they are read together)."""
+        from holmes_ml.io import read_ops
+        from holmes_ml.io.schema import SchemaError
+
+        root = Path(self.config.follow)
+        paths = sorted({p for pat in WHOLE_FILE_PATTERNS for p in root.glob(pat)})
+        if not paths:
+            return 0
+        stats = [p.stat() for p in paths]
+        stamp = tuple((str(p), st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats, strict=True))
+        state = self._files.setdefault(root / _WHOLE, _FileState())
+        if stamp == state.stamp:
+            return 0
+        try:
+            df = read_ops([str(p) for p in paths])
+        except (SchemaError, ValueError, OSError) as exc:
+            # A trace still being written, or a bad file: say which, keep what was accepted,
+            # try again at the next poll.
+            logger.warning("agent: cannot read %s yet: %s", root, exc)
+            return 0
+        state.stamp = stamp
+        df = df.assign(_file=_WHOLE)
+        if len(self._ops) and "_file" in self._ops.columns:
+            self._ops = self._ops[self._ops["_file"] != _WHOLE]
+        self.stats.raw_bytes += sum(st.st_size for st in stats)
+        self._buffer.append(df)
+        return len(df)
 
     # -------------------------------------------------------------- summarizing
     def queue_ready(self, flush: bool = False) -> int | None:
