@@ -142,6 +142,18 @@ def _class_stats(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     d = pd.Series(dur)
     med = d.groupby(key).transform("median").to_numpy()
     mad = (d - med).abs().groupby(key).transform("median").to_numpy()
+    if "pp" not in o.columns:
+        # A send's duration is its transfer (it does not wait for a stage's compute), so the
+        # same send of the other ranks is a fair reference, and the only one that stays clean
+        # when a NIC or link is slow from the first iterations on (the rank's own history is
+        # then slow throughout). The lower of the two references wins.
+        send = (op_s == "send").to_numpy()
+        ckey = _combine(p2p.astype(np.int64), cls)
+        cmed = d.groupby(ckey).transform("median").to_numpy()
+        cmad = (d - cmed).abs().groupby(ckey).transform("median").to_numpy()
+        use = send & (cmed < med)
+        med = np.where(use, cmed, med)
+        mad = np.where(use, cmad, mad)
     order = np.lexsort((start, rank))
     end = start + (dur * 1e3).astype(np.int64)
     gap = np.zeros(len(o))

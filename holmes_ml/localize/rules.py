@@ -140,6 +140,9 @@ def localize_records(
                                                      DeviceKind.SWITCH))
     total += rank_total if any(c.kind in (DeviceKind.GPU, DeviceKind.HOST) for c in cands) else 0.0
     cands.sort(key=lambda c: (-c.score, -_SPECIFICITY[c.kind.value], c.device))
+    # Two late ranks on one host both read as that host: the host is listed once.
+    seen: set[str] = set()
+    cands = [c for c in cands if not (c.device in seen or seen.add(c.device))]
     out = []
     # Devices with identical evidence (e.g. every NIC of one slow ring) are indistinguishable;
     # the share test applies to the tied set as a whole.
@@ -302,9 +305,9 @@ def _rank_candidates(
     coords = _coords_table(topology)
     # GPU vs host: a host stall is one long pause, i.e. the rank's lateness in an iteration
     # comes almost entirely from a single event; a slow GPU spreads it over many operators.
-    ev_max = strag.groupby(["iteration", "rank"])["weight"].max()
-    ev_sum = strag.groupby(["iteration", "rank"])["weight"].sum()
-    conc = (ev_max / ev_sum).groupby(level="rank").median()
+    # One pause is seen by every partner waiting for the rank at once (its TP peers, the
+    # receiver of its next send): events whose waits overlap in time are one pause.
+    conc = _pause_concentration(strag)
     # Candidates are built for the heaviest ranks only; the rest still count in ``total``.
     # A candidate must explain, in the iterations where it shows up, a visible share of the
     # iteration time (a one-iteration spike counts against one iteration, not the window).
@@ -332,6 +335,22 @@ def _rank_candidates(
             (fabric.host(rank),), float(row["sum"]), coords.get(rank), evidence,
         ))
     return cands, [], total
+
+
+def _pause_concentration(strag: pd.DataFrame) -> pd.Series:
+    """Per rank, the median over iterations of (longest pause / total lateness), where straggler
+    events of one rank whose waiting intervals ``[t, t + weight]`` overlap count once (the
+    longest of them)."""
+    s = strag[["iteration", "rank", "t", "weight"]].astype({"t": np.int64}).sort_values(
+        ["iteration", "rank", "t"])
+    s = s.assign(end=s["t"] + (s["weight"] * 1e3).astype(np.int64))
+    by = [s["iteration"], s["rank"]]
+    prev_end = s.groupby(by)["end"].cummax().groupby(by).shift()
+    new = (prev_end.isna() | (s["t"] > prev_end)).to_numpy()
+    s = s.assign(pause=np.cumsum(new))
+    pause = s.groupby(["iteration", "rank", "pause"])["weight"].max()
+    per = pause.groupby(level=["iteration", "rank"])
+    return (per.max() / per.sum()).groupby(level="rank").median()
 
 
 def _coords_table(topology: Topology) -> dict[int, dict[str, int]]:
