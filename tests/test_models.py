@@ -106,3 +106,32 @@ def test_best_f1_threshold_separates():
     s = np.array([0.1, 0.2, 0.3, 0.7, 0.8])
     t = best_f1_threshold(y, s)
     assert 0.3 < t < 0.7
+
+
+@pytest.mark.parametrize("cls", [LightGBMDetector, RandomForestDetector])
+def test_ignore_features_hides_named_columns(cls):
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    X = pd.DataFrame(rng.normal(size=(600, 4)), columns=["a", "b", "c", "d"])
+    y = (X["a"] > 0).to_numpy()
+    kw = {"n_estimators": 20, "random_state": 0}
+    seen = cls(**kw).fit(X, y)
+    blind = cls(ignore_features=("a",), **kw).fit(X, y)
+    assert seen.n_features_in_ == blind.n_features_in_ == 4
+    assert blind.used_features_.tolist() == [1, 2, 3]
+    Xt = pd.DataFrame(rng.normal(size=(400, 4)), columns=["a", "b", "c", "d"])
+    yt = (Xt["a"] > 0).to_numpy()
+    assert (seen.predict(Xt) == yt).mean() > 0.9
+    assert (blind.predict(Xt) == yt).mean() < 0.7  # chance level without column a
+
+
+def test_grouped_threshold_and_groups_length_checked():
+    X, y = make_classification(400, n_features=6, random_state=0)
+    groups = np.arange(400) % 6
+    det = LightGBMDetector(n_estimators=20, threshold="auto", random_state=0)
+    det.fit(X, y, groups=groups)
+    assert 0.0 <= det.threshold_ <= 1.0
+    assert f1_score(y, det.predict(X)) > 0.8
+    with pytest.raises(ValueError, match="groups"):
+        LightGBMDetector(n_estimators=5, threshold="auto").fit(X, y, groups=groups[:-1])

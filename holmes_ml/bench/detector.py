@@ -26,12 +26,18 @@ def _methods(quick: bool) -> dict:
         ThreeSigmaDetector,
         TunedDetector,
     )
-    from holmes_ml.models.training import default_estimator
+    from holmes_ml.models.training import (
+        SCALE_DEPENDENT,
+        default_estimator,
+        scale_free_estimator,
+    )
 
     return {
-        "lgbm": default_estimator(0),
+        "lgbm": default_estimator(0),  # the shipped default model's configuration
+        "lgbm-scale-free": scale_free_estimator(0),
         "rf": RandomForestDetector(n_estimators=40 if quick else 100, max_depth=16,
                                    min_samples_leaf=3, threshold="auto", random_state=0,
+                                   ignore_features=SCALE_DEPENDENT, class_weight=None,
                                    n_jobs=2),
         "tuned-lgbm": TunedDetector("lgbm", n_trials=3 if quick else 20,
                                     max_tune_samples=30_000, random_state=0),
@@ -65,7 +71,7 @@ def run(quick: bool = False) -> BenchResult:
 
     scales = (64, 128, 256, 512, 1024) if quick else (64, 256, 1024, 4096, 8192)
     t0 = time.perf_counter()
-    X, y, _ = make_dataset(scenarios("quick" if quick else "default", seed=0))
+    X, y, run = make_dataset(scenarios("quick" if quick else "default", seed=0))
     cfgs = _heldout(scales, seed=500, iterations=16 if quick else 24)
     Xh, yh, gh = make_dataset(cfgs, max_normal_per_run=None)
     # KNN prediction is costly on millions of rows: every method is scored on the same uniform
@@ -86,6 +92,8 @@ def run(quick: bool = False) -> BenchResult:
         t = time.perf_counter()
         if name in ("knn", "svm"):
             det.fit(X.iloc[small], y[small])
+        elif name.startswith("lgbm"):  # threshold from out-of-fold scores of held-out runs
+            det.fit(X, y, groups=run)
         else:
             det.fit(X, y)
         fit_s[name] = time.perf_counter() - t
@@ -101,7 +109,7 @@ def run(quick: bool = False) -> BenchResult:
     figures["seconds"] = time.perf_counter() - t0
     best_baseline = max(r["all"] for r in rows if r["method"] in ("3sigma", "knn", "svm",
                                                                    "iforest"))
-    figures["margin_over_best_baseline"] = max(figures["f1_lgbm"], figures["f1_rf"],
+    figures["margin_over_best_baseline"] = max(figures["f1_lgbm"], figures["f1_lgbm-scale-free"], figures["f1_rf"],
                                                figures["f1_tuned-lgbm"]) - best_baseline
     return BenchResult(
         name="detector",
@@ -110,6 +118,6 @@ def run(quick: bool = False) -> BenchResult:
                 "train_abnormal": int(y.sum()), "heldout_rows": int(len(yh)),
                 "heldout_abnormal": int(yh.sum()), "heldout_sampled_rows": eval_rows},
         details={"fit_seconds": fit_s},
-        goals={"f1_lgbm": ">= 0.95", "f1_rf": ">= 0.95", "f1_tuned-lgbm": ">= 0.95"},
+        goals={"f1_lgbm": ">= 0.95", "f1_lgbm-scale-free": ">= 0.95", "f1_rf": ">= 0.95", "f1_tuned-lgbm": ">= 0.95"},
         tables={"op-level F1 by scale (held-out)": rows},
     )
