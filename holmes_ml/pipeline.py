@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features import detect_irregular
+from holmes_ml.features import IrregularityConfig, detect_irregular
 from holmes_ml.io.schema import REQUIRED_COLUMNS
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import localize_records
@@ -337,11 +337,11 @@ def localize_summaries(
     cfg = config or LocalizeConfig()
     s = _merge(list(summaries))
     topo = topology if topology is not None else topology_from_summary(s)
-    irr = _irregular(s.iterations)
+    irr = _irregular(s.iterations, cfg.delta)
     return localize_records(s.abnormal, s.groups, s.iterations, topo, cfg, irr)
 
 
-def _irregular(iterations: pd.DataFrame) -> tuple[int, ...]:
+def _irregular(iterations: pd.DataFrame, delta: float = 1.1) -> tuple[int, ...]:
     if len(iterations) == 0:
         return ()
     span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),
@@ -349,7 +349,7 @@ def _irregular(iterations: pd.DataFrame) -> tuple[int, ...]:
     table = pd.DataFrame({"duration_s": (span["end_ns"] - span["start_ns"]) / 1e9},
                          index=span.index)
     table.index.name = "iteration"
-    out = detect_irregular(table)
+    out = detect_irregular(table, IrregularityConfig(delta=delta))
     return tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
 
 

@@ -28,6 +28,11 @@ def register(app: typer.Typer) -> None:
             help="auto|native|kineto|flight-recorder|nccl-inspector|bytedance",
         ),
         top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),
+        delta: float = typer.Option(
+            1.1, "--delta", min=1.0001,
+            help="Irregularity factor: an iteration this many times longer than its robust "
+            "reference is analysed (below ~1.04 jitter swamps the signal).",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this dir."),
         topology: Path | None = typer.Option(
@@ -39,7 +44,7 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.localize import LocalizeConfig
         from holmes_ml.topology import Topology
 
-        cfg = replace(LocalizeConfig(), top_k=top_k)
+        cfg = replace(LocalizeConfig(), top_k=top_k, delta=delta)
         mdl: object = None
         if model is not None:
             if str(model) == "rule":

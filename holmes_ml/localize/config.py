@@ -48,6 +48,10 @@ class LocalizeConfig:
     with_rule:
         With an ML detector, also count as abnormal the copies the "3σ + rule" baseline flags
         (union). Off: the detector alone decides.
+    delta:
+        An iteration is irregular when it takes ``delta`` x its robust reference (the median of
+        earlier regular iterations). Holmes finds that below about 1.04 normal jitter swamps
+        the signal.
     """
 
     window: int = 50
@@ -64,6 +68,7 @@ class LocalizeConfig:
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
     with_rule: bool = True
+    delta: float = 1.1
 
     def __post_init__(self) -> None:
         for name in ("window", "top_k", "min_evidence", "workload_min_iterations"):
@@ -83,6 +88,8 @@ class LocalizeConfig:
                 f"LocalizeConfig.score_threshold: got {self.score_threshold!r}; expected None or "
                 "a score in [0, 1]"
             )
+        if not self.delta > 1.0:
+            raise ValueError(f"LocalizeConfig.delta: got {self.delta!r}; expected a factor > 1")
         if self.min_wait_us < 0 or self.rel_excess < 0:
             raise ValueError(
                 "LocalizeConfig.min_wait_us / rel_excess: got "
