@@ -38,6 +38,35 @@ def device_kind(device: str) -> str:
     return kind
 
 
+def route(
+    a: int, b: int, end_a: tuple[str, str, str], end_b: tuple[str, str, str], spines: int
+) -> tuple[str, ...]:
+    """Devices a flow between ranks ``a`` and ``b`` crosses, given each end's
+    ``(host, nic id, leaf switch id)``: the one routing rule every caller shares.
+
+    Same host: NVLink only, so no network device. No spines: NIC to NIC. Same leaf (same pod
+    and rail): NIC, leaf, NIC. Otherwise up through a spine chosen by a deterministic ECMP hash
+    of the pair.
+    """
+    (ha, na, la), (hb, nb, lb) = end_a, end_b
+    if ha == hb:
+        return ()
+    if spines <= 0:
+        return (na, nb)
+    if la == lb:
+        return (na, la, nb)
+    spine = f"spine-{zlib.crc32(f'{min(a, b)}-{max(a, b)}'.encode()) % spines}"
+    return (
+        na,
+        la,
+        f"link:{la.split(':', 1)[1]}~{spine}",
+        f"switch:{spine}",
+        f"link:{lb.split(':', 1)[1]}~{spine}",
+        lb,
+        nb,
+    )
+
+
 @dataclass(frozen=True)
 class Group:
     """A communicator: its unique name, kind (tp/dp/pp/ep/cp/...) and member ranks in order."""
@@ -142,27 +171,9 @@ class Topology:
         Same host: NVLink only, so no network device. Same leaf (same pod and rail): NIC, leaf,
         NIC. Otherwise up through a spine chosen by a deterministic ECMP hash of the pair.
         """
-        ha, hb = self.host_of(a), self.host_of(b)
-        if ha == hb:
-            return ()
-        na, nb = self.nic_of(a), self.nic_of(b)
-        if self.spines <= 0:
-            return (na, nb)
-        la, lb = self.leaf_of(a), self.leaf_of(b)
-        assert la is not None and lb is not None
-        if la == lb:
-            return (na, la, nb)
-        s = zlib.crc32(f"{min(a, b)}-{max(a, b)}".encode()) % self.spines
-        spine = f"spine-{s}"
-        return (
-            na,
-            la,
-            f"link:{la.split(':', 1)[1]}~{spine}",
-            f"switch:{spine}",
-            f"link:{lb.split(':', 1)[1]}~{spine}",
-            lb,
-            nb,
-        )
+        la, lb = (self.leaf_of(a), self.leaf_of(b)) if self.spines > 0 else ("", "")
+        return route(a, b, (self.host_of(a), self.nic_of(a), la or ""),
+                     (self.host_of(b), self.nic_of(b), lb or ""), self.spines)
 
     def collective_devices(self, ranks: Sequence[int]) -> set[str]:
         """Network devices crossed by a ring over ``ranks`` (the algorithm NCCL uses for large

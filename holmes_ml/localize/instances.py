@@ -13,7 +13,6 @@ lookups, because the topology's pandas row access is far too slow for thousands 
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.io.schema import P2P_OPS
-from holmes_ml.topology import Topology, kind_from_group_name
+from holmes_ml.topology import Topology, kind_from_group_name, route
 
 
 class Fabric:
@@ -51,26 +50,10 @@ class Fabric:
         return f"switch:leaf-p{self._pod[int(rank)]}-r{self._gpu[int(rank)]}"
 
     def path(self, a: int, b: int) -> tuple[str, ...]:
-        """Same devices, same order as :meth:`Topology.path`."""
-        if self._host[a] == self._host[b]:
-            return ()
-        na, nb = self.nic(a), self.nic(b)
-        if self.topology.spines <= 0:
-            return (na, nb)
-        la, lb = self.leaf(a), self.leaf(b)
-        if la == lb:
-            return (na, la, nb)
-        s = zlib.crc32(f"{min(a, b)}-{max(a, b)}".encode()) % self.topology.spines
-        spine = f"spine-{s}"
-        return (
-            na,
-            la,
-            f"link:{la.split(':', 1)[1]}~{spine}",
-            f"switch:{spine}",
-            f"link:{lb.split(':', 1)[1]}~{spine}",
-            lb,
-            nb,
-        )
+        """Same devices, same order as :meth:`Topology.path` (shares :func:`route`), with
+        array lookups instead of table rows."""
+        return route(a, b, (self._host[a], self.nic(a), self.leaf(a)),
+                     (self._host[b], self.nic(b), self.leaf(b)), self.topology.spines)
 
     def devices(self, members: Sequence[int]) -> frozenset[str]:
         """Network devices a ring over ``members`` crosses (cached per member tuple)."""

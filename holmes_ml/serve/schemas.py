@@ -105,8 +105,8 @@ class IterationTable(_Columnar):
     n_ops: list[NonNegInt]
 
 
-class AbnormalOpTable(_Columnar):
-    """Operators the agent's detector flagged, canonical columns plus ``score``."""
+class _CanonicalColumns(_Columnar):
+    """The required CommOps columns (:data:`holmes_ml.io.schema.REQUIRED_COLUMNS`)."""
 
     iteration: list[NonNegInt]
     rank: list[Rank]
@@ -116,6 +116,11 @@ class AbnormalOpTable(_Columnar):
     nbytes: list[NonNegInt]
     start_ns: list[NonNegInt]
     duration_us: list[Duration]
+
+
+class AbnormalOpTable(_CanonicalColumns):
+    """Operators the agent's detector flagged, canonical columns plus ``score``."""
+
     score: list[Score]
     peer: list[Peer] | None = None
     host: list[Text] | None = None
@@ -140,17 +145,9 @@ class AgentBatch(_Strict):
     abnormal: AbnormalOpTable | None = None
 
 
-class RawColumns(_Columnar):
+class RawColumns(_CanonicalColumns):
     """Raw CommOps records (the canonical schema of :mod:`holmes_ml.io.schema`)."""
 
-    iteration: list[NonNegInt]
-    rank: list[Rank]
-    op: list[OpName]
-    group: list[Text]
-    seq: list[NonNegInt]
-    nbytes: list[NonNegInt]
-    start_ns: list[NonNegInt]
-    duration_us: list[Duration]
     group_ranks: list[Annotated[str, Field(max_length=1_000_000)]] | None = None
     peer: list[Peer] | None = None
     host: list[Text] | None = None
