@@ -66,6 +66,29 @@ def test_directory_of_mixed_per_rank_files(tmp_path):
     assert sorted(out["rank"].unique()) == list(range(8))
 
 
+def test_tar_archive_of_per_rank_files(tmp_path):
+    import tarfile
+
+    df = _ops(n_ranks=8)
+    d = _write_per_rank(df, tmp_path / "d")
+    arc = tmp_path / "logs.tar.gz"
+    with tarfile.open(arc, "w:gz") as tf:
+        tf.add(d, arcname="job/logs")
+    out = read_ops(arc)
+    pd.testing.assert_frame_equal(
+        out.sort_values(["rank", "seq"]).reset_index(drop=True),
+        read_ops(d).sort_values(["rank", "seq"]).reset_index(drop=True),
+    )
+
+
+def test_broken_archive_names_file(tmp_path):
+    arc = tmp_path / "logs.tar.gz"
+    arc.write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(SchemaError, match="logs.tar.gz.*cannot unpack archive|"
+                       "cannot unpack archive.*logs.tar.gz"):
+        read_ops(arc)
+
+
 def test_unknown_format_argument(tmp_path):
     d = _write_per_rank(_ops(), tmp_path / "d", kinds=("csv",))
     with pytest.raises(SchemaError, match="format"):

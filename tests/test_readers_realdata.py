@@ -66,6 +66,17 @@ def test_dlrm_eight_ranks_aligned(dlrm_dir):
     assert len(Topology.from_ops(ops).groups) == 1
 
 
+def test_dlrm_archive_reads_like_its_directory(dlrm_dir):
+    """``read_ops`` opens the tar.gz as shipped; same table as the extracted directory."""
+    from_tar = read_ops(REAL / "kineto-param-dlrm-8rank" / "dlrm_kineto.tar.gz")
+    from_dir = read_ops(dlrm_dir)
+    key = ["rank", "group", "seq", "op"]
+    pd.testing.assert_frame_equal(
+        from_tar.sort_values(key).reset_index(drop=True),
+        from_dir.sort_values(key).reset_index(drop=True),
+    )
+
+
 def test_hta_2024_trace_groups_and_sizes():
     f = REAL / "kineto-hta" / "nccl_parser_config__nccl_data.json.gz"
     ops = read_ops(f)

@@ -2,14 +2,16 @@
 
 Native files are CSV (plain or ``.gz``), Parquet and JSON Lines (plain or ``.gz``) already in
 the canonical schema. A directory means "all files inside" (per-rank files, mixed gz/plain);
-all files of one call must share a format.
+all files of one call must share a format. A tar archive (``.tar.gz`` ...) reads like the
+directory it holds.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -95,13 +97,40 @@ def read_native(path: str | Path) -> pd.DataFrame:
                           expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
 
 
-def _expand(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+#: Archive names :func:`read_ops` unpacks (into a temporary directory) before reading.
+ARCHIVE_SUFFIXES: tuple[str, ...] = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    """Extract a tar archive with the ``data`` filter (no absolute paths, links out, devices)."""
+    import tarfile
+
+    try:
+        with tarfile.open(archive) as tf:
+            tf.extractall(into, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise SchemaError(f"cannot unpack archive: {exc}", source=str(archive),
+                          expected="a readable tar archive of trace files") from exc
+    return into
+
+
+def _expand(
+    paths: str | Path | Sequence[str | Path], scratch: Callable[[], Path] | None = None
+) -> list[Path]:
     if isinstance(paths, (str, Path)):
         paths = [paths]
     out: list[Path] = []
     for item in paths:
         p = Path(item)
-        if p.is_dir():
+        if p.is_file() and p.name.lower().endswith(ARCHIVE_SUFFIXES) and scratch is not None:
+            root = _unpack(p, scratch())
+            files = sorted(f for f in root.rglob("*") if f.is_file()
+                           and not f.name.startswith(".")
+                           and not f.name.lower().endswith(_SKIP_SUFFIXES))
+            if not files:
+                raise SchemaError("empty archive", source=str(p), expected="trace files")
+            out.extend(files)
+        elif p.is_dir():
             files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
                            and not f.name.lower().endswith(_SKIP_SUFFIXES)
                            and not f.name.startswith(("result-", "meta-")))
@@ -127,7 +156,8 @@ def read_ops(
     Parameters
     ----------
     paths:
-        A file, a directory (all files inside: per-rank files) or a list of them.
+        A file, a directory (all files inside: per-rank files), a tar archive of such files
+        (``.tar``, ``.tar.gz``, ``.tgz``, ...; unpacked to a temporary directory) or a list of them.
     format:
         ``"auto"`` (detect per file; all must agree) or one of :data:`FORMATS`.
     trust_pickle:
@@ -149,7 +179,13 @@ def read_ops(
     --------
     >>> ops = read_ops("logs/", format="auto")  # doctest: +SKIP
     """
-    files = _expand(paths)
+    with tempfile.TemporaryDirectory(prefix="holmes-read-") as tmp:
+        counter = iter(range(1 << 30))
+        files = _expand(paths, lambda: Path(tmp) / f"archive-{next(counter)}")
+        return _read_files(files, format, trust_pickle)
+
+
+def _read_files(files: list[Path], format: str, trust_pickle: bool) -> pd.DataFrame:
     if format != "auto" and format not in FORMATS:
         raise SchemaError("unknown format", column="format", value=format,
                           expected="auto or one of " + ", ".join(FORMATS))
