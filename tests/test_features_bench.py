@@ -30,3 +30,23 @@ def test_run_quick_reports_throughput_and_memory():
     for key in ("ops_per_s", "ops_per_cpu_s", "ops_per_s_first_call", "features_peak_mb"):
         assert np.isfinite(figures[key]) and figures[key] > 0, key
     assert result.config["n_features"] > 20
+    if "ops_per_s_with_inference" in figures:  # a default model is shipped
+        for key in ("ops_per_cpu_s_with_inference", "inference_ops_per_cpu_s"):
+            assert np.isfinite(figures[key]) and figures[key] > 0, key
+        # features + inference cannot be faster than inference alone
+        assert figures["ops_per_cpu_s_with_inference"] <= figures["inference_ops_per_cpu_s"]
+
+
+def test_cli_refuses_a_model_file_that_is_not_an_envelope(tmp_path):
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    bad = tmp_path / "not-a-model.holmes"
+    bad.write_bytes(b"garbage")
+    result = CliRunner().invoke(app, ["bench", "features", "--quick", "--model", str(bad),
+                                      "--out", str(tmp_path / "out")],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code != 0
+    assert "not-a-model.holmes" in result.output, result.output
+    assert not (tmp_path / "out").exists()

@@ -135,3 +135,61 @@ def test_grouped_threshold_and_groups_length_checked():
     assert f1_score(y, det.predict(X)) > 0.8
     with pytest.raises(ValueError, match="groups"):
         LightGBMDetector(n_estimators=5, threshold="auto").fit(X, y, groups=groups[:-1])
+
+
+def test_lightgbm_fast_scores_match_the_wrapper_on_float32_and_float64():
+    import pandas as pd
+
+    X, y = make_classification(500, n_features=6, random_state=1)
+    cols = [f"f{i}" for i in range(6)]
+    det = LightGBMDetector(n_estimators=20, ignore_features=("f5",), random_state=0)
+    det.fit(pd.DataFrame(X, columns=cols), y)
+    X32 = pd.DataFrame(X.astype(np.float32), columns=cols)
+    ref = det.estimator_.predict_proba(X32.to_numpy(np.float64)[:, det.used_features_])[:, 1]
+    s32 = det.decision_function(X32)
+    assert s32.dtype == np.float64
+    np.testing.assert_allclose(s32, ref, rtol=0, atol=1e-12)
+    s64 = det.decision_function(pd.DataFrame(X.astype(np.float32).astype(np.float64),
+                                             columns=cols))
+    np.testing.assert_array_equal(s32, s64)
+    np.testing.assert_array_equal(det.predict_proba(X32)[:, 1], s32)
+
+
+def test_small_estimator_is_shallow_and_scale_free():
+    from holmes_ml.models.training import SCALE_DEPENDENT, small_estimator
+
+    det = small_estimator(0)
+    assert det.max_depth == 3 and det.n_estimators <= 40
+    assert set(det.ignore_features) == set(SCALE_DEPENDENT)
+    X, y = make_classification(600, n_features=5, random_state=2)
+    det.set_params(ignore_features=None, threshold=0.5).fit(X, y)
+    trees = det.estimator_.booster_.dump_model()["tree_info"]
+    assert len(trees) == det.n_estimators
+    assert max(t["num_leaves"] for t in trees) <= 8
+    assert f1_score(y, det.predict(X)) > 0.8
+
+
+def test_small_lightgbm_compiled_scores_equal_the_booster():
+    import pandas as pd
+
+    rng = np.random.default_rng(4)
+    X = pd.DataFrame(rng.normal(size=(3000, 5)).astype(np.float32), columns=list("abcde"))
+    y = (X["a"] + 0.5 * X["b"] ** 2 + 0.3 * rng.normal(size=3000) > 0.6).to_numpy()
+    small = LightGBMDetector(n_estimators=25, num_leaves=7, max_depth=3, ignore_features=("e",),
+                             random_state=0).fit(X, y)
+    big = LightGBMDetector(n_estimators=60, num_leaves=31, random_state=0).fit(X, y)
+    assert small.compiled_ is not None and big.compiled_ is None  # big: booster is faster
+    Xt = pd.DataFrame(rng.normal(size=(70_000, 5)).astype(np.float32), columns=list("abcde"))
+    want = small.estimator_.booster_.predict(
+        Xt.to_numpy(np.float64)[:, small.used_features_], num_threads=1)
+    np.testing.assert_allclose(small.decision_function(Xt), want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(small.decision_function(Xt.astype(np.float64)), want,
+                               rtol=0, atol=1e-12)
+    # values exactly on a split threshold go left, as in LightGBM
+    tree = small.compiled_.trees[0]
+    edge = Xt.iloc[:2].copy()
+    edge.iloc[:, tree[0]] = np.float32(tree[2])
+    np.testing.assert_allclose(
+        small.decision_function(edge),
+        small.estimator_.booster_.predict(edge.to_numpy(np.float64)[:, small.used_features_]),
+        rtol=0, atol=1e-12)

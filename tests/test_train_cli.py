@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
@@ -9,14 +10,15 @@ from holmes_ml.models import load_model, read_header
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
 
-def test_train_on_labelled_logs_then_load(tmp_path):
+@pytest.mark.parametrize("estimator", ["rf", "lgbm-small"])
+def test_train_on_labelled_logs_then_load(tmp_path, estimator):
     cfg = SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=14, seed=11,
                     faults=(FaultSpec.parse("gpu_slow:rank=3,severity=0.8,start=5"),))
     res = simulate(cfg)
     res.write(tmp_path / "sim")
     out = tmp_path / "m.holmes"
     result = CliRunner().invoke(app, ["train", str(tmp_path / "sim" / "ops.parquet"),
-                                      "--estimator", "rf", "--out", str(out)])
+                                      "--estimator", estimator, "--out", str(out)])
     assert result.exit_code == 0, result.output
     header = read_header(out)
     assert header["metrics"]["train_rows"] > 0
@@ -36,3 +38,10 @@ def test_train_refuses_unlabelled_logs(tmp_path):
     result = CliRunner().invoke(app, ["train", str(path), "--out", str(tmp_path / "m.holmes")])
     assert result.exit_code != 0
     assert "abnormal" in result.output
+
+
+def test_train_unknown_estimator_lists_choices(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--estimator", "xgb", "--out",
+                                      str(tmp_path / "m.holmes")])
+    assert result.exit_code != 0
+    assert "'xgb'" in result.output and "lgbm-small" in result.output

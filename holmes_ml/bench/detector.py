@@ -10,7 +10,7 @@ import logging
 import time
 
 import numpy as np
-from sklearn.metrics import f1_score
+from sklearn.metrics import f1_score, precision_score
 
 from holmes_ml.bench.record import BenchResult
 
@@ -30,11 +30,13 @@ def _methods(quick: bool) -> dict:
         SCALE_DEPENDENT,
         default_estimator,
         scale_free_estimator,
+        small_estimator,
     )
 
     return {
         "lgbm": default_estimator(0),  # the shipped default model's configuration
         "lgbm-scale-free": scale_free_estimator(0),
+        "lgbm-small": small_estimator(0),  # scale-free, 30 depth-3 trees (throughput)
         "rf": RandomForestDetector(n_estimators=40 if quick else 100, max_depth=16,
                                    min_samples_leaf=3, threshold="auto", random_state=0,
                                    ignore_features=SCALE_DEPENDENT, class_weight=None,
@@ -103,14 +105,16 @@ def run(quick: bool = False) -> BenchResult:
             m = scale_of == s
             row[str(s)] = round(float(f1_score(yh[m], pred[m], zero_division=0.0)), 4)
         row["all"] = round(float(f1_score(yh, pred, zero_division=0.0)), 4)
+        row["precision"] = round(float(precision_score(yh, pred, zero_division=0.0)), 4)
         rows.append(row)
         logger.info("%s: %s", name, row)
     figures = {f"f1_{r['method']}": r["all"] for r in rows}
     figures["seconds"] = time.perf_counter() - t0
     best_baseline = max(r["all"] for r in rows if r["method"] in ("3sigma", "knn", "svm",
                                                                    "iforest"))
-    figures["margin_over_best_baseline"] = max(figures["f1_lgbm"], figures["f1_lgbm-scale-free"], figures["f1_rf"],
-                                               figures["f1_tuned-lgbm"]) - best_baseline
+    supervised = ("lgbm", "lgbm-scale-free", "lgbm-small", "rf", "tuned-lgbm")
+    figures["margin_over_best_baseline"] = (
+        max(figures[f"f1_{m}"] for m in supervised) - best_baseline)
     return BenchResult(
         name="detector",
         figures=figures,
@@ -118,6 +122,6 @@ def run(quick: bool = False) -> BenchResult:
                 "train_abnormal": int(y.sum()), "heldout_rows": int(len(yh)),
                 "heldout_abnormal": int(yh.sum()), "heldout_sampled_rows": eval_rows},
         details={"fit_seconds": fit_s},
-        goals={"f1_lgbm": ">= 0.95", "f1_lgbm-scale-free": ">= 0.95", "f1_rf": ">= 0.95", "f1_tuned-lgbm": ">= 0.95"},
+        goals={f"f1_{m}": ">= 0.95" for m in supervised},
         tables={"op-level F1 by scale (held-out)": rows},
     )

@@ -16,7 +16,7 @@ from holmes_ml.bench.record import write_result
 
 
 def _run_one(
-    name: str, quick: bool, out: Path, console: Console, localizers: dict
+    name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None
 ) -> str:
     module, _, func = BENCHMARKS[name].partition(":")
     run = getattr(importlib.import_module(module), func)
@@ -26,6 +26,8 @@ def _run_one(
         kwargs["out_dir"] = out
     if localizers and "localizers" in params:
         kwargs["localizers"] = localizers
+    if model is not None and "model" in params:
+        kwargs["model"] = model
     result = run(**kwargs)
     path = write_result(result, out)
     table = Table(title=f"holmes bench {name}" + (" --quick" if quick else ""))
@@ -58,6 +60,11 @@ def register(app: typer.Typer) -> None:
             help="Your own localizer, as module:callable, benchmarked beside the built-in ones on "
             "the same scenarios (see holmes_ml/bench/plugins.py for the interface). Repeatable.",
         ),
+        model: Path = typer.Option(
+            None, "--model", exists=True, dir_okay=False,
+            help="A model envelope (holmes train --out) to time instead of the bundled default "
+            "(benchmarks that score operators: features).",
+        ),
     ) -> None:
         """Measure speed, memory or accuracy.
 
@@ -72,6 +79,14 @@ def register(app: typer.Typer) -> None:
             plugins = {spec: load_localizer(spec) for spec in localizer}
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--localizer") from exc
+        detector = None
+        if model is not None:
+            from holmes_ml.models import ModelFileError, load_model
+
+            try:
+                detector = load_model(model)
+            except ModelFileError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--model") from exc
         names = list(BENCHMARKS) if name == "all" else [name]
         unknown = [n for n in names if n not in BENCHMARKS]
         if unknown:
@@ -79,7 +94,7 @@ def register(app: typer.Typer) -> None:
                 f"unknown benchmark {unknown[0]!r}; expected one of {', '.join(BENCHMARKS)} or 'all'",
                 param_hint="NAME",
             )
-        reports = [_run_one(n, quick, out, console, plugins) for n in names]
+        reports = [_run_one(n, quick, out, console, plugins, detector) for n in names]
         if name == "all":
             index = out / "index.md"
             index.write_text(

@@ -187,7 +187,9 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
 
     def _validate(self, X) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        # float32 stays float32: build_features returns float32, and a float64 copy of a
+        # million-row matrix costs as much as a small forest's prediction.
+        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
         used = getattr(self, "used_features_", None)
         return X if used is None else X[:, used]
 
@@ -360,6 +362,34 @@ class LightGBMDetector(_SupervisedDetector):
             force_row_wise=True,
             verbose=-1,
         )
+
+    def fit(self, X, y, groups=None):
+        """As :meth:`RandomForestDetector.fit`; small models are also compiled for fast scoring
+        (``compiled_``, see :mod:`holmes_ml.models._compiled`)."""
+        super().fit(X, y, groups=groups)
+        from holmes_ml.models._compiled import CompiledTrees
+
+        self.compiled_ = CompiledTrees.from_booster(self.estimator_.booster_)
+        return self
+
+    def decision_function(self, X) -> np.ndarray:
+        """Abnormality score in [0, 1] of every row (higher = more abnormal).
+
+        The same scores as ``predict_proba``, computed column-wise with numpy for small models
+        (``compiled_``), else by the booster directly: the scikit-learn wrapper re-validates
+        the input and builds a two-column array the detector would throw away, and LightGBM's
+        default thread pool costs more than it gains on a shared small machine (``n_jobs=None``
+        means one thread, as when fitting).
+        """
+        X = self._validate(X)
+        compiled = getattr(self, "compiled_", None)  # absent from models saved before it
+        if compiled is not None:
+            return compiled.predict(X)
+        booster = getattr(self.estimator_, "booster_", None)
+        if booster is None:  # pragma: no cover - every fitted LGBMClassifier has one
+            return self.estimator_.predict_proba(X)[:, 1].astype(np.float64)
+        threads = 1 if self.n_jobs is None else int(self.n_jobs)
+        return np.asarray(booster.predict(X, num_threads=threads), dtype=np.float64)
 
 
 class KNNDetector(_SupervisedDetector):

@@ -17,7 +17,7 @@ import pandas as pd
 logger = logging.getLogger(__name__)
 
 __all__ = ["PRESETS", "SCALE_DEPENDENT", "make_dataset", "scale_free_estimator", "scenarios",
-           "train_default"]
+           "small_estimator", "train_default"]
 
 #: Feature columns the shipped detector ignores: absolute microsecond statistics (their values
 #: move with model size, message size and GPU count, so splits learned at one scale misfire at
@@ -130,6 +130,22 @@ def scale_free_estimator(random_state: int = 0) -> Any:
     from holmes_ml.models.detectors import LightGBMDetector
 
     return LightGBMDetector(n_estimators=100, num_leaves=31, learning_rate=0.08,
+                            colsample_bytree=0.8, threshold="auto", class_weight=None,
+                            ignore_features=SCALE_DEPENDENT, random_state=random_state)
+
+
+def small_estimator(random_state: int = 0) -> Any:
+    """The scale-free configuration shrunk for throughput: 30 trees of depth 3.
+
+    Inference cost grows with the number of tree nodes visited per row; 30 depth-3 trees visit
+    90 instead of ~500 for :func:`scale_free_estimator`, and are small enough to be scored
+    column-wise with numpy (:mod:`holmes_ml.models._compiled`). Measured on the quick held-out
+    mix: about 0.005-0.02 F1 below :func:`scale_free_estimator` (``holmes bench detector``, row
+    ``lgbm-small``) for ~8x the scored rows per CPU second.
+    """
+    from holmes_ml.models.detectors import LightGBMDetector
+
+    return LightGBMDetector(n_estimators=30, num_leaves=7, max_depth=3, learning_rate=0.27,
                             colsample_bytree=0.8, threshold="auto", class_weight=None,
                             ignore_features=SCALE_DEPENDENT, random_state=random_state)
 

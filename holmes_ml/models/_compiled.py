@@ -1,0 +1,97 @@
+"""Column-wise evaluation of a small LightGBM binary model with numpy.
+
+LightGBM predicts row by row: for a few shallow trees the per-row overhead dominates and a
+million rows take about a second per core. Evaluated column-wise instead, every split is one
+vectorized comparison of a contiguous feature column with its threshold and every internal node
+one ``np.where`` over the rows, which for ~30 depth-3 trees is several times faster. The scores
+are LightGBM's own (tested to agree with ``Booster.predict``); deeper models keep using the
+booster, for which this would be slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Above this many internal nodes in total, LightGBM's row-wise predict is the faster one.
+MAX_NODES = 400
+_CHUNK = 1 << 16  # rows per pass: the per-node temporaries stay in cache
+
+
+def _evaluate(node: Any, block: np.ndarray, f32: bool, cache: dict) -> Any:
+    """Leaf value of every row of ``block`` under ``node`` (a scalar for a leaf)."""
+    if isinstance(node, float):
+        return node
+    f, thr, t32, left, right = node
+    c = cache.get((f, thr))
+    if c is None:  # the same split recurs across trees: compare once per block
+        c = block[:, f] <= (t32 if f32 else thr)
+        cache[(f, thr)] = c
+    return np.where(c, _evaluate(left, block, f32, cache), _evaluate(right, block, f32, cache))
+
+
+@dataclass(frozen=True)
+class CompiledTrees:
+    """The trees of a binary LightGBM model as nested ``(feature, threshold, left, right)``
+    tuples with float leaf values; ``predict`` returns P(class 1)."""
+
+    trees: tuple[Any, ...]
+    n_features: int
+
+    @classmethod
+    def from_booster(cls, booster: Any) -> CompiledTrees | None:
+        """Compile ``booster``, or ``None`` when it is too large or uses splits this evaluator
+        does not reproduce exactly (categorical splits, missing-value routing, non-binary)."""
+        dump = booster.dump_model()
+        if not str(dump.get("objective", "")).startswith("binary sigmoid:1"):
+            return None
+        if dump.get("num_class", 1) != 1:
+            return None
+        nodes = 0
+
+        def build(node: dict) -> Any:
+            nonlocal nodes
+            if "leaf_value" in node:
+                return float(node["leaf_value"])
+            # Inputs are validated finite, so only plain "<=" splits without NaN routing are
+            # safe to reproduce; anything else falls back to the booster.
+            if node.get("decision_type") != "<=" or node.get("missing_type") not in (None, "None"):
+                raise ValueError("unsupported split")
+            nodes += 1
+            thr = float(node["threshold"])
+            # float32 x <= thr (as doubles)  <=>  x <= the largest float32 not above thr
+            t32 = np.float32(thr)
+            if float(t32) > thr:
+                t32 = np.nextafter(t32, np.float32(-np.inf))
+            return (int(node["split_feature"]), thr, t32,
+                    build(node["left_child"]), build(node["right_child"]))
+
+        try:
+            trees = tuple(build(t["tree_structure"]) for t in dump["tree_info"])
+        except (ValueError, KeyError):
+            return None
+        if nodes > MAX_NODES:
+            return None
+        return cls(trees=trees, n_features=int(dump["max_feature_idx"]) + 1)
+
+    def raw_score(self, X: np.ndarray) -> np.ndarray:
+        """Sum of the trees' leaf values per row (LightGBM's raw score), float64."""
+        n = X.shape[0]
+        out = np.empty(n, dtype=np.float64)
+        f32 = X.dtype == np.float32
+        # Column-major storage makes every column one contiguous slice.
+        Xf = np.asfortranarray(X)
+        for a in range(0, n, _CHUNK):
+            block = Xf[a: a + _CHUNK]
+            cache: dict[tuple[int, float], np.ndarray] = {}
+            acc = np.zeros(len(block), dtype=np.float64)
+            for tree in self.trees:
+                acc += _evaluate(tree, block, f32, cache)
+            out[a: a + len(block)] = acc
+        return out
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """P(class 1) per row: the sigmoid of :meth:`raw_score`."""
+        return 1.0 / (1.0 + np.exp(-self.raw_score(X)))
