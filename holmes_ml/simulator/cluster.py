@@ -13,7 +13,11 @@ family      group name                  members
 ``tp``      ``tp-<i>``                  same (pp, dp, ep, cp), all tp
 ``cp``      ``cp-<i>``                  same (pp, dp, ep, tp), all cp
 ``ep``      ``ep-<i>``                  same (pp, dp, cp, tp), all ep
-``dp``      ``dp-<i>``                  same (pp, ep, cp, tp), all dp (gradient sync)
+``dp``      ``dp-<i>``                  same (pp, ep, cp, tp), all dp (gradient sync);
+                                        with HSDP (``dp_replicate > 1``) only the
+                                        ``dp_shard`` ranks of one replica
+``dpr``     ``dp_replicate-<i>``        HSDP only: same (pp, shard index, ep, cp, tp),
+                                        all replicas (group kind ``dp_replicate``)
 ``ppf``     ``pp-<src>-<dst>``          one *directional* pair per pipeline hop: stage s
                                         sends activations to s+1 (``ppf``) and s+1 sends
 ``ppb``                                 gradients back to s (``ppb``). The sender only
@@ -23,6 +27,9 @@ family      group name                  members
 
 ``i`` numbers the groups of a family in rank order of their first member. Expert-parallel
 simplification: dense and expert gradients are both reduced over the ``dp`` group.
+
+HSDP families live in the stage array viewed as ``(dp_replicate, dp_shard, ep, cp, tp)``
+(:attr:`Family.grid_shape`); the flat order of that view is the flat order of the stage array.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class Family:
     inst_shape: tuple[int, ...]
     members: np.ndarray
     inter: np.ndarray  # bool, inst_shape: the group spans more than one host
+    #: Shape of the stage array this family's ``axis`` refers to; None = ``(dp, ep, cp, tp)``.
+    grid_shape: tuple[int, ...] | None = None
 
 
 class Cluster:
@@ -133,24 +142,33 @@ class Cluster:
 
     def _build_collectives(self) -> None:
         lay = self.layout
-        sizes = {"dp": lay.dp, "ep": lay.ep, "cp": lay.cp, "tp": lay.tp}
+        hsdp = lay.dp_replicate > 1
+        sizes = {"dp": lay.dp_shard, "ep": lay.ep, "cp": lay.cp, "tp": lay.tp,
+                 "dpr": lay.dp_replicate}
+        split = (lay.dp_replicate, lay.dp_shard, lay.ep, lay.cp, lay.tp)
         # Number groups family by family across all stages so names are tp-0..tp-N in rank order.
-        for kind in ("tp", "cp", "ep", "dp"):
-            axis = FAMILY_AXIS[kind]
+        for kind in ("tp", "cp", "ep", "dp", "dpr"):
             if sizes[kind] < 2:
                 continue
+            # HSDP: dp (the shard group) and dpr (the replicas) act on one axis of the split view.
+            grid_shape = split if hsdp and kind in ("dp", "dpr") else None
+            axis = {"dp": 1, "dpr": 0}[kind] if grid_shape else FAMILY_AXIS[kind]
+            group_kind = "dp_replicate" if kind == "dpr" else kind
             for s in range(lay.pp):
                 grid = self.rank_grid[s]
+                if grid_shape is not None:
+                    grid = grid.reshape(grid_shape)
                 moved = np.moveaxis(grid, axis, -1)
                 members = moved.reshape(-1, sizes[kind])
-                gids = self._add_groups(kind, members)
+                gids = self._add_groups(group_kind, members)
                 inst_shape = list(grid.shape)
                 inst_shape[axis] = 1
                 gid_moved = gids.reshape(moved.shape[:-1])
                 gid = np.broadcast_to(np.expand_dims(gid_moved, axis), grid.shape)
                 inter = np.expand_dims(self._inter(members).reshape(moved.shape[:-1]), axis)
                 self.families[(kind, s)] = Family(
-                    kind, axis, np.ascontiguousarray(gid), tuple(inst_shape), members, inter
+                    kind, axis, np.ascontiguousarray(gid), tuple(inst_shape), members, inter,
+                    grid_shape,
                 )
 
     def _build_p2p(self) -> None:

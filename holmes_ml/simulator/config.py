@@ -217,13 +217,23 @@ class Layout:
     dp: int
     pp: int
     microbatches: int
+    #: Replicas of the sharded data-parallel group (HSDP); ``dp = dp_replicate * dp_shard``.
+    dp_replicate: int = 1
 
     @property
     def world(self) -> int:
         return self.tp * self.cp * self.ep * self.dp * self.pp
 
+    @property
+    def dp_shard(self) -> int:
+        """Ranks sharing one copy of the optimizer state (the whole ``dp`` group without HSDP)."""
+        return self.dp // self.dp_replicate
+
     def as_dict(self) -> dict[str, int]:
-        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+        out = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+        if self.dp_replicate > 1:
+            out["dp_replicate"] = self.dp_replicate
+        return out
 
 
 @dataclass(frozen=True)
@@ -239,6 +249,12 @@ class SimConfig:
     tp, pp, dp, ep, cp:
         Parallel sizes; ``None`` picks a sensible default for the model and fills ``dp`` with the
         rest. Rank order is Megatron's ``tp-cp-ep-dp-pp`` (tp fastest, pp slowest).
+    dp_replicate:
+        Hybrid sharded data parallelism (HSDP, the sixth dimension): the ``dp`` ranks split into
+        ``dp_replicate`` replicas of ``dp // dp_replicate`` shard ranks (shard index fastest).
+        Gradients are reduce-scattered and parameters all-gathered inside a shard group
+        (group kind ``dp``) and the gradient shard is all-reduced across the replicas (group
+        kind ``dp_replicate``). 1 (default): one distributed-optimizer group over all of ``dp``.
     iterations:
         Training iterations to simulate.
     microbatches:
@@ -288,6 +304,7 @@ class SimConfig:
     spines: int = 8
     micro_batch_size: int = 1
     job: str = "sim"
+    dp_replicate: int = 1
     _layout: Layout | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -300,7 +317,9 @@ class SimConfig:
             raise ValueError(
                 f"SimConfig.hardware: got {self.hardware!r}; expected one of {', '.join(HARDWARE)}"
             )
-        for name in ("gpus", "iterations", "ep", "cp", "spines", "micro_batch_size"):
+        for name in (
+            "gpus", "iterations", "ep", "cp", "dp_replicate", "spines", "micro_batch_size"
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimConfig.{name}: got {value!r}; expected an integer >= 1")
@@ -388,8 +407,16 @@ class SimConfig:
                 f"SimConfig.cp: got {self.cp}; expected a divisor of the sequence length "
                 f"{spec.seq_len}"
             )
+        if dp % self.dp_replicate:
+            raise ValueError(
+                f"SimConfig.dp_replicate: got {self.dp_replicate}; expected a divisor of "
+                f"dp={dp} (dp = dp_replicate x dp_shard)"
+            )
         micro = self.microbatches or max(pp, 4)
-        return Layout(tp=tp, cp=self.cp, ep=self.ep, dp=dp, pp=pp, microbatches=micro)
+        return Layout(
+            tp=tp, cp=self.cp, ep=self.ep, dp=dp, pp=pp, microbatches=micro,
+            dp_replicate=self.dp_replicate,
+        )
 
     def to_dict(self) -> dict:
         lay = self.layout
@@ -397,6 +424,7 @@ class SimConfig:
             "gpus": self.gpus,
             "model": self.model,
             **lay.as_dict(),
+            "dp_replicate": lay.dp_replicate,
             "microbatches": lay.microbatches,
             "iterations": self.iterations,
             "seed": self.seed,

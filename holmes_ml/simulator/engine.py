@@ -152,8 +152,10 @@ class Engine:
             spec.attn_params_per_layer + spec.experts * spec.expert_params_per_layer / lay.ep
         )
         self.dp_bytes = int(stage_params / lay.tp * BYTES_PER_ELEM)
+        # HSDP: after the shard group's reduce-scatter, each replica all-reduces its shard.
+        self.dpr_bytes = int(self.dp_bytes / lay.dp_shard)
         # Optimizer step: memory bound, ~16 bytes of state touched per parameter per dp shard.
-        self.t_opt_us = stage_params / lay.tp / lay.dp * 16 / hw.hbm_bw * 1e6
+        self.t_opt_us = stage_params / lay.tp / lay.dp_shard * 16 / hw.hbm_bw * 1e6
         m = lay.microbatches
         self.est_iter_us = (m + lay.pp - 1) * (self.t_fwd_us + self.t_bwd_us) + self.t_opt_us
 
@@ -290,12 +292,16 @@ class Engine:
         if fam is None:
             return
         arr = self.clock[s]
+        # HSDP families act on a finer view of the same stage array (same flat order).
+        shape = fam.grid_shape or self.stage_shape
+        view = arr.reshape(self.S, *shape)
         axis = fam.axis + 1  # type: ignore[operator]
-        last = arr.max(axis=axis, keepdims=True)
+        last = view.max(axis=axis, keepdims=True)
         alpha, beta = self._transfer(fam, op, nbytes)
-        xfer = self._xfer_time(op, kind, alpha, beta, self._bw_mult(key, it, fam.inst_shape))
+        cal_kind = "dp_replicate" if kind == "dpr" else kind
+        xfer = self._xfer_time(op, cal_kind, alpha, beta, self._bw_mult(key, it, fam.inst_shape))
         complete = last + xfer
-        dur = complete - arr
+        dur = complete - view
         out.append(
             _Chunk(
                 self.stage_ranks[s],
@@ -307,10 +313,10 @@ class Engine:
                 dur[0].ravel(),
                 dur[1].ravel() if self.S == 2 else None,
                 None,
-                self._touch_ids(key, it, self.stage_shape),
+                self._touch_ids(key, it, shape),
             )
         )
-        self.clock[s] = np.broadcast_to(complete, arr.shape).copy()
+        self.clock[s] = np.broadcast_to(complete, view.shape).reshape(arr.shape).copy()
 
     def _send(self, s: int, kind: str, m: int, it: int, out: list[_Chunk]) -> None:
         """Stage ``s`` sends on hop family ``(kind, hop)`` (ppf: to s+1, ppb: to s-1)."""
@@ -431,10 +437,14 @@ class Engine:
 
     def _optimizer(self, s: int, it: int, out: list[_Chunk]) -> None:
         # Distributed optimizer: reduce-scatter gradients, step on the shard, all-gather params.
-        if self.lay.dp > 1:
+        # HSDP: the shard group is one replica's dp_shard ranks, and the gradient shard is
+        # all-reduced across the replicas before the step.
+        if self.lay.dp_shard > 1:
             self._collective(s, "dp", "reduce_scatter", self.dp_bytes, it, out)
+        if self.lay.dp_replicate > 1:
+            self._collective(s, "dpr", "all_reduce", self.dpr_bytes, it, out)
         self._compute(s, self.t_opt_us)
-        if self.lay.dp > 1:
+        if self.lay.dp_shard > 1:
             self._collective(s, "dp", "all_gather", self.dp_bytes, it, out)
 
     def run_iteration(self, it: int) -> pd.DataFrame:

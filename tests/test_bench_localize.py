@@ -1,0 +1,77 @@
+"""The localization benchmark's grid covers every axis, sizes faults, and scores methods."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from holmes_ml.bench.localize import (
+    AXES,
+    DELTAS,
+    LAYOUTS,
+    _accuracy,
+    _sc,
+    _sim_config,
+    _simulate_scenario,
+    scenarios,
+)
+
+
+def test_grid_covers_scale_dims_delta_kind_pattern():
+    quick, full = pd.DataFrame(scenarios(True)), pd.DataFrame(scenarios(False))
+    assert quick["gpus"].max() <= 256 and len(quick) < len(full)
+    assert {2048, 8192} <= set(full["gpus"])
+    for grid in (quick, full):
+        assert set(grid["dims"]) == set(LAYOUTS)
+        six = grid[grid["dims"].str.startswith("6-D")]
+        assert {"gpu_slow", "nic_slow", "host_stall"} <= set(six["kind"])
+        sweep = grid[grid.get("sweep") == "delta"]
+        assert sorted(set(sweep["delta"])) == sorted(DELTAS)
+        assert (sweep["target"] > sweep["delta"]).all()
+        assert {"persistent", "spike", "fluctuation"} <= set(grid["pattern"])
+        assert (grid["kind"] == "healthy").any()
+    # every job of the full grid is a valid simulator configuration
+    for sc in scenarios(False):
+        cfg = _sim_config(sc)
+        assert cfg.layout.world == sc["gpus"]
+
+
+@pytest.mark.parametrize(("target", "delta"), [(1.6, 1.1), (1.065, 1.05)])
+def test_severity_rescaled_to_the_target_ratio(target, delta):
+    from holmes_ml.features import iteration_table
+    from holmes_ml.simulator import simulate
+
+    sc = _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 3, iterations=6, target=target,
+             delta=delta, layout={"tp": 2, "pp": 2})
+    twin = iteration_table(simulate(_sim_config(sc)).ops)["duration_s"]
+    _, severity, peak = _simulate_scenario(sc, twin)
+    assert severity != 0.5
+    assert peak >= delta  # the trial stays observable at its own delta
+    assert peak == pytest.approx(target, abs=0.3 * (target - 1))
+
+
+def test_accuracy_scores_methods_and_breaks_down_every_axis():
+    lay = {"tp": 2, "pp": 2}
+
+    def as_device(ops, topology):  # a plug-in naming a device id, not a rank
+        worst = ops.groupby("rank")["duration_us"].sum().idxmin()
+        return [topology.gpu_of(int(worst))]
+
+    scs = [
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+            fault="gpu_slow:rank=9,severity=1.0,start=2"),
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+            fault="gpu_slow:rank=20,severity=1.0,start=2", delta=1.2, sweep="delta"),
+        _sc(32, "3-D (tp,pp,dp)", "healthy", "", 5, iterations=6, layout=lay),
+    ]
+    summary, breakdown, trials = _accuracy(scs, {"device plug-in": as_device}, workers=1)
+    by = {r["method"]: r for r in summary}
+    assert by["holmes"]["trials"] == 2 and by["holmes"]["top1"] == 1.0
+    assert by["holmes"]["healthy_trials"] == 1 and by["holmes"]["healthy_flagged"] == 0.0
+    assert by["device plug-in"]["top1"] == 1.0  # device ids are mapped to their ranks
+    bd = pd.DataFrame(breakdown)
+    assert set(AXES) <= set(bd["by"])
+    # the delta axis reads the sweep trials only
+    delta_rows = bd[(bd["by"] == "delta") & (bd["method"] == "holmes")]
+    assert delta_rows["value"].tolist() == ["1.2"] and delta_rows["trials"].tolist() == [1]
+    assert (trials.loc[trials["kind"] != "healthy", "peak_ratio"] > 1.2).all()
