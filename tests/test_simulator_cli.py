@@ -51,6 +51,18 @@ def test_simulate_cli_writes_labelled_logs_and_ground_truth(tmp_path) -> None:
     assert isinstance(pd.read_parquet(out / "ops.parquet"), pd.DataFrame)
 
 
+def test_simulate_cli_hsdp_layout(tmp_path) -> None:
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(
+        app, ["simulate", "--gpus", "32", "--model", "llama2-7b", "--tp", "2", "--pp", "2",
+              "--dp-replicate", "2", "--iterations", "3", "--out", str(out), "--no-progress"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "2 replicas x 4 shards" in result.output
+    kinds = set(load_result(out).ops["group_kind"].astype(str))
+    assert {"dp", "dp_replicate"} <= kinds
+
+
 def test_simulate_cli_rejects_bad_fault_naming_the_key(tmp_path) -> None:
     result = CliRunner().invoke(
         app,

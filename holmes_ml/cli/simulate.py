@@ -49,6 +49,11 @@ def register(app: typer.Typer) -> None:
         dp: int = typer.Option(None, "--dp", help="Data parallel size (default: the rest)."),
         ep: int = typer.Option(1, "--ep", help="Expert parallel size (MoE models)."),
         cp: int = typer.Option(1, "--cp", help="Context parallel size."),
+        dp_replicate: int = typer.Option(
+            1, "--dp-replicate",
+            help="HSDP: split data parallel into this many replicas of dp/N sharded ranks "
+            "(reduce_scatter/all_gather inside a shard group, all_reduce across replicas).",
+        ),
         iterations: int = typer.Option(30, "--iterations", help="Training iterations."),
         microbatches: int = typer.Option(None, "--microbatches", help="Per iteration (1F1B)."),
         fault: list[str] = typer.Option(
@@ -85,6 +90,7 @@ def register(app: typer.Typer) -> None:
                 dp=dp,
                 ep=ep,
                 cp=cp,
+                dp_replicate=dp_replicate,
                 iterations=iterations,
                 microbatches=microbatches,
                 faults=faults,
@@ -112,7 +118,9 @@ def register(app: typer.Typer) -> None:
             ops = res.ops
         lay = cfg.layout
         console.print(
-            f"[bold]{gpus} GPUs[/] {model}: tp={lay.tp} cp={lay.cp} ep={lay.ep} dp={lay.dp} "
+            f"[bold]{gpus} GPUs[/] {model}: tp={lay.tp} cp={lay.cp} ep={lay.ep} dp={lay.dp}"
+            + (f" (= {cfg.dp_replicate} replicas x {lay.dp_shard} shards)"
+               if cfg.dp_replicate > 1 else "") + " "
             f"pp={lay.pp}, {lay.microbatches} microbatches, {iterations} iterations"
         )
         console.print(f"{rows:,} ops, {abnormal:,} labelled abnormal -> {out}/ops.parquet")
