@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from holmes_ml.collect import LoggerConfig, rank_log_path
-from holmes_ml.collect.writer import COLUMNS, RowSink
+from holmes_ml.collect.writer import COLUMNS, Coded, RowSink
 from holmes_ml.io.schema import validate
 
 
@@ -55,6 +55,40 @@ def test_row_sink_round_trip(tmp_path, fmt):
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
     with pytest.raises(ValueError, match="closed"):
         sink.write({"iteration": [1]})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_row_sink_coded_and_numpy_columns(tmp_path, fmt):
+    """The logger's flush hands over numpy arrays and coded string columns; the file holds the
+    same values (and Arrow types) as with plain lists."""
+    rng = np.random.default_rng(1)
+    n = 50
+    names = ("world", "tp-0", "pp-0-1")
+    codes = rng.integers(0, len(names), n)
+    cols = {
+        "iteration": np.repeat(np.arange(5), 10), "rank": np.full(n, 2, dtype=np.int64),
+        "op": Coded(rng.integers(0, 2, n), ("all_reduce", "send")), "group": Coded(codes, names),
+        "seq": np.arange(n), "nbytes": rng.integers(0, 10**6, n),
+        "start_ns": 10**18 + rng.integers(0, 10**9, n), "duration_us": rng.random(n) * 100,
+        "group_ranks": Coded(codes, ("0 1 2 3", "0 1", "0 1")),
+        "group_kind": Coded(codes, ("", "tp", "pp")), "peer": np.full(n, -1),
+        "host": Coded(np.zeros(n, dtype=np.int64), ("h",)),
+        "job": Coded(np.zeros(n, dtype=np.int64), ("",)),
+    }
+    plain = {k: (np.asarray(v.values, dtype=object)[v.codes].tolist() if isinstance(v, Coded)
+                 else v.tolist()) for k, v in cols.items()}
+    sink = RowSink(tmp_path / f"coded.{fmt}", fmt)
+    sink.write(cols)
+    sink.close()
+    ref = RowSink(tmp_path / f"plain.{fmt}", fmt)
+    ref.write(plain)
+    ref.close()
+    if fmt == "parquet":
+        got, want = pd.read_parquet(sink.path), pd.read_parquet(ref.path)
+        pd.testing.assert_frame_equal(got, want)
+        assert list(got["group"][:3]) == [names[c] for c in codes[:3]]
+    else:
+        assert sink.path.read_text() == ref.path.read_text()
 
 
 _WORKER = textwrap.dedent(

@@ -36,15 +36,18 @@ class CudaEventTimer:
         event.record()
         return event
 
-    def stop(self, row: list[Any], start_event: Any, duration_index: int) -> None:
-        """Record the completion event; ``row[duration_index]`` is filled by :meth:`resolve`."""
+    def stop(self, row: list[Any], start_event: Any, start_index: int, end_index: int) -> None:
+        """Record the completion event; ``row[end_index]`` is filled by :meth:`resolve`."""
         end = self._torch.cuda.Event(enable_timing=True)
         end.record()
         self._pending.append((row, start_event, end))
-        row[duration_index] = None  # marks the row as waiting for resolution
+        row[end_index] = None  # marks the row as waiting for resolution
 
-    def resolve(self, duration_index: int) -> int:
-        """Wait for all recorded events and write durations (microseconds) into their rows.
+    def resolve(self, start_index: int, end_index: int) -> int:
+        """Wait for all recorded events and set each row's end to its start + the GPU time.
+
+        Rows keep host ``perf_counter_ns`` starts; the end becomes ``start + elapsed`` (ns), so
+        the logger derives the duration the same way for wall-clock and CUDA rows.
 
         Returns
         -------
@@ -54,5 +57,5 @@ class CudaEventTimer:
         pending, self._pending = self._pending, []
         for row, start, end in pending:
             end.synchronize()
-            row[duration_index] = float(start.elapsed_time(end)) * 1000.0  # ms -> us
+            row[end_index] = row[start_index] + round(start.elapsed_time(end) * 1e6)  # ms->ns
         return len(pending)

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from holmes_ml.collect.torch_import import import_torch_distributed
-from holmes_ml.collect.writer import FORMATS, RowSink
+from holmes_ml.collect.writer import FORMATS, Coded, RowSink
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +52,13 @@ _SPECS: dict[str, tuple[str, str | None, str, str | None]] = {
     "isend": ("send", "tensor", "one", "send"),
     "irecv": ("recv", "tensor", "one", "recv"),
 }
+#: Canonical op names; buffered rows hold an index into this tuple instead of the string.
+_OP_NAMES: tuple[str, ...] = tuple(dict.fromkeys(spec[0] for spec in _SPECS.values()))
+_OP_CODE = {name: i for i, name in enumerate(_OP_NAMES)}
 _TIMINGS = ("auto", "wall", "cuda")
-# Row layout kept in the buffer (expanded to the file schema at flush time).
-_IT, _OP, _GIDX, _SEQ, _NBYTES, _START, _DUR, _PEER = range(8)
+# Row layout kept in the buffer, expanded to the file schema at flush time: start and end are
+# raw time.perf_counter_ns() readings (end None while an async op or CUDA event is pending).
+_IT, _OP, _GIDX, _SEQ, _NBYTES, _START, _END, _PEER = range(8)
 
 
 def rank_log_path(out_dir: str | Path, rank: int, fmt: str = "parquet") -> Path:
@@ -111,18 +117,17 @@ class LoggerConfig:
 class _TimedWork:
     """Proxy of an async ``Work``: ``wait()`` closes the duration of its logged row."""
 
-    __slots__ = ("_work", "_row", "_t0", "_owner")
+    __slots__ = ("_work", "_row", "_owner")
 
-    def __init__(self, work: Any, row: list[Any], t0: int, owner: CommOpsLogger) -> None:
+    def __init__(self, work: Any, row: list[Any], owner: CommOpsLogger) -> None:
         self._work = work
         self._row = row
-        self._t0 = t0
         self._owner = owner
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         out = self._work.wait(*args, **kwargs)
-        if self._row[_DUR] is None:
-            self._row[_DUR] = (time.perf_counter_ns() - self._t0) / 1000.0
+        if self._row[_END] is None:
+            self._row[_END] = time.perf_counter_ns()
             self._owner._pending -= 1
         return out
 
@@ -151,14 +156,15 @@ class CommOpsLogger:
         self.iteration = int(self.config.start_iteration)
         self.rank = -1
         self.path: Path | None = None
-        self._rows: list[list[Any]] = []
+        self._rows: list[Any] = []  # tuples (sync wall) or lists (async, CUDA)
         self._pending = 0
         self._groups: list[tuple[str, str, str]] = []  # (name, group_ranks, kind)
         self._gidx: dict[int, tuple[Any, int]] = {}  # id(pg) -> (pg kept alive, index)
+        self._gfast: dict[Any, int] = {}  # group handle -> index (identity-hashed handles)
         self._p2p: dict[tuple[int, int], int] = {}  # (src, dst) -> group index
         self._seq: list[int] = []
         self._saved: list[tuple[Any, str, Any]] = []
-        self._busy = False
+        self._busy = [False]  # shared by all wrappers: one cell, no attribute store
         self._cuda: Any = None
         self._sink: RowSink | None = None
         self._dist: Any = None
@@ -225,10 +231,18 @@ class CommOpsLogger:
         """Mark the end of an iteration: later calls belong to the next one."""
         self.iteration += 1
         if self._cuda is not None:
-            self._cuda.resolve(_DUR)
+            self._cuda.resolve(_START, _END)
 
     # ------------------------------------------------------------------ groups
     def _group_index(self, group: Any) -> int:
+        index = self._resolve_group(group)
+        try:
+            self._gfast[group] = index
+        except TypeError:  # unhashable handle: the id-keyed table below still finds it
+            pass
+        return index
+
+    def _resolve_group(self, group: Any) -> int:
         entry = self._gidx.get(id(group))
         if entry is not None and entry[0] is group:
             return entry[1]
@@ -277,87 +291,127 @@ class CommOpsLogger:
     def _make_wrapper(
         self, orig: Any, op: str, tensor_param: str | None, size: str, p2p: str | None
     ) -> Any:
+        # Everything that can be decided once per wrapped function is decided here, so the
+        # per-call work is: argument lookup, one cached group lookup, two clock reads, one
+        # tuple append. Formatting (wall-clock start, microseconds, group names) waits for flush.
         params = list(inspect.signature(orig).parameters)
         gpos = params.index("group") if "group" in params else 10**6
         apos = params.index("async_op") if "async_op" in params else 10**6
         tpos = params.index(tensor_param) if tensor_param else -1
         tname = tensor_param or ""
+        one = size == "one"
         peer_name = {"send": "dst", "recv": "src"}.get(p2p or "", "")
         ppos = params.index(peer_name) if peer_name else -1
         always_async = orig.__name__ in ("isend", "irecv")
+        opc = _OP_CODE[op]
         perf = time.perf_counter_ns
-        gcache = self._gidx
+        gcache = self._gfast
+        cuda = self._cuda is not None
+        seqs = self._seq
+        busy = self._busy
+        flush_every = int(self.config.flush_every)
         this = self
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if this._busy:  # a wrapped function calling another: log the outer one only
+            if busy[0]:  # a wrapped function calling another: log the outer one only
                 return orig(*args, **kwargs)
-            this._busy = True
+            busy[0] = True
             try:
                 n = len(args)
-                group = args[gpos] if n > gpos else kwargs.get("group")
+                if kwargs:
+                    group = args[gpos] if n > gpos else kwargs.get("group")
+                    asyn = always_async or (
+                        args[apos] if n > apos else kwargs.get("async_op", False)
+                    )
+                else:
+                    group = args[gpos] if n > gpos else None
+                    asyn = always_async or (args[apos] if n > apos else False)
                 if tpos < 0:
                     nbytes = 0
                 else:
                     t = args[tpos] if n > tpos else kwargs[tname]
-                    if size == "one":
-                        nbytes = t.nbytes
-                    else:
-                        nbytes = sum(x.nbytes for x in t)
+                    nbytes = t.nbytes if one else sum(x.nbytes for x in t)
                 if p2p is None:
-                    entry = gcache.get(id(group))
-                    if entry is not None and entry[0] is group:
-                        gidx = entry[1]
-                    else:
+                    try:
+                        gidx = gcache[group]
+                    except (KeyError, TypeError):  # first use, or an unhashable group handle
                         gidx = this._group_index(group)
-                    row = [this.iteration, op, gidx, 0, nbytes, 0, None, -1]
                 else:
-                    row = [this.iteration, op, -1, 0, nbytes, 0, None, -1]
-                    peer = args[ppos] if n > ppos else kwargs.get(peer_name)
-                asyn = always_async or (args[apos] if n > apos else kwargs.get("async_op", False))
-                cuda = this._cuda
-                ev = cuda.start() if cuda is not None else None
+                    gidx = -1  # known once the peer is (recv from any source returns it)
+                if asyn or cuda:
+                    return this._call_slow(orig, args, kwargs, opc, gidx, nbytes, asyn, p2p,
+                                           (ppos, peer_name, group))
                 t0 = perf()
-                # one clock read: wall start = wall/perf offset taken on enter + perf reading
-                row[_START] = this._wall_offset + t0
                 out = orig(*args, **kwargs)
-                if not asyn:
-                    if cuda is not None:
-                        cuda.stop(row, ev, _DUR)
-                    else:
-                        row[_DUR] = (perf() - t0) / 1000.0
-                if p2p is not None:
-                    if peer is None:
-                        gp = kwargs.get("group_dst" if p2p == "send" else "group_src")
-                        if gp is not None:
-                            peer = this._dist.get_global_rank(
-                                group or this._dist.group.WORLD, gp
-                            )
-                        elif p2p == "recv" and isinstance(out, int):
-                            peer = out  # recv from any source returns the sender
-                        else:
-                            peer = -1
-                    peer = int(peer)
-                    src, dst = (this.rank, peer) if p2p == "send" else (peer, this.rank)
-                    gidx = this._pair_index(src, dst)
-                    row[_GIDX] = gidx
-                    row[_PEER] = peer
-                row[_SEQ] = this._seq[gidx]
-                this._seq[gidx] += 1
-                this._rows.append(row)
-                if asyn and out is not None:
-                    this._pending += 1
-                    out = _TimedWork(out, row, t0, this)
-                if len(this._rows) >= this.config.flush_every:
+                t1 = perf()
+                if p2p is None:
+                    peer = -1
+                else:
+                    peer, gidx = this._p2p_target(args, kwargs, ppos, peer_name, p2p, group, out)
+                seq = seqs[gidx]
+                seqs[gidx] = seq + 1
+                rows = this._rows
+                # a tuple of ints: the garbage collector untracks it at its first collection, so
+                # a long buffer does not slow every later collection (lists would stay tracked)
+                rows.append((this.iteration, opc, gidx, seq, nbytes, t0, t1, peer))
+                if len(rows) >= flush_every:
                     this.flush()
                 return out
             finally:
-                this._busy = False
+                busy[0] = False
 
         wrapper.__name__ = orig.__name__
         wrapper.__doc__ = orig.__doc__
         wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
         return wrapper
+
+    def _p2p_target(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], ppos: int, peer_name: str,
+        p2p: str, group: Any, out: Any,
+    ) -> tuple[int, int]:
+        """Global peer rank and pair-group index of a send/recv call (after it returned)."""
+        peer = args[ppos] if len(args) > ppos else kwargs.get(peer_name)
+        if peer is None:
+            gp = kwargs.get("group_dst" if p2p == "send" else "group_src")
+            if gp is not None:
+                peer = self._dist.get_global_rank(group or self._dist.group.WORLD, gp)
+            elif p2p == "recv" and isinstance(out, int):
+                peer = out  # recv from any source returns the sender
+            else:
+                peer = -1
+        peer = int(peer)
+        src, dst = (self.rank, peer) if p2p == "send" else (peer, self.rank)
+        return peer, self._pair_index(src, dst)
+
+    def _call_slow(
+        self, orig: Any, args: tuple[Any, ...], kwargs: dict[str, Any], opc: int, gidx: int,
+        nbytes: int, asyn: bool, p2p: str | None, peer_args: tuple[int, str, Any],
+    ) -> Any:
+        """Async calls and CUDA timing: the row is a list whose end is filled in later."""
+        row: list[Any] = [self.iteration, opc, gidx, 0, nbytes, 0, None, -1]
+        cuda = self._cuda
+        ev = cuda.start() if cuda is not None else None
+        t0 = time.perf_counter_ns()
+        row[_START] = t0
+        out = orig(*args, **kwargs)
+        if not asyn:
+            if cuda is not None:
+                cuda.stop(row, ev, _START, _END)
+            else:
+                row[_END] = time.perf_counter_ns()
+        if p2p is not None:
+            ppos, peer_name, group = peer_args
+            row[_PEER], gidx = self._p2p_target(args, kwargs, ppos, peer_name, p2p, group, out)
+            row[_GIDX] = gidx
+        row[_SEQ] = self._seq[gidx]
+        self._seq[gidx] += 1
+        self._rows.append(row)
+        if asyn and out is not None:
+            self._pending += 1
+            out = _TimedWork(out, row, self)
+        if len(self._rows) >= self.config.flush_every:
+            self.flush()
+        return out
 
     # ------------------------------------------------------------------ output
     def flush(self, final: bool = False) -> int:
@@ -371,29 +425,35 @@ class CommOpsLogger:
         if self._sink is None:
             return 0
         if self._cuda is not None:
-            self._cuda.resolve(_DUR)
+            self._cuda.resolve(_START, _END)
         rows = self._rows
-        done = [r for r in rows if r[_DUR] is not None]
-        self._rows = [] if final else [r for r in rows if r[_DUR] is None]
+        if self._pending or self._cuda is not None:
+            done = [r for r in rows if r[_END] is not None]
+            self._rows = [] if final else [r for r in rows if r[_END] is None]
+        else:  # the common case: every buffered row is complete
+            done, self._rows = rows, []
         if not done:
             return 0
-        groups = self._groups
-        g = [groups[r[_GIDX]] for r in done]
         n = len(done)
+        it, op, gidx, seq, nbytes, start, end, peer = zip(*done, strict=True)
+        start_a = np.fromiter(start, dtype=np.int64, count=n)
+        gidx_a = np.fromiter(gidx, dtype=np.int64, count=n)
+        names, ranks, kinds = zip(*self._groups, strict=True)
+        one = np.zeros(n, dtype=np.int64)
         columns = {
-            "iteration": [r[_IT] for r in done],
-            "rank": [self.rank] * n,
-            "op": [r[_OP] for r in done],
-            "group": [x[0] for x in g],
-            "seq": [r[_SEQ] for r in done],
-            "nbytes": [r[_NBYTES] for r in done],
-            "start_ns": [r[_START] for r in done],
-            "duration_us": [float(r[_DUR]) for r in done],
-            "group_ranks": [x[1] for x in g],
-            "group_kind": [x[2] for x in g],
-            "peer": [r[_PEER] for r in done],
-            "host": [self._host] * n,
-            "job": [self.config.job] * n,
+            "iteration": np.fromiter(it, dtype=np.int64, count=n),
+            "rank": np.full(n, self.rank, dtype=np.int64),
+            "op": Coded(np.fromiter(op, dtype=np.int64, count=n), _OP_NAMES),
+            "group": Coded(gidx_a, names),
+            "seq": np.fromiter(seq, dtype=np.int64, count=n),
+            "nbytes": np.fromiter(nbytes, dtype=np.int64, count=n),
+            "start_ns": start_a + self._wall_offset,
+            "duration_us": (np.fromiter(end, dtype=np.int64, count=n) - start_a) / 1000.0,
+            "group_ranks": Coded(gidx_a, ranks),
+            "group_kind": Coded(gidx_a, kinds),
+            "peer": np.fromiter(peer, dtype=np.int64, count=n),
+            "host": Coded(one, (self._host,)),
+            "job": Coded(one, (self.config.job,)),
         }
         self._sink.write(columns)
         return n

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -40,6 +42,35 @@ ARROW_SCHEMA = pa.schema(
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 
 
+class Coded(NamedTuple):
+    """A string column given as integer ``codes`` into a short list of ``values``.
+
+    The logger's columns (op, group, host ...) repeat a handful of strings; handing them over
+    coded lets Arrow build them in C instead of from thousands of Python strings.
+    """
+
+    codes: np.ndarray
+    values: Sequence[str]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+
+def _arrow_column(values: Any, typ: pa.DataType) -> Any:
+    if isinstance(values, Coded):
+        codes = pa.array(np.asarray(values.codes, dtype=np.int32))
+        dictionary = pa.array(list(values.values), type=typ)
+        return pa.DictionaryArray.from_arrays(codes, dictionary).cast(typ)
+    return values
+
+
+def _as_list(values: Any) -> list[Any]:
+    if isinstance(values, Coded):
+        return np.asarray(list(values.values), dtype=object)[np.asarray(values.codes)].tolist()
+    tolist = getattr(values, "tolist", None)
+    return tolist() if tolist is not None else list(values)
+
+
 class RowSink:
     """Append column batches to one file; each Parquet batch becomes one row group.
 
@@ -64,21 +95,25 @@ class RowSink:
         if self.path.exists():
             self.path.unlink()
 
-    def write(self, columns: dict[str, list[Any]]) -> None:
-        """Append one batch (``column -> list of values``, all lists the same length)."""
+    def write(self, columns: Mapping[str, Sequence[Any]]) -> None:
+        """Append one batch (``column -> list, 1-d array or Coded``, all the same length)."""
         if self._closed:
             raise ValueError(f"{self.path}: sink already closed; cannot write more rows")
         n = len(columns["iteration"])
         if n == 0:
             return
         if self.fmt == "parquet":
-            table = pa.Table.from_pydict({c: columns[c] for c in COLUMNS}, schema=ARROW_SCHEMA)
+            table = pa.Table.from_pydict(
+                {f.name: _arrow_column(columns[f.name], f.type) for f in ARROW_SCHEMA},
+                schema=ARROW_SCHEMA,
+            )
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(self.path, ARROW_SCHEMA)
             self._parquet.write_table(table)
         else:
             with self.path.open("a", encoding="utf-8") as fh:
-                cols = [columns[c] for c in COLUMNS]
+                # numpy scalars are not JSON: go through plain Python values
+                cols = [_as_list(columns[c]) for c in COLUMNS]
                 for values in zip(*cols, strict=True):
                     fh.write(json.dumps(dict(zip(COLUMNS, values, strict=True))))
                     fh.write("\n")
