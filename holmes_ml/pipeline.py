@@ -72,17 +72,17 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     The reference of a copy is the median duration of its class (``op, group_kind, nbytes`` and
     position within the iteration) over all ranks and iterations; for send/recv, whose waits
     depend on the pipeline stage, the same class within the rank's stage (``pp`` column) when
-    known, else the copy's own history (same rank, group, position). The bar
-    is ``max(min_wait_us, 3 σ, rel_excess × reference, 0.2 × compute gap)`` where the gap is the
-    time the rank spent outside communication just before the copy: waits caused by normal
-    compute jitter scale with that gap, a fault's wait is a large fraction of it.
+    known, else the copy's own history (same rank, group, position). The bar is
+    ``max(min_wait_us, 3 σ, rel_excess × reference, gap_fraction × compute gap)`` where the gap
+    is the time the rank spent outside communication just before the copy: waits caused by
+    normal compute jitter scale with that gap, a fault's wait is a large fraction of it.
 
     Parameters
     ----------
     ops:
         Canonical CommOps rows.
     config:
-        ``min_wait_us`` and ``rel_excess`` set the bar.
+        ``min_wait_us``, ``rel_excess`` and ``gap_fraction`` set the bar.
 
     Returns
     -------
@@ -92,10 +92,30 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     cfg = config or LocalizeConfig()
     typical, sigma, gap = _class_stats(ops)
     excess = ops["duration_us"].to_numpy(dtype=np.float64) - typical
+    # A member waits for the latest of its k partners: with jittered compute that wait grows like
+    # the maximum of k draws, about sqrt(2 ln k). Scaled so a pair (k = 2) gets gap_fraction.
+    k = _group_sizes(ops)
+    spread = np.sqrt(np.log(np.maximum(k, 2.0)) / np.log(2.0))
     bar = np.maximum.reduce([
-        np.full(len(ops), cfg.min_wait_us), 3.0 * sigma, cfg.rel_excess * typical, 0.2 * gap,
+        np.full(len(ops), cfg.min_wait_us), 3.0 * sigma, cfg.rel_excess * typical,
+        cfg.gap_fraction * spread * gap,
     ])
     return np.clip(excess / (2.0 * bar), 0.0, 1.0)
+
+
+def _group_sizes(ops: pd.DataFrame) -> np.ndarray:
+    """Members of each row's communicator (2 for send/recv): from ``group_ranks`` when
+    logged, else the ranks seen logging the group."""
+    group = ops["group"]
+    seen = ops.groupby(group, sort=False, observed=True)["rank"].transform("nunique")
+    k = seen.to_numpy(dtype=np.float64)
+    if "group_ranks" in ops.columns:
+        codes, uniq = pd.factorize(ops["group_ranks"], sort=False)
+        sizes = np.array([len(str(u).split()) for u in uniq] + [0], dtype=np.float64)
+        listed = sizes[codes]  # code -1 (missing) picks the trailing 0
+        k = np.where(listed > 0, listed, k)
+    p2p = ops["op"].isin(["send", "recv"]).to_numpy()
+    return np.where(p2p, 2.0, k)
 
 
 def _codes(col: pd.Series) -> np.ndarray:
@@ -276,11 +296,18 @@ def _merge(summaries: Sequence[NodeSummary]) -> NodeSummary:
     groups = pd.concat([s.groups for s in summaries], ignore_index=True)
     # A communicator spanning nodes is listed by each node with its full membership when
     # group_ranks is known; otherwise the union of the ranks each node saw.
-    groups = groups.groupby("group", sort=True).agg(
-        group_kind=("group_kind", "first"),
-        group_ranks=("group_ranks", lambda s: " ".join(
-            str(x) for x in sorted({int(v) for t in s for v in str(t).split()}))),
-    ).reset_index()
+    groups = groups.drop_duplicates(["group", "group_ranks"])
+    many = groups["group"].duplicated(keep=False).to_numpy()
+    if many.any():
+        # Only communicators listed differently by different nodes need the union (a Python
+        # reduction, so it is kept off the common case where every node lists them alike).
+        union = groups[many].groupby("group", sort=False).agg(
+            group_kind=("group_kind", "first"),
+            group_ranks=("group_ranks", lambda s: " ".join(
+                str(x) for x in sorted({int(v) for t in s for v in str(t).split()}))),
+        ).reset_index()
+        groups = pd.concat([groups[~many], union], ignore_index=True)
+    groups = groups.sort_values("group", kind="stable").reset_index(drop=True)
     ranks = [s.ranks for s in summaries if s.ranks is not None]
     rk = pd.concat(ranks, ignore_index=True).drop_duplicates("rank") if ranks else None
     return NodeSummary(its, ab, groups, rk)

@@ -31,20 +31,30 @@ class LocalizeConfig:
         Waits and excess transfer times below this are noise (clock resolution, launch jitter).
     rel_excess:
         A transfer is slow when it exceeds its class's typical time by this fraction.
+    gap_fraction:
+        A wait is abnormal only above this fraction of the compute time just before it: partners
+        of a rank wait for its compute jitter, which grows with the compute segment.
     min_evidence:
         Operator instances a candidate needs.
     min_weight_fraction:
         A candidate's explained time per analysed iteration must reach this fraction of the
         median iteration time; below it the slowdown is within normal jitter.
     min_share:
-        Candidates whose normalised score is below this are dropped.
+        Candidates whose normalised score is below this are dropped. Ranks share the stragglers'
+        total lateness above background; network devices are alternatives for the same slow
+        flows, so each is measured against the total excess of the slow flows.
     top_k:
         Candidates returned at most.
     host_concentration:
         A straggler is called a *host* stall (not a slow GPU) when, in the iterations it is
-        blamed for, at least this share of its lateness comes from one single pause.
+        blamed for, at least this share of its lateness arrives in one jump (partners wait for
+        it a full pause at once) rather than in many small waits (a slow GPU falling behind).
     workload_min_iterations:
         Workload rules need at least this many analysed iterations.
+    workload_persistence:
+        Workload rules need the lateness to persist: at least this share of the analysed
+        iterations must each carry a quarter or more of the heaviest iteration's lateness. One
+        long pause (a host stall) or a fault spike is an episode, not a workload property.
     with_rule:
         With an ML detector, also count as abnormal the copies the "3σ + rule" baseline flags
         (union). Off: the detector alone decides.
@@ -60,13 +70,15 @@ class LocalizeConfig:
     score_threshold: float | None = None
     follow_fraction: float = 0.5
     min_wait_us: float = 50.0
-    rel_excess: float = 0.3
+    rel_excess: float = 0.15
+    gap_fraction: float = 0.1
     min_evidence: int = 2
     min_weight_fraction: float = 0.02
     min_share: float = 0.05
     top_k: int = 5
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
+    workload_persistence: float = 0.5
     with_rule: bool = True
     delta: float = 1.1
 
@@ -79,7 +91,8 @@ class LocalizeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 0")
-        for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction"):
+        for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
+                     "workload_persistence"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")
@@ -90,8 +103,9 @@ class LocalizeConfig:
             )
         if not self.delta > 1.0:
             raise ValueError(f"LocalizeConfig.delta: got {self.delta!r}; expected a factor > 1")
-        if self.min_wait_us < 0 or self.rel_excess < 0:
+        if self.min_wait_us < 0 or self.rel_excess < 0 or self.gap_fraction < 0:
             raise ValueError(
-                "LocalizeConfig.min_wait_us / rel_excess: got "
-                f"{self.min_wait_us!r} / {self.rel_excess!r}; expected values >= 0"
+                "LocalizeConfig.min_wait_us / rel_excess / gap_fraction: got "
+                f"{self.min_wait_us!r} / {self.rel_excess!r} / {self.gap_fraction!r}; expected "
+                "values >= 0"
             )

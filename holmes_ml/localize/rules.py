@@ -8,19 +8,26 @@ the rules read the *absence* of a participant as a normal copy:
 
 * **straggler** — some copies are abnormal, some members absent: the absent (normal) ones arrived
   last; the abnormal copies waited for them.
-* **backtracking** — a straggler that itself waited (had abnormal copies) earlier in the same
-  iteration is explained by that earlier wait; its evidence is dropped and the origin keeps the
-  credit it earns in the instances where *it* was the late one.
+* **backtracking** — a straggler that itself waited (had abnormal copies) shortly before and
+  while its partners waited for it is explained by that wait; its evidence is dropped and the
+  origin keeps the credit it earns in the instances where *it* was the late one.
 * **p2p-chain** — a long receive whose send is normal blames the sender (and vice versa).
-* **communication** — every member's copy abnormal: the transfer itself was slow; the network
-  devices its ring crosses share the excess, discounted by how many healthy communicators cross
-  them (so shared switches are not blamed for being on many paths).
+* **communication** — every member's copy abnormal: the transfer itself was slow. A *flow* is a
+  communicator's ring or the traffic of one rank pair (send/recv); a network device is scored by
+  the excess of the slow flows crossing it, times the squared share of slow flows among all the
+  flows crossing it (healthy flows clear a device: shared switches are not blamed for being on
+  many paths, the other NICs of a slow ring are cleared by their own healthy send/recv), times
+  the root of the share of slow flows it explains (one device explains them all).
+
+Per-rank evidence is measured above the background every rank collects from pipeline bubbles
+and jitter (the median rank's); workload findings need lateness in most analysed iterations, so a
+single long pause (a host stall) is a host candidate, not a rank imbalance.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import numpy as np
 import pandas as pd
@@ -121,6 +128,7 @@ def localize_records(
     fabric = Fabric(topology)
     rank_cands: list[Candidate] = []
     workload: list[WorkloadFinding] = []
+    strag = pd.DataFrame(columns=["rank", "weight"])
     if len(ev):
         ev = ev.assign(weight=ev["weight"] * ev["iteration"].map(it_weight).fillna(1.0))
         strag = ev[ev["rule"] != "communication"]
@@ -131,25 +139,29 @@ def localize_records(
             strag, topology, fabric, cfg, n_its, floor)
         comm = ev[ev["rule"] == "communication"]
         stats["communication_events"] = float(len(comm))
-        dev_cands = _device_candidates(comm, members, fabric, topology, cfg)
+        dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
+                                                  cfg.min_weight_fraction * med_iter_us)
     else:
-        dev_cands, rank_total = [], 0.0
-    floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
-    cands = rank_cands + [c for c in dev_cands if c.score >= floor]
-    total = sum(c.score for c in cands if c.kind in (DeviceKind.NIC, DeviceKind.LINK,
-                                                     DeviceKind.SWITCH))
+        dev_cands, rank_total, net_total = [], 0.0, 0.0
+    cands = rank_cands + dev_cands
+    # Network devices are alternative explanations of the same slow flows, not shares of them:
+    # their part of the slowdown is the excess of the slow flows, each counted once.
+    total = net_total if any(c.kind in (DeviceKind.NIC, DeviceKind.LINK, DeviceKind.SWITCH)
+                             for c in cands) else 0.0
     total += rank_total if any(c.kind in (DeviceKind.GPU, DeviceKind.HOST) for c in cands) else 0.0
-    cands.sort(key=lambda c: (-c.score, -_SPECIFICITY[c.kind.value], c.device))
+    # Devices with identical network evidence (the two NICs of one slow send/recv pair) are told
+    # apart by the lateness of the ranks behind them: a rank whose own transfers crawl through
+    # its NIC arrives late at its next collective.
+    late = strag.groupby("rank")["weight"].sum() if len(strag) else pd.Series(dtype=float)
+    cands.sort(key=lambda c: (-c.score, -_SPECIFICITY[c.kind.value],
+                              -float(late.reindex(list(c.ranks)).fillna(0.0).sum()), c.device))
     # Two late ranks on one host both read as that host: the host is listed once.
     seen: set[str] = set()
     cands = [c for c in cands if not (c.device in seen or seen.add(c.device))]
     out = []
-    # Devices with identical evidence (e.g. every NIC of one slow ring) are indistinguishable;
-    # the share test applies to the tied set as a whole.
-    ties = Counter(round(c.score, 6) for c in cands)
     for c in cands:
         share = c.score / total if total > 0 else 0.0
-        if share * ties[round(c.score, 6)] < cfg.min_share:
+        if share < cfg.min_share:
             continue
         out.append(_with_score(c, share))
     out = out[: cfg.top_k]
@@ -243,24 +255,31 @@ def _backtrack(
         return strag
     # Waiting is looked up across iteration boundaries: a data-parallel sync at the end of one
     # step makes the rank late at the first collective of the next.
-    rows = ab[["rank", "start_ns", "excess_us"]].astype(
-        {"rank": np.int64, "start_ns": np.int64}).sort_values("start_ns")
+    rows = pd.DataFrame({"rank": ab["rank"].to_numpy(dtype=np.int64),
+                         "t": ab["start_ns"].to_numpy(dtype=np.int64),
+                         "excess_us": ab["excess_us"].to_numpy(dtype=np.float64)}
+                        ).sort_values("t")
     rows = rows.assign(cum=rows.groupby("rank")["excess_us"].cumsum())
-    right = rows.rename(columns={"start_ns": "t"})[["rank", "t", "cum"]]
+    right = rows[["rank", "t", "cum"]]
     ev = strag.assign(rank=strag["rank"].astype(np.int64), t=strag["t"].astype(np.int64))
+    # The late rank's own waits count from ``lookback`` before its partners started waiting
+    # (``t``) until it arrived (about ``t + weight``): a pipeline stage held up by its upstream
+    # stage waits *while* its downstream partner already waits for it.
+    ev = ev.assign(t0=ev["t"], t=ev["t"] + (ev["weight"] * 1e3).astype(np.int64))
     ev = ev.sort_values("t").reset_index(drop=True)
     now = pd.merge_asof(ev, right, on="t", by="rank", direction="backward",
                         allow_exact_matches=False)["cum"].fillna(0.0).to_numpy()
-    back = ev.assign(t=ev["t"] - np.int64(lookback_ns)).sort_values("t")
+    back = ev.assign(t=ev["t0"] - np.int64(lookback_ns)).sort_values("t")
     then = pd.merge_asof(back, right, on="t", by="rank", direction="backward")
     then_cum = pd.Series(then["cum"].fillna(0.0).to_numpy(), index=back.index).reindex(
         ev.index).to_numpy()
     waited = now - then_cum
     merged = ev.assign(cum=waited)
-    # Lateness blamed on the rank so far in the iteration.
-    blamed = merged.groupby(["iteration", "rank"])["weight"].cumsum().to_numpy()
-    keep = waited < cfg.follow_fraction * blamed
-    return merged[keep].drop(columns="cum").reset_index(drop=True)
+    # Compare with this event's own lateness: partners that see one late arrival of the rank
+    # (its TP peer and its pipeline receiver) each report the same lateness, not a sum of them.
+    keep = waited < cfg.follow_fraction * merged["weight"].to_numpy()
+    out = merged[keep].drop(columns=["cum", "t"]).rename(columns={"t0": "t"})
+    return out.reset_index(drop=True)
 
 
 def _rank_candidates(
@@ -282,7 +301,13 @@ def _rank_candidates(
     ).sort_values("sum", ascending=False)
     per_it = strag.groupby(["iteration", "rank"])["weight"].sum().reset_index()
     top_per_it = per_it.sort_values("weight", ascending=False).drop_duplicates("iteration")
-    total = float(per_rank["sum"].sum())
+    # Background: pipeline bubbles and compute jitter make every rank arrive last now and then.
+    # What the median rank collects that way explains nothing; a straggler stands above it.
+    all_ranks = topology.ranks["rank"].to_numpy()
+    background = float(per_rank["sum"].reindex(all_ranks, fill_value=0.0).median())
+    per_rank = per_rank.assign(sum=per_rank["sum"] - background).sort_values(
+        "sum", ascending=False)
+    total = float(per_rank["sum"].clip(lower=0.0).sum())
     if total < floor:
         return [], [], 0.0
     # Workload claims look only at iterations with a slowdown well above jitter (5x the
@@ -293,7 +318,7 @@ def _rank_candidates(
     significant = it_top.index[it_top >= 5 * floor / max(n_its, 1)]
     sig = strag[strag["iteration"].isin(significant)]
     workload: list[WorkloadFinding] = []
-    if len(sig):
+    if len(sig) and _persistent(per_it, n_its, cfg):
         sig_rank = sig.groupby("rank")["weight"].agg(["sum", "size"]).sort_values(
             "sum", ascending=False)
         sig_top = top_per_it[top_per_it["iteration"].isin(significant)]
@@ -337,20 +362,37 @@ def _rank_candidates(
     return cands, [], total
 
 
+def _persistent(per_it: pd.DataFrame, n_its: int, cfg: LocalizeConfig) -> bool:
+    """Is the lateness a property of the workload (present in most steps) rather than one
+    episode? True when at least ``cfg.workload_persistence`` of the analysed iterations each
+    carry a quarter or more of the mean lateness per iteration. A host pause or a fault spike
+    puts nearly all of it into one or two steps, whatever the jitter of the others."""
+    lateness = per_it.groupby("iteration")["weight"].sum()
+    if len(lateness) == 0 or n_its == 0:
+        return False
+    heavy = int((lateness >= 0.25 * float(lateness.sum()) / n_its).sum())
+    return heavy >= cfg.workload_persistence * n_its
+
+
 def _pause_concentration(strag: pd.DataFrame) -> pd.Series:
-    """Per rank, the median over iterations of (longest pause / total lateness), where straggler
-    events of one rank whose waiting intervals ``[t, t + weight]`` overlap count once (the
-    longest of them)."""
-    s = strag[["iteration", "rank", "t", "weight"]].astype({"t": np.int64}).sort_values(
-        ["iteration", "rank", "t"])
-    s = s.assign(end=s["t"] + (s["weight"] * 1e3).astype(np.int64))
-    by = [s["iteration"], s["rank"]]
-    prev_end = s.groupby(by)["end"].cummax().groupby(by).shift()
-    new = (prev_end.isna() | (s["t"] > prev_end)).to_numpy()
-    s = s.assign(pause=np.cumsum(new))
-    pause = s.groupby(["iteration", "rank", "pause"])["weight"].max()
-    per = pause.groupby(level=["iteration", "rank"])
-    return (per.max() / per.sum()).groupby(level="rank").median()
+    """Per rank, how much of its lateness arrives in one jump rather than piece by piece.
+
+    A paused host makes the rank a full pause late at once: every partner that meets it later
+    in the step waits about that long (its TP peer, its pipeline receiver, its data-parallel
+    ring), and nobody waits a little. A slow GPU falls behind a little at every operator its
+    peers share with it, then the ring waits for the sum. Per ``(iteration, rank)`` with ``m``
+    the largest wait caused and ``small`` the sum of waits below ``m / 2``, the jump share is
+    ``m / (m + small)``; iterations are weighted by ``m`` (the quiet ones, where one tiny wait
+    trivially is "all of it", do not decide).
+    """
+    s = strag[["iteration", "rank", "weight"]]
+    m = s.groupby(["iteration", "rank"])["weight"].transform("max")
+    small = s["weight"].where(s["weight"] < 0.5 * m, 0.0)
+    per = pd.DataFrame({"iteration": s["iteration"], "rank": s["rank"], "m": m,
+                        "small": small}).groupby(["iteration", "rank"]).agg(
+        m=("m", "first"), small=("small", "sum"))
+    by_rank = per.groupby(level="rank")
+    return by_rank["m"].sum() / (by_rank["m"].sum() + by_rank["small"].sum())
 
 
 def _coords_table(topology: Topology) -> dict[int, dict[str, int]]:
@@ -410,71 +452,123 @@ def _col(df: pd.DataFrame, name: str) -> pd.Series:
     return df[name].fillna(-1).astype(np.int64)
 
 
+def _pair_key(a: np.ndarray | pd.Series, b: np.ndarray | pd.Series) -> np.ndarray:
+    """``"lo~hi"`` per pair: both directions of a send/recv (and a two-member group) are one
+    flow between the same two NICs."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    lo = pd.Series(np.minimum(a, b)).astype(str).to_numpy()
+    hi = pd.Series(np.maximum(a, b)).astype(str).to_numpy()
+    return np.asarray(lo + "~" + hi, dtype=object)
+
+
 def _device_candidates(
     comm: pd.DataFrame,
     members: pd.DataFrame,
     fabric: Fabric,
     topology: Topology,
     cfg: LocalizeConfig,
-) -> list[Candidate]:
-    """Network devices shared by slow transfers and not by healthy communicators."""
+    per_it_floor: float = 0.0,
+) -> tuple[list[Candidate], float]:
+    """Network devices shared by slow transfers and not by healthy flows, and the total excess
+    of the slow flows.
+
+    A *flow* is a collective communicator's ring (groups of three or more ranks) or the
+    traffic between two ranks (a send/recv pair in either direction, or a two-member group).
+    A slow device slows every flow that crosses it, so a device's score is the excess of the
+    slow flows crossing it times the squared share of slow flows among all the flows of the job
+    that cross it. The second factor is what tells the NICs of one slow data-parallel ring
+    apart (each of them is also crossed by its own pipeline send/recv, healthy except at the
+    faulty NIC) and a leaf-spine link from its leaf and spine (crossed by flows routed to other
+    spines, which stay healthy).
+    """
     if len(comm) == 0:
-        return []
-    ring_of = members.groupby("group", sort=False)["rank"].apply(tuple).to_dict()
+        return [], 0.0
+    size = members.groupby("group", sort=False)["rank"].transform("size")
+    # Every flow of the job: rings by group name, pairs by their two ends.
+    ring_m = members[size > 2]
+    pair_m = members[size == 2]
+    flows: dict[str, tuple[int, ...]] = ring_m.groupby("group", sort=False)["rank"].apply(
+        tuple).to_dict()
+    if len(pair_m):
+        ends = pair_m.groupby("group", sort=False)["rank"].agg(["min", "max"])
+        for key, lo, hi in zip(_pair_key(ends["min"], ends["max"]), ends["min"], ends["max"],
+                               strict=True):
+            flows[str(key)] = (int(lo), int(hi))
+    is_p2p = (comm["op"] == "send/recv").to_numpy()
+    gsize = comm["group"].astype(str).map(members.groupby("group").size()).fillna(0).to_numpy()
+    if "src" in comm.columns:
+        src = _col(comm, "src").to_numpy()
+        dst = _col(comm, "peer").to_numpy()
+    else:
+        src = dst = np.full(len(comm), -1)
+    two = gsize == 2
+    if two.any():
+        # A two-member collective is one flow between its members.
+        pairs = members[members["group"].isin(comm.loc[two, "group"].astype(str).unique())]
+        ends = pairs.groupby("group")["rank"].agg(["min", "max"])
+        g = comm["group"].astype(str)
+        src = np.where(two, g.map(ends["min"]).fillna(-1).to_numpy(), src)
+        dst = np.where(two, g.map(ends["max"]).fillna(-1).to_numpy(), dst)
+    flow = np.where(is_p2p | two, _pair_key(src, dst), comm["group"].astype(str).to_numpy())
+    for key, a, b in zip(flow[is_p2p | two], src[is_p2p | two], dst[is_p2p | two], strict=True):
+        flows.setdefault(str(key), (int(a), int(b)))
+    iters_of = comm.assign(flow=flow).groupby("flow")["iteration"].unique()
+    per_flow = comm.assign(flow=flow).groupby("flow").agg(
+        w=("weight", "sum"), n=("weight", "size"), it=("iteration", "first"),
+        seq=("seq", "first"), op=("op", "first"), group=("group", "first"))
+
     weight: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    slow_groups: dict[str, set[str]] = defaultdict(set)
-    iters: dict[str, int] = defaultdict(int)
+    slow: dict[str, int] = defaultdict(int)
+    its: dict[str, set[int]] = defaultdict(set)
     evid: dict[str, list[Evidence]] = defaultdict(list)
-    # Slow communicators (few) x their devices: a loop over distinct rings, not over rows.
-    per_ring = comm.assign(ring=np.where(
-        comm["op"] == "send/recv",
-        _col(comm, "src").astype(str) + "~" + _col(comm, "peer").astype(str),
-        comm["group"].astype(str),
-    ))
-    agg = per_ring.groupby("ring").agg(w=("weight", "sum"), n=("weight", "size"),
-                                       it=("iteration", "first"), seq=("seq", "first"),
-                                       n_it=("iteration", "nunique"),
-                                       op=("op", "first"), group=("group", "first"))
-    for ring, row in agg.iterrows():
-        if "~" in str(ring):
-            a, b = (int(x) for x in str(ring).split("~"))
-            devs = fabric.devices((a, b)) if fabric.known(a) and fabric.known(b) else frozenset()
-        else:
-            devs = fabric.devices(ring_of.get(ring, ()))
-        for d in devs:
+    # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
+    for key, row in per_flow.iterrows():
+        ring = tuple(r for r in flows.get(str(key), ()) if fabric.known(r))
+        for d in fabric.devices(ring):
             weight[d] += float(row["w"])
             count[d] += int(row["n"])
-            iters[d] = max(iters[d], int(row["n_it"]))
-            slow_groups[d].add(str(ring))
+            slow[d] += 1
+            its[d].update(int(i) for i in iters_of[key])
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
                 "communication", f"every copy of {row['group']} was slow ({row['n']} instances)",
                 float(row["w"]),
             ))
-    if not weight:
-        return []
-    # Healthy discount: communicators crossing the device that never showed a slow transfer.
-    crossing: dict[str, int] = defaultdict(int)
-    # Only collectives count as healthy witnesses: a send/recv through a slow NIC shows up as a
-    # receiver's wait (straggler-shaped), not as a slow transfer, so it cannot clear a device.
-    for ring in ring_of.values():
-        if len(ring) <= 2:
+    net_total = float(per_flow["w"].sum())
+    # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring
+    # alone explains less than the NIC that the ring *and* its pipeline pair cross.
+    most = max(slow.values(), default=1)
+    # One slow transfer is not a device: ask for several slow instances. Devices that miss the
+    # floor even with no healthy witness are dropped before the witnesses are counted.
+    suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
+                and w * slow[d] / most >= per_it_floor * len(its[d])}
+    if not suspects:
+        return [], net_total
+    # Healthy witnesses: flows crossing a suspect device that never showed a slow transfer.
+    healthy: dict[str, int] = defaultdict(int)
+    slow_flows = set(per_flow.index.astype(str))
+    known = set(int(r) for r in topology.ranks["rank"])
+    for key, ring in flows.items():
+        if key in slow_flows or not known.issuperset(ring):
             continue
         for d in fabric.devices(ring):
-            if d in weight:
-                crossing[d] += 1
+            if d in suspects:
+                healthy[d] += 1
     out = []
     coords_of = _coords_table(topology)
-    for d, w in weight.items():
-        # One slow transfer in one step is not a device: ask for evidence in several steps.
-        if count[d] < cfg.min_evidence or iters[d] < 2:
+    for d in sorted(suspects):
+        w = weight[d]
+        frac = slow[d] / (slow[d] + healthy[d]) * np.sqrt(slow[d] / most)
+        # Like a straggler, a device must explain a visible share of the iteration time in the
+        # iterations where it shows up (a one-step spike counts against one step).
+        if w * frac**2 < per_it_floor * len(its[d]):
             continue
-        frac = len(slow_groups[d]) / max(crossing[d], len(slow_groups[d]))
         ranks = tuple(topology.ranks_on(d)) if not d.startswith("switch:spine") else ()
         hosts = tuple(sorted({fabric.host(r) for r in ranks}))
         kind = DeviceKind.of(d)
         coords = coords_of.get(ranks[0]) if len(ranks) == 1 else None
         out.append(Candidate(kind, d, ranks, hosts, w * frac**2, coords,
                              tuple(sorted(evid[d], key=lambda e: -e.weight)[:5])))
-    return out
+    return out, net_total

@@ -1,0 +1,51 @@
+"""Network candidates on simulated jobs: NIC vs link vs the other devices of a slow ring.
+
+128 GPUs (tp2 x pp2 x dp32, 4 hosts per pod, so data-parallel rings cross spines). Seeds are
+outside the ``holmes bench localize`` grid.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_ml.localize import DeviceKind
+from holmes_ml.pipeline import analyze
+from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+
+def _verdict(fault: str, seed: int):
+    res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=seed,
+                             faults=(FaultSpec.parse(fault),)))
+    ops = res.ops.drop(columns=["abnormal", "fault_id"])
+    return res, analyze(ops, res.topology, model="rule")
+
+
+@pytest.mark.parametrize("seed", [5, 22])
+def test_nic_spike_names_that_nic_and_its_rank(seed: int) -> None:
+    # One or two slow steps: the ring all-reduces and the NIC's own pipeline send/recv are slow
+    # there. The NIC crossed by both outranks the links crossed by the ring alone.
+    res, verdict = _verdict("nic_slow:severity=2,pattern=spike,start=2", seed)
+    fault = res.faults[0]
+    assert verdict.candidates, verdict
+    top = verdict.candidates[0]
+    assert top.kind == DeviceKind.NIC
+    assert top.device == fault.devices[0]
+    assert top.ranks == fault.ranks
+    assert all(c.score <= 0.6 * top.score for c in verdict.candidates[1:])
+
+
+def test_link_beats_its_leaf_spine_and_the_nics_of_the_ring() -> None:
+    res, verdict = _verdict("link_slow:severity=2,start=2", 22)
+    top = verdict.candidates[0]
+    assert top.kind == DeviceKind.LINK
+    assert top.device == res.faults[0].devices[0]
+    leaf = "switch:" + top.device.split(":", 1)[1].split("~", 1)[0]
+    others = {c.device: c.score for c in verdict.candidates[1:]}
+    assert others.get(leaf, 0.0) < top.score
+    assert all(s < top.score for d, s in others.items() if d.startswith("nic:"))
+
+
+def test_healthy_job_names_no_network_device() -> None:
+    res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=22))
+    verdict = analyze(res.ops.drop(columns=["abnormal", "fault_id"]), res.topology, model="rule")
+    assert verdict.candidates == ()
