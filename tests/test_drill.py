@@ -14,7 +14,7 @@ import pytest
 from holmes_ml.drill import DrillConfig, run_drill
 from holmes_ml.drill.fallback import arrival_localize
 from holmes_ml.drill.job import layout_groups
-from holmes_ml.drill.runner import judge
+from holmes_ml.drill.runner import _pauses_explain, judge, machine_pauses
 
 
 def test_config_validation():
@@ -24,6 +24,40 @@ def test_config_validation():
         DrillConfig(fault="flood")
     with pytest.raises(ValueError, match="rank=8"):
         DrillConfig(rank=8)
+    with pytest.raises(ValueError, match="compute_s=-0.1"):
+        DrillConfig(compute_s=-0.1)
+
+
+def test_cli_rejects_bad_layout_and_compute():
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    r = CliRunner().invoke(app, ["drill", "--ranks", "6"])
+    assert r.exit_code == 2 and "tp*pp*dp" in r.output
+    r = CliRunner().invoke(app, ["drill", "--compute-s", "-1"])
+    assert r.exit_code == 2 and "compute_s=-1" in r.output
+
+
+def test_machine_pauses_and_explanation(tmp_path):
+    assert len(machine_pauses(tmp_path)) == 0
+    for r, s in ((0, [0.001, 0.002, 0.0]), (3, [0.0, 0.09, 0.004])):
+        (tmp_path / f"sched-rank{r:05d}.json").write_text(
+            json.dumps({"rank": r, "oversleep_s": s}))
+    p = machine_pauses(tmp_path)
+    assert len(p) == 6
+    assert p.loc[p["oversleep_s"].idxmax(), ["rank", "iteration"]].tolist() == [3, 1]
+    big = p[p["oversleep_s"] >= 0.05]
+
+    def verdict(kind, ranks, its):
+        return {"irregular_iterations": its, "candidates": [
+            {"kind": kind, "ranks": ranks, "evidence": [{"iteration": i} for i in its]}]}
+
+    assert _pauses_explain(verdict("host", [3], [1]), big)
+    assert not _pauses_explain(verdict("host", [0], [1]), big)  # rank 0 was not paused
+    assert not _pauses_explain(verdict("host", [3], [2]), big)  # not in that iteration
+    assert not _pauses_explain(verdict("link", [3], [1]), big)  # a network device is not a pause
+    assert not _pauses_explain({"candidates": []}, big)
 
 
 def test_layout_groups_cover_every_rank_once():
@@ -75,11 +109,18 @@ def test_judge():
     assert not judge(healthy, {"candidates": [{"kind": "gpu", "ranks": [1]}]})[0]
 
 
-# Known flaky on a loaded 2-core machine: about one healthy drill in three came back with a
-# spurious host candidate while other tests competed for the CPU (scheduler pauses look like
-# host stalls). Tracked in the closing note; remove the mark once the pipeline discounts them.
+# Still flaky on a heavily loaded 2-core machine, though the drill now computes (compute_s):
+# healthy in 5/5 drills under the usual load of this machine, 2/5 with two extra busy loops
+# (4/5 with compute_s=0.1, which hides the bandwidth fault). The false candidate comes from the
+# localizer's straggler / p2p-chain rules (holmes_ml/localize/rules.py, _rank_candidates): a
+# machine-wide scheduler slowdown accumulates along the pipeline onto the stage-0 ranks, which
+# arrive last at their dp all_reduce; backtracking stops there (no single earlier wait reaches
+# follow_fraction of the lateness) and the 2 % per-iteration floor is below that jitter, so a
+# host (or gpu) candidate on rank 0/1 is reported, sometimes with no irregular iteration at all
+# (probe iterations). The drill records each rank's own scheduler losses (machine_pauses) to
+# tell such runs apart; remove the mark once the localizer discounts machine-wide slowdowns.
 _HEALTHY_FLAKY = pytest.mark.xfail(
-    reason="pipeline may blame a CPU-starved rank of a healthy drill on a loaded machine",
+    reason="localizer may blame a stage-0 rank for a machine-wide scheduler slowdown",
     strict=False,
 )
 
@@ -141,7 +182,8 @@ def test_ci_drill_straggler_top1(straggler_drill):
 @pytest.mark.slow
 @_HEALTHY_FLAKY
 def test_ci_drill_healthy(healthy_drill):
-    assert healthy_drill.verdict["candidates"] == [], healthy_drill.verdict
+    assert healthy_drill.verdict["candidates"] == [], (
+        healthy_drill.verdict, healthy_drill.machine_pauses)
     assert healthy_drill.ok
 
 
@@ -155,7 +197,11 @@ def test_bandwidth_drill_netns(tmp_path):
     reason = bandwidth_unavailable()
     if reason:
         pytest.skip(reason)
-    res = run_drill(DrillConfig(fault="bandwidth", rank=3, iterations=12, out=str(tmp_path)))
+    # Communication-bound on purpose (no compute, 2mbit, the configuration this test was written
+    # for): with compute_s=0.03 and 500kbit the capped rank came back on top in 1 of 2 runs, the
+    # other naming stage-0 rank 1 (the localizer issue described at _HEALTHY_FLAKY).
+    res = run_drill(DrillConfig(fault="bandwidth", rank=3, iterations=12, out=str(tmp_path),
+                                compute_s=0.0, bandwidth_rate="2mbit"))
     assert not res.skipped
     assert res.n_ops == 8 * 12 * 9
     assert res.top_ranks == (3,), res.verdict

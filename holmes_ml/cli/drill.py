@@ -24,20 +24,27 @@ def register(app: typer.Typer) -> None:
         ),
         rank: int = typer.Option(0, "--rank", help="Rank to break."),
         iterations: int = typer.Option(20, "--iterations", help="Training steps."),
+        compute_s: float = typer.Option(
+            0.03, "--compute-s",
+            help="Simulated compute (sleep) per microbatch pass of every rank, in seconds.",
+        ),
         out: Path = typer.Option(Path("drill-out"), "--out", help="Logs and drill.json go here."),
         timeout: float = typer.Option(300.0, "--timeout", help="Kill the job after N seconds."),
     ) -> None:
         """Launch an N-process gloo job on loopback, break one rank, localize, and judge.
 
         Exit code 0 when the injected rank comes back on top (or the job comes back healthy with
-        --fault none), 1 when it is missed, 2 when the drill could not run here.
+        --fault none), 1 when it is missed, 2 when the drill could not run here, 3 when a drill
+        without fault came back with the stall of a rank that the machine itself paused (measured
+        by the rank: a loaded machine; rerun it on a quieter one).
         Example: `holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5`.
         """
         from holmes_ml.drill import DrillConfig, run_drill
 
         try:
             cfg = DrillConfig(ranks=ranks, tp=tp, pp=pp, dp=dp, fault=fault, rank=rank,
-                              iterations=iterations, out=str(out), timeout_s=timeout)
+                              iterations=iterations, compute_s=compute_s, out=str(out),
+                              timeout_s=timeout)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         try:
@@ -48,12 +55,16 @@ def register(app: typer.Typer) -> None:
         if res.skipped:
             typer.echo(f"drill skipped: {res.skipped}", err=True)
             raise typer.Exit(2)
-        verdict = "FOUND" if res.ok and fault != "none" else ("HEALTHY" if res.ok else "MISSED")
+        if res.ok:
+            verdict = "FOUND" if fault != "none" else "HEALTHY"
+        else:
+            verdict = "MACHINE-PAUSED" if res.pause_explained else "MISSED"
         typer.echo(json.dumps({
             "result": verdict, "fault": fault, "rank": rank, "top_ranks": list(res.top_ranks),
             "top_kind": res.top_kind, "localizer": res.localizer,
             "job_seconds": res.job_seconds, "n_ops": res.n_ops, "summary": str(out / "drill.json"),
+            "machine_pauses": [list(p) for p in res.machine_pauses[:10]],
             **({"pipeline_error": res.verdict["pipeline_error"]}
                if "pipeline_error" in res.verdict else {}),
         }, indent=2))
-        raise typer.Exit(0 if res.ok else 1)
+        raise typer.Exit(0 if res.ok else (3 if res.pause_explained else 1))

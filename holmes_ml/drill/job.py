@@ -1,9 +1,13 @@
 """One rank of the drill job: ``python -m holmes_ml.drill.job CONFIG_JSON`` (rank from ``RANK``).
 
 A tiny model step per iteration: per microbatch a forward pass (receive activations from the
-previous pipeline stage, a matmul, tensor-parallel all_reduce, send to the next stage), the
-backward pass in reverse, then the data-parallel all_reduce of gradients. Ranks are laid out in
-Megatron order (tp fastest, then dp, then pp).
+previous pipeline stage, a matmul plus ``compute_s`` of simulated compute, tensor-parallel
+all_reduce, send to the next stage), the backward pass in reverse, then the data-parallel
+all_reduce of gradients. Ranks are laid out in
+Megatron order (tp fastest, then dp, then pp). Each rank also writes ``sched-rankNNNNN.json``
+next to its log directory: per iteration the total oversleep of its compute sleeps, an independent
+measure of the time the OS scheduler kept it waiting
+(see :func:`holmes_ml.drill.runner.machine_pauses`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -20,6 +25,14 @@ def layout_groups(tp: int, pp: int, dp: int) -> tuple[list[list[int]], list[list
     tp_groups = [[p * tp * dp + d * tp + t for t in range(tp)] for p in range(pp) for d in range(dp)]
     dp_groups = [[p * tp * dp + d * tp + t for d in range(dp)] for p in range(pp) for t in range(tp)]
     return tp_groups, dp_groups
+
+
+def _compute(seconds: float) -> float:
+    """Sleep ``seconds`` (simulated compute); return the oversleep, a probe of how long the OS
+    scheduler kept this rank waiting for a CPU."""
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    return max(0.0, time.perf_counter() - t0 - seconds)
 
 
 def run(cfg: dict[str, Any], rank: int) -> None:
@@ -55,6 +68,11 @@ def run(cfg: dict[str, Any], rank: int) -> None:
     grad = torch.zeros(hidden, hidden)
     act = torch.zeros(mb, hidden)
     fault, target = cfg["fault"], cfg["rank"]
+    # The layer's real compute is tiny; a real step spends most of its time computing. The rest
+    # of each microbatch pass is a sleep: it keeps the iteration long against OS scheduler
+    # jitter (a CPU-starved rank of a loaded machine) without loading the CPU.
+    compute_s = float(cfg.get("compute_s", 0.0))
+    pauses: list[float] = []
     log_cfg = LoggerConfig(
         out_dir=cfg["out"], fmt="parquet", group_names=names, group_kinds=kinds,
         job="drill", host=cfg.get("host"),
@@ -62,6 +80,7 @@ def run(cfg: dict[str, Any], rank: int) -> None:
     dist.barrier()
     with CommOpsLogger(log_cfg) as log:
         for it in range(cfg["iterations"]):
+            lost = 0.0  # oversleep in this iteration: time the OS kept this rank off a CPU
             slow = fault == "straggler" and rank == target and it >= cfg["start_iteration"]
             if fault == "stall" and rank == target and it == cfg["stall_iteration"]:
                 time.sleep(cfg["stall_s"])
@@ -71,8 +90,7 @@ def run(cfg: dict[str, Any], rank: int) -> None:
                     dist.recv(act, src=prev_rank)
                     x = act.clone()
                 y = x @ weight
-                if slow:
-                    time.sleep(cfg["straggler_s"])
+                lost += _compute(compute_s + (cfg["straggler_s"] if slow else 0.0))
                 if tp > 1:
                     dist.all_reduce(y, group=my_tp)
                 if stage < pp - 1:
@@ -84,16 +102,18 @@ def run(cfg: dict[str, Any], rank: int) -> None:
                     g = act.clone()
                 gx = g @ weight.T
                 grad += x.T @ g
-                if slow:
-                    time.sleep(cfg["straggler_s"])
+                lost += _compute(compute_s + (cfg["straggler_s"] if slow else 0.0))
                 if tp > 1:
                     dist.all_reduce(gx, group=my_tp)
                 if stage > 0:
                     dist.send(gx.contiguous(), dst=prev_rank)
             if dp > 1:
                 dist.all_reduce(grad, group=my_dp)
+            pauses.append(lost)
             log.step()
     dist.barrier()
+    sched = Path(cfg["out"]).parent / f"sched-rank{rank:05d}.json"
+    sched.write_text(json.dumps({"rank": rank, "oversleep_s": pauses}))
     dist.destroy_process_group()
 
 

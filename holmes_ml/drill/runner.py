@@ -19,6 +19,9 @@ logger = logging.getLogger(__name__)
 
 #: Faults the drill can inject (``bandwidth`` needs root and network namespaces).
 FAULTS: tuple[str, ...] = ("none", "straggler", "stall", "bandwidth")
+#: A measured scheduler pause counts when it is this share of the median iteration time or
+#: more: the irregularity factor of the localizer (delta = 1.1) by default.
+PAUSE_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class DrillConfig:
     ----------
     ranks, tp, pp, dp:
         World size and layout; ``ranks`` must equal ``tp * pp * dp``.
+    compute_s:
+        Compute time (a sleep, so it does not load the CPU) of every rank per forward and per
+        backward microbatch pass, like the kernels of a real step: it keeps the OS scheduler
+        jitter of a loaded machine small against the iteration time.
     fault:
         One of :data:`FAULTS`. ``straggler``: ``straggler_s`` extra compute (sleep) per forward
         and backward microbatch on ``rank`` from ``start_iteration`` on (default: a third of
@@ -37,6 +44,9 @@ class DrillConfig:
         (default: the middle iteration); ``bandwidth`` (root only): every rank in its own
         network namespace, ``rank``'s veth capped with ``tc tbf`` for the whole run (see
         :mod:`holmes_ml.drill.netns`).
+    bandwidth_rate:
+        ``tc tbf`` rate of the ``bandwidth`` fault on ``rank``'s veth (the drill moves ~30 kB
+        per rank and step: the cap must stay visible against ``compute_s``).
     rank:
         Rank to break.
     iterations, microbatches, microbatch_size, hidden:
@@ -57,8 +67,10 @@ class DrillConfig:
     microbatches: int = 2
     microbatch_size: int = 8
     hidden: int = 64
-    straggler_s: float = 0.02
+    compute_s: float = 0.03
+    straggler_s: float = 0.03
     stall_s: float = 1.5
+    bandwidth_rate: str = "500kbit"
     start_iteration: int | None = None
     stall_iteration: int | None = None
     out: str = "drill-out"
@@ -76,13 +88,25 @@ class DrillConfig:
                 f"ranks={self.ranks}: expected tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = "
                 f"{self.tp * self.pp * self.dp}"
             )
+        for name in ("compute_s", "straggler_s", "stall_s"):
+            if not float(getattr(self, name)) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected seconds >= 0")
         if not 0 <= self.rank < self.ranks:
             raise ValueError(f"rank={self.rank}: expected 0 <= rank < {self.ranks}")
 
 
 @dataclass(frozen=True)
 class DrillResult:
-    """Outcome of one drill: ``ok`` is the exit criterion (found, or healthy when fault none)."""
+    """Outcome of one drill: ``ok`` is the exit criterion (found, or healthy when fault none).
+
+    ``machine_pauses`` lists ``(rank, iteration, seconds)`` where a rank's own compute sleeps
+    overslept, in total, by at least :data:`PAUSE_FRACTION` of the median iteration: the OS
+    kept it off a CPU long enough to make that iteration irregular by itself (a loaded machine).
+    For a drill without fault, ``pause_explained`` says the top candidate is such a measured
+    pause (its rank paused in one of the irregular iterations): a real host stall of the
+    machine, found, rather than a false alarm of the localizer. ``ok`` stays False then: the
+    drill was not healthy.
+    """
 
     ok: bool
     fault: str
@@ -95,6 +119,8 @@ class DrillResult:
     verdict: dict[str, Any] = field(default_factory=dict)
     log_paths: tuple[str, ...] = ()
     skipped: str = ""
+    machine_pauses: tuple[tuple[int, int, float], ...] = ()
+    pause_explained: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,6 +223,44 @@ def judge(cfg: DrillConfig, verdict: dict[str, Any]) -> tuple[bool, tuple[int, .
     return ok, ranks, top.get("kind")
 
 
+def machine_pauses(out: Path) -> pd.DataFrame:
+    """Per ``(rank, iteration)`` the total oversleep of the rank's compute sleeps, in seconds.
+
+    Read from the ``sched-rank*.json`` files the ranks write (:mod:`holmes_ml.drill.job`); an
+    empty frame when there are none.
+    """
+    frames = []
+    for path in sorted(Path(out).glob("sched-rank*.json")):
+        d = json.loads(path.read_text())
+        s = d["oversleep_s"]
+        frames.append(pd.DataFrame({"rank": int(d["rank"]), "iteration": range(len(s)),
+                                    "oversleep_s": s}))
+    if not frames:
+        return pd.DataFrame({"rank": [], "iteration": [], "oversleep_s": []})
+    return pd.concat(frames, ignore_index=True)
+
+
+def _median_iteration_s(paths: list[Path]) -> float:
+    ops = pd.concat([pd.read_parquet(p, columns=["iteration", "start_ns", "duration_us"])
+                     for p in paths], ignore_index=True)
+    end = ops["start_ns"] + ops["duration_us"] * 1e3
+    span = end.groupby(ops["iteration"]).max() - ops["start_ns"].groupby(ops["iteration"]).min()
+    return float(span.median()) / 1e9 if len(span) else 0.0
+
+
+def _pauses_explain(verdict: dict[str, Any], pauses: pd.DataFrame) -> bool:
+    """Is the top candidate a rank the machine measurably paused in an irregular iteration?"""
+    cands = verdict.get("candidates") or []
+    if not cands or not len(pauses):
+        return False
+    top = cands[0]
+    its = set(verdict.get("irregular_iterations") or [])
+    its |= {int(e["iteration"]) for e in top.get("evidence", [])}
+    hit = pauses["rank"].isin([int(r) for r in top.get("ranks", [])]) & pauses["iteration"].isin(
+        its)
+    return top.get("kind") in ("host", "gpu") and bool(hit.any())
+
+
 def run_drill(cfg: DrillConfig) -> DrillResult:
     """Launch, log, localize and judge; write ``<out>/drill.json``.
 
@@ -208,6 +272,8 @@ def run_drill(cfg: DrillConfig) -> DrillResult:
     """
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("sched-rank*.json"):  # an earlier drill in the same directory
+        stale.unlink()
     if cfg.fault == "bandwidth":
         from holmes_ml.drill.netns import bandwidth_unavailable, namespaces
 
@@ -216,7 +282,7 @@ def run_drill(cfg: DrillConfig) -> DrillResult:
             result = DrillResult(False, cfg.fault, cfg.rank, (), None, "", 0.0, 0, skipped=reason)
             (out / "drill.json").write_text(json.dumps(result.to_dict(), indent=2))
             return result
-        with namespaces(cfg.ranks, cfg.rank) as (prefixes, master):
+        with namespaces(cfg.ranks, cfg.rank, rate=cfg.bandwidth_rate) as (prefixes, master):
             seconds = launch(cfg, out, prefixes, master, {"GLOO_SOCKET_IFNAME": "eth0"})
     else:
         seconds = launch(cfg, out)
@@ -224,8 +290,22 @@ def run_drill(cfg: DrillConfig) -> DrillResult:
     n_ops = sum(len(pd.read_parquet(p, columns=["seq"])) for p in paths)
     verdict, who = localize(paths)
     ok, top_ranks, top_kind = judge(cfg, verdict)
-    result = DrillResult(ok, cfg.fault, cfg.rank, top_ranks, top_kind, who, round(seconds, 3),
-                         n_ops, verdict, tuple(str(p) for p in paths))
+    pauses = machine_pauses(out)
+    if len(pauses) and paths:
+        pauses = pauses[pauses["oversleep_s"] >= PAUSE_FRACTION * _median_iteration_s(paths)]
+        if len(pauses):
+            logger.warning(
+                "the machine paused drill ranks by up to %.0f ms (%d rank-iterations): a loaded "
+                "machine adds real host stalls to the drill", 1e3 * pauses["oversleep_s"].max(),
+                len(pauses))
+    explained = cfg.fault == "none" and not ok and _pauses_explain(verdict, pauses)
+    result = DrillResult(
+        ok, cfg.fault, cfg.rank, top_ranks, top_kind, who, round(seconds, 3), n_ops, verdict,
+        tuple(str(p) for p in paths),
+        machine_pauses=tuple((int(r.rank), int(r.iteration), round(float(r.oversleep_s), 4))
+                             for r in pauses.itertuples()),
+        pause_explained=explained,
+    )
     (out / "drill.json").write_text(json.dumps({"config": asdict(cfg), **result.to_dict()},
                                                indent=2, default=str))
     return result
