@@ -135,8 +135,13 @@ def localize_records(
         strag = _backtrack(strag, ab, cfg, 0.5 * med_iter_us * 1e3)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
+        # With no delta-irregular iteration every step is within the tolerance the user set:
+        # a rank is only a suspect if it alone held some step back by (delta - 1) of its time
+        # (a slowdown older than the window, which the reference has absorbed). Smaller lateness
+        # there is jitter (OS scheduling, data loading), whatever the per-op detector says.
+        steady_floor = 0.0 if irregular else (cfg.delta - 1.0) * med_iter_us
         rank_cands, workload, rank_total = _rank_candidates(
-            strag, topology, fabric, cfg, n_its, floor)
+            strag, topology, fabric, cfg, n_its, floor, steady_floor)
         comm = ev[ev["rule"] == "communication"]
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
@@ -289,8 +294,13 @@ def _rank_candidates(
     cfg: LocalizeConfig,
     n_its: int,
     floor: float,
+    steady_floor: float = 0.0,
 ) -> tuple[list[Candidate], list[WorkloadFinding], float]:
-    """GPU / host candidates from straggler evidence, unless the pattern says workload."""
+    """GPU / host candidates from straggler evidence, unless the pattern says workload.
+
+    ``steady_floor`` > 0 (no iteration was irregular): a candidate must have held its partners
+    back that long at least once.
+    """
     if len(strag) == 0:
         return [], [], 0.0
     strag = strag[strag["rank"].isin(topology.ranks["rank"].to_numpy())]
@@ -339,6 +349,11 @@ def _rank_candidates(
     per_it_floor = floor / max(n_its, 1)
     ok = (per_rank["size"] >= cfg.min_evidence) & (per_rank["sum"] >= per_it_floor * per_rank[
         "n_it"])
+    if steady_floor > 0:
+        # the longest the others waited for the rank at once: its own lateness (sums over the
+        # groups it delayed count one delay several times)
+        worst = strag.groupby("rank")["weight"].max().reindex(per_rank.index, fill_value=0.0)
+        ok &= worst >= steady_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
     best_ev = best_ev.groupby("rank").head(5)
