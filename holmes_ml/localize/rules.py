@@ -136,7 +136,7 @@ def localize_records(
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
         # With no delta-irregular iteration every step is within the tolerance the user set:
-        # a rank is only a suspect if it alone held some step back by (delta - 1) of its time
+        # a rank is only a suspect if it held some step back by (delta - 1) of its time
         # (a slowdown older than the window, which the reference has absorbed). Smaller lateness
         # there is jitter (OS scheduling, data loading), whatever the per-op detector says.
         steady_floor = 0.0 if irregular else (cfg.delta - 1.0) * med_iter_us
@@ -299,7 +299,7 @@ def _rank_candidates(
     """GPU / host candidates from straggler evidence, unless the pattern says workload.
 
     ``steady_floor`` > 0 (no iteration was irregular): a candidate must have held its partners
-    back that long at least once.
+    back that long in at least one iteration.
     """
     if len(strag) == 0:
         return [], [], 0.0
@@ -350,9 +350,9 @@ def _rank_candidates(
     ok = (per_rank["size"] >= cfg.min_evidence) & (per_rank["sum"] >= per_it_floor * per_rank[
         "n_it"])
     if steady_floor > 0:
-        # the longest the others waited for the rank at once: its own lateness (sums over the
-        # groups it delayed count one delay several times)
-        worst = strag.groupby("rank")["weight"].max().reindex(per_rank.index, fill_value=0.0)
+        # the most it held the others back in one step (a slow GPU's lateness accumulates over
+        # the microbatches of a step; a host pause comes at once)
+        worst = per_it.groupby("rank")["weight"].max().reindex(per_rank.index, fill_value=0.0)
         ok &= worst >= steady_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
