@@ -100,7 +100,50 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
         np.full(len(ops), cfg.min_wait_us), 3.0 * sigma, cfg.rel_excess * typical,
         cfg.gap_fraction * spread * gap,
     ])
-    return np.clip(excess / (2.0 * bar), 0.0, 1.0)
+    score = np.clip(excess / (2.0 * bar), 0.0, 1.0)
+    return np.maximum(score, _transfer_scores(ops, cfg))
+
+
+def _transfer_scores(ops: pd.DataFrame, cfg: LocalizeConfig) -> np.ndarray:
+    """Score every copy of a collective instance by its *shortest* copy.
+
+    The last participant to arrive waits for no one: its copy is the transfer alone. When even
+    that copy is long against the shortest copies of the same collective elsewhere (same op,
+    group kind, bytes and position), the communication itself was slow and every copy is
+    abnormal, whoever waited. Per-copy references cannot see this when a link is slow from the
+    first step: waiters and late arrivers make the copies of a class bimodal and its spread
+    hides the slow instance.
+    """
+    o = ops.reset_index(drop=True)
+    op_s = o["op"].astype(str)
+    coll = ~op_s.isin(["send", "recv"]).to_numpy()
+    out = np.zeros(len(o))
+    if not coll.any():
+        return out
+    c = o[coll]
+    it = c["iteration"].to_numpy(dtype=np.int64)
+    group = _codes(c["group"])
+    seq = c["seq"].to_numpy(dtype=np.int64)
+    rank = c["rank"].to_numpy(dtype=np.int64)
+    inst = _combine(group, seq)
+    dur = pd.Series(c["duration_us"].to_numpy(dtype=np.float64))
+    copies = dur.groupby(inst).transform("size").to_numpy()
+    shortest = dur.groupby(inst).transform("min")
+    pos = seq - pd.Series(seq).groupby(_combine(it, group, rank)).transform("min").to_numpy()
+    gk = _codes(c["group_kind"]) if "group_kind" in c.columns else np.zeros(len(c), np.int64)
+    cls = _combine(_codes(c["op"]), gk, _codes(c["nbytes"]), pos)
+    # One value per instance, so large groups do not outvote small ones.
+    first = ~pd.Series(inst).duplicated().to_numpy()
+    per = pd.DataFrame({"cls": cls[first], "m": shortest.to_numpy()[first]})
+    ref = per.groupby("cls")["m"].median()
+    mad = (per["m"] - per["cls"].map(ref)).abs().groupby(per["cls"]).median()
+    typical = pd.Series(cls).map(ref).to_numpy()
+    sigma = 1.4826 * pd.Series(cls).map(mad).to_numpy()
+    bar = np.maximum.reduce([np.full(len(c), cfg.min_wait_us), 3.0 * sigma,
+                             cfg.rel_excess * typical])
+    score = np.clip((shortest.to_numpy() - typical) / (2.0 * bar), 0.0, 1.0)
+    out[coll] = np.where(copies >= 2, score, 0.0)
+    return out
 
 
 def _group_sizes(ops: pd.DataFrame) -> np.ndarray:

@@ -75,7 +75,8 @@ def run(cfg: dict[str, Any], rank: int) -> None:
     pauses: list[float] = []
     log_cfg = LoggerConfig(
         out_dir=cfg["out"], fmt="parquet", group_names=names, group_kinds=kinds,
-        job="drill", host=cfg.get("host"),
+        job="drill",
+        host=f"{cfg['host']}-ns{rank}" if cfg.get("host_per_rank") else cfg.get("host"),
     )
     dist.barrier()
     with CommOpsLogger(log_cfg) as log:

@@ -143,6 +143,10 @@ def _job_config(cfg: DrillConfig, out: Path) -> dict[str, Any]:
         cfg.iterations // 3 if cfg.start_iteration is None else cfg.start_iteration
     )
     d["host"] = socket.gethostname()
+    # In the bandwidth drill every rank has its own network namespace and veth: network-wise
+    # each rank is a host of its own (one NIC), and its logs say so, so that the localizer can
+    # name the capped veth as that rank's NIC. Otherwise all ranks share one machine.
+    d["host_per_rank"] = cfg.fault == "bandwidth"
     return d
 
 
