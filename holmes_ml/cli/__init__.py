@@ -23,6 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # Docstrings are wrapped at the source's width; markdown mode re-flows each paragraph to
+    # the terminal instead of keeping those line breaks.
+    rich_markup_mode="markdown",
 )
 
 #: Modules that add commands, in the order they appear in --help.

@@ -31,13 +31,17 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("drill-out"), "--out", help="Logs and drill.json go here."),
         timeout: float = typer.Option(300.0, "--timeout", help="Kill the job after N seconds."),
     ) -> None:
-        """Launch an N-process gloo job on loopback, break one rank, localize, and judge.
+        """Launch an N-process gloo job on this machine, break one rank, localize, and judge.
 
-        Exit code 0 when the injected rank comes back on top (or the job comes back healthy with
-        --fault none), 1 when it is missed, 2 when the drill could not run here, 3 when a drill
-        without fault came back with the stall of a rank that the machine itself paused (measured
-        by the rank: a loaded machine; rerun it on a quieter one).
-        Example: `holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5`.
+        Faults: straggler (RANK computes 2x longer per microbatch from a third of the run on),
+        stall (RANK pauses once, 1.5 s, mid-run), bandwidth (root only: every rank in its own
+        network namespace, RANK's veth capped with tc tbf), none (must come back healthy).
+
+        Exit codes: 0 found (or healthy with --fault none), 1 missed, 2 the drill cannot run
+        here, 3 a no-fault drill blamed a rank that the machine itself kept off the CPU (a
+        loaded machine: rerun on a quieter one).
+
+        Example: holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5
         """
         from holmes_ml.drill import DrillConfig, run_drill
 
