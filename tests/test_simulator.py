@@ -140,6 +140,20 @@ def test_healthy_run_has_no_abnormal_labels_and_drift_is_benign() -> None:
     validate(ops, "simulated")  # canonical schema, group sizes consistent
 
 
+def test_comm_drift_stretches_transfers_and_stays_benign() -> None:
+    base = simulate(SimConfig(**{**SMALL, "iterations": 6})).ops
+    drifted = simulate(SimConfig(**{**SMALL, "iterations": 6}, comm_drift=0.5)).ops
+    assert not drifted["abnormal"].any()
+    key = ["iteration", "rank", "group", "seq"]
+    m = base.merge(drifted, on=key, suffixes=("", "_d"))
+    sends = m[m["op"] == "send"]  # a send's duration is its transfer alone
+    ratio = (sends["duration_us_d"] / sends["duration_us"]).groupby(sends["iteration"]).median()
+    assert abs(ratio.loc[0] - 1.0) < 1e-9  # same draws: the first iteration is untouched
+    assert abs(ratio.loc[5] - 1.5) < 1e-6  # the last one 50 % longer
+    with pytest.raises(ValueError, match="comm_drift"):
+        SimConfig(**SMALL, comm_drift=1.5)
+
+
 def test_abnormal_label_threshold_matches_counterfactual() -> None:
     healthy = simulate(SimConfig(**SMALL)).ops
     res = simulate(SimConfig(**SMALL, faults=(FaultSpec.parse("gpu_slow:rank=20,severity=0.4"),)))

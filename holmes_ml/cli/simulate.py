@@ -63,6 +63,10 @@ def register(app: typer.Typer) -> None:
         drift: float = typer.Option(
             0.0, "--drift", help="Relative compute slow-down over the run (benign)."
         ),
+        comm_drift: float = typer.Option(
+            0.0, "--comm-drift",
+            help="Relative slow-down of every transfer over the run (benign), e.g. 0.3.",
+        ),
         calibrate_from: Path = typer.Option(
             None,
             "--calibrate-from",
@@ -97,6 +101,7 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 jitter=jitter,
                 drift=drift,
+                comm_drift=comm_drift,
                 calibrate_from=calibrate_from,
             )
         except ValueError as exc:

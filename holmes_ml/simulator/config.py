@@ -269,6 +269,11 @@ class SimConfig:
         Relative growth of compute time over the run (0.1 = the last iteration computes 10%
         slower than the first, linearly), shared by the whole job, as thermal throttling or
         growing data-dependent work would cause. Benign: it never produces ``abnormal`` labels.
+    comm_drift:
+        The same for every communication transfer time (0.2 = the last iteration's transfers
+        take 20% longer, linearly): throttled GPUs run NCCL kernels slower too, and fabric load
+        grows. Benign like ``drift``; with both set, every time the logs show drifts and a
+        detector keyed on absolute microseconds needs its thresholds moved.
     calibrate_from:
         A canonical CommOps log (parquet/csv) whose per-(op, group_kind) duration spread replaces
         ``jitter`` for communication (see :mod:`holmes_ml.simulator.calibrate`).
@@ -305,6 +310,7 @@ class SimConfig:
     micro_batch_size: int = 1
     job: str = "sim"
     dp_replicate: int = 1
+    comm_drift: float = 0.0
     _layout: Layout | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -337,6 +343,9 @@ class SimConfig:
             raise ValueError(f"SimConfig.jitter: got {self.jitter!r}; expected 0 <= jitter < 1")
         if not (0 <= self.drift < 0.5):
             raise ValueError(f"SimConfig.drift: got {self.drift!r}; expected 0 <= drift < 0.5")
+        if not (0 <= self.comm_drift < 1.0):
+            raise ValueError(
+                f"SimConfig.comm_drift: got {self.comm_drift!r}; expected 0 <= comm_drift < 1")
         for i, f in enumerate(self.faults):
             if not isinstance(f, FaultSpec):
                 raise ValueError(f"SimConfig.faults[{i}]: got {f!r}; expected a FaultSpec")
@@ -430,6 +439,7 @@ class SimConfig:
             "seed": self.seed,
             "jitter": self.jitter,
             "drift": self.drift,
+            "comm_drift": self.comm_drift,
             "calibrate_from": None if self.calibrate_from is None else str(self.calibrate_from),
             "hardware": self.hardware,
             "hosts_per_pod": self.pod_hosts,

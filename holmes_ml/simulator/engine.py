@@ -95,6 +95,7 @@ class Engine:
         compute_scale: float | None = None,
     ) -> None:
         self.cfg = cfg
+        self._xfer_drift = 1.0  # comm_drift factor of the current iteration
         self.lay = cfg.layout
         self.spec = MODELS[cfg.model]
         self.hw = HARDWARE[cfg.hardware]
@@ -279,9 +280,9 @@ class Engine:
             model = alpha + beta
             # Median matches the log; intra/inter-host and fault ratios come from the model.
             scale = cal.median_us / float(np.median(model))
-            return scale * (alpha + beta * bwm) * noise
+            return scale * (alpha + beta * bwm) * noise * self._xfer_drift
         noise = np.exp(self.cfg.jitter * self.rng.standard_normal(shape))
-        return (alpha + beta * bwm) * noise
+        return (alpha + beta * bwm) * noise * self._xfer_drift
 
     # ----------------------------------------------------------------- op steps
     def _collective(
@@ -377,6 +378,7 @@ class Engine:
     def _prepare_iteration(self, it: int) -> None:
         cfg = self.cfg
         drift = 1.0 + cfg.drift * it / max(1, cfg.iterations - 1)
+        self._xfer_drift = 1.0 + cfg.comm_drift * it / max(1, cfg.iterations - 1)
         mult = np.full((self.S, self.cluster.world), drift)
         self._stalls: list[tuple[int, int, float]] = []  # (microbatch, rank, pause_us)
         for f in self.faults:
