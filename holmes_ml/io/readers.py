@@ -66,7 +66,10 @@ def detect_format(path: str | Path) -> str:
             return "kineto"
         if '"entries"' in text or '"collective_seq_id"' in text or '"pg_config"' in first:
             return "flight-recorder"
-        if '"coll_perf"' in text or '"dump_timestamp_us"' in text or '"coll":' in text:
+        # NCCL Inspector: every line (v4.0-v4.2) or every v4.3 dump_stats marker carries
+        # metadata.inspector_output_format_version; payload lines are coll_perf / p2p_perf.
+        if any(k in text for k in ('"inspector_output_format_version"', '"coll_perf"',
+                                   '"p2p_perf"', '"dump_timestamp_us"')):
             return "nccl-inspector"
         if all(f'"{c}"' in first for c in REQUIRED_COLUMNS):
             return "native"
