@@ -182,12 +182,14 @@ def test_bandwidth_drill_netns(tmp_path):
     reason = bandwidth_unavailable()
     if reason:
         pytest.skip(reason)
-    # Communication-bound on purpose (no compute, 2mbit). With the CLI defaults (compute_s=0.03,
-    # 500kbit) the capped rank came back on top in 1 of 2 runs: the cap is on from the first
-    # step, so the slow dp all_reduce of its pair is "normal" by its class statistics (waiters
-    # and late arrivers make that class bimodal) and its partner's lateness is blamed instead.
+    # Communication-bound on purpose (no compute, 2mbit), with 64-sample microbatches so the
+    # capped rank's own TP / PP traffic outweighs incidental hiccups on its DP partner's other
+    # flows. With 8-sample microbatches the partner's NIC came out on top in about 1 run of 6
+    # under load (its DP ring shares the cap, and a stray slow transfer on its own TP group or
+    # send/recv pair left it with no healthy witness); with the CLI defaults (compute_s=0.03,
+    # 500kbit) 4 of 5 runs named the capped NIC.
     res = run_drill(DrillConfig(fault="bandwidth", rank=3, iterations=12, out=str(tmp_path),
-                                compute_s=0.0, bandwidth_rate="2mbit"))
+                                compute_s=0.0, bandwidth_rate="2mbit", microbatch_size=64))
     assert not res.skipped
     assert res.n_ops == 8 * 12 * 9
     assert res.top_ranks == (3,), res.verdict
