@@ -26,7 +26,8 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check holmes_ml tests
-	$(VENV)/bin/pytest -n 2 --durations=15 --doctest-modules --nbmake holmes_ml tests notebooks
+	$(VENV)/bin/pytest -n 2 --durations=15 --doctest-modules --nbmake -m "not drill" holmes_ml tests notebooks
+	$(VENV)/bin/pytest --durations=5 -m drill tests
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check holmes_ml tests

@@ -132,6 +132,7 @@ def healthy_drill(tmp_path_factory):
 
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.drill
 def test_ci_drill_logs_are_complete(straggler_drill):
     res = straggler_drill
     # per rank and step: 4 tp all_reduce, 4 P2P (2 microbatches x fwd/bwd), 1 dp all_reduce
@@ -145,14 +146,13 @@ def test_ci_drill_logs_are_complete(straggler_drill):
 
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.drill
 def test_ci_drill_straggler_visible_in_logs(straggler_drill):
     """The injected rank is the culprit by the arrival-order rule on the real logs."""
     verdict = arrival_localize(_ops(straggler_drill))
     assert [c["ranks"] for c in verdict["candidates"]][:1] == [[5]]
 
 
-@pytest.mark.torch
-@pytest.mark.slow
 def _measured_pauses(res) -> set[int]:
     """Ranks the machine kept off the CPU by PAUSE_FRACTION of a step (their own record)."""
     from holmes_ml.drill.runner import PAUSE_FRACTION, _median_iteration_s
@@ -170,6 +170,9 @@ def _measured_pauses(res) -> set[int]:
 # CPU, independently of the logs, and a candidate on such a rank is a real host stall, found.
 
 
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.drill
 def test_ci_drill_healthy_logs_have_no_culprit(healthy_drill):
     cands = arrival_localize(_ops(healthy_drill))["candidates"]
     blamed = {int(r) for c in cands for r in c["ranks"]}
@@ -178,6 +181,7 @@ def test_ci_drill_healthy_logs_have_no_culprit(healthy_drill):
 
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.drill
 def test_ci_drill_straggler_top1(straggler_drill):
     assert straggler_drill.top_ranks == (5,), straggler_drill.verdict
     assert straggler_drill.ok
@@ -185,6 +189,7 @@ def test_ci_drill_straggler_top1(straggler_drill):
 
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.drill
 def test_ci_drill_healthy(healthy_drill):
     if healthy_drill.verdict["candidates"]:
         assert healthy_drill.pause_explained, (healthy_drill.verdict,
@@ -196,6 +201,7 @@ def test_ci_drill_healthy(healthy_drill):
 @pytest.mark.root
 @pytest.mark.torch
 @pytest.mark.slow
+@pytest.mark.drill
 def test_bandwidth_drill_netns(tmp_path):
     pytest.importorskip("torch")
     from holmes_ml.drill.netns import bandwidth_unavailable
