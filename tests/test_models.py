@@ -193,3 +193,28 @@ def test_small_lightgbm_compiled_scores_equal_the_booster():
         small.decision_function(edge),
         small.estimator_.booster_.predict(edge.to_numpy(np.float64)[:, small.used_features_]),
         rtol=0, atol=1e-12)
+
+
+def test_compiled_unbalanced_trees_score_like_the_booster():
+    # Deep, lopsided trees (leaf-wise growth without a depth cap) exercise the leaf-index
+    # arithmetic on subtrees of unequal size; rows are more than one evaluation block.
+    import pandas as pd
+
+    from holmes_ml.models import _compiled
+
+    rng = np.random.default_rng(11)
+    X = pd.DataFrame(rng.normal(size=(4000, 4)).astype(np.float32), columns=list("abcd"))
+    y = ((X["a"] > 0.8) | ((X["b"] < -0.5) & (X["c"] > 0.2)) | (rng.random(4000) < 0.05))
+    det = LightGBMDetector(n_estimators=12, num_leaves=14, min_child_samples=5,
+                           random_state=0).fit(X, y.to_numpy())
+    assert det.compiled_ is not None
+
+    def depth(node):
+        return 0 if isinstance(node, float) else 1 + max(depth(node[3]), depth(node[4]))
+
+    depths = [depth(t) for t in det.compiled_.trees]
+    assert max(depths) > 4  # lopsided: 14 leaves deeper than a balanced tree's 4 levels
+    Xt = pd.DataFrame(rng.normal(size=(_compiled._CHUNK + 5000, 4)).astype(np.float32),
+                      columns=list("abcd"))
+    want = det.estimator_.booster_.predict(Xt.to_numpy(np.float64), num_threads=1)
+    np.testing.assert_allclose(det.decision_function(Xt), want, rtol=0, atol=1e-12)

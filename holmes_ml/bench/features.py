@@ -1,8 +1,10 @@
 """``holmes bench features``: throughput and memory of per-operator feature extraction.
 
 Times :func:`holmes_ml.features.build_features` on a simulated job, single process, and — when
-the models package provides a default model — features plus inference. :func:`synthetic_ops` is a
-tiny dependency-free job generator for tests.
+the models package provides a default model — features plus per-op scores. The per-core figures
+(``*_per_cpu_s``) are ops per CPU second of this process, counting all the work from the op
+table in memory to the features / scores. :func:`synthetic_ops` is a tiny dependency-free job
+generator for tests.
 """
 
 from __future__ import annotations
@@ -172,45 +174,64 @@ def _simulated_ops(target_ops: int, seed: int) -> tuple[pd.DataFrame, str]:
 
 
 def _time_inference(
-    ops: pd.DataFrame, cfg, figures: dict[str, float], goals: dict[str, str], model=None
+    ops: pd.DataFrame, cfg, figures: dict[str, float], goals: dict[str, str], model=None,
+    repeats: int = 3,
 ) -> None:
-    """Features + scoring with the shipped default model, when the models package has one."""
+    """Features + per-op scores with ``model`` (default: the shipped default model).
+
+    What is counted is all the work from the op table in memory to one score per op:
+    :func:`~holmes_ml.features.build_features` then :func:`~holmes_ml.models.score_ops` (the
+    public scoring path, input validation included). Times are CPU seconds of this process
+    (user + system; features and models run on one thread), so ``ops / CPU second`` is the
+    per-core figure, robust to other processes sharing the machine. The best of ``repeats``
+    runs is kept, as for extraction alone.
+    """
     from holmes_ml.features import build_features
 
     try:
-        from holmes_ml.models import default_model
+        from holmes_ml.models import default_model, score_ops
 
         model = default_model() if model is None else model
     except Exception as exc:  # noqa: BLE001 - a missing model must not hide the main figure
         logger.warning("no default model to time inference with: %s", exc)
         return
-    try:
-        scorer = getattr(model, "decision_function", None) or model.predict
-        t0, c0 = time.perf_counter(), os.times()
-        feats = build_features(ops, cfg)
-        t1, c1 = time.perf_counter(), os.times()
-        scorer(feats)
-        t2, c2 = time.perf_counter(), os.times()
-    except Exception as exc:  # noqa: BLE001 - a broken model must not hide the main figure
-        logger.warning("default model inference failed: %s", exc)
-        return
 
     def cpu(a, b) -> float:
         return max((b.user - a.user) + (b.system - a.system), 1e-9)
 
+    best: tuple[float, float, float, float] | None = None  # total cpu, inference cpu, walls
+    try:
+        for _ in range(max(1, repeats)):
+            t0, c0 = time.perf_counter(), os.times()
+            feats = build_features(ops, cfg)
+            t1, c1 = time.perf_counter(), os.times()
+            scores = score_ops(ops, model, features=feats)
+            t2, c2 = time.perf_counter(), os.times()
+            del feats, scores
+            run = (cpu(c0, c2), cpu(c1, c2), t2 - t0, max(t2 - t1, 1e-9))
+            best = run if best is None or run[0] < best[0] else best
+    except Exception as exc:  # noqa: BLE001 - a broken model must not hide the main figure
+        logger.warning("default model inference failed: %s", exc)
+        return
     n = float(len(ops))
-    figures["ops_per_s_with_inference"] = n / (t2 - t0)
-    # CPU seconds of this process (the model predicts on one thread): the per-core figure,
-    # robust to other processes sharing the machine; inference alone shows where time goes.
-    figures["ops_per_cpu_s_with_inference"] = n / cpu(c0, c2)
-    figures["inference_ops_per_cpu_s"] = n / cpu(c1, c2)
-    figures["inference_ops_per_s"] = n / max(t2 - t1, 1e-9)
+    total_cpu, inf_cpu, total_wall, inf_wall = best
+    figures["ops_per_s_with_inference"] = n / total_wall
+    figures["ops_per_cpu_s_with_inference"] = n / total_cpu
+    figures["inference_ops_per_cpu_s"] = n / inf_cpu
+    figures["inference_ops_per_s"] = n / inf_wall
     goals["ops_per_s_with_inference"] = ">= 1e6"
     goals["ops_per_cpu_s_with_inference"] = ">= 1e6"
 
 
 def run(quick: bool = False, model=None) -> BenchResult:
     """Measure ``build_features`` throughput (ops/s, single process) and peak memory.
+
+    Per-core figures (``*_per_cpu_s``) divide the ops by the CPU seconds (user + system) of
+    this process, from the canonical op table already in memory to the feature matrix
+    (``ops_per_cpu_s``) or to one score per op (``ops_per_cpu_s_with_inference``, see
+    :func:`_time_inference`); generating the job is not counted. Wall-clock figures are
+    reported too but depend on what else the machine runs. Each figure is the best of three
+    runs.
 
     ``model`` (a fitted detector) is the one timed for features + inference; ``None`` uses the
     shipped default model.

@@ -14,7 +14,16 @@ _LIMIT = np.iinfo(np.int64).max // 2
 
 
 def dense(key: np.ndarray) -> np.ndarray:
-    """Dense int64 codes 0..k-1 for an integer key (order of codes is arbitrary)."""
+    """Dense int64 codes 0..k-1 for an integer key (order of codes is arbitrary).
+
+    A key whose range is small next to its length is coded in linear time by
+    :func:`unique_inverse` (a ``bincount`` over the range, no hashing); others are hashed.
+    """
+    key = np.asarray(key)
+    if len(key) and key.dtype.kind in "iu":
+        span = int(key.max()) - int(key.min()) + 1
+        if span <= 4 * len(key) + 1024:
+            return unique_inverse(key)[1]
     codes, _ = pd.factorize(key, sort=False)
     return codes.astype(np.int64, copy=False)
 

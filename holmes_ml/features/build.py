@@ -223,20 +223,33 @@ def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
 _NETWORK_MAX = 32  # beyond this many lags np.sort beats a comparator network
 
 
-def _sort_columns(m: np.ndarray, tmp: np.ndarray) -> None:
-    """Sort each column of a ``(w, rows)`` matrix in place.
+def _sort_columns(m: np.ndarray, spare: np.ndarray) -> np.ndarray:
+    """Sort each column of a ``(w, rows)`` matrix; returns ``row_of`` such that the ``k``-th
+    smallest value of every column is in ``m[row_of[k]]``.
 
     A sorting network runs ~w log^2 w vectorized min/max passes over contiguous rows, several
-    times faster than ``np.sort`` on millions of 10-element rows.
+    times faster than ``np.sort`` on millions of 10-element rows. Each comparator writes its
+    minimum into the ``spare`` row and its maximum in place, then relabels the rows instead of
+    copying the minimum back (two passes per comparator instead of three).
     """
     w = m.shape[0]
     if w > _NETWORK_MAX:
         m.sort(axis=0)
-        return
+        return np.arange(w)
+    rows = [m[i] for i in range(w)]
+    free = spare
     for i, j in _sorting_network(w):
-        np.minimum(m[i], m[j], out=tmp)
-        np.maximum(m[i], m[j], out=m[j])
-        m[i] = tmp
+        a, b = rows[i], rows[j]
+        np.minimum(a, b, out=free)
+        np.maximum(a, b, out=b)
+        rows[i], free = free, a
+    if free is not spare:  # the spare row now holds a value: move it back into ``m``
+        k = next(i for i, r in enumerate(rows) if r is spare)
+        free[...] = spare
+        rows[k] = free
+    base = m.__array_interface__["data"][0]
+    stride = m.strides[0]
+    return np.array([(r.__array_interface__["data"][0] - base) // stride for r in rows])
 
 
 _HISTORY_OUTPUTS = (
@@ -264,8 +277,11 @@ def _history(
     rows where ``regular`` is true (see ``FeatureConfig.history_regular_only``). Rows are
     sorted by (signature, iteration) and the history rows compacted in that order, so the
     earlier occurrences of row ``i`` are the ``history_len`` compacted rows just before its
-    place; lag ``l`` of a chunk is then one gather. Everything derived from
-    the statistics is computed per chunk and scattered into ``matrix``, so no row-sized
+    place; lag ``l`` of a chunk is then one slice or gather. Windows are sorted in float32
+    (the precision of the output; twice the rows per cache line) by a sorting network; most
+    rows have a full window, whose order statistics are fixed rows of the sorted matrix, and
+    only the few rows with a shorter window (a signature's first occurrences) are patched.
+    Everything derived is computed per chunk and scattered into ``matrix``, so no row-sized
     float64 temporaries exist (memory stays ~ chunk x window).
 
     Without history the op's peers stand in for its past: the history statistics are the peer
@@ -292,21 +308,27 @@ def _history(
     # Same window when every iteration is regular (the common case): computed once.
     same_window = all_regular or cfg.history_regular_only
     before_b, count_b = (before_h, count_h) if same_window else window_of(r)
+    # irregular rows before each row (sorted order); used only when the windows differ
+    irr_before = None if same_window else np.arange(n, dtype=np.int64) - before_b
     # lag l of row i is padded[w - 1 + before[i] - l]
-    pad = np.zeros(w)
-    padded_h = np.concatenate([pad, v[r] if cfg.history_regular_only else v])
-    padded_b = np.concatenate([pad, v[r]])
-    padded_x = np.concatenate([pad, x[r]])
-    del r
+    pad = np.zeros(w, dtype=np.float32)
+    big = float(np.finfo(np.float32).max)  # absurd but finite times stay finite in float32
+    v32 = np.clip(v, -big, big).astype(np.float32)
+    padded_h = np.concatenate([pad, v32[r] if cfg.history_regular_only else v32])
+    padded_b = padded_h if cfg.history_regular_only else np.concatenate([pad, v32[r]])
+    padded_x = np.concatenate([pad, np.clip(x[r], -big, big).astype(np.float32)])
+    del r, v32
     chunk = int(min(cfg.chunk_rows, max(n, 1)))
     lag_idx = np.arange(w, dtype=np.int64)[:, None]
-    mat = np.empty((w, chunk))
-    tmp = np.empty(chunk)
+    mat = np.empty((w + 1, chunk), dtype=np.float32)  # the last row is the network's spare
     rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS}
     clip = cfg.clip
+    fracs = (0.25, 0.5, 0.75)
+    # numpy's default ("linear") percentile of a full window: fixed ranks and weights
+    full_q = [((w - 1) * f, int(np.floor((w - 1) * f)), int(np.ceil((w - 1) * f)))
+              for f in fracs]
 
-    def sorted_window(m, padded, before, c, t):
-        """Fill ``m`` with each row's window (inf past its length), sorted per column."""
+    def fill(m, padded, before):
         k = len(before)
         if before[-1] - before[0] == k - 1:  # consecutive rows: slices, no gather
             lo = int(before[0]) + w - 1
@@ -315,43 +337,65 @@ def _history(
         else:
             idx = before + (w - 1)
             for lag in range(w):
-                m[lag] = padded[idx - lag]
-        invalid = lag_idx >= c[None, :]
-        m[invalid] = np.inf
-        _sort_columns(m, t)
-        return invalid
+                np.take(padded, idx - lag, out=m[lag])
 
-    def quantile(m, c, cols, frac):
-        # numpy's default ("linear") percentile of the c valid values; an empty window reads
-        # inf (neutral values replace it below), hence the silenced inf - inf.
-        h = np.maximum(c - 1, 0) * frac
-        lo = np.floor(h).astype(np.int64)
-        hi = np.ceil(h).astype(np.int64)
-        vlo = m[lo, cols]
-        vhi = m[hi, cols]
-        with np.errstate(invalid="ignore"):
-            return np.where(hi == lo, vlo, vlo + (vhi - vlo) * (h - lo))
+    def quantiles(m, row_of, c, short, fr):
+        """Order statistics ``fr`` (fractions) of each column's ``c`` valid values, float64."""
+        out = []
+        for f in fr:
+            h, lo, hi = full_q[fracs.index(f)]
+            vlo = m[row_of[lo]].astype(np.float64)
+            with np.errstate(invalid="ignore"):  # inf - inf in short columns, patched below
+                q = vlo if hi == lo else vlo + (m[row_of[hi]] - vlo) * (h - lo)
+            if len(short):
+                cs = c[short]
+                hs = np.maximum(cs - 1, 0) * f
+                los = row_of[np.floor(hs).astype(np.int64)]
+                his = row_of[np.ceil(hs).astype(np.int64)]
+                a = m[los, short].astype(np.float64)
+                with np.errstate(invalid="ignore"):  # empty window: inf - inf, replaced later
+                    q[short] = np.where(his == los, a, a + (m[his, short] - a) * (hs - np.floor(hs)))
+            out.append(q)
+        return out
+
+    def sorted_stats(m, padded, before, c, fr, moments):
+        """Sort each row's window; its quantiles ``fr`` and (optionally) mean and std."""
+        k = len(before)
+        fill(m[:w], padded, before)
+        short = np.flatnonzero(c < w)
+        mu = sd = None
+        if len(short):
+            invalid = lag_idx >= c[short][None, :]
+            sub = m[:w, short]
+            if moments:
+                # Fill the missing lags with the mean of the valid ones: then the mean over
+                # all ``w`` rows is theirs and they add nothing to the squared deviations.
+                mu_s = np.where(invalid, 0.0, sub).sum(axis=0) / np.maximum(c[short], 1)
+                m[:w, short] = np.where(invalid, mu_s[None, :], sub)
+        if moments:
+            mu = m[:w].sum(axis=0, dtype=np.float64) / w
+            dev = m[:w] - mu.astype(np.float32)
+            sd = np.sqrt(np.einsum("ij,ij->j", dev, dev, dtype=np.float64)
+                         / np.maximum(c, 1))
+            del dev
+        if len(short):
+            m[:w, short] = np.where(invalid, np.float32(np.inf), sub)
+        row_of = _sort_columns(m[:w], m[w, :k])
+        return quantiles(m, row_of, c, short, fr), mu, sd
 
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
         m = mat[:, : b - a]
-        t = tmp[: b - a]
-        cols = np.arange(b - a)
         where = order[a:b]
         pm = peer_med[where]
         d = v[a:b]
 
         c = count_h[a:b]
-        invalid = sorted_window(m, padded_h, before_h[a:b], c, t)
-        valid_m = np.where(invalid, 0.0, m)
-        denom = np.maximum(c, 1)
-        mu = valid_m.sum(axis=0) / denom
-        dev = np.where(invalid, 0.0, valid_m - mu)
-        sd = np.sqrt(np.einsum("ij,ij->j", dev, dev) / denom)
+        (q1, med, q3), mu, sd = sorted_stats(m, padded_h, before_h[a:b], c, fracs, True)
         has = c > 0
-        q1 = np.where(has, quantile(m, c, cols, 0.25), pm)
-        med = np.where(has, quantile(m, c, cols, 0.5), pm)
-        q3 = np.where(has, quantile(m, c, cols, 0.75), pm)
+        q1 = np.where(has, q1, pm)
+        med = np.where(has, med, pm)
+        q3 = np.where(has, q3, pm)
         mean = np.where(has, mu, pm)
         sd = np.where(has, sd, 0.0)
         iqr = q3 - q1
@@ -361,15 +405,20 @@ def _history(
         # Baseline: regular iterations only, so that it survives a persistent fault.
         cb = count_b[a:b]
         hb = cb > 0
-        if same_window:
-            base_med = med
-        else:
-            sorted_window(m, padded_b, before_b[a:b], cb, t)
-            base_med = np.where(hb, quantile(m, cb, cols, 0.5), pm)
+        base_med = med
+        if not same_window:
+            # Only rows with an irregular row inside their plain window have another
+            # baseline window (the plain window here is every earlier row: not regular-only).
+            sel = np.flatnonzero(irr_before[a:b] != irr_before[np.arange(a, b) - c])
+            if len(sel):
+                (bm,), _, _ = sorted_stats(m[:, : len(sel)], padded_b, before_b[a:b][sel],
+                                           cb[sel], (0.5,), False)
+                base_med = med.copy()
+                base_med[sel] = np.where(hb[sel], bm, pm[sel])
         # The transfer part of the duration (the wait part moves with every peer's arrival;
         # the transfer is steady), against its own baseline.
-        sorted_window(m, padded_x, before_b[a:b], cb, t)
-        x_med = np.where(hb, quantile(m, cb, cols, 0.5), 1.0)
+        (xm,), _, _ = sorted_stats(m, padded_x, before_b[a:b], cb, (0.5,), False)
+        x_med = np.where(hb, xm, 1.0)
 
         out = {
             "history_len": c,
@@ -388,11 +437,19 @@ def _history(
             "xfer_hist_ratio": np.where(hb, x[a:b] / np.maximum(x_med, _EPS_US), 1.0),
         }
         for name, vals in out.items():
+            # Written in sorted order (contiguous); permuted to row order once at the end.
             if name in TIME_FEATURES:
                 with np.errstate(over="ignore"):  # float32 overflow -> inf, repaired later
-                    matrix[rows_of[name], where] = vals
+                    matrix[rows_of[name], a:b] = vals
             else:
-                matrix[rows_of[name], where] = np.clip(vals, -clip, clip)
+                matrix[rows_of[name], a:b] = np.clip(vals, -clip, clip)
+    # One gather per feature row (order[j] is the row of sorted position j) beats a scatter
+    # per chunk and feature; the temporary is a single row.
+    back = np.empty(n, dtype=np.int64)
+    back[order] = np.arange(n, dtype=np.int64)
+    for name in _HISTORY_OUTPUTS:
+        row = matrix[rows_of[name]]
+        row[:] = row.take(back)
 
 
 # --------------------------------------------------------------------------- peers
@@ -610,7 +667,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     pos[order] = p
 
     # Signature: the same op of the same rank at the same place in every iteration.
-    sig = seg.dense(seg.combine(rank0, gcode, opcode, pos, seg.dense(nbytes)))
+    # Only grouped and sorted on (never used as an array index), so the packed key need not
+    # be dense unless it is too wide to pack with the iteration in one sort key.
+    sig = seg.combine(rank0, gcode, opcode, pos, seg.dense(nbytes))
+    if int(sig.min()) < 0 or int(sig.max()) >= 1 << 40:
+        sig = seg.dense(sig)
     del irg, order, p, pos
     time_cols = frozenset(TIME_FEATURES)
     written: set[str] = set()
@@ -661,7 +722,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     if len(written) != len(FEATURE_COLUMNS):  # a programming error, not bad input
         raise RuntimeError(f"features not computed: {set(FEATURE_COLUMNS) - written}")
     # Belt and braces: a float32 overflow of an absurd raw time must not leak inf downstream.
-    if not np.isfinite(matrix).all():
+    # (A sum is non-finite if any value is, and several times cheaper to take than isfinite;
+    # a finite matrix whose float32 sum overflows merely runs the no-op repair.)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = matrix.sum()
+    if not np.isfinite(total):
         big = float(np.finfo(np.float32).max)
         np.nan_to_num(matrix, copy=False, nan=0.0, posinf=big, neginf=-big)
     return pd.DataFrame(matrix.T, columns=list(FEATURE_COLUMNS), index=ops.index, copy=False)

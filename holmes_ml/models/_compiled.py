@@ -2,8 +2,9 @@
 
 LightGBM predicts row by row: for a few shallow trees the per-row overhead dominates and a
 million rows take about a second per core. Evaluated column-wise instead, every split is one
-vectorized comparison of a contiguous feature column with its threshold and every internal node
-one ``np.where`` over the rows, which for ~30 depth-3 trees is several times faster. The scores
+vectorized comparison of a contiguous feature column with its threshold, every internal node a
+few byte-wide arithmetic passes that track each row's leaf index, and every tree one lookup of
+its leaf values: for ~30 depth-3 trees, over 6 M rows per CPU second. The scores
 are LightGBM's own (tested to agree with ``Booster.predict``); deeper models keep using the
 booster, for which this would be slower.
 """
@@ -20,16 +21,35 @@ MAX_NODES = 400
 _CHUNK = 1 << 16  # rows per pass: the per-node temporaries stay in cache
 
 
-def _evaluate(node: Any, block: np.ndarray, f32: bool, cache: dict) -> Any:
-    """Leaf value of every row of ``block`` under ``node`` (a scalar for a leaf)."""
+def _leaf_index(node: Any, block: np.ndarray, f32: bool, cache: dict) -> tuple[Any, int]:
+    """``(index, n_leaves)``: the index of every row's leaf among the leaves of ``node``
+    (left to right; a scalar for a leaf) and how many leaves ``node`` has.
+
+    Indices are ``uint8`` (trees of at most 256 leaves) computed with wrap-around arithmetic,
+    ``right + n_left + c * (left - right - n_left)`` (mod 256), which is exact because the true
+    index is below 256: on one byte per row that is a few SIMD passes, several times cheaper
+    than an ``np.where`` (which is not vectorized for a random mask) over float64 leaf values.
+    """
     if isinstance(node, float):
-        return node
+        return np.uint8(0), 1
     f, thr, t32, left, right = node
     c = cache.get((f, thr))
     if c is None:  # the same split recurs across trees: compare once per block
-        c = block[:, f] <= (t32 if f32 else thr)
+        c = (block[:, f] <= (t32 if f32 else thr)).view(np.uint8)
         cache[(f, thr)] = c
-    return np.where(c, _evaluate(left, block, f32, cache), _evaluate(right, block, f32, cache))
+    li, nl = _leaf_index(left, block, f32, cache)
+    ri, nr = _leaf_index(right, block, f32, cache)
+    with np.errstate(over="ignore"):  # the wrap-around is intended
+        shift = np.uint8(nl % 256)
+        rr = ri + shift
+        return rr + c * (li - rr), nl + nr
+
+
+def _leaf_values(node: Any) -> list[float]:
+    """Leaf values of ``node`` from left to right (the order of :func:`_leaf_index`)."""
+    if isinstance(node, float):
+        return [node]
+    return _leaf_values(node[3]) + _leaf_values(node[4])
 
 
 @dataclass(frozen=True)
@@ -72,8 +92,8 @@ class CompiledTrees:
             trees = tuple(build(t["tree_structure"]) for t in dump["tree_info"])
         except (ValueError, KeyError):
             return None
-        if nodes > MAX_NODES:
-            return None
+        if nodes > MAX_NODES or any(len(_leaf_values(t)) > 256 for t in trees):
+            return None  # (leaf indices are one byte)
         return cls(trees=trees, n_features=int(dump["max_feature_idx"]) + 1)
 
     def raw_score(self, X: np.ndarray) -> np.ndarray:
@@ -83,12 +103,17 @@ class CompiledTrees:
         f32 = X.dtype == np.float32
         # Column-major storage makes every column one contiguous slice.
         Xf = np.asfortranarray(X)
+        tables = [np.asarray(_leaf_values(tree), dtype=np.float64) for tree in self.trees]
         for a in range(0, n, _CHUNK):
             block = Xf[a: a + _CHUNK]
             cache: dict[tuple[int, float], np.ndarray] = {}
             acc = np.zeros(len(block), dtype=np.float64)
-            for tree in self.trees:
-                acc += _evaluate(tree, block, f32, cache)
+            for tree, table in zip(self.trees, tables, strict=True):
+                idx, _ = _leaf_index(tree, block, f32, cache)
+                if isinstance(idx, np.ndarray):
+                    acc += table.take(idx.astype(np.intp))
+                else:  # a single-leaf tree
+                    acc += table[int(idx)]
             out[a: a + len(block)] = acc
         return out
 

@@ -1,0 +1,256 @@
+"""The optimized history features against the previous (float64, one-gather-per-lag)
+implementation, copied below verbatim as the reference.
+
+The new ``_history`` sorts windows in float32, computes the order statistics of full windows
+from fixed rows and patches the short ones; the results must equal the reference's within
+float32 rounding of the durations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.bench.features import synthetic_ops
+from holmes_ml.features import FEATURE_COLUMNS, FeatureConfig, build, build_features
+from holmes_ml.features import _segments as seg
+from holmes_ml.features.build import _COL, _EPS_US, TIME_FEATURES, _sorting_network
+
+# --------------------------------------------------------------------------- reference
+_NETWORK_MAX = 32  # beyond this many lags np.sort beats a comparator network
+
+
+def _reference_sort_columns(m: np.ndarray, tmp: np.ndarray) -> None:
+    """Sort each column of a ``(w, rows)`` matrix in place.
+
+    A sorting network runs ~w log^2 w vectorized min/max passes over contiguous rows, several
+    times faster than ``np.sort`` on millions of 10-element rows.
+    """
+    w = m.shape[0]
+    if w > _NETWORK_MAX:
+        m.sort(axis=0)
+        return
+    for i, j in _sorting_network(w):
+        np.minimum(m[i], m[j], out=tmp)
+        np.maximum(m[i], m[j], out=m[j])
+        m[i] = tmp
+
+
+_HISTORY_OUTPUTS_OLD = (
+    "history_len", "hist_mean_us", "hist_std_us", "hist_q1_us", "hist_median_us", "hist_q3_us",
+    "hist_iqr_us", "hist_z", "hist_iqr_score", "hist_ratio", "arrival_lag_rel", "wait_rel",
+    "xfer_hist_ratio", "base_ratio",
+)
+
+
+def _reference_history(
+    matrix: np.ndarray,
+    values: np.ndarray,
+    xfer: np.ndarray,
+    wait: np.ndarray,
+    sig: np.ndarray,
+    iteration: np.ndarray,
+    regular: np.ndarray,
+    peer_med: np.ndarray,
+    lag_us: np.ndarray,
+    cfg,
+) -> None:
+    """History features of every row, written straight into ``matrix`` (features x rows).
+
+    The statistics are over up to ``window`` earlier occurrences of each row's signature in
+    rows where ``regular`` is true (see ``FeatureConfig.history_regular_only``). Rows are
+    sorted by (signature, iteration) and the history rows compacted in that order, so the
+    earlier occurrences of row ``i`` are the ``history_len`` compacted rows just before its
+    place; lag ``l`` of a chunk is then one gather. Everything derived from
+    the statistics is computed per chunk and scattered into ``matrix``, so no row-sized
+    float64 temporaries exist (memory stays ~ chunk x window).
+
+    Without history the op's peers stand in for its past: the history statistics are the peer
+    median, ratios become peer ratios and the spread-based scores are neutral (0).
+    """
+    n = len(values)
+    w = int(cfg.window)
+    order = seg.sort_by(sig, iteration)
+    v = values[order]
+    x = xfer[order]
+    r = regular[order]
+    starts, seg_id, _ = seg.segment_layout(sig[order])
+
+    def window_of(use: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        # Usable rows strictly before each row (sorted order), globally and in its segment.
+        if use is None:
+            before = np.arange(n, dtype=np.int64)
+        else:
+            before = np.cumsum(use, dtype=np.int64) - use
+        return before, np.minimum(before - before[starts][seg_id], w)
+
+    all_regular = bool(r.all())
+    before_h, count_h = window_of(r if cfg.history_regular_only else None)
+    # Same window when every iteration is regular (the common case): computed once.
+    same_window = all_regular or cfg.history_regular_only
+    before_b, count_b = (before_h, count_h) if same_window else window_of(r)
+    # lag l of row i is padded[w - 1 + before[i] - l]
+    pad = np.zeros(w)
+    padded_h = np.concatenate([pad, v[r] if cfg.history_regular_only else v])
+    padded_b = np.concatenate([pad, v[r]])
+    padded_x = np.concatenate([pad, x[r]])
+    del r
+    chunk = int(min(cfg.chunk_rows, max(n, 1)))
+    lag_idx = np.arange(w, dtype=np.int64)[:, None]
+    mat = np.empty((w, chunk))
+    tmp = np.empty(chunk)
+    rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS_OLD}
+    clip = cfg.clip
+
+    def sorted_window(m, padded, before, c, t):
+        """Fill ``m`` with each row's window (inf past its length), sorted per column."""
+        k = len(before)
+        if before[-1] - before[0] == k - 1:  # consecutive rows: slices, no gather
+            lo = int(before[0]) + w - 1
+            for lag in range(w):
+                m[lag] = padded[lo - lag: lo - lag + k]
+        else:
+            idx = before + (w - 1)
+            for lag in range(w):
+                m[lag] = padded[idx - lag]
+        invalid = lag_idx >= c[None, :]
+        m[invalid] = np.inf
+        _reference_sort_columns(m, t)
+        return invalid
+
+    def quantile(m, c, cols, frac):
+        # numpy's default ("linear") percentile of the c valid values; an empty window reads
+        # inf (neutral values replace it below), hence the silenced inf - inf.
+        h = np.maximum(c - 1, 0) * frac
+        lo = np.floor(h).astype(np.int64)
+        hi = np.ceil(h).astype(np.int64)
+        vlo = m[lo, cols]
+        vhi = m[hi, cols]
+        with np.errstate(invalid="ignore"):
+            return np.where(hi == lo, vlo, vlo + (vhi - vlo) * (h - lo))
+
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        m = mat[:, : b - a]
+        t = tmp[: b - a]
+        cols = np.arange(b - a)
+        where = order[a:b]
+        pm = peer_med[where]
+        d = v[a:b]
+
+        c = count_h[a:b]
+        invalid = sorted_window(m, padded_h, before_h[a:b], c, t)
+        valid_m = np.where(invalid, 0.0, m)
+        denom = np.maximum(c, 1)
+        mu = valid_m.sum(axis=0) / denom
+        dev = np.where(invalid, 0.0, valid_m - mu)
+        sd = np.sqrt(np.einsum("ij,ij->j", dev, dev) / denom)
+        has = c > 0
+        q1 = np.where(has, quantile(m, c, cols, 0.25), pm)
+        med = np.where(has, quantile(m, c, cols, 0.5), pm)
+        q3 = np.where(has, quantile(m, c, cols, 0.75), pm)
+        mean = np.where(has, mu, pm)
+        sd = np.where(has, sd, 0.0)
+        iqr = q3 - q1
+        med_safe = np.maximum(med, _EPS_US)
+        floor = np.maximum(cfg.min_spread * np.abs(med), _EPS_US)
+
+        # Baseline: regular iterations only, so that it survives a persistent fault.
+        cb = count_b[a:b]
+        hb = cb > 0
+        if same_window:
+            base_med = med
+        else:
+            sorted_window(m, padded_b, before_b[a:b], cb, t)
+            base_med = np.where(hb, quantile(m, cb, cols, 0.5), pm)
+        # The transfer part of the duration (the wait part moves with every peer's arrival;
+        # the transfer is steady), against its own baseline.
+        sorted_window(m, padded_x, before_b[a:b], cb, t)
+        x_med = np.where(hb, quantile(m, cb, cols, 0.5), 1.0)
+
+        out = {
+            "history_len": c,
+            "hist_mean_us": mean,
+            "hist_std_us": sd,
+            "hist_q1_us": q1,
+            "hist_median_us": med,
+            "hist_q3_us": q3,
+            "hist_iqr_us": iqr,
+            "hist_z": np.where(has, (d - mean) / np.maximum(sd, floor), 0.0),
+            "hist_iqr_score": np.where(has, (d - med) / np.maximum(iqr, floor), 0.0),
+            "hist_ratio": d / med_safe,
+            "arrival_lag_rel": lag_us[where] / med_safe,
+            "wait_rel": wait[where] / med_safe,
+            "base_ratio": d / np.maximum(base_med, _EPS_US),
+            "xfer_hist_ratio": np.where(hb, x[a:b] / np.maximum(x_med, _EPS_US), 1.0),
+        }
+        for name, vals in out.items():
+            if name in TIME_FEATURES:
+                with np.errstate(over="ignore"):  # float32 overflow -> inf, repaired later
+                    matrix[rows_of[name], where] = vals
+            else:
+                matrix[rows_of[name], where] = np.clip(vals, -clip, clip)
+
+
+
+# --------------------------------------------------------------------------- tests
+def _jobs():
+    straggler = synthetic_ops(tp=4, pp=2, dp=4, iterations=40, seed=3, slow_rank=5,
+                              slow_factor=1.6, slow_iterations=(22, 40))
+    rng = np.random.default_rng(7)
+    ragged = synthetic_ops(tp=2, pp=2, dp=2, iterations=30, seed=5, jitter=0.1)
+    # drop a few rows so that signatures have gaps and short windows mid-run
+    ragged = ragged.drop(index=rng.choice(len(ragged), size=len(ragged) // 20, replace=False))
+    return {"straggler": straggler, "ragged": ragged.reset_index(drop=True)}
+
+
+def _compare(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    assert list(got.columns) == list(want.columns)
+    g = got.to_numpy(np.float64)
+    w = want.to_numpy(np.float64)
+    # The windows are sorted in float32: values agree to float32 rounding of the durations,
+    # i.e. relative to the history median for the absolute (us) statistics.
+    scale = np.maximum(np.abs(want["hist_median_us"].to_numpy(np.float64)), 1.0)[:, None]
+    ok = np.isclose(g, w, rtol=2e-6, atol=0) | (np.abs(g - w) <= 2e-6 * scale)
+    # scores divide by a spread floor of 1 % of the median: 2e-6 of the median is 2e-4 there
+    for name in ("hist_z", "hist_iqr_score"):
+        i = FEATURE_COLUMNS.index(name)
+        ok[:, i] |= np.abs(g[:, i] - w[:, i]) <= 2e-4 * np.maximum(1.0, np.abs(w[:, i]))
+    bad = np.argwhere(~ok)
+    assert not len(bad), [(FEATURE_COLUMNS[j], g[i, j], w[i, j]) for i, j in bad[:5]]
+
+
+@pytest.mark.parametrize("job", ["straggler", "ragged"])
+@pytest.mark.parametrize("regular_only", [False, True])
+def test_history_equals_the_previous_implementation(monkeypatch, job, regular_only):
+    ops = _jobs()[job]
+    cfg = FeatureConfig(history_regular_only=regular_only, chunk_rows=1000)
+    got = build_features(ops, cfg)
+    monkeypatch.setattr(build, "_history", _reference_history)
+    want = build_features(ops, cfg)
+    _compare(got, want)
+    # the job exercises what the fast path special-cases
+    assert (want["history_len"] < cfg.window).any() and (want["history_len"] == cfg.window).any()
+
+
+def test_history_equals_the_previous_implementation_on_the_simulator(monkeypatch):
+    sim = pytest.importorskip("holmes_ml.simulator")
+    fault = sim.FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=12")
+    ops = sim.simulate(sim.SimConfig(seed=2, iterations=24, faults=(fault,))).ops
+    cfg = FeatureConfig(window=7)
+    got = build_features(ops, cfg)
+    monkeypatch.setattr(build, "_history", _reference_history)
+    _compare(got, build_features(ops, cfg))
+
+
+def test_dense_codes_identify_the_same_groups_on_both_paths():
+    rng = np.random.default_rng(0)
+    small = rng.integers(-5, 50, size=1000)  # range << length: bincount path
+    wide = small * 10**12  # range >> length: hashing path
+    a, b = seg.dense(small), seg.dense(wide)
+    assert a.dtype == np.int64 and a.min() == 0 and a.max() == len(np.unique(small)) - 1
+    # the same partition of the rows on both paths, and equal keys share a code
+    assert len(set(zip(a.tolist(), b.tolist(), strict=True))) == len(np.unique(small))
+    for value in np.unique(small)[:5]:
+        assert len(np.unique(a[small == value])) == 1
