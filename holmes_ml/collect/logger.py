@@ -10,6 +10,11 @@ Timing: on gloo (CPU) the wall clock around the blocking call; for ``async_op=Tr
 On NCCL (``timing="cuda"`` or ``"auto"`` with a CUDA backend) CUDA events are recorded around the
 call and resolved in batches off the hot path (:mod:`holmes_ml.collect.cuda_timing`).
 
+Hot path: a blocking wall-clock call packs one row of 6 int64 into a preallocated bytearray
+(no Python object survives the call, so the logger never wakes the garbage collector) through a
+wrapper generated with the wrapped function's own parameter list; async calls and CUDA timing use
+a slower generic path whose rows are merged back in call order at flush.
+
 ``nbytes`` is the size of the buffer this rank *sends* (input tensor, or the sum of the input
 list); 0 for barrier. P2P calls form directional pair groups ``<kind>-<src>-<dst>`` whose k-th send
 and k-th recv share ``seq``, like the simulator's pipeline groups.
@@ -21,6 +26,7 @@ import hashlib
 import inspect
 import logging
 import socket
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,9 +62,20 @@ _SPECS: dict[str, tuple[str, str | None, str, str | None]] = {
 _OP_NAMES: tuple[str, ...] = tuple(dict.fromkeys(spec[0] for spec in _SPECS.values()))
 _OP_CODE = {name: i for i, name in enumerate(_OP_NAMES)}
 _TIMINGS = ("auto", "wall", "cuda")
-# Row layout kept in the buffer, expanded to the file schema at flush time: start and end are
+# Row layout kept in the buffers, expanded to the file schema at flush time: start and end are
 # raw time.perf_counter_ns() readings (end None while an async op or CUDA event is pending).
 _IT, _OP, _GIDX, _SEQ, _NBYTES, _START, _END, _PEER = range(8)
+# Blocking wall-clock rows (the common case) are packed as 6 native int64 into one preallocated
+# bytearray: no Python object survives a call, so the garbage collector never sees the buffer,
+# and flush reads the columns with np.frombuffer instead of unzipping tuples. Every argument
+# of the pack costs on the hot path, so op code and peer share one field (peer + 1 above
+# _PEER_SHIFT bits) and the iteration is not stored: step() records where it changed.
+_B_CODE, _B_GIDX, _B_SEQ, _B_NBYTES, _B_START, _B_END = range(6)
+_ROW = struct.Struct("@6q")
+_PEER_SHIFT = 8  # op codes < 256
+# local names of the generated wrappers: a wrapped parameter of one of these names would be
+# overwritten before the call, so such a function keeps the generic wrapper
+_FAST_LOCALS = frozenset({"nbytes", "gidx", "t0", "t1", "out", "seq", "k", "x"})
 
 
 def rank_log_path(out_dir: str | Path, rank: int, fmt: str = "parquet") -> Path:
@@ -153,10 +170,14 @@ class CommOpsLogger:
 
     def __init__(self, config: LoggerConfig | None = None) -> None:
         self.config = config or LoggerConfig()
-        self.iteration = int(self.config.start_iteration)
+        self._iteration = int(self.config.start_iteration)
+        self._it_base = self._iteration  # iteration of the first row in _buf
+        self._marks: list[tuple[int, int]] = []  # (rows in _buf, iteration from that row on)
         self.rank = -1
         self.path: Path | None = None
-        self._rows: list[Any] = []  # tuples (sync wall) or lists (async, CUDA)
+        self._rows: list[list[Any]] = []  # async and CUDA rows: their end is filled in later
+        self._buf = bytearray()  # blocking wall-clock rows, _ROW-packed (sized in __enter__)
+        self._fill = [0]  # bytes of _buf in use; one cell shared by all wrappers
         self._pending = 0
         self._groups: list[tuple[str, str, str]] = []  # (name, group_ranks, kind)
         self._gidx: dict[int, tuple[Any, int]] = {}  # id(pg) -> (pg kept alive, index)
@@ -184,6 +205,10 @@ class CommOpsLogger:
         self.rank = int(dist.get_rank())
         self.path = rank_log_path(self.config.out_dir, self.rank, self.config.fmt)
         self._sink = RowSink(self.path, self.config.fmt)
+        self._buf = bytearray(int(self.config.flush_every) * _ROW.size)
+        self._fill[0] = 0
+        self._it_base = self._iteration
+        self._marks.clear()
         self._host = self.config.host or socket.gethostname()
         timing = self.config.timing
         if timing == "auto":
@@ -226,6 +251,17 @@ class CommOpsLogger:
         self.flush(final=True)
         self._sink.close()
         self._sink = None
+
+    @property
+    def iteration(self) -> int:
+        """Iteration number written on the calls made from now on."""
+        return self._iteration
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self._iteration = int(value)
+        # packed rows carry no iteration: remember from which buffered row on it applies
+        self._marks.append((self._fill[0] // _ROW.size, self._iteration))
 
     def step(self) -> None:
         """Mark the end of an iteration: later calls belong to the next one."""
@@ -293,7 +329,7 @@ class CommOpsLogger:
     ) -> Any:
         # Everything that can be decided once per wrapped function is decided here, so the
         # per-call work is: argument lookup, one cached group lookup, two clock reads, one
-        # tuple append. Formatting (wall-clock start, microseconds, group names) waits for flush.
+        # struct.pack_into. Formatting (wall-clock start, µs, group names) waits for flush.
         params = list(inspect.signature(orig).parameters)
         gpos = params.index("group") if "group" in params else 10**6
         apos = params.index("async_op") if "async_op" in params else 10**6
@@ -309,7 +345,11 @@ class CommOpsLogger:
         cuda = self._cuda is not None
         seqs = self._seq
         busy = self._busy
-        flush_every = int(self.config.flush_every)
+        fill = self._fill
+        buf = self._buf  # allocated once per __enter__, reused after every flush
+        cap = len(buf)
+        pack_into = _ROW.pack_into
+        step = _ROW.size
         this = self
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -350,11 +390,11 @@ class CommOpsLogger:
                     peer, gidx = this._p2p_target(args, kwargs, ppos, peer_name, p2p, group, out)
                 seq = seqs[gidx]
                 seqs[gidx] = seq + 1
-                rows = this._rows
-                # a tuple of ints: the garbage collector untracks it at its first collection, so
-                # a long buffer does not slow every later collection (lists would stay tracked)
-                rows.append((this.iteration, opc, gidx, seq, nbytes, t0, t1, peer))
-                if len(rows) >= flush_every:
+                k = fill[0]
+                pack_into(buf, k, opc | ((peer + 1) << _PEER_SHIFT), gidx, seq, nbytes, t0, t1)
+                k += step
+                fill[0] = k
+                if k >= cap:
                     this.flush()
                 return out
             finally:
@@ -363,7 +403,85 @@ class CommOpsLogger:
         wrapper.__name__ = orig.__name__
         wrapper.__doc__ = orig.__doc__
         wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
-        return wrapper
+        if p2p is not None or cuda:
+            return wrapper
+        fast = self._make_fast_wrapper(orig, opc, tensor_param, size, wrapper)
+        return wrapper if fast is None else fast
+
+    def _make_fast_wrapper(
+        self, orig: Any, opc: int, tensor_param: str | None, size: str, generic: Any
+    ) -> Any:
+        """A wrapper with ``orig``'s own parameter list for blocking wall-clock collectives.
+
+        Right after a real operator returns (a thread hand-over in gloo) the interpreter runs
+        with cold caches and branch predictors, so every bytecode of the wrapper costs several
+        times its warm price. Binding the arguments by ``orig``'s signature (done in C by the
+        call itself) removes the generic ``*args/**kwargs`` lookups; the source is generated
+        once per function, as :mod:`dataclasses` does. Async calls and nested calls go to
+        ``generic``. Returns None when the signature is not plain (``*args``, positional-only),
+        in which case the generic wrapper is used.
+        """
+        params = list(inspect.signature(orig).parameters.values())
+        names = [p.name for p in params]
+        plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        if (any(p.kind not in plain for p in params) or "group" not in names
+                or (tensor_param is not None and tensor_param not in names)
+                or any(not n.isidentifier() or n.startswith("_") or n in _FAST_LOCALS
+                       for n in names)):
+            return None
+        env: dict[str, Any] = {
+            "_busy": self._busy, "_fill": self._fill, "_buf": self._buf, "_cap": len(self._buf),
+            "_pack": _ROW.pack_into, "_step": _ROW.size, "_perf": time.perf_counter_ns,
+            "_gcache": self._gfast, "_seqs": self._seq, "_this": self, "_orig": orig,
+            "_generic": generic, "_opc": opc,
+        }
+        sig, call = [], []
+        kwonly = False
+        for p in params:
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and not kwonly:
+                sig.append("*")
+                kwonly = True
+            if p.default is inspect.Parameter.empty:
+                sig.append(p.name)
+            else:
+                env[f"_d_{p.name}"] = p.default
+                sig.append(f"{p.name}=_d_{p.name}")
+            call.append(f"{p.name}={p.name}" if kwonly else p.name)
+        args = ", ".join(call)
+        asyn = "async_op or " if "async_op" in names else ""
+        nbytes = {"one": f"{tensor_param}.nbytes",
+                  "list": f"sum([x.nbytes for x in {tensor_param}])"}.get(size, "0")
+        src = f"""
+def {orig.__name__}({", ".join(sig)}):
+    if {asyn}_busy[0]:
+        return _generic({args})
+    _busy[0] = True
+    try:
+        nbytes = {nbytes}
+        try:
+            gidx = _gcache[group]
+        except (KeyError, TypeError):
+            gidx = _this._group_index(group)
+        t0 = _perf()
+        out = _orig({args})
+        t1 = _perf()
+    finally:
+        _busy[0] = False
+    seq = _seqs[gidx]
+    _seqs[gidx] = seq + 1
+    k = _fill[0]
+    _pack(_buf, k, _opc, gidx, seq, nbytes, t0, t1)
+    k += _step
+    _fill[0] = k
+    if k >= _cap:
+        _this.flush()
+    return out
+"""
+        exec(compile(src, f"<holmes_ml.collect wrapper of {orig.__name__}>", "exec"), env)
+        fast = env[orig.__name__]
+        fast.__doc__ = orig.__doc__
+        fast.__wrapped__ = orig
+        return fast
 
     def _p2p_target(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], ppos: int, peer_name: str,
@@ -426,32 +544,53 @@ class CommOpsLogger:
             return 0
         if self._cuda is not None:
             self._cuda.resolve(_START, _END)
+        nbuf = self._fill[0] // _ROW.size
+        packed = np.frombuffer(self._buf, dtype=np.int64, count=nbuf * _ROW.size // 8)
+        packed = packed.reshape(nbuf, _ROW.size // 8)
+        col = np.empty((8, nbuf), dtype=np.int64)  # the list-row layout (_IT ... _PEER)
+        code = packed[:, _B_CODE]
+        col[_OP] = code & ((1 << _PEER_SHIFT) - 1)
+        col[_PEER] = (code >> _PEER_SHIFT) - 1
+        for dst, src in ((_GIDX, _B_GIDX), (_SEQ, _B_SEQ), (_NBYTES, _B_NBYTES),
+                         (_START, _B_START), (_END, _B_END)):
+            col[dst] = packed[:, src]
+        del packed, code  # release the buffer: the wrappers overwrite it after this flush
+        col[_IT] = self._it_base
+        if self._marks:
+            pos, value = np.asarray(self._marks, dtype=np.int64).T
+            last = np.searchsorted(pos, np.arange(nbuf), side="right") - 1
+            col[_IT] = np.where(last >= 0, value[np.maximum(last, 0)], self._it_base)
+            self._marks.clear()
+        self._it_base = self._iteration
+        self._fill[0] = 0
         rows = self._rows
-        if self._pending or self._cuda is not None:
+        if rows:  # async / CUDA rows: only those whose duration is known go out now
             done = [r for r in rows if r[_END] is not None]
             self._rows = [] if final else [r for r in rows if r[_END] is None]
-        else:  # the common case: every buffered row is complete
-            done, self._rows = rows, []
-        if not done:
+            if done:
+                slow = np.array(done, dtype=np.int64).reshape(len(done), 8).T
+                col = np.concatenate([col, slow], axis=1)
+                # back into call order: starts are perf_counter_ns readings taken at call time
+                col = col[:, np.argsort(col[_START], kind="stable")]
+        n = col.shape[1]
+        if not n:
             return 0
-        n = len(done)
-        it, op, gidx, seq, nbytes, start, end, peer = zip(*done, strict=True)
-        start_a = np.fromiter(start, dtype=np.int64, count=n)
-        gidx_a = np.fromiter(gidx, dtype=np.int64, count=n)
+        start_a = col[_START]
+        gidx_a = col[_GIDX]
         names, ranks, kinds = zip(*self._groups, strict=True)
         one = np.zeros(n, dtype=np.int64)
         columns = {
-            "iteration": np.fromiter(it, dtype=np.int64, count=n),
+            "iteration": col[_IT],
             "rank": np.full(n, self.rank, dtype=np.int64),
-            "op": Coded(np.fromiter(op, dtype=np.int64, count=n), _OP_NAMES),
+            "op": Coded(col[_OP], _OP_NAMES),
             "group": Coded(gidx_a, names),
-            "seq": np.fromiter(seq, dtype=np.int64, count=n),
-            "nbytes": np.fromiter(nbytes, dtype=np.int64, count=n),
+            "seq": col[_SEQ],
+            "nbytes": col[_NBYTES],
             "start_ns": start_a + self._wall_offset,
-            "duration_us": (np.fromiter(end, dtype=np.int64, count=n) - start_a) / 1000.0,
+            "duration_us": (col[_END] - start_a) / 1000.0,
             "group_ranks": Coded(gidx_a, ranks),
             "group_kind": Coded(gidx_a, kinds),
-            "peer": np.fromiter(peer, dtype=np.int64, count=n),
+            "peer": col[_PEER],
             "host": Coded(one, (self._host,)),
             "job": Coded(one, (self.config.job,)),
         }

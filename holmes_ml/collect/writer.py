@@ -40,6 +40,14 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
+#: What RowSink hands to the Parquet writer: string columns as dictionary arrays. Parquet
+#: dictionary-encodes them anyway, so passing codes + values straight through skips building
+#: every string (then hashing it back into a dictionary); the file stores plain UTF-8 columns and
+#: no Arrow schema (``store_schema=False``), so reading it back gives ``ARROW_SCHEMA`` exactly.
+_WRITE_SCHEMA = pa.schema(
+    [pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.type == pa.string() else f
+     for f in ARROW_SCHEMA]
+)
 #: Parquet encodings chosen for the logger's data: dictionary pages only where values repeat
 #: (strings, iteration, rank; timestamps and durations never do, and trying costs ~0.3 µs a row),
 #: min/max statistics only on the columns readers filter by.
@@ -47,6 +55,7 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "use_dictionary": ["iteration", "rank", "op", "group", "group_ranks", "group_kind", "host",
                        "job"],
     "write_statistics": ["iteration", "rank", "start_ns"],
+    "store_schema": False,
 }
 
 
@@ -67,8 +76,10 @@ class Coded(NamedTuple):
 def _arrow_column(values: Any, typ: pa.DataType) -> Any:
     if isinstance(values, Coded):
         codes = pa.array(np.asarray(values.codes, dtype=np.int32))
-        dictionary = pa.array(list(values.values), type=typ)
-        return pa.DictionaryArray.from_arrays(codes, dictionary).cast(typ)
+        dictionary = pa.array(list(values.values), type=typ.value_type)
+        return pa.DictionaryArray.from_arrays(codes, dictionary)
+    if pa.types.is_dictionary(typ):
+        return pa.array(list(values), type=typ.value_type).dictionary_encode()
     return values
 
 
@@ -112,11 +123,11 @@ class RowSink:
             return
         if self.fmt == "parquet":
             table = pa.Table.from_pydict(
-                {f.name: _arrow_column(columns[f.name], f.type) for f in ARROW_SCHEMA},
-                schema=ARROW_SCHEMA,
+                {f.name: _arrow_column(columns[f.name], f.type) for f in _WRITE_SCHEMA},
+                schema=_WRITE_SCHEMA,
             )
             if self._parquet is None:
-                self._parquet = pq.ParquetWriter(self.path, ARROW_SCHEMA, **_PARQUET_OPTIONS)
+                self._parquet = pq.ParquetWriter(self.path, _WRITE_SCHEMA, **_PARQUET_OPTIONS)
             self._parquet.write_table(table)
         else:
             with self.path.open("a", encoding="utf-8") as fh:
