@@ -130,9 +130,11 @@ def localize_records(
     workload: list[WorkloadFinding] = []
     strag = pd.DataFrame(columns=["rank", "weight"])
     if len(ev):
-        ev = ev.assign(weight=ev["weight"] * ev["iteration"].map(it_weight).fillna(1.0))
+        ev = ev.assign(lag_us=ev["weight"],
+                       weight=ev["weight"] * ev["iteration"].map(it_weight).fillna(1.0))
         strag = ev[ev["rule"] != "communication"]
         strag = _backtrack(strag, ab, cfg, 0.5 * med_iter_us * 1e3)
+        strag = _drop_echoes(strag, iterations, members, cfg)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
         # With no delta-irregular iteration every step is within the tolerance the user set:
@@ -287,6 +289,60 @@ def _backtrack(
     return out.reset_index(drop=True)
 
 
+def _drop_echoes(
+    strag: pd.DataFrame, iterations: pd.DataFrame, members: pd.DataFrame, cfg: LocalizeConfig
+) -> pd.DataFrame:
+    """Drop lateness that the late rank spent waiting for someone else in the same step.
+
+    In a synchronous job a delay is waited for by everyone downstream of it: when one GPU of a
+    pipeline replica is slow, every stage of that replica reaches the data-parallel collective
+    late, and the next step's pipeline fill starts late on every replica; each of those ranks
+    looks like a straggler to the partners that waited for it. What tells the origin from its
+    echoes is the step's communication time: whoever waited for a late rank spent that time
+    communicating, and so did the late rank if it had itself been waiting. An event blaming
+    rank ``r`` is kept when ``r``'s communication time in that iteration is below the waiting
+    side's by at least ``follow_fraction`` of the lateness ``r`` caused there (``lag_us``, in
+    microseconds before any iteration weighting):
+
+    * collective straggler in group ``G``: the waiting side is the median member of ``G`` (the
+      members of one communicator play the same role, so their times are comparable);
+    * p2p-chain (a long receive, a normal send): the waiting side is the peer whose copy was
+      long (neighbouring pipeline stages communicate about as long in a healthy step).
+
+    Ranks without a communication time (missing from the summaries) keep their events.
+    """
+    if len(strag) == 0 or len(iterations) == 0 or "comm_us" not in iterations.columns:
+        return strag
+    comm = iterations.set_index(["iteration", "rank"])["comm_us"]
+
+    def lookup(it: pd.Series | np.ndarray, rank: pd.Series | np.ndarray) -> np.ndarray:
+        idx = pd.MultiIndex.from_arrays([np.asarray(it), np.asarray(rank, dtype=np.int64)])
+        return comm.reindex(idx).to_numpy(dtype=np.float64)
+
+    waiting = np.full(len(strag), np.nan)
+    coll = (strag["rule"] == "straggler").to_numpy()
+    if coll.any():
+        ev = strag[coll]
+        keys = ev[["iteration", "group"]].drop_duplicates()
+        mem = keys.merge(members, on="group", how="inner")
+        mem = mem.assign(comm=lookup(mem["iteration"], mem["rank"]))
+        ref = mem.groupby(["iteration", "group"])["comm"].median()
+        grp = pd.MultiIndex.from_arrays([ev["iteration"].to_numpy(), ev["group"].to_numpy()])
+        waiting[coll] = ref.reindex(grp).to_numpy()
+    chain = (strag["rule"] == "p2p-chain").to_numpy()
+    if chain.any() and "peer" in strag.columns:
+        ev = strag[chain]
+        waiting[chain] = lookup(ev["iteration"], ev["peer"].fillna(-1))
+    other = strag["peer"].fillna(-1) if "peer" in strag.columns else pd.Series(-1, strag.index)
+    side = np.where(chain, other.to_numpy(), -2)  # collectives: one waiting side per group
+    lag = strag["lag_us"] if "lag_us" in strag.columns else strag["weight"]
+    caused = strag.assign(_lag=lag, _side=side).groupby(["iteration", "group", "rank", "_side"])[
+        "_lag"].transform("sum").to_numpy()
+    deficit = waiting - lookup(strag["iteration"], strag["rank"])
+    echo = np.nan_to_num(deficit, nan=np.inf) < cfg.follow_fraction * caused
+    return strag[~echo].reset_index(drop=True)
+
+
 def _rank_candidates(
     strag: pd.DataFrame,
     topology: Topology,
@@ -374,7 +430,11 @@ def _rank_candidates(
             DeviceKind.HOST if is_host else DeviceKind.GPU, device, (rank,),
             (fabric.host(rank),), float(row["sum"]), coords.get(rank), evidence,
         ))
-    return cands, [], total
+    # The slowdown the ranks explain, for the candidates' shares: one delay that every rank of
+    # a replica (or every first pipeline stage) passes on is waited for once per step, not once
+    # per rank that relayed it, so each iteration counts its largest lateness only.
+    explained = float(per_it.groupby("iteration")["weight"].max().sum())
+    return cands, [], min(total, explained)
 
 
 def _persistent(per_it: pd.DataFrame, n_its: int, cfg: LocalizeConfig) -> bool:
