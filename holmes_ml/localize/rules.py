@@ -133,8 +133,8 @@ def localize_records(
         ev = ev.assign(lag_us=ev["weight"],
                        weight=ev["weight"] * ev["iteration"].map(it_weight).fillna(1.0))
         strag = ev[ev["rule"] != "communication"]
+        strag, slow_sends = _drop_echoes(strag, iterations, members, cfg)
         strag = _backtrack(strag, ab, cfg, 0.5 * med_iter_us * 1e3)
-        strag = _drop_echoes(strag, iterations, members, cfg)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
         # With no delta-irregular iteration every step is within the tolerance the user set:
@@ -144,7 +144,7 @@ def localize_records(
         steady_floor = 0.0 if irregular else (cfg.delta - 1.0) * med_iter_us
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, steady_floor)
-        comm = ev[ev["rule"] == "communication"]
+        comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
                                                   cfg.min_weight_fraction * med_iter_us)
@@ -310,9 +310,15 @@ def _drop_echoes(
       long (neighbouring pipeline stages communicate about as long in a healthy step).
 
     Ranks without a communication time (missing from the summaries) keep their events.
+
+    Returns the kept events and, as communication events, the long sends whose receiver was
+    not late after all: the receiver spent the transfer waiting in its receive (normal for a
+    pipeline receive, so only the send was shipped), and a send that long with nobody late is
+    a slow transfer.
     """
+    none = strag.iloc[:0]
     if len(strag) == 0 or len(iterations) == 0 or "comm_us" not in iterations.columns:
-        return strag
+        return strag, none
     comm = iterations.set_index(["iteration", "rank"])["comm_us"]
 
     def lookup(it: pd.Series | np.ndarray, rank: pd.Series | np.ndarray) -> np.ndarray:
@@ -340,7 +346,10 @@ def _drop_echoes(
         "_lag"].transform("sum").to_numpy()
     deficit = waiting - lookup(strag["iteration"], strag["rank"])
     echo = np.nan_to_num(deficit, nan=np.inf) < cfg.follow_fraction * caused
-    return strag[~echo].reset_index(drop=True)
+    sends = strag[echo & chain & (strag["op"] == "send").to_numpy()]
+    slow = none if len(sends) == 0 else sends.assign(
+        op="send/recv", rule="communication", src=sends["peer"], peer=sends["rank"], rank=-1)
+    return strag[~echo].reset_index(drop=True), slow.reset_index(drop=True)
 
 
 def _rank_candidates(
