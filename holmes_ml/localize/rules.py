@@ -12,6 +12,10 @@ the rules read the *absence* of a participant as a normal copy:
   while its partners waited for it is explained by that wait; its evidence is dropped and the
   origin keeps the credit it earns in the instances where *it* was the late one.
 * **p2p-chain** — a long receive whose send is normal blames the sender (and vice versa).
+* **echoes** — a late rank that spent as much of the step communicating as the partners that
+  waited for it was itself waiting (the other stages of a slowed replica, every replica's
+  pipeline fill after a slow data-parallel sync): its lateness is dropped; a long send whose
+  receiver was not late that way is a slow transfer (communication evidence).
 * **communication** — every member's copy abnormal: the transfer itself was slow. A *flow* is a
   communicator's ring or the traffic of one rank pair (send/recv); a network device is scored by
   the excess of the slow flows crossing it, times the squared share of slow flows among all the
