@@ -49,3 +49,22 @@ def test_healthy_job_names_no_network_device() -> None:
     res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=22))
     verdict = analyze(res.ops.drop(columns=["abnormal", "fault_id"]), res.topology, model="rule")
     assert verdict.candidates == ()
+
+
+@pytest.mark.parametrize("seed", [7, 31])
+def test_nics_of_a_pair_with_no_other_traffic_are_reported_tied(seed: int) -> None:
+    # GPU 4 of a host is no ring edge (rings leave a host through GPUs 0/1 and 6/7), so its NIC
+    # carries only its pipeline send/recv pair: that pair's two NICs slow the same operators by
+    # the same amount, and the verdict must say they are tied rather than pick one silently.
+    res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=seed))
+    rank = int(res.topology.ranks.query("gpu == 4 and pp == 1")["rank"].iloc[0])
+    nic = res.topology.nic_of(rank)
+    res, verdict = _verdict(f"nic_slow:severity=10,device={nic},start=2", seed)
+    assert res.faults[0].devices == (nic,)
+    top = verdict.candidates[:2]
+    assert len(top) == 2, verdict
+    assert {c.kind for c in top} == {DeviceKind.NIC}
+    assert nic in {c.device for c in top}
+    assert top[0].tied_with == (top[1].device,)
+    assert top[1].tied_with == (top[0].device,)
+    assert verdict.to_dict()["candidates"][0]["tied_with"] == [top[1].device]

@@ -77,8 +77,13 @@ def register(app: typer.Typer) -> None:
                 table.add_column(col)
             for i, c in enumerate(verdict.candidates, 1):
                 ev = c.evidence[0].detail if c.evidence else ""
-                table.add_row(str(i), c.kind.value, c.device, " ".join(map(str, c.ranks[:8])),
+                device = c.device + (f"\n(tied with {len(c.tied_with)})" if c.tied_with else "")
+                table.add_row(str(i), c.kind.value, device, " ".join(map(str, c.ranks[:8])),
                               f"{c.score:.3f}", json.dumps(c.coords) if c.coords else "", ev)
             console.print(table)
+            if any(c.tied_with for c in verdict.candidates):
+                console.print("[yellow]tied[/yellow]: these devices carry the same slow flows and "
+                              "the logs cannot tell them apart; check each (e.g. a bandwidth test "
+                              "between their hosts)")
         for w in verdict.workload_findings:
             console.print(f"[yellow]workload ({w.kind})[/yellow]: {w.detail}")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -175,13 +176,25 @@ def localize_records(
         if share < cfg.min_share:
             continue
         out.append(_with_score(c, share))
-    out = out[: cfg.top_k]
+    out = _mark_ties(out)[: cfg.top_k]
     stats["median_iteration_us"] = med_iter_us
     return Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats)
 
 
 def _with_score(c: Candidate, score: float) -> Candidate:
     return Candidate(c.kind, c.device, c.ranks, c.hosts, float(score), c.coords, c.evidence)
+
+
+def _mark_ties(cands: list[Candidate]) -> list[Candidate]:
+    """Fill ``tied_with``: network candidates of one kind with the same score (to 1e-9) are
+    devices the evidence cannot separate; the verdict says so instead of implying an order."""
+    out = []
+    for c in cands:
+        net = c.kind in (DeviceKind.NIC, DeviceKind.LINK, DeviceKind.SWITCH)
+        ties = tuple(o.device for o in cands if net and o is not c and o.kind == c.kind
+                     and abs(o.score - c.score) <= 1e-9 * max(abs(c.score), 1.0))
+        out.append(replace(c, tied_with=ties) if ties else c)
+    return out
 
 
 def _collective_events(

@@ -73,9 +73,14 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A suspect device with its normalised score and the evidence behind it.
+    """A suspect device with its score and the evidence behind it.
 
-    ``score`` is normalised so the candidates of one verdict sum to 1.
+    ``score`` is the share (0 … 1) of the window's slowdown the candidate explains. Network
+    devices crossed by the same slow flows are alternative explanations of that slowdown, each
+    with its own share, so the scores of one verdict need not sum to 1. ``tied_with`` lists the
+    other candidates with exactly this score and kind: devices the logs cannot tell apart (the
+    two NICs of a slow send/recv pair with no other traffic, the NICs of one slow ring); their
+    order among themselves carries no information.
     """
 
     kind: DeviceKind
@@ -85,6 +90,7 @@ class Candidate:
     score: float
     coords: dict[str, int] | None = None
     evidence: tuple[Evidence, ...] = ()
+    tied_with: tuple[str, ...] = ()
 
     def to_dict(self, max_evidence: int = 5) -> dict[str, Any]:
         return {
@@ -95,6 +101,7 @@ class Candidate:
             "score": round(float(self.score), 6),
             "coords": dict(self.coords) if self.coords else None,
             "evidence": [e.to_dict() for e in self.evidence[:max_evidence]],
+            "tied_with": list(self.tied_with),
         }
 
 

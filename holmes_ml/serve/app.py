@@ -367,6 +367,7 @@ def _candidate(c: dict) -> Candidate:
         kind=str(c.get("kind", "")), device=c.get("device"),
         ranks=[int(r) for r in c.get("ranks", [])], hosts=[str(h) for h in c.get("hosts", [])],
         score=finite(c.get("score", 0.0)), coords=c.get("coords"), evidence=c.get("evidence"),
+        tied_with=[str(d) for d in c.get("tied_with", [])],
     )
 
 

@@ -196,6 +196,8 @@ class Candidate(BaseModel):
     score: float
     coords: dict | list | None = None
     evidence: dict | list | str | None = None
+    tied_with: list[str] = Field(default_factory=list,
+                                 description="Devices the logs cannot tell apart from this one")
 
 
 class VerdictOut(BaseModel):
