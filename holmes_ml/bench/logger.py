@@ -21,6 +21,11 @@ Noise is reported: the interquartile range of the paired differences and a seede
 interval of their median. ``hot_path_stub_us_per_op`` times the same wrapper around a no-op
 function with ``all_reduce``'s signature: the logger's own per-call cost without gloo's jitter.
 Goal: <= 2 us per op (the figure Holmes quotes).
+
+``--keep-cores-awake`` measures beside a lowest-priority spinning process (recorded in the config):
+on an idle 2-core machine every gloo call hands work to a core that has gone to sleep, and its
+wake-up slows the op (~60-90 us instead of ~20 us) and the wrapper code right after it alike,
+which a training job's busy cores do not see.
 """
 
 from __future__ import annotations
@@ -97,8 +102,31 @@ def _bootstrap_median_ci(diff: np.ndarray, seed: int = 0, n_boot: int = 2000
     return float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))
 
 
-def run(quick: bool = False) -> BenchResult:
-    """Measure the added µs per logged op (see the module docstring for the method)."""
+def _spinner() -> Any:
+    """A lowest-priority process spinning on a core (see ``keep_cores_awake``)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"])
+
+
+def run(quick: bool = False, keep_cores_awake: bool = False) -> BenchResult:
+    """Measure the added µs per logged op (see the module docstring for the method).
+
+    ``keep_cores_awake`` runs a lowest-priority spinning process during the measurement, as the
+    busy cores of a training job would be: on an idle machine each gloo call wakes a sleeping
+    core, which slows the op and the code right after it alike.
+    """
+    spinner = _spinner() if keep_cores_awake else None
+    try:
+        return _run(quick, keep_cores_awake)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+
+
+def _run(quick: bool, keep_cores_awake: bool) -> BenchResult:
     dist = import_torch_distributed()
     import torch
 
@@ -191,7 +219,7 @@ def run(quick: bool = False) -> BenchResult:
             "logged_us_per_op": round(statistics.median(logged), 3),
             "peak_rss_mb": round(peak_rss_mb(), 1),
         },
-        config={"block_pairs": pairs, "ops_per_block": block, "quick": quick,
+        config={"keep_cores_awake": keep_cores_awake, "block_pairs": pairs, "ops_per_block": block, "quick": quick,
                 "flush_every": flush_every, "rows_logged": rows_written, "world_size": 1,
                 "backend": "gloo", "tensor_elems": 4, "torch": torch.__version__,
                 "method": "median of paired ABAB/BABA block differences + flush CPU time per "

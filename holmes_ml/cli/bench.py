@@ -16,7 +16,8 @@ from holmes_ml.bench.record import write_result
 
 
 def _run_one(
-    name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None
+    name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None,
+    awake: bool = False,
 ) -> str:
     module, _, func = BENCHMARKS[name].partition(":")
     run = getattr(importlib.import_module(module), func)
@@ -28,6 +29,8 @@ def _run_one(
         kwargs["localizers"] = localizers
     if model is not None and "model" in params:
         kwargs["model"] = model
+    if awake and "keep_cores_awake" in params:
+        kwargs["keep_cores_awake"] = True
     result = run(**kwargs)
     path = write_result(result, out)
     table = Table(title=f"holmes bench {name}" + (" --quick" if quick else ""))
@@ -65,6 +68,13 @@ def register(app: typer.Typer) -> None:
             help="A model envelope (holmes train --out) to time instead of the bundled default "
             "(benchmarks that score operators: features).",
         ),
+        keep_cores_awake: bool = typer.Option(
+            False, "--keep-cores-awake",
+            help="logger: run a lowest-priority spinning process beside the measurement, as the "
+            "busy cores of a training job would be. On an otherwise idle machine every gloo "
+            "call hands over to a sleeping core, whose wake-up inflates the op and the "
+            "logger's share alike; the JSON records the condition.",
+        ),
     ) -> None:
         """Measure speed, memory or accuracy.
 
@@ -94,7 +104,8 @@ def register(app: typer.Typer) -> None:
                 f"unknown benchmark {unknown[0]!r}; expected one of {', '.join(BENCHMARKS)} or 'all'",
                 param_hint="NAME",
             )
-        reports = [_run_one(n, quick, out, console, plugins, detector) for n in names]
+        reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake)
+                   for n in names]
         if name == "all":
             index = out / "index.md"
             index.write_text(

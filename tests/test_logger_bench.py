@@ -1,0 +1,33 @@
+"""``holmes bench logger --quick --keep-cores-awake``: figures present, condition recorded, and
+the spinning helper process gone afterwards (it must never outlive the benchmark)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.torch
+def test_logger_bench_keeps_cores_awake_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    import holmes_ml.bench.logger as bench
+
+    started = []
+    real = bench._spinner
+
+    def spy():
+        proc = real()
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(bench, "_spinner", spy)
+    result = bench.run(quick=True, keep_cores_awake=True)
+    assert len(started) == 1
+    assert started[0].poll() is not None  # killed and reaped
+    assert result.config["keep_cores_awake"] is True
+    f = result.figures
+    assert math.isfinite(f["overhead_us_per_op"]) and f["unlogged_us_per_op"] > 0
+    assert f["flush_us_per_op"] >= 0 and f["gc_us_per_op"] >= 0
+    assert result.config["rows_logged"] > 0
