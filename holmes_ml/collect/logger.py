@@ -462,14 +462,14 @@ def {orig.__name__}({", ".join(sig)}):
             gidx = _gcache[group]
         except (KeyError, TypeError):
             gidx = _this._group_index(group)
+        seq = _seqs[gidx]
+        k = _fill[0]
         t0 = _perf()
         out = _orig({args})
         t1 = _perf()
     finally:
         _busy[0] = False
-    seq = _seqs[gidx]
     _seqs[gidx] = seq + 1
-    k = _fill[0]
     _pack(_buf, k, _opc, gidx, seq, nbytes, t0, t1)
     k += _step
     _fill[0] = k
