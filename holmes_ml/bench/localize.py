@@ -4,7 +4,7 @@ Accuracy: seeded simulator jobs with one injected fault each plus healthy jobs (
 scales x fault kinds x patterns (3-D layout), parallel layouts 2-D ... 6-D (6-D = tp, pp, dp, ep,
 cp plus HSDP's replica groups) at 128 GPUs, a sweep over the irregularity factor delta (the
 localizer runs with ``LocalizeConfig(delta=d)`` on faults sized to just exceed ``d``), and in the
-full run 2,048- and 8,192-GPU jobs (llama2-70b, tp8 x pp8). Each fault-free twin (same job, same
+full run 2,048- and 8,192-GPU jobs (llama2-70b, tp8 x pp8; 4 seeds x 4 fault kinds each). Each fault-free twin (same job, same
 seed) is simulated once and shared by its trials; the full run spreads the twins over processes.
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
 (for rank-only baselines) — Holmes itself is also scored on the exact device id. Intervals are
@@ -144,7 +144,7 @@ def scenarios(quick: bool) -> list[dict[str, Any]]:
                                target=round(1 + (delta - 1) * DELTA_HEADROOM, 4)))
     # Large jobs: llama2-70b tp8 pp8, faults sized to a BIG_TARGET peak ratio.
     if not quick:
-        for gpus, big_seeds in ((2048, seeds[:2]), (8192, seeds[:2])):
+        for gpus, big_seeds in ((2048, seeds[:4]), (8192, seeds[:4])):
             for kind in kinds:
                 for seed in big_seeds:
                     out.append(_sc(gpus, base, kind, "persistent", seed, layout=BIG_LAYOUT,
