@@ -4,8 +4,9 @@ Accuracy: seeded simulator jobs with one injected fault each plus healthy jobs (
 scales x fault kinds x patterns (3-D layout), parallel layouts 2-D ... 6-D (6-D = tp, pp, dp, ep,
 cp plus HSDP's replica groups) at 128 GPUs, a sweep over the irregularity factor delta (the
 localizer runs with ``LocalizeConfig(delta=d)`` on faults sized to just exceed ``d``), and in the
-full run 2,048- and 8,192-GPU jobs (llama2-70b, tp8 x pp8; 4 seeds x 4 fault kinds each). Each fault-free twin (same job, same
-seed) is simulated once and shared by its trials; the full run spreads the twins over processes.
+full run 2,048- and 8,192-GPU jobs (llama2-70b, tp8 x pp8; 4 seeds x 4 fault kinds each). Each
+fault-free twin (same job, same seed) is simulated once and shared by its trials; the full run
+spreads the twins over processes.
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
 (for rank-only baselines) — Holmes itself is also scored on the exact device id. Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a

@@ -161,9 +161,10 @@ def localize_records(
     total = net_total if any(c.kind in (DeviceKind.NIC, DeviceKind.LINK, DeviceKind.SWITCH)
                              for c in cands) else 0.0
     total += rank_total if any(c.kind in (DeviceKind.GPU, DeviceKind.HOST) for c in cands) else 0.0
-    # Devices with identical network evidence (the two NICs of one slow send/recv pair) are told
-    # apart by the lateness of the ranks behind them: a rank whose own transfers crawl through
-    # its NIC arrives late at its next collective.
+    # Devices with identical network evidence (the two NICs of one slow send/recv pair) are
+    # ordered by the lateness of the ranks behind them: when only one direction is slow (a
+    # capped egress), the rank whose own transfers crawl arrives late at its next collective.
+    # Their scores stay equal, so the verdict marks them tied (the order may be a coin flip).
     late = strag.groupby("rank")["weight"].sum() if len(strag) else pd.Series(dtype=float)
     cands.sort(key=lambda c: (-c.score, -_SPECIFICITY[c.kind.value],
                               -float(late.reindex(list(c.ranks)).fillna(0.0).sum()), c.device))
@@ -308,7 +309,7 @@ def _backtrack(
 
 def _drop_echoes(
     strag: pd.DataFrame, iterations: pd.DataFrame, members: pd.DataFrame, cfg: LocalizeConfig
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Drop lateness that the late rank spent waiting for someone else in the same step.
 
     In a synchronous job a delay is waited for by everyone downstream of it: when one GPU of a
@@ -323,8 +324,9 @@ def _drop_echoes(
 
     * collective straggler in group ``G``: the waiting side is the median member of ``G`` (the
       members of one communicator play the same role, so their times are comparable);
-    * p2p-chain (a long receive, a normal send): the waiting side is the peer whose copy was
-      long (neighbouring pipeline stages communicate about as long in a healthy step).
+    * p2p-chain (a long receive and a normal send, or the reverse): the waiting side is the
+      peer whose copy was long (neighbouring pipeline stages communicate about as long in a
+      healthy step).
 
     Ranks without a communication time (missing from the summaries) keep their events.
 
