@@ -90,7 +90,8 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
         float64 score per row, aligned with ``ops``.
     """
     cfg = config or LocalizeConfig()
-    typical, sigma, gap = _class_stats(ops)
+    classes = _op_classes(ops.reset_index(drop=True))
+    typical, sigma, gap = _class_stats(ops, classes)
     excess = ops["duration_us"].to_numpy(dtype=np.float64) - typical
     # A member waits for the latest of its k partners: with jittered compute that wait grows like
     # the maximum of k draws, about sqrt(2 ln k). Scaled so a pair (k = 2) gets gap_fraction.
@@ -101,10 +102,12 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
         cfg.gap_fraction * spread * gap,
     ])
     score = np.clip(excess / (2.0 * bar), 0.0, 1.0)
-    return np.maximum(score, _transfer_scores(ops, cfg))
+    return np.maximum(score, _transfer_scores(ops, cfg, classes[1]))
 
 
-def _transfer_scores(ops: pd.DataFrame, cfg: LocalizeConfig) -> np.ndarray:
+def _transfer_scores(
+    ops: pd.DataFrame, cfg: LocalizeConfig, cls: np.ndarray | None = None
+) -> np.ndarray:
     """Score every copy of a collective instance by its *shortest* copy.
 
     The last participant to arrive waits for no one: its copy is the transfer alone. When even
@@ -112,7 +115,8 @@ def _transfer_scores(ops: pd.DataFrame, cfg: LocalizeConfig) -> np.ndarray:
     group kind, bytes and position), the communication itself was slow and every copy is
     abnormal, whoever waited. Per-copy references cannot see this when a link is slow from the
     first step: waiters and late arrivers make the copies of a class bimodal and its spread
-    hides the slow instance.
+    hides the slow instance. ``cls``: the rows' class keys (:func:`_op_classes`), when already
+    computed.
     """
     o = ops.reset_index(drop=True)
     op_s = o["op"].astype(str)
@@ -121,17 +125,15 @@ def _transfer_scores(ops: pd.DataFrame, cfg: LocalizeConfig) -> np.ndarray:
     if not coll.any():
         return out
     c = o[coll]
-    it = c["iteration"].to_numpy(dtype=np.int64)
-    group = _codes(c["group"])
-    seq = c["seq"].to_numpy(dtype=np.int64)
-    rank = c["rank"].to_numpy(dtype=np.int64)
-    inst = _combine(group, seq)
+    if cls is None:
+        cls = _op_classes(o)[1]
+    # the classes of the whole table, restricted to its collective rows, are the same partition
+    # as classes computed on those rows alone (no group mixes collectives and send/recv)
+    cls = np.asarray(cls)[coll]
+    inst = _combine(_codes(c["group"]), c["seq"].to_numpy(dtype=np.int64))
     dur = pd.Series(c["duration_us"].to_numpy(dtype=np.float64))
     copies = dur.groupby(inst).transform("size").to_numpy()
     shortest = dur.groupby(inst).transform("min")
-    pos = seq - pd.Series(seq).groupby(_combine(it, group, rank)).transform("min").to_numpy()
-    gk = _codes(c["group_kind"]) if "group_kind" in c.columns else np.zeros(len(c), np.int64)
-    cls = _combine(_codes(c["op"]), gk, _codes(c["nbytes"]), pos)
     # One value per instance, so large groups do not outvote small ones.
     first = ~pd.Series(inst).duplicated().to_numpy()
     per = pd.DataFrame({"cls": cls[first], "m": shortest.to_numpy()[first]})
@@ -178,23 +180,33 @@ def _combine(*codes: np.ndarray) -> np.ndarray:
     return key
 
 
-def _class_stats(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Reference duration, MAD-based σ and preceding compute gap per row (aligned with ops)."""
-    o = ops.reset_index(drop=True)
+def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (of a table with a default index): its position among the rank's copies of its
+    group in the iteration, and its class key (``op, group_kind, nbytes`` and that position).
+    Integer keys throughout: string concatenation over millions of rows dominates otherwise."""
     it = o["iteration"].to_numpy(dtype=np.int64)
+    rank = o["rank"].to_numpy(dtype=np.int64)
+    group = _codes(o["group"])
+    seq = o["seq"].to_numpy(dtype=np.int64)
+    pos = seq - pd.Series(seq).groupby(_combine(it, group, rank)).transform("min").to_numpy()
+    gk = _codes(o["group_kind"]) if "group_kind" in o.columns else np.zeros(len(o), np.int64)
+    return pos, _combine(_codes(o["op"]), gk, _codes(o["nbytes"]), pos)
+
+
+def _class_stats(
+    ops: pd.DataFrame, classes: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reference duration, MAD-based σ and preceding compute gap per row (aligned with ops).
+    ``classes``: :func:`_op_classes` of ``ops``, when already computed."""
+    o = ops.reset_index(drop=True)
     rank = o["rank"].to_numpy(dtype=np.int64)
     group = _codes(o["group"])
     start = o["start_ns"].to_numpy(dtype=np.int64)
     dur = o["duration_us"].to_numpy(dtype=np.float64)
-    seq = o["seq"].to_numpy(dtype=np.int64)
-    # Integer keys throughout: string concatenation over millions of rows dominates otherwise.
-    pos = seq - pd.Series(seq).groupby(_combine(it, group, rank)).transform("min").to_numpy()
+    pos, cls = _op_classes(o) if classes is None else classes
     op_s = o["op"]
     op = _codes(op_s)
     p2p = op_s.isin(["send", "recv"]).to_numpy()
-    gk = _codes(o["group_kind"]) if "group_kind" in o.columns else np.zeros(len(o), np.int64)
-    nb = _codes(o["nbytes"])
-    cls = _combine(op, gk, nb, pos)
     if "pp" in o.columns:
         # Pipeline stage known: compare a send/recv with the same one of the other replicas of
         # its stage (robust even when a fault is present from the first iteration).

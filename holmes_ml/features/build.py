@@ -223,33 +223,29 @@ def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
 _NETWORK_MAX = 32  # beyond this many lags np.sort beats a comparator network
 
 
-def _sort_columns(m: np.ndarray, spare: np.ndarray) -> np.ndarray:
-    """Sort each column of a ``(w, rows)`` matrix; returns ``row_of`` such that the ``k``-th
-    smallest value of every column is in ``m[row_of[k]]``.
+def _sort_columns(m: np.ndarray) -> np.ndarray:
+    """Sort each column of the first ``w`` rows of a ``(w + 1, rows)`` matrix whose last row is
+    scratch; returns ``row_of`` such that the ``k``-th smallest value of every column is in
+    ``m[row_of[k]]``.
 
     A sorting network runs ~w log^2 w vectorized min/max passes over contiguous rows, several
     times faster than ``np.sort`` on millions of 10-element rows. Each comparator writes its
-    minimum into the ``spare`` row and its maximum in place, then relabels the rows instead of
+    minimum into the free row and its maximum in place, then relabels the rows instead of
     copying the minimum back (two passes per comparator instead of three).
     """
-    w = m.shape[0]
+    w = m.shape[0] - 1
     if w > _NETWORK_MAX:
-        m.sort(axis=0)
+        m[:w].sort(axis=0)
         return np.arange(w)
-    rows = [m[i] for i in range(w)]
-    free = spare
+    rows = list(m)
+    row_of = list(range(w))
+    free = w
     for i, j in _sorting_network(w):
-        a, b = rows[i], rows[j]
-        np.minimum(a, b, out=free)
+        a, b = rows[row_of[i]], rows[row_of[j]]
+        np.minimum(a, b, out=rows[free])
         np.maximum(a, b, out=b)
-        rows[i], free = free, a
-    if free is not spare:  # the spare row now holds a value: move it back into ``m``
-        k = next(i for i, r in enumerate(rows) if r is spare)
-        free[...] = spare
-        rows[k] = free
-    base = m.__array_interface__["data"][0]
-    stride = m.strides[0]
-    return np.array([(r.__array_interface__["data"][0] - base) // stride for r in rows])
+        row_of[i], free = free, row_of[i]
+    return np.asarray(row_of)
 
 
 _HISTORY_OUTPUTS = (
@@ -360,7 +356,6 @@ def _history(
 
     def sorted_stats(m, padded, before, c, fr, moments):
         """Sort each row's window; its quantiles ``fr`` and (optionally) mean and std."""
-        k = len(before)
         fill(m[:w], padded, before)
         short = np.flatnonzero(c < w)
         mu = sd = None
@@ -380,7 +375,7 @@ def _history(
             del dev
         if len(short):
             m[:w, short] = np.where(invalid, np.float32(np.inf), sub)
-        row_of = _sort_columns(m[:w], m[w, :k])
+        row_of = _sort_columns(m)
         return quantiles(m, row_of, c, short, fr), mu, sd
 
     for a in range(0, n, chunk):
