@@ -215,6 +215,12 @@ def _time_inference(
         return
     n = float(len(ops))
     total_cpu, inf_cpu, total_wall, inf_wall = best
+    if hasattr(model, "passes"):  # a screened detector: how much the full model scored
+        from holmes_ml.features import FEATURE_COLUMNS
+
+        feats = build_features(ops, cfg).loc[:, list(FEATURE_COLUMNS)]
+        figures["screen_pass_share"] = float(np.mean(model.passes(feats)))
+        del feats
     figures["ops_per_s_with_inference"] = n / total_wall
     figures["ops_per_cpu_s_with_inference"] = n / total_cpu
     figures["inference_ops_per_cpu_s"] = n / inf_cpu

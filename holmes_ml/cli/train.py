@@ -25,9 +25,11 @@ def register(app: typer.Typer) -> None:
         ),
         estimator: str = typer.Option(
             "lgbm", "--estimator",
-            help="lgbm (the bundled model's configuration), lgbm-scale-free (ignores absolute-"
-            "microsecond columns: better across scales, lower precision), lgbm-small (30 depth-3 "
-            "trees, ~8x faster scoring), rf, or tuned-lgbm / tuned-rf (optuna)."
+            help="lgbm (the bundled model's configuration: 100 trees behind a 30-tree screen "
+            "that scores the rows it cannot rule out), lgbm-unscreened (the same trees scoring "
+            "every row, ~3x slower), lgbm-scale-free (ignores absolute-microsecond columns: "
+            "better across scales, lower precision), lgbm-small (30 depth-3 trees alone), rf, "
+            "or tuned-lgbm / tuned-rf (optuna)."
         ),
         seed: int = typer.Option(0, "--seed", help="Seeds scenarios and estimators."),
         n_trials: int = typer.Option(10, "--trials", help="Optuna trials (tuned-* only)."),
@@ -61,6 +63,8 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--preset")
         if estimator == "lgbm":
             det = default_estimator(seed)
+        elif estimator == "lgbm-unscreened":
+            det = default_estimator(seed, screened=False)
         elif estimator == "lgbm-scale-free":
             det = scale_free_estimator(seed)
         elif estimator == "lgbm-small":
@@ -73,7 +77,7 @@ def register(app: typer.Typer) -> None:
                                 study_name=study, random_state=seed)
         else:
             raise typer.BadParameter(
-                f"got {estimator!r}; expected lgbm, lgbm-scale-free, lgbm-small, rf, "
+                f"got {estimator!r}; expected lgbm, lgbm-unscreened, lgbm-scale-free, lgbm-small, rf, "
                 "tuned-lgbm or tuned-rf",
                 param_hint="--estimator",
             )

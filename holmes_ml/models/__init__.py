@@ -12,6 +12,7 @@ from holmes_ml.models.detectors import (
 from holmes_ml.models.drift import DriftAdjuster, DriftAwareDetector
 from holmes_ml.models.persist import ModelFileError, load_model, read_header, save_model
 from holmes_ml.models.score import default_model, score_ops
+from holmes_ml.models.screen import ScreenedDetector
 from holmes_ml.models.tuner import TunedDetector
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ModelFileError",
     "RandomForestDetector",
     "SVMDetector",
+    "ScreenedDetector",
     "ThreeSigmaDetector",
     "TunedDetector",
     "best_f1_threshold",

@@ -195,8 +195,18 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
 
     def decision_function(self, X) -> np.ndarray:
         """Abnormality score in [0, 1] of every row (higher = more abnormal)."""
-        X = self._validate(X)
+        return self._scores(self._validate(X))
+
+    def _scores(self, X: np.ndarray) -> np.ndarray:
+        """Scores of rows already validated and reduced to ``used_features_``."""
         return self.estimator_.predict_proba(X)[:, 1].astype(np.float64)
+
+    def _scores_all_columns(self, X: np.ndarray) -> np.ndarray:
+        """Scores of validated rows that still hold every input column (no name check: for
+        a wrapper that validated ``X`` against the same schema once for several detectors)."""
+        check_is_fitted(self)
+        used = getattr(self, "used_features_", None)
+        return self._scores(X if used is None else X[:, used])
 
     def predict_proba(self, X) -> np.ndarray:
         """``[P(normal), P(abnormal)]`` per row, columns in the order of ``classes_``."""
@@ -372,16 +382,15 @@ class LightGBMDetector(_SupervisedDetector):
         self.compiled_ = CompiledTrees.from_booster(self.estimator_.booster_)
         return self
 
-    def decision_function(self, X) -> np.ndarray:
-        """Abnormality score in [0, 1] of every row (higher = more abnormal).
-
-        The same scores as ``predict_proba``, computed column-wise with numpy for small models
+    def _scores(self, X: np.ndarray) -> np.ndarray:
+        """The same scores as ``predict_proba``, computed column-wise with numpy for small models
         (``compiled_``), else by the booster directly: the scikit-learn wrapper re-validates
         the input and builds a two-column array the detector would throw away, and LightGBM's
         default thread pool costs more than it gains on a shared small machine (``n_jobs=None``
         means one thread, as when fitting).
         """
-        X = self._validate(X)
+        if len(X) == 0:
+            return np.zeros(0, dtype=np.float64)
         compiled = getattr(self, "compiled_", None)  # absent from models saved before it
         if compiled is not None:
             return compiled.predict(X)

@@ -112,12 +112,18 @@ def make_dataset(
     return pd.concat(Fs, ignore_index=True), np.concatenate(ys), np.concatenate(ids)
 
 
-def default_estimator(random_state: int = 0) -> Any:
-    """The configuration of the shipped detector (small: 100 LightGBM trees of 31 leaves)."""
+def default_estimator(random_state: int = 0, screened: bool = True) -> Any:
+    """The configuration of the shipped detector: 100 LightGBM trees of 31 leaves, behind a
+    30-tree screen that hands them only the rows it cannot rule out
+    (:class:`~holmes_ml.models.ScreenedDetector`; ``screened=False`` gives the bare trees)."""
     from holmes_ml.models.detectors import LightGBMDetector
+    from holmes_ml.models.screen import ScreenedDetector, default_screen
 
-    return LightGBMDetector(n_estimators=100, num_leaves=31, learning_rate=0.08,
-                            colsample_bytree=0.8, threshold="auto", random_state=random_state)
+    det = LightGBMDetector(n_estimators=100, num_leaves=31, learning_rate=0.08,
+                           colsample_bytree=0.8, threshold="auto", random_state=random_state)
+    if not screened:
+        return det
+    return ScreenedDetector(det, screen=default_screen(random_state), keep=0.999)
 
 
 def scale_free_estimator(random_state: int = 0) -> Any:

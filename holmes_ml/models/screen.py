@@ -1,0 +1,151 @@
+"""A detector behind a cheap screen: full accuracy at the price of a small model.
+
+Almost every operator of a training job is normal, and a detector large enough to be accurate
+(a hundred LightGBM trees of 31 leaves) spends nearly all its time confirming that. A
+:class:`ScreenedDetector` first scores every row with a *screen*, a few shallow trees trained to
+imitate the detector's own decisions (small enough to be evaluated column-wise with numpy, see
+:mod:`holmes_ml.models._compiled`), and hands the detector only the rows the screen cannot rule
+out. The screen's cut is set on the training rows so that it keeps ``keep`` of the rows the
+detector flags; ``holmes bench features`` times the pair and ``holmes bench detector`` scores it.
+
+Scores stay in [0, 1] and keep one threshold: a row the detector scores keeps the detector's
+score; a row the screen rules out keeps the screen's score (the screen's estimate that the
+detector would flag it, below the screen's cut), scaled down if the cut lies above
+``threshold_``, so it stays below every flagged row and keeps its order among the other
+ruled-out rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from holmes_ml.models.detectors import LightGBMDetector, _SupervisedDetector
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ScreenedDetector", "default_screen"]
+
+
+def default_screen(random_state: int | None = 0) -> LightGBMDetector:
+    """30 LightGBM trees of depth 3: about 90 comparisons per row, compiled to numpy."""
+    return LightGBMDetector(n_estimators=30, num_leaves=7, max_depth=3, learning_rate=0.27,
+                            colsample_bytree=0.8, class_weight="balanced", threshold=0.5,
+                            random_state=random_state)
+
+
+class ScreenedDetector(ClassifierMixin, BaseEstimator):
+    """``detector`` scoring only the rows that a small ``screen`` cannot rule out.
+
+    Parameters
+    ----------
+    detector:
+        A supervised detector of :mod:`holmes_ml.models.detectors` (unfitted; it is cloned).
+        ``None`` uses a 100-tree LightGBM detector with an ``"auto"`` threshold.
+    screen:
+        The screen (unfitted LightGBM or random-forest detector); ``None`` uses
+        :func:`default_screen`. It is trained on the detector's own training-set decisions.
+    keep:
+        Share of the detector's flagged training rows the screen must pass, in (0, 1]. The cut
+        is the screen score below which only ``1 - keep`` of them fall.
+
+    Attributes
+    ----------
+    detector_, screen_:
+        The fitted detector and screen (``screen_`` is ``None`` when the detector flagged no
+        training row or every one: then there is nothing to imitate and all rows are scored).
+    screen_cut_:
+        Screen score from which a row goes to the detector.
+    pass_rate_:
+        Share of the training rows the screen passes (the detector's share of the work).
+    threshold_, classes_:
+        The detector's.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_classification
+    >>> X, y = make_classification(400, weights=[0.9], random_state=0)
+    >>> det = ScreenedDetector(LightGBMDetector(n_estimators=20, random_state=0)).fit(X, y)
+    >>> bool((det.predict(X) == det.detector_.predict(X)).mean() > 0.99)
+    True
+    """
+
+    def __init__(self, detector: Any = None, screen: Any = None, keep: float = 0.999) -> None:
+        self.detector = detector
+        self.screen = screen
+        self.keep = keep
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+    def fit(self, X, y, groups=None):
+        """Fit the detector on ``(X, y)``, then the screen on the detector's decisions.
+
+        ``groups`` (run id per row) is passed to the detector (see
+        :meth:`~holmes_ml.models.RandomForestDetector.fit`).
+        """
+        if not (isinstance(self.keep, (int, float)) and 0.0 < self.keep <= 1.0):
+            raise ValueError(f"keep: got {self.keep!r}; expected a number in (0, 1]")
+        validate_data(self, X, y, dtype=np.float64)  # names, n_features_in_, shapes
+        det = self.detector if self.detector is not None else LightGBMDetector(
+            n_estimators=100, threshold="auto", random_state=0)
+        if not isinstance(det, _SupervisedDetector):
+            raise TypeError(f"detector: got {type(det).__name__}; expected a supervised "
+                            "detector of holmes_ml.models (LightGBMDetector, "
+                            "RandomForestDetector, ...)")
+        self.detector_ = clone(det).fit(X, y, groups=groups)
+        self.classes_ = self.detector_.classes_
+        self.threshold_ = float(self.detector_.threshold_)
+        flagged = self.detector_.decision_function(X) >= self.threshold_
+        self.screen_, self.screen_cut_, self.pass_rate_ = None, 0.0, 1.0
+        if flagged.all() or not flagged.any():
+            logger.info("screen skipped: the detector flags %s training rows",
+                        "all" if flagged.any() else "no")
+            return self
+        screen = clone(self.screen if self.screen is not None else default_screen())
+        self.screen_ = screen.fit(X, flagged)
+        s = self.screen_.decision_function(X)
+        self.screen_cut_ = float(np.quantile(s[flagged], 1.0 - self.keep, method="lower"))
+        self.pass_rate_ = float(np.mean(s >= self.screen_cut_))
+        logger.info("screen: cut %.4g keeps %.4f of flagged rows, passes %.4f of all rows",
+                    self.screen_cut_, float(np.mean(s[flagged] >= self.screen_cut_)),
+                    self.pass_rate_)
+        return self
+
+    def passes(self, X) -> np.ndarray:
+        """Which rows the screen hands to the detector (all of them without a screen)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
+        if self.screen_ is None:
+            return np.ones(len(X), dtype=bool)
+        return self.screen_._scores_all_columns(X) >= self.screen_cut_
+
+    def decision_function(self, X) -> np.ndarray:
+        """Abnormality score in [0, 1] per row (see the module docstring)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
+        if self.screen_ is None:
+            return self.detector_._scores_all_columns(X)
+        s = self.screen_._scores_all_columns(X)
+        passed = s >= self.screen_cut_
+        # Ruled-out rows keep the screen's own score, shrunk if need be below threshold_.
+        out = s * (min(1.0, self.threshold_ / max(self.screen_cut_, 1e-300)) * (1.0 - 1e-9))
+        if passed.any():
+            out[passed] = self.detector_._scores_all_columns(X[passed])
+        return out
+
+    def predict_proba(self, X) -> np.ndarray:
+        """``[P(normal), P(abnormal)]`` per row, columns in the order of ``classes_``."""
+        s = self.decision_function(X)
+        return np.column_stack([1.0 - s, s])
+
+    def predict(self, X) -> np.ndarray:
+        """``classes_[1]`` (abnormal) where the score reaches ``threshold_``."""
+        scores = self.decision_function(X)
+        return self.classes_[(scores >= self.threshold_).astype(np.int64)]
