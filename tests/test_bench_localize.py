@@ -75,3 +75,23 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     delta_rows = bd[(bd["by"] == "delta") & (bd["method"] == "holmes")]
     assert delta_rows["value"].tolist() == ["1.2"] and delta_rows["trials"].tolist() == [1]
     assert (trials.loc[trials["kind"] != "healthy", "peak_ratio"] > 1.2).all()
+
+
+def test_top1_split_credits_declared_ties_only():
+    from holmes_ml.bench.localize import _top1_split
+    from holmes_ml.localize.types import Candidate, DeviceKind
+
+    def nic(dev: str, rank: int, score: float, tied: tuple[str, ...] = ()) -> Candidate:
+        return Candidate(kind=DeviceKind.NIC, device=dev, ranks=(rank,), hosts=("h",),
+                         score=score, tied_with=tied)
+
+    a, b, c = "nic:node000/0", "nic:node001/0", "nic:node002/0"
+    pair = [nic(a, 0, 0.5, (b,)), nic(b, 8, 0.5, (a,)), nic(c, 16, 0.1)]
+    assert _top1_split(pair, {8}) == 0.5  # the truth is the other half of a declared tie
+    assert _top1_split(pair, {0}) == 0.5  # ... and first place earns no more than that
+    assert _top1_split(pair, {16}) == 0.0  # a lower candidate earns nothing
+    strict = [nic(a, 0, 0.5), nic(b, 8, 0.5)]
+    assert _top1_split(strict, {0}) == 1.0 and _top1_split(strict, {8}) == 0.0
+    # a tie with devices the verdict did not list still divides the credit
+    assert _top1_split([nic(a, 0, 0.5, (b, c))], {0}) == pytest.approx(1 / 3)
+    assert _top1_split([3, 5], {3}) == 1.0 and _top1_split([], {3}) == 0.0

@@ -182,6 +182,23 @@ def _hit(suspects: list[Any], truth: set[int], k: int, topology: Any = None) -> 
     return any(_suspect_ranks(s, topology) & truth for s in suspects[:k])
 
 
+def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> float:
+    """Top-1 credit when the method's own declared ties at the top are broken at random.
+
+    A verdict that names its first candidate ``tied_with`` other devices (same evidence, same
+    score) says it cannot order them; picking one at random would hit the truth with
+    probability (tied candidates naming it) / (size of the tie). Methods that declare no ties
+    score as strict top-1.
+    """
+    if not suspects:
+        return 0.0
+    top = suspects[0]
+    tied = set(getattr(top, "tied_with", ()) or ())
+    group = [top] + [s for s in suspects[1:] if getattr(s, "device", None) in tied]
+    hits = sum(bool(_suspect_ranks(s, topology) & truth) for s in group)
+    return hits / (1 + len(tied))
+
+
 def _tied_nic_ranks(ops: pd.DataFrame, topology: Any, nics: set[str]) -> set[int]:
     """Ranks of every NIC that carries exactly the same flows as one of ``nics``.
 
@@ -323,6 +340,9 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None) -> tup
                 row["top1"] = _hit(sus, truth, 1, res.topology)
                 row["top2"] = _hit(sus, truth, 2, res.topology)
                 row["top1_ties"] = _hit(sus, tied, 1, res.topology)
+                row["top1_split"] = _top1_split(sus, truth, res.topology)
+                # the best any log-only method can expect: one guess among the tied NICs
+                row["top1_bound"] = len(truth) / len(tied)
                 row["tied_nics"] = len(tied - truth)
                 row["device_top1"] = bool(sus) and getattr(sus[0], "device", None) in devices
                 if isinstance(fn, str):
@@ -396,6 +416,8 @@ def _accuracy(
         summary.append({"method": name, "trials": n, "top1": round(k1 / n, 3),
                         "top1_ci95": f"[{lo:.2f}, {hi:.2f}]", "top2": round(k2 / n, 3),
                         "top1_ties": round(float(sub["top1_ties"].mean()), 3),
+                        "top1_split": round(float(sub["top1_split"].mean()), 3),
+                        "top1_bound": round(float(sub["top1_bound"].mean()), 3),
                         "device_top1": round(float(sub["device_top1"].mean()), 3),
                         "healthy_trials": len(healthy),
                         "healthy_flagged": round(float(healthy["flagged"].mean()), 3)
@@ -558,6 +580,8 @@ def run(
             figures[f"{tag}_top1"] = row["top1"]
             figures[f"{tag}_top2"] = row["top2"]
             figures[f"{tag}_top1_ties"] = row["top1_ties"]
+            figures[f"{tag}_top1_split"] = row["top1_split"]
+            figures["top1_bound"] = row["top1_bound"]
             if row["healthy_flagged"] is not None:
                 figures[f"{tag}_healthy_flagged"] = row["healthy_flagged"]
     for row in breakdown:
@@ -598,7 +622,11 @@ def run(
                            "the fault-free twin are excluded and counted in the breakdown; "
                            "top1/top2 are strict; top1_ties also accepts a NIC crossed by "
                            "exactly the same flows as the faulty one (no operator log can "
-                           "tell such NICs apart)"},
+                           "tell such NICs apart); top1_split gives 1/k for a first "
+                           "candidate the verdict itself declares tied (tied_with) with k-1 "
+                           "others, one of them the truth (the expected top-1 of breaking its "
+                           "ties at random); top1_bound is the mean of 1/(NICs tied with the "
+                           "faulty one), the expected top-1 of a perfect log-only method"},
         goals={"holmes_top1": ">= 0.98", "holmes_top2": ">= 0.99",
                "holmes_healthy_flagged": "<= 0.01", "holmes_top1_gpus_8192": ">= 0.95",
                "holmes_top1_dims_6-D": ">= 0.95", "window_localize_seconds": "<= 3",
