@@ -1,6 +1,6 @@
 # holmes_ml: two commands set everything up on a fresh machine.
 #   make demo   create .venv, install, simulate a faulty job, localize it, print the verdict
-#   make test   install dev extras and run the whole suite (lint + tests + notebooks)
+#   make test   install dev extras and run the whole suite (lint + types + tests + notebooks)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -26,6 +26,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check holmes_ml tests
+	$(VENV)/bin/mypy holmes_ml
 	$(VENV)/bin/pytest -n 2 --durations=15 --doctest-modules --nbmake -m "not drill" holmes_ml tests notebooks
 	$(VENV)/bin/pytest --durations=5 -m drill tests
 

@@ -489,24 +489,6 @@ def resolve_paths(
 
 def read_paths(files: Sequence[Path], format: str = "auto") -> pd.DataFrame:
     """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`)."""
-    try:
-        from holmes_ml.io import read_ops  # type: ignore[attr-defined]
-    except ImportError:
-        read_ops = None
-    if read_ops is not None:
-        return read_ops([str(f) for f in files], format=format)
-    from holmes_ml.io.schema import validate
+    from holmes_ml.io import read_ops
 
-    frames = []
-    files = [Path(f) for f in files]
-    for f in files:
-        if not f.exists():
-            raise FileNotFoundError(f"{f}: no such file")
-        if f.suffix == ".parquet":
-            frames.append(pd.read_parquet(f))
-        elif f.suffix == ".csv":
-            frames.append(pd.read_csv(f))
-        else:
-            raise ValueError(f"{f}: unsupported file type {f.suffix!r}; expected .parquet or "
-                             ".csv (install the readers for other formats)")
-    return validate(pd.concat(frames, ignore_index=True), source=str(files[0]))
+    return read_ops([str(f) for f in files], format=format)

@@ -214,6 +214,7 @@ def _time_inference(
         logger.warning("default model inference failed: %s", exc)
         return
     n = float(len(ops))
+    assert best is not None  # repeats >= 1
     total_cpu, inf_cpu, total_wall, inf_wall = best
     if hasattr(model, "passes"):  # a screened detector: how much the full model scored
         from holmes_ml.features import FEATURE_COLUMNS

@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
                 "[green]injected", f["kind"], _short(f["ranks"]), _short(f["hosts"]), ""
             )
         for i, c in enumerate(verdict.candidates[:3]):
-            d = c.to_dict() if hasattr(c, "to_dict") else c
+            d = c.to_dict()
             table.add_row(
                 f"suspect #{i + 1}", str(d["kind"]), _short(d["ranks"]), _short(d["hosts"]),
                 f"{d['score']:.3f}",

@@ -402,6 +402,7 @@ def _history(
         hb = cb > 0
         base_med = med
         if not same_window:
+            assert irr_before is not None  # built whenever the windows differ
             # Only rows with an irregular row inside their plain window have another
             # baseline window (the plain window here is every earlier row: not regular-only).
             sel = np.flatnonzero(irr_before[a:b] != irr_before[np.arange(a, b) - c])

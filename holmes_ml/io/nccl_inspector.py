@@ -47,7 +47,7 @@ import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pandas as pd
@@ -74,11 +74,11 @@ def _version(metadata: dict) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 
 
@@ -140,7 +140,7 @@ class _File:
         self.header = self.metadata = None
         self.remaining = {}
         if _version(metadata) >= (4, 3):
-            counts = {}
+            counts: dict[str, int] = {}
             for body, count_key in _COUNT_KEYS.items():
                 n = stats.get(count_key, 0 if body == "proxy_trace" else None)
                 if not _is_int(n) or n < 0:
@@ -174,6 +174,7 @@ class _File:
                                 "dump_stats." + _COUNT_KEYS[body],
                                 expected=f"the marker on line {self.marker_line} to count it")
             self.remaining[body] -= 1
+            assert self.metadata is not None  # set together with self.header
             header, metadata = self.header, self.metadata
         if body == "proxy_trace":
             return None
@@ -188,9 +189,9 @@ def _start_us(perf: dict, prefix: str) -> int | float | None:
     trace = perf.get("event_trace_ts")
     if not isinstance(trace, dict):
         return None
-    starts = [k.get("kernel_start_ts") for k in trace.get("kernel_events") or []
-              if isinstance(k, dict)]
-    starts = [s for s in starts if _is_num(s) and s > 0]
+    kernels = [k.get("kernel_start_ts") for k in trace.get("kernel_events") or []
+               if isinstance(k, dict)]
+    starts = [s for s in kernels if _is_num(s) and s > 0]
     if starts:
         return min(starts)
     s = trace.get(f"{prefix}_start_ts")
@@ -225,16 +226,17 @@ def _read_one(path: Path) -> list[dict[str, Any]]:
         for what, key in fields.items():
             v = perf.get(key)
             ok = _is_num(v) if what == "exec" else _is_int(v)
-            if not ok or v < 0:
+            if not ok or not isinstance(v, (int, float)) or v < 0:
                 raise state.fail("bad or missing field", lineno, f"{body}.{key}", v,
                                  "a non-negative number (µs)" if what == "exec"
                                  else "a non-negative integer")
         peer = -1
         if body == "p2p_perf":
-            peer = perf.get("p2p_peer")
-            if not _is_int(peer) or peer < 0:
-                raise state.fail("bad or missing field", lineno, "p2p_perf.p2p_peer", peer,
+            got = perf.get("p2p_peer")
+            if not _is_int(got) or got < 0:
+                raise state.fail("bad or missing field", lineno, "p2p_perf.p2p_peer", got,
                                  "a rank inside the communicator")
+            peer = got
         exec_us = perf[fields["exec"]]
         start = _start_us(perf, p)
         exact = start is not None

@@ -169,8 +169,10 @@ def localize_records(
     cands.sort(key=lambda c: (-c.score, -_SPECIFICITY[c.kind.value],
                               -float(late.reindex(list(c.ranks)).fillna(0.0).sum()), c.device))
     # Two late ranks on one host both read as that host: the host is listed once.
-    seen: set[str] = set()
-    cands = [c for c in cands if not (c.device in seen or seen.add(c.device))]
+    first: dict[str, Candidate] = {}
+    for c in cands:
+        first.setdefault(c.device, c)
+    cands = list(first.values())
     out = []
     for c in cands:
         share = c.score / total if total > 0 else 0.0

@@ -54,7 +54,7 @@ def scenarios(preset: str = "default", seed: int = 0) -> list[Any]:
         raise ValueError(f"preset: got {preset!r}; expected one of {sorted(PRESETS)}")
     scales, runs, iters = PRESETS[preset]
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[Any] = []
     k = 0
     for gpus in scales:
         for r in range(runs):

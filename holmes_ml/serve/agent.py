@@ -171,7 +171,9 @@ class Outbox:
 class _FileState:
     offset: int = 0
     header: list[str] | None = None
-    stamp: tuple[int, int] | None = None
+    #: what the file(s) looked like when last read: (size, mtime) of one file, or
+    #: (path, size, mtime) of each whole-file trace
+    stamp: tuple[Any, ...] | None = None
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
