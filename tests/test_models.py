@@ -220,3 +220,17 @@ def test_compiled_unbalanced_trees_score_like_the_booster():
                       columns=list("abcd"))
     want = det.estimator_.booster_.predict(Xt.to_numpy(np.float64), num_threads=1)
     np.testing.assert_allclose(det.decision_function(Xt), want, rtol=0, atol=1e-12)
+
+
+def test_weighted_threshold_equals_duplicated_rows():
+    rng = np.random.default_rng(3)
+    y = rng.random(400) < 0.2
+    s = np.clip(y * 0.3 + rng.random(400) * 0.7, 0, 1)
+    w = rng.integers(1, 5, size=400)
+    dup = np.repeat(np.arange(400), w)
+    assert best_f1_threshold(y, s, w) == pytest.approx(best_f1_threshold(y[dup], s[dup]))
+    # up-weighting the normal rows (as a subsample of them stands for many) raises the cut
+    heavy = np.where(y, 1.0, 20.0)
+    assert best_f1_threshold(y, s, heavy) > best_f1_threshold(y, s)
+    with pytest.raises(ValueError, match="weights: got shape"):
+        best_f1_threshold(y, s, w[:10])

@@ -41,8 +41,9 @@ def test_scale_free_estimator_heldout_floor(seed):
     from holmes_ml.models.training import scale_free_estimator
     from holmes_ml.simulator import FaultSpec, SimConfig
 
-    X, y, run = make_dataset(scenarios("tiny", seed=0), max_normal_per_run=15_000)
-    det = scale_free_estimator(0).fit(X, y, groups=run)
+    X, y, run, w = make_dataset(scenarios("tiny", seed=0), max_normal_per_run=15_000,
+                                return_weights=True)
+    det = scale_free_estimator(0).fit(X, y, groups=run, threshold_weights=w)
     cfg = SimConfig(gpus=128, iterations=16, seed=seed,
                     faults=(FaultSpec.parse("gpu_slow:severity=0.6,start=4"),))
     Xt, yt, _ = make_dataset([cfg], max_normal_per_run=None)

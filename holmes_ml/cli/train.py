@@ -25,11 +25,11 @@ def register(app: typer.Typer) -> None:
         ),
         estimator: str = typer.Option(
             "lgbm", "--estimator",
-            help="lgbm (the bundled model's configuration: 100 trees behind a 30-tree screen "
-            "that scores the rows it cannot rule out), lgbm-unscreened (the same trees scoring "
-            "every row, ~3x slower), lgbm-scale-free (ignores absolute-microsecond columns: "
-            "better across scales, lower precision), lgbm-small (30 depth-3 trees alone), rf, "
-            "or tuned-lgbm / tuned-rf (optuna)."
+            help="lgbm (the bundled model's configuration: 100 trees on the scale-free "
+            "columns behind a 30-tree screen that scores the rows it cannot rule out), "
+            "lgbm-unscreened (the same trees scoring every row, ~3x slower), lgbm-absolute "
+            "(every column, absolute microseconds included), lgbm-small (30 depth-3 trees "
+            "alone), rf, or tuned-lgbm / tuned-rf (optuna)."
         ),
         seed: int = typer.Option(0, "--seed", help="Seeds scenarios and estimators."),
         n_trials: int = typer.Option(10, "--trials", help="Optuna trials (tuned-* only)."),
@@ -52,8 +52,8 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.models import RandomForestDetector, TunedDetector
         from holmes_ml.models.training import (
             PRESETS,
+            absolute_estimator,
             default_estimator,
-            scale_free_estimator,
             small_estimator,
             train_default,
         )
@@ -65,8 +65,8 @@ def register(app: typer.Typer) -> None:
             det = default_estimator(seed)
         elif estimator == "lgbm-unscreened":
             det = default_estimator(seed, screened=False)
-        elif estimator == "lgbm-scale-free":
-            det = scale_free_estimator(seed)
+        elif estimator == "lgbm-absolute":
+            det = absolute_estimator(seed)
         elif estimator == "lgbm-small":
             det = small_estimator(seed)
         elif estimator == "rf":
@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
                                 study_name=study, random_state=seed)
         else:
             raise typer.BadParameter(
-                f"got {estimator!r}; expected lgbm, lgbm-unscreened, lgbm-scale-free, lgbm-small, rf, "
+                f"got {estimator!r}; expected lgbm, lgbm-unscreened, lgbm-absolute, lgbm-small, rf, "
                 "tuned-lgbm or tuned-rf",
                 param_hint="--estimator",
             )

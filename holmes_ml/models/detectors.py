@@ -48,7 +48,9 @@ __all__ = [
 ]
 
 
-def best_f1_threshold(y_true: np.ndarray, scores: np.ndarray) -> float:
+def best_f1_threshold(
+    y_true: np.ndarray, scores: np.ndarray, weights: np.ndarray | None = None
+) -> float:
     """The score cut that maximizes F1 of ``scores >= cut`` against binary ``y_true``.
 
     Parameters
@@ -57,6 +59,9 @@ def best_f1_threshold(y_true: np.ndarray, scores: np.ndarray) -> float:
         Binary labels (1/True = abnormal).
     scores:
         Abnormality scores, higher = more abnormal.
+    weights:
+        How many operators each row stands for (e.g. normal rows kept 1 in 10 weigh 10), so
+        that F1 is that of the population the rows were sampled from; ``None``: 1 each.
 
     Returns
     -------
@@ -72,15 +77,19 @@ def best_f1_threshold(y_true: np.ndarray, scores: np.ndarray) -> float:
     """
     y = np.asarray(y_true).astype(bool)
     s = np.asarray(scores, dtype=np.float64)
-    if not y.any():
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != y.shape or not np.all(np.isfinite(w) & (w >= 0)):
+        raise ValueError(f"weights: got shape {w.shape}; expected {len(y)} finite values >= 0, "
+                         "one per row")
+    if not (y & (w > 0)).any():
         return 0.5
     order = np.argsort(-s, kind="stable")
     s_sorted = s[order]
-    tp = np.cumsum(y[order])
-    k = np.arange(1, len(s) + 1)
+    tp = np.cumsum(w[order] * y[order])
+    flagged = np.cumsum(w[order])
     # Only cut between distinct scores: ties must fall on the same side.
     last_of_tie = np.r_[s_sorted[1:] != s_sorted[:-1], True]
-    f1 = np.where(last_of_tie, 2 * tp / (k + y.sum()), -1.0)
+    f1 = np.where(last_of_tie, 2 * tp / (flagged + (w * y).sum()), -1.0)
     i = int(np.argmax(f1))
     below = s_sorted[i + 1] if i + 1 < len(s_sorted) else 0.0
     return float((s_sorted[i] + below) / 2.0)
@@ -110,7 +119,7 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.multi_class = False
         return tags
 
-    def fit(self, X, y, groups=None):
+    def fit(self, X, y, groups=None, threshold_weights=None):
         """Learn from features ``X`` and binary labels ``y``.
 
         Parameters
@@ -124,6 +133,13 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
             that pick the cut then come from folds that hold out whole runs, so the cut is the
             one that transfers to unseen jobs rather than to unseen rows of seen jobs (used with
             at least 5 distinct groups; fewer fall back to stratified folds).
+        threshold_weights:
+            Optional number of operators each row stands for, used only by the F1 that picks
+            the ``"auto"`` threshold: training sets keep every abnormal op but a sample of the
+            normal ones (:func:`~holmes_ml.models.training.make_dataset`), and a cut chosen as
+            if that sample were the whole job flags far too many normal ops in a real one.
+            The model itself trains on the rows as given (weighting its training too was
+            measured to be worse).
 
         Returns
         -------
@@ -147,6 +163,11 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
                 f"is {y_type} ({type(self).__name__} separates normal from abnormal ops)."
             )
         y01 = (y == self.classes_[1]).astype(np.int64)
+        if threshold_weights is not None and len(np.asarray(threshold_weights)) != len(y01):
+            raise ValueError(
+                f"threshold_weights: got {len(np.asarray(threshold_weights))} values; expected "
+                f"one per row of X ({len(y01)})"
+            )
         if self.threshold == "auto":
             # Out-of-fold scores, so the cut is not tuned on memorized training rows.
             n_splits = int(min(3, np.bincount(y01).min()))
@@ -163,13 +184,13 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
                     self._make_estimator(), X, y01, groups=np.asarray(groups),
                     cv=GroupKFold(n_splits=min(4, n_groups)), method="predict_proba",
                 )[:, 1]
-                self.threshold_ = best_f1_threshold(y01, oof)
+                self.threshold_ = best_f1_threshold(y01, oof, threshold_weights)
             elif n_splits >= 2:
                 cv = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=0)
                 oof = cross_val_predict(
                     self._make_estimator(), X, y01, cv=cv, method="predict_proba"
                 )[:, 1]
-                self.threshold_ = best_f1_threshold(y01, oof)
+                self.threshold_ = best_f1_threshold(y01, oof, threshold_weights)
             else:
                 self.threshold_ = 0.5
         else:
@@ -373,10 +394,10 @@ class LightGBMDetector(_SupervisedDetector):
             verbose=-1,
         )
 
-    def fit(self, X, y, groups=None):
+    def fit(self, X, y, groups=None, threshold_weights=None):
         """As :meth:`RandomForestDetector.fit`; small models are also compiled for fast scoring
         (``compiled_``, see :mod:`holmes_ml.models._compiled`)."""
-        super().fit(X, y, groups=groups)
+        super().fit(X, y, groups=groups, threshold_weights=threshold_weights)
         from holmes_ml.models._compiled import CompiledTrees
 
         self.compiled_ = CompiledTrees.from_booster(self.estimator_.booster_)

@@ -84,10 +84,10 @@ class ScreenedDetector(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.multi_class = False
         return tags
 
-    def fit(self, X, y, groups=None):
+    def fit(self, X, y, groups=None, threshold_weights=None):
         """Fit the detector on ``(X, y)``, then the screen on the detector's decisions.
 
-        ``groups`` (run id per row) is passed to the detector (see
+        ``groups`` (run id per row) and ``threshold_weights`` are passed to the detector (see
         :meth:`~holmes_ml.models.RandomForestDetector.fit`).
         """
         if not (isinstance(self.keep, (int, float)) and 0.0 < self.keep <= 1.0):
@@ -99,7 +99,7 @@ class ScreenedDetector(ClassifierMixin, BaseEstimator):
             raise TypeError(f"detector: got {type(det).__name__}; expected a supervised "
                             "detector of holmes_ml.models (LightGBMDetector, "
                             "RandomForestDetector, ...)")
-        self.detector_ = clone(det).fit(X, y, groups=groups)
+        self.detector_ = clone(det).fit(X, y, groups=groups, threshold_weights=threshold_weights)
         self.classes_ = self.detector_.classes_
         self.threshold_ = float(self.detector_.threshold_)
         flagged = self.detector_.decision_function(X) >= self.threshold_
