@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from _gloo import run_workers
 
 from holmes_ml.collect import rank_log_path
 from holmes_ml.collect.writer import ARROW_SCHEMA, Coded, RowSink
@@ -100,14 +98,7 @@ _WORKER = textwrap.dedent(
 @pytest.mark.torch
 def test_hot_path_in_a_gloo_world(tmp_path):
     pytest.importorskip("torch")
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER)
-    out = tmp_path / "logs"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = run_workers(tmp_path, _WORKER)
     res = json.loads((out / "res.json").read_text())
     assert res["sig"] and res["bad_kwarg"] and res["raised"]
     assert res["gc_growth"] < 300, res  # a tuple per call would leave >= 3000 objects

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pandas as pd
 import pytest
+from _gloo import run_workers
 
 from holmes_ml.collect import LoggerConfig, rank_log_path
 from holmes_ml.collect.writer import COLUMNS, Coded, RowSink
@@ -130,19 +128,7 @@ _WORKER = textwrap.dedent(
 @pytest.mark.torch
 def test_two_rank_gloo_world(tmp_path):
     pytest.importorskip("torch")
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER)
-    out = tmp_path / "logs"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(out)],
-                         env=env, stderr=subprocess.PIPE, text=True)
-        for r in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-3000:]
+    out = run_workers(tmp_path, _WORKER, ranks=2)
     for r in range(2):
         state = json.loads((out / f"state{r}.json").read_text())
         assert state == {"patched": True, "restored": True}
