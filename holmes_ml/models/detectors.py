@@ -38,6 +38,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "BinaryDetectorMixin",
     "IsolationForestDetector",
     "KNNDetector",
     "LightGBMDetector",
@@ -104,7 +105,33 @@ def _check_threshold(threshold: Any, name: str = "threshold") -> None:
         raise ValueError(f"{name}: got {threshold!r}; expected a float in [0, 1] or 'auto'")
 
 
-class _SupervisedDetector(ClassifierMixin, BaseEstimator):
+class BinaryDetectorMixin(ClassifierMixin):
+    """``predict_proba`` and ``predict`` of a binary detector from its ``decision_function``
+    (P(abnormal) in [0, 1]), ``threshold_`` and ``classes_``; binary-only estimator tags."""
+
+    classes_: np.ndarray
+    threshold_: float
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+    def decision_function(self, X) -> np.ndarray:  # pragma: no cover - every detector has one
+        raise NotImplementedError
+
+    def predict_proba(self, X) -> np.ndarray:
+        """``[P(normal), P(abnormal)]`` per row, columns in the order of ``classes_``."""
+        s = self.decision_function(X)
+        return np.column_stack([1.0 - s, s])
+
+    def predict(self, X) -> np.ndarray:
+        """``classes_[1]`` (abnormal) where the score reaches ``threshold_``, else ``classes_[0]``."""
+        scores = self.decision_function(X)  # checks fitted before classes_ is touched
+        return self.classes_[(scores >= self.threshold_).astype(np.int64)]
+
+
+class _SupervisedDetector(BinaryDetectorMixin, BaseEstimator):
     """Shared machinery of the binary supervised detectors.
 
     Subclasses implement :meth:`_make_estimator` (an unfitted scikit-learn-style classifier with
@@ -113,11 +140,6 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
 
     def _make_estimator(self) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
-        return tags
 
     def fit(self, X, y, groups=None, threshold_weights=None):
         """Learn from features ``X`` and binary labels ``y``.
@@ -228,17 +250,6 @@ class _SupervisedDetector(ClassifierMixin, BaseEstimator):
         check_is_fitted(self)
         used = getattr(self, "used_features_", None)
         return self._scores(X if used is None else X[:, used])
-
-    def predict_proba(self, X) -> np.ndarray:
-        """``[P(normal), P(abnormal)]`` per row, columns in the order of ``classes_``."""
-        s = self.decision_function(X)
-        return np.column_stack([1.0 - s, s])
-
-    def predict(self, X) -> np.ndarray:
-        """``classes_[1]`` (abnormal) where the score reaches ``threshold_``, else ``classes_[0]``."""
-        scores = self.decision_function(X)  # checks fitted before classes_ is touched
-        return self.classes_[(scores >= self.threshold_).astype(np.int64)]
-
 
 class RandomForestDetector(_SupervisedDetector):
     """Random-forest detector of abnormal operators (the Holmes detector).

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
 from holmes_ml.features import TIME_FEATURES
+from holmes_ml.models.detectors import BinaryDetectorMixin
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class DriftAdjuster:
         return out
 
 
-class DriftAwareDetector(ClassifierMixin, BaseEstimator):
+class DriftAwareDetector(BinaryDetectorMixin, BaseEstimator):
     """Wrap a detector so each scored window is rescaled to the training time scale first.
 
     Parameters
@@ -157,11 +158,3 @@ class DriftAwareDetector(ClassifierMixin, BaseEstimator):
     def decision_function(self, X) -> np.ndarray:
         """P(abnormal) of the rescaled window."""
         return self.estimator_.decision_function(self.rescale(X))
-
-    def predict_proba(self, X) -> np.ndarray:
-        s = self.decision_function(X)
-        return np.column_stack([1.0 - s, s])
-
-    def predict(self, X) -> np.ndarray:
-        s = self.decision_function(X)
-        return self.classes_[(s >= self.threshold_).astype(np.int64)]

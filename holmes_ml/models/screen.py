@@ -21,10 +21,14 @@ import logging
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from holmes_ml.models.detectors import LightGBMDetector, _SupervisedDetector
+from holmes_ml.models.detectors import (
+    BinaryDetectorMixin,
+    LightGBMDetector,
+    _SupervisedDetector,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ def default_screen(random_state: int | None = 0) -> LightGBMDetector:
                             random_state=random_state)
 
 
-class ScreenedDetector(ClassifierMixin, BaseEstimator):
+class ScreenedDetector(BinaryDetectorMixin, BaseEstimator):
     """``detector`` scoring only the rows that a small ``screen`` cannot rule out.
 
     Parameters
@@ -78,11 +82,6 @@ class ScreenedDetector(ClassifierMixin, BaseEstimator):
         self.detector = detector
         self.screen = screen
         self.keep = keep
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
-        return tags
 
     def fit(self, X, y, groups=None, threshold_weights=None):
         """Fit the detector on ``(X, y)``, then the screen on the detector's decisions.
@@ -139,13 +138,3 @@ class ScreenedDetector(ClassifierMixin, BaseEstimator):
         if passed.any():
             out[passed] = self.detector_._scores_all_columns(X[passed])
         return out
-
-    def predict_proba(self, X) -> np.ndarray:
-        """``[P(normal), P(abnormal)]`` per row, columns in the order of ``classes_``."""
-        s = self.decision_function(X)
-        return np.column_stack([1.0 - s, s])
-
-    def predict(self, X) -> np.ndarray:
-        """``classes_[1]`` (abnormal) where the score reaches ``threshold_``."""
-        scores = self.decision_function(X)
-        return self.classes_[(scores >= self.threshold_).astype(np.int64)]

@@ -12,11 +12,12 @@ import numbers
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from holmes_ml.models.detectors import (
+    BinaryDetectorMixin,
     LightGBMDetector,
     RandomForestDetector,
     best_f1_threshold,
@@ -74,7 +75,7 @@ class _Objective:
         return f1
 
 
-class TunedDetector(ClassifierMixin, BaseEstimator):
+class TunedDetector(BinaryDetectorMixin, BaseEstimator):
     """Random-forest or LightGBM detector with optuna-tuned hyper-parameters.
 
     Parameters
@@ -133,11 +134,6 @@ class TunedDetector(ClassifierMixin, BaseEstimator):
         self.max_tune_samples = max_tune_samples
         self.timeout = timeout
         self.random_state = random_state
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
-        return tags
 
     def fit(self, X, y, threshold_weights=None):
         """Run the study on ``(X, y)``, then refit the best configuration on all rows.
@@ -216,13 +212,3 @@ class TunedDetector(ClassifierMixin, BaseEstimator):
         check_is_fitted(self)
         Xa = validate_data(self, X, reset=False, dtype=np.float64)
         return self.best_estimator_.decision_function(Xa)
-
-    def predict_proba(self, X) -> np.ndarray:
-        """``[P(normal), P(abnormal)]`` per row."""
-        s = self.decision_function(X)
-        return np.column_stack([1.0 - s, s])
-
-    def predict(self, X) -> np.ndarray:
-        """``classes_[1]`` where the score reaches ``threshold_``."""
-        s = self.decision_function(X)
-        return self.classes_[(s >= self.threshold_).astype(np.int64)]
