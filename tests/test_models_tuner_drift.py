@@ -27,18 +27,6 @@ def test_tuner_shares_sqlite_study(tmp_path):
     assert b.best_score_ > 0.5
 
 
-def test_tuner_weights_its_f1_like_the_population():
-    # Overlapping classes, normal rows kept 1 in 20: weighted back, the cut must rise.
-    X, y = make_classification(600, n_features=6, weights=[0.7], class_sep=0.6, flip_y=0.05,
-                               random_state=2)
-    w = np.where(y == 1, 1.0, 20.0)
-    plain = TunedDetector("lgbm", n_trials=3, random_state=0).fit(X, y)
-    weighted = TunedDetector("lgbm", n_trials=3, random_state=0).fit(X, y, threshold_weights=w)
-    assert weighted.threshold_ > plain.threshold_
-    with pytest.raises(ValueError, match="threshold_weights: got 5 values"):
-        TunedDetector("lgbm", n_trials=1).fit(X, y, threshold_weights=w[:5])
-
-
 def test_tuner_rejects_unknown_estimator():
     X, y = make_classification(60, random_state=0)
     with pytest.raises(ValueError, match="estimator: got 'xgb'"):

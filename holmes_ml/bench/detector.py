@@ -69,7 +69,7 @@ def _heldout(scales, seed: int, iterations: int):
 
 def run(quick: bool = False) -> BenchResult:
     """Train every detector on the ``quick``/``default`` mix, report held-out F1 per scale."""
-    from holmes_ml.models.training import _fit_kwargs, make_dataset, scenarios
+    from holmes_ml.models.training import make_dataset, scenarios
 
     scales = (64, 128, 256, 512, 1024) if quick else (64, 256, 1024, 4096, 8192)
     t0 = time.perf_counter()
@@ -96,10 +96,9 @@ def run(quick: bool = False) -> BenchResult:
         t = time.perf_counter()
         if name in ("knn", "svm"):
             det.fit(X.iloc[small], y[small])
-        elif name.startswith("lgbm") or name in ("rf", "tuned-lgbm"):
-            # threshold from out-of-fold scores (of held-out runs for lgbm), with the sampled
-            # normal rows weighted back to their runs
-            det.fit(X, y, **_fit_kwargs(det, run if name.startswith("lgbm") else None, weight))
+        elif name.startswith("lgbm") or name == "rf":
+            # threshold from out-of-fold scores of held-out runs, sampled normal rows weighted
+            det.fit(X, y, groups=run if name != "rf" else None, threshold_weights=weight)
         else:
             det.fit(X, y)
         fit_s[name] = time.perf_counter() - t

@@ -175,17 +175,10 @@ def small_estimator(random_state: int = 0) -> Any:
                             ignore_features=SCALE_DEPENDENT, random_state=random_state)
 
 
-def _fit_kwargs(det: Any, groups: np.ndarray | None, weights: np.ndarray) -> dict[str, Any]:
-    """The run ids and row weights ``det.fit`` accepts (see ``make_dataset``)."""
+def _takes_groups(det: Any) -> bool:
     import inspect
 
-    params = inspect.signature(det.fit).parameters
-    out: dict[str, Any] = {}
-    if "groups" in params:
-        out["groups"] = groups
-    if "threshold_weights" in params:
-        out["threshold_weights"] = weights
-    return out
+    return "groups" in inspect.signature(det.fit).parameters
 
 
 def train_default(
@@ -206,7 +199,8 @@ def train_default(
     det = estimator if estimator is not None else default_estimator(seed)
     # groups: the decision threshold is picked on out-of-fold scores of held-out *runs*, with
     # the subsampled normal rows weighted back to their share of the runs
-    det = det.fit(X, y, **_fit_kwargs(det, run, weight))
+    det = (det.fit(X, y, groups=run, threshold_weights=weight) if _takes_groups(det)
+           else det.fit(X, y))
     Xh, yh, _, wh = make_dataset(scenarios("tiny", seed + 1), seed=seed + 1,
                                  return_weights=True)
     pred = det.predict(Xh).astype(bool)

@@ -56,21 +56,18 @@ def _base(kind: str, random_state: Any, params: dict[str, Any]) -> Any:
 class _Objective:
     """Out-of-fold F1 of one trial's configuration (at its own best threshold)."""
 
-    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: int, random_state: Any,
-                 weights: np.ndarray | None = None):
+    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: int, random_state: Any):
         self.kind, self.X, self.y, self.cv, self.random_state = kind, X, y, cv, random_state
-        self.weights = np.ones(len(y)) if weights is None else weights
 
     def __call__(self, trial: Any) -> float:
         det = _base(self.kind, self.random_state, _suggest(trial, self.kind))
         est = det._make_estimator()
         folds = StratifiedKFold(self.cv, shuffle=True, random_state=0)
         oof = cross_val_predict(est, self.X, self.y, cv=folds, method="predict_proba")[:, 1]
-        cut = best_f1_threshold(self.y, oof, self.weights)
+        cut = best_f1_threshold(self.y, oof)
         pred = oof >= cut
-        w = self.weights
-        tp = float(np.sum(w * (pred & (self.y == 1))))
-        f1 = 2 * tp / max(float(np.sum(w * pred) + np.sum(w * self.y)), 1e-12)
+        tp = float(np.sum(pred & (self.y == 1)))
+        f1 = 2 * tp / max(float(pred.sum() + self.y.sum()), 1.0)
         trial.set_user_attr("threshold", cut)
         return f1
 
@@ -135,13 +132,8 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         self.timeout = timeout
         self.random_state = random_state
 
-    def fit(self, X, y, threshold_weights=None):
-        """Run the study on ``(X, y)``, then refit the best configuration on all rows.
-
-        ``threshold_weights`` (how many operators each row stands for, see
-        :meth:`~holmes_ml.models.RandomForestDetector.fit`) weigh the out-of-fold F1 that each
-        trial maximizes and that picks its threshold.
-        """
+    def fit(self, X, y):
+        """Run the study on ``(X, y)``, then refit the best configuration on all rows."""
         import optuna
 
         if self.estimator not in _ESTIMATORS:
@@ -161,12 +153,6 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             )
         self.classes_ = classes
         y01 = (ya == classes[1]).astype(np.int64)
-        weights = None
-        if threshold_weights is not None:
-            weights = np.asarray(threshold_weights, dtype=np.float64)
-            if weights.shape != y01.shape:
-                raise ValueError(f"threshold_weights: got {len(weights)} values; expected one "
-                                 f"per row of X ({len(y01)})")
         rng = np.random.default_rng(self.random_state)
         idx = np.arange(len(y01))
         if len(idx) > self.max_tune_samples:
@@ -188,9 +174,7 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         )
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
         if cv >= 2 and self.n_trials > 0:
-            # (the subsample is stratified, so the weights of its rows keep their proportions)
-            objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state,
-                                   None if weights is None else weights[idx])
+            objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state)
             self.study_.optimize(objective, n_trials=int(self.n_trials), timeout=self.timeout)
         done = [t for t in self.study_.trials if t.value is not None]
         if done:
