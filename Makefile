@@ -25,13 +25,13 @@ demo: $(VENV)/.installed
 	$(HOLMES) demo --out demo-out
 
 test: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check holmes_ml tests
+	$(VENV)/bin/ruff check holmes_ml tests scripts
 	$(VENV)/bin/mypy holmes_ml
 	$(VENV)/bin/pytest -n 2 --durations=15 --doctest-modules --nbmake -m "not drill" holmes_ml tests notebooks
 	$(VENV)/bin/pytest --durations=5 -m drill tests
 
 lint: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check holmes_ml tests
+	$(VENV)/bin/ruff check holmes_ml tests scripts
 	$(VENV)/bin/ruff format --check holmes_ml tests || true
 
 typecheck: $(VENV)/.dev-installed

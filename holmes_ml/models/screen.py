@@ -117,21 +117,22 @@ class ScreenedDetector(BinaryDetectorMixin, BaseEstimator):
                     self.pass_rate_)
         return self
 
-    def passes(self, X) -> np.ndarray:
-        """Which rows the screen hands to the detector (all of them without a screen)."""
+    def _screen_scores(self, X) -> tuple[np.ndarray, np.ndarray | None]:
+        """``X`` validated, and the screen's score per row (``None`` without a screen)."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
-        if self.screen_ is None:
-            return np.ones(len(X), dtype=bool)
-        return self.screen_._scores_all_columns(X) >= self.screen_cut_
+        return X, None if self.screen_ is None else self.screen_._scores_all_columns(X)
+
+    def passes(self, X) -> np.ndarray:
+        """Which rows the screen hands to the detector (all of them without a screen)."""
+        X, s = self._screen_scores(X)
+        return np.ones(len(X), dtype=bool) if s is None else s >= self.screen_cut_
 
     def decision_function(self, X) -> np.ndarray:
         """Abnormality score in [0, 1] per row (see the module docstring)."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
-        if self.screen_ is None:
+        X, s = self._screen_scores(X)
+        if s is None:
             return self.detector_._scores_all_columns(X)
-        s = self.screen_._scores_all_columns(X)
         passed = s >= self.screen_cut_
         # Ruled-out rows keep the screen's own score, shrunk if need be below threshold_.
         out = s * (min(1.0, self.threshold_ / max(self.screen_cut_, 1e-300)) * (1.0 - 1e-9))
