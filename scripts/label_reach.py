@@ -1,18 +1,20 @@
-"""How much of the simulator's ``abnormal`` label can an operator log show at all?
+"""How much of the simulator's labels can an operator log show at all?
 
-The simulator labels an operator copy abnormal when the fault prolonged it by more than 15 % +
-20 us against the same job simulated without the fault (its *twin*). This script re-simulates
-30 held-out jobs (256 / 512 / 1,024 GPUs x five fault kinds x persistent / spike, 16 iterations,
-the mix the detector's weak scales come from) and counts the abnormal copies that are no longer
-than the same operator - same rank, communicator, op, position in the iteration and size - runs
-at some iteration of the fault-free twin. Such a copy looks normal in every log; no detector can
-flag it from durations.
+The simulator marks an operator copy ``affected`` when the fault prolonged it by more than
+15 % + 20 us against the same job simulated without the fault (its *twin*), and ``abnormal`` when
+it is affected and also longer than the twin's copies of the same op step usually are (median +
+3 robust standard deviations). This script re-simulates 30 held-out jobs (256 / 512 / 1,024
+GPUs x five fault kinds x persistent / spike, 16 iterations, the mix the detector's weak
+scales come from) and counts, for each label, the positive copies that are no longer than the
+same operator - same rank, communicator, op, position in the iteration and size - runs at some
+iteration of the fault-free twin. Such a copy looks normal in every log; no detector can flag
+it from durations.
 
 The twin's durations are internal to the engine; the script wraps ``Engine._frame`` to keep
 them as a ``clean_duration_us`` column (an analysis hook, not part of the simulator's output).
 
-Usage: ``.venv/bin/python scripts/label_reach.py`` (about 20 s on 2 cores); prints the share
-per fault kind and per communicator kind, and the total.
+Usage: ``.venv/bin/python scripts/label_reach.py`` (about 20 s on 2 cores); prints, per fault
+kind and per communicator kind, each label's positives and the share inside the clean range.
 """
 
 from __future__ import annotations
@@ -34,19 +36,24 @@ def _frame_with_twin(self, it, out):
 
 
 def invisible(ops: pd.DataFrame) -> np.ndarray:
-    """Per copy: abnormal, yet no longer than its signature's longest twin duration."""
+    """Per copy: no longer than its signature's longest twin duration."""
     key = pd.DataFrame({"it": ops["iteration"], "r": ops["rank"],
                         "g": ops["group"].cat.codes, "seq": ops["seq"]})
     pos = key.sort_values("seq").groupby(["it", "r", "g"]).cumcount().reindex(key.index)
     sig = [ops["rank"], ops["group"].cat.codes, ops["op"].cat.codes, pos, ops["nbytes"]]
     longest_clean = ops["clean_duration_us"].groupby(sig).transform("max").to_numpy()
-    return ops["abnormal"].to_numpy(bool) & (ops["duration_us"].to_numpy() <= longest_clean)
+    return ops["duration_us"].to_numpy() <= longest_clean
+
+
+LABELS = ("affected", "abnormal")
 
 
 def _table(df: pd.DataFrame, by: str) -> str:
-    out = df.groupby(by)[["abnormal", "inside_clean_range"]].sum()
+    cols = [c for label in LABELS for c in (label, f"{label}_inside")]
+    out = df.groupby(by)[cols].sum()
     out.loc["all"] = out.sum()
-    out["share"] = (out["inside_clean_range"] / out["abnormal"]).round(3)
+    for label in LABELS:
+        out[f"{label}_share_inside"] = (out[f"{label}_inside"] / out[label]).round(3)
     return out.to_string()
 
 
@@ -61,11 +68,14 @@ def main() -> None:
                                 faults=(FaultSpec(kind=kind, severity=0.5, pattern=pattern,
                                                   start_iteration=5),))
                 ops = simulate(cfg).ops
-                parts.append(pd.DataFrame({
-                    "kind": kind, "group_kind": ops["group_kind"].astype(str),
-                    "abnormal": ops["abnormal"].to_numpy(bool),
-                    "inside_clean_range": invisible(ops),
-                }).groupby(["kind", "group_kind"], as_index=False).sum())
+                inside = invisible(ops)
+                cols = {"kind": kind, "group_kind": ops["group_kind"].astype(str)}
+                for label in LABELS:
+                    y = ops[label].to_numpy(bool)
+                    cols[label] = y
+                    cols[f"{label}_inside"] = y & inside
+                parts.append(pd.DataFrame(cols).groupby(["kind", "group_kind"],
+                                                        as_index=False).sum())
     df = pd.concat(parts, ignore_index=True)
     print(_table(df, "kind"), end="\n\n")
     print(_table(df, "group_kind"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from holmes_ml.io import without_labels
 from holmes_ml.localize import DeviceKind
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
@@ -17,7 +18,7 @@ def _sim(fault: str, seed: int):
 @pytest.mark.parametrize("seed", [11, 12])
 def test_persistent_host_stall_is_named_once_as_a_host(seed: int) -> None:
     res = _sim("host_stall:severity=0.5,start=2", seed)
-    verdict = analyze(res.ops.drop(columns=["abnormal", "fault_id"]), res.topology, model="rule")
+    verdict = analyze(without_labels(res.ops), res.topology, model="rule")
     top = verdict.candidates[0]
     assert top.kind == DeviceKind.HOST
     assert top.device == res.faults[0].devices[0]
@@ -27,7 +28,7 @@ def test_persistent_host_stall_is_named_once_as_a_host(seed: int) -> None:
 
 def test_persistent_gpu_slow_stays_a_gpu() -> None:
     res = _sim("gpu_slow:severity=0.5,start=2", 11)
-    verdict = analyze(res.ops.drop(columns=["abnormal", "fault_id"]), res.topology, model="rule")
+    verdict = analyze(without_labels(res.ops), res.topology, model="rule")
     top = verdict.candidates[0]
     assert top.kind == DeviceKind.GPU
     assert top.device == res.faults[0].devices[0]

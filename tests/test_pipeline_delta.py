@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
+from holmes_ml.io import without_labels
 from holmes_ml.localize import LocalizeConfig
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
@@ -22,7 +23,7 @@ def mild():
 
 
 def test_higher_delta_flags_fewer_iterations(mild):
-    ops = mild.ops.drop(columns=["abnormal", "fault_id"])
+    ops = without_labels(mild.ops)
     low = analyze(ops, mild.topology, model="rule", config=LocalizeConfig(delta=1.02))
     high = analyze(ops, mild.topology, model="rule", config=LocalizeConfig(delta=3.0))
     assert set(high.irregular_iterations) < set(low.irregular_iterations)

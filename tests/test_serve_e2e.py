@@ -9,6 +9,7 @@ import sys
 import httpx
 from test_serve_support import TOKEN, auth, start_server
 
+from holmes_ml.io import without_labels
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
 AGENT = "from holmes_ml.cli import main; main()"
@@ -19,7 +20,7 @@ def test_two_agents_localize_injected_gpu(tmp_path):
                              faults=(FaultSpec.parse("gpu_slow:rank=37,severity=0.5,start=6"),)))
     injected = sim.faults[0].to_dict()["devices"][0]
     hosts = sorted(sim.ops["host"].astype(str).unique())
-    ops = sim.ops.drop(columns=["abnormal", "fault_id"])
+    ops = without_labels(sim.ops)
     nodes = []
     for i, part in enumerate((hosts[: len(hosts) // 2], hosts[len(hosts) // 2:])):
         d = tmp_path / f"node{i}"

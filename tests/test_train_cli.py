@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
+from holmes_ml.io import without_labels
 from holmes_ml.models import load_model, read_header
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
@@ -34,7 +35,7 @@ def test_train_on_labelled_logs_then_load(tmp_path, estimator):
 def test_train_refuses_unlabelled_logs(tmp_path):
     res = simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=6, seed=1))
     path = tmp_path / "ops.csv"
-    res.ops.drop(columns=["abnormal", "fault_id"]).to_csv(path, index=False)
+    without_labels(res.ops).to_csv(path, index=False)
     result = CliRunner().invoke(app, ["train", str(path), "--out", str(tmp_path / "m.holmes")])
     assert result.exit_code != 0
     assert "abnormal" in result.output

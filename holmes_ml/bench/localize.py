@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.bench.record import BenchResult
+from holmes_ml.io.schema import without_labels
 
 logger = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None) -> tup
                 unobservable.append({**info, "severity": severity, "peak_ratio": peak})
                 continue
         t_sim = time.perf_counter() - t_sim
-        ops = res.ops.drop(columns=["abnormal", "fault_id"])
+        ops = without_labels(res.ops)
         truth = {int(r) for f in res.faults for r in f.ranks}
         devices = {d for f in res.faults for d in f.devices}
         # NICs no log can tell from the faulty one (scored apart, as "top1_ties")
@@ -453,7 +454,7 @@ def _speed(quick: bool) -> dict[str, float]:
     gpus = 2048 if quick else 8192
     res = simulate(SimConfig(gpus=gpus, model="llama2-70b", tp=8, pp=8, iterations=4, seed=0,
                              faults=(FaultSpec.parse("gpu_slow:rank=1234,severity=0.5"),)))
-    ops = res.ops.drop(columns=["abnormal", "fault_id"])
+    ops = without_labels(res.ops)
     t0 = time.perf_counter()
     summary = summarize(ops, model="rule")
     t_sum = time.perf_counter() - t0

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from holmes_ml.bench.record import BenchResult
+from holmes_ml.io.schema import without_labels
 
 _LAUNCH = (
     "import sys; from holmes_ml.serve.app import ServeSettings, serve; "
@@ -133,7 +134,7 @@ def _agent_traffic(quick: bool) -> tuple[dict[str, float], str]:
 
     sim = simulate(SimConfig(gpus=64 if quick else 256, iterations=12 if quick else 30, seed=0,
                              faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=4"),)))
-    ops = sim.ops.drop(columns=["abnormal", "fault_id"])
+    ops = without_labels(sim.ops)
     raw_parquet = raw_jsonl = sent = 0
     model = "default"
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         This is what `make demo` runs. Example: `holmes demo --gpus 256 --fault
         nic_slow:rank=40,severity=1`.
         """
+        from holmes_ml.io import without_labels
         from holmes_ml.pipeline import analyze
         from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
             f"written to {out}/ops.parquet"
         )
         console.rule("[bold]2. localize (operator logs only; the truth stays hidden)")
-        ops = result.ops.drop(columns=[c for c in ("abnormal", "fault_id") if c in result.ops.columns])
+        ops = without_labels(result.ops)
         verdict = analyze(ops, topology=result.topology)
         (out / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2))
 

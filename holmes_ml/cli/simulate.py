@@ -27,7 +27,9 @@ _HELP = (
     "Simulate a job and write OUT/ops.parquet (labelled), OUT/faults.json, OUT/topology.json.\n\n"
     "Collectives complete at the last arrival plus an alpha-beta transfer over the links they "
     "cross, so a straggler's own ops look short and its peers' long; each op is labelled "
-    "`abnormal` when a fault prolongs it relative to the same seed run without faults. Jobs "
+    "`affected` when a fault prolongs it (> 15 % + 20 us) against the same seed run without "
+    "faults, and `abnormal` when it is affected and also longer than the fault-free copies of "
+    "the same step usually are (median + 3 robust std devs): what a log can show. Jobs "
     "above 5M rows stream to Parquet row groups."
 )
 

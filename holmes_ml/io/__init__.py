@@ -11,6 +11,7 @@ from holmes_ml.io.schema import (
     REQUIRED_COLUMNS,
     SchemaError,
     validate,
+    without_labels,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "SchemaError",
     "validate",
+    "without_labels",
 ]

@@ -46,10 +46,17 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "group_kind": "str",  # tp, dp, pp, ep, cp, ... (free text, lower case)
     "job": "str",
 }
-#: Label columns written by the simulator (never used as features).
-LABEL_COLUMNS: tuple[str, ...] = ("abnormal", "fault_id")
+#: Label columns written by the simulator (never used as features): ``abnormal`` (prolonged
+#: by the fault beyond its fault-free spread), ``fault_id`` and ``affected`` (prolonged by the
+#: fault at all); see :mod:`holmes_ml.simulator.engine`.
+LABEL_COLUMNS: tuple[str, ...] = ("abnormal", "fault_id", "affected")
 
 _NUMPY_DTYPES = {"int": np.int64, "float": np.float64}
+
+
+def without_labels(ops: pd.DataFrame) -> pd.DataFrame:
+    """``ops`` without the simulator's :data:`LABEL_COLUMNS` (what a real log would hold)."""
+    return ops.drop(columns=[c for c in LABEL_COLUMNS if c in ops.columns])
 
 
 class SchemaError(ValueError):

@@ -8,13 +8,14 @@ False
 
 from holmes_ml.simulator.calibrate import Calibration, fit_calibration, load_calibration
 from holmes_ml.simulator.config import FAULT_KINDS, PATTERNS, FaultSpec, Layout, SimConfig
-from holmes_ml.simulator.engine import ABNORMAL_ABS_US, ABNORMAL_REL, Engine
+from holmes_ml.simulator.engine import ABNORMAL_ABS_US, ABNORMAL_REL, ABNORMAL_SPREAD, Engine
 from holmes_ml.simulator.models import HARDWARE, MODELS, Hardware, ModelSpec
 from holmes_ml.simulator.result import SimResult, load_result, simulate, simulate_to
 
 __all__ = [
     "ABNORMAL_ABS_US",
     "ABNORMAL_REL",
+    "ABNORMAL_SPREAD",
     "FAULT_KINDS",
     "HARDWARE",
     "MODELS",

@@ -18,11 +18,17 @@ Physics
 Labels
 ------
 The same seed is simulated with and without the faults in one pass (a leading *scenario* axis
-of size 2 shares every random draw), and an op is ``abnormal`` when its duration exceeds the
-fault-free duration by more than :data:`ABNORMAL_REL` (15 %) plus :data:`ABNORMAL_ABS_US`
-(20 us): the relative part ignores tiny ripples, the absolute part protects very short ops.
-``fault_id`` is the most severe active fault whose device the op's group touches, else the
-most severe fault active in that iteration (delays that propagated), else -1.
+of size 2 shares every random draw). An op is ``affected`` when its duration exceeds its
+fault-free twin's by more than :data:`ABNORMAL_REL` (15 %) plus :data:`ABNORMAL_ABS_US` (20 us):
+the relative part ignores tiny ripples, the absolute part protects very short ops. It is
+``abnormal`` when it is affected *and* longer than the fault-free copies of the same op step
+usually are: above their median plus :data:`ABNORMAL_SPREAD` (3) robust standard deviations
+(1.4826 x MAD over the step's copies on its pipeline stage, all ranks). The second condition is
+what a log can show: a waiting collective whose wait grew 20 % but stays inside the spread that
+jitter gives the same step without any fault looks exactly like a normal copy (``affected``
+keeps the causal label). ``fault_id`` is the most severe active fault whose device the op's
+group touches, else the most severe fault active in that iteration (delays that propagated),
+for abnormal ops; -1 otherwise.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 ABNORMAL_REL = 0.15
 ABNORMAL_ABS_US = 20.0
+#: An abnormal op is longer than its step's fault-free median + this many robust std devs.
+ABNORMAL_SPREAD = 3.0
 #: Epoch of iteration 0 (fixed so the same seed gives byte-identical files): 2026-01-01T00:00Z.
 EPOCH_NS = 1_767_225_600_000_000_000
 BYTES_PER_ELEM = 2  # bf16 activations, gradients and parameters
@@ -58,6 +66,14 @@ _ALGO = {
     "all_to_all": (lambda p: p - 1, lambda p: (p - 1) / p),
     "send": (lambda p: 1, lambda p: 1.0),
 }
+
+
+def _usual_ceiling(dur0: np.ndarray | None) -> float:
+    """Longest duration the fault-free copies of one op step usually reach: their median plus
+    :data:`ABNORMAL_SPREAD` robust standard deviations (1.4826 x median absolute deviation)."""
+    assert dur0 is not None  # only called with the twin
+    med = float(np.median(dur0))
+    return med + ABNORMAL_SPREAD * 1.4826 * float(np.median(np.abs(dur0 - med)))
 
 
 def iteration_span_us(ops: pd.DataFrame) -> float:
@@ -493,10 +509,14 @@ class Engine:
             [c.peer if c.peer is not None else np.full(len(c.ranks), -1) for c in out]
         ).astype(np.int64)
         abnormal = np.zeros(n, dtype=bool)
+        affected = abnormal
         fault_id = np.full(n, -1, dtype=np.int64)
         if self.S == 2:
             dur0 = np.concatenate([c.dur0 for c in out])  # type: ignore[misc]
-            abnormal = dur > dur0 * (1.0 + ABNORMAL_REL) + ABNORMAL_ABS_US
+            affected = dur > dur0 * (1.0 + ABNORMAL_REL) + ABNORMAL_ABS_US
+            usual = np.repeat(np.fromiter((_usual_ceiling(c.dur0) for c in out), np.float64,
+                                          len(out)), sizes)
+            abnormal = affected & (dur > usual)
             fid = np.concatenate(
                 [c.fid if c.fid is not None else np.full(len(c.ranks), -1, np.int16) for c in out]
             ).astype(np.int64)
@@ -521,6 +541,7 @@ class Engine:
                 "job": cat(np.zeros(n, dtype=np.int8), categories=pd.Index([self.cfg.job])),
                 "abnormal": abnormal,
                 "fault_id": fault_id,
+                "affected": affected,
             }
         )
         return frame

@@ -1,7 +1,7 @@
 """Running a simulation and its output: :class:`SimResult`, :func:`simulate`, streaming to disk.
 
 Files written (``DIR``): ``ops.parquet`` (canonical CommOps + ``group_ranks, peer, host,
-group_kind, job`` + labels ``abnormal, fault_id``; one Parquet row group per iteration),
+group_kind, job`` + labels ``abnormal, fault_id, affected``; one Parquet row group per iteration),
 ``faults.json`` (the resolved faults, :meth:`FaultSpec.to_dict`) and ``topology.json``
 (:class:`holmes_ml.topology.Topology`).
 """
