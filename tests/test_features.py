@@ -144,6 +144,30 @@ def test_peer_features_known_answer():
     np.testing.assert_allclose(f["iter_time_ratio"], 1.0)
 
 
+def test_same_step_features_known_answer():
+    # One data-parallel reduce-scatter step, three groups of two ranks (they all run seq 0
+    # with the same bytes): dp-2 crosses a slow link, so both its copies take 3x as long.
+    # A tensor-parallel op of the same seq is another step and does not move the norm.
+    rows = {
+        "iteration": [0] * 8, "rank": [0, 1, 2, 3, 4, 5, 0, 2],
+        "op": ["reduce_scatter"] * 6 + ["all_reduce"] * 2,
+        "group": ["dp-0", "dp-0", "dp-1", "dp-1", "dp-2", "dp-2", "tp-0", "tp-0"],
+        "group_kind": ["dp"] * 6 + ["tp"] * 2,
+        "seq": [0] * 8, "nbytes": [4096] * 6 + [64] * 2,
+        "start_ns": [0, 1000, 0, 2000, 0, 1000, 50_000, 50_000],
+        "duration_us": [11.0, 10.0, 12.0, 10.0, 31.0, 30.0, 100.0, 100.0],
+    }
+    f = build_features(pd.DataFrame(rows))
+    # instance medians 10.5, 11, 30.5 -> the step's typical instance 11; shortest copies (the
+    # transfer after the last arrival) 10, 10, 30 -> typical transfer 10
+    np.testing.assert_allclose(f["step_ratio"][:6], np.array([11, 10, 12, 10, 31, 30]) / 11,
+                               rtol=1e-6)
+    np.testing.assert_allclose(f["step_peer_ratio"][:6],
+                               np.array([10.5, 10.5, 11, 11, 30.5, 30.5]) / 11, rtol=1e-6)
+    np.testing.assert_allclose(f["step_xfer_ratio"][:6], [1, 1, 1, 1, 3, 3], rtol=1e-6)
+    np.testing.assert_allclose(f[["step_ratio", "step_peer_ratio", "step_xfer_ratio"]][6:], 1.0)
+
+
 def test_p2p_without_peer_pairs_by_group_and_seq():
     rows = {
         "iteration": [0, 0, 0, 0], "rank": [0, 1, 0, 1], "op": ["send", "recv", "send", "recv"],

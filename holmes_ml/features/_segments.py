@@ -122,3 +122,19 @@ def segment_layout(sorted_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     seg_id = np.repeat(np.arange(len(starts), dtype=np.int64), lengths)
     pos = np.arange(n, dtype=np.int64) - starts[seg_id]
     return starts, seg_id, pos
+
+
+def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Median of ``values`` per code of a dense non-negative ``key`` (index = code; a code
+    with no element gets NaN)."""
+    n = len(key)
+    k = int(key.max()) + 1 if n else 0
+    out = np.full(k, np.nan)
+    if n == 0:
+        return out
+    order = sort_by(key, values)
+    v = np.asarray(values, dtype=np.float64)[order]
+    starts = segment_starts(key[order])
+    lengths = np.diff(np.append(starts, n))
+    out[key[order][starts]] = 0.5 * (v[starts + (lengths - 1) // 2] + v[starts + lengths // 2])
+    return out

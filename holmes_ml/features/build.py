@@ -1,6 +1,6 @@
 """Per-operator features: the detector's view of one CommOps row.
 
-Four families, all computed with sorted-array arithmetic (no Python per row):
+Five families, all computed with sorted-array arithmetic (no Python per row):
 
 * **history** of the operator's own signature (rank, group, op, position within the iteration,
   bytes) over the ``window`` previous occurrences, which excludes the current iteration so a fault
@@ -9,6 +9,9 @@ Four families, all computed with sorted-array arithmetic (no Python per row):
   copy compares with the other participants' copies, when this rank arrived, and how its
   duration splits into *waiting* for the last participant (someone else's fault) and the
   *transfer* after it (whose history ratio exposes a slow link, NIC or switch);
+* **same step** in the other groups of the same kind (iteration, group kind, op, seq, bytes):
+  a slow link prolongs every copy of the groups crossing it, so their peers and, once it
+  persists, their history look alike - the groups that do not cross it still set the norm;
 * **fixed** facts: op type, message size, group size and kind;
 * **context**: how slow the whole iteration is, and the rank's recent average latency.
 
@@ -90,6 +93,12 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "xfer_hist_ratio",
     # duration over its median in regular iterations only (survives a persistent fault)
     "base_ratio",
+    # the same op step (iteration, group kind, op, seq, bytes) in every group of that kind:
+    # this copy's duration, its transfer part and its instance's median over the step's
+    # typical instance (needs no history, so a persistent fault does not fade into it)
+    "step_ratio",
+    "step_xfer_ratio",
+    "step_peer_ratio",
 )
 
 #: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
@@ -451,11 +460,12 @@ def _history(
 # --------------------------------------------------------------------------- peers
 def _peers(
     put, instance: np.ndarray, start: np.ndarray, dur: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrival order and duration spread within each collective instance / P2P pair.
 
     Writes the peer columns through ``put(name, values)`` as soon as each exists (memory) and
-    returns ``(peer_median_us, arrival_lag_us, wait_us)``, which the history features reuse.
+    returns ``(peer_median_us, arrival_lag_us, wait_us, instance, peer_min_us)`` (dense
+    instance ids and the instance's shortest copy per row), which later features reuse.
     """
     n = len(start)
     # Dense instance ids by hashing (no sort), the earliest arrival per instance, then one
@@ -500,11 +510,12 @@ def _peers(
     d_sorted = dur[order]
     del order
     if n:
-        put("peer_ratio_min", dur / np.maximum(np.minimum.reduceat(d_sorted, starts)[s_of],
-                                                  _EPS_US))
+        peer_min = np.minimum.reduceat(d_sorted, starts)[s_of]
+        put("peer_ratio_min", dur / np.maximum(peer_min, _EPS_US))
         put("peer_ratio_max", dur / np.maximum(np.maximum.reduceat(d_sorted, starts)[s_of],
                                                   _EPS_US))
     else:
+        peer_min = dur
         put("peer_ratio_min", dur)
         put("peer_ratio_max", dur)
     del d_sorted
@@ -515,7 +526,41 @@ def _peers(
     peer_med = (0.5 * (dd[lo] + dd[hi]) if n else dd)[s_of]
     put("peer_median_us", peer_med)
     put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
-    return peer_med, lag_us, wait_us
+    return peer_med, lag_us, wait_us, sid, peer_min
+
+
+def _same_step(
+    put, step: np.ndarray, instance: np.ndarray, dur: np.ndarray, xfer: np.ndarray,
+    peer_med: np.ndarray, peer_min: np.ndarray,
+) -> None:
+    """This copy against the same op step in the other groups of its kind.
+
+    ``step`` identifies (iteration, group kind, op, seq, bytes): groups of one kind run the
+    same sequence of ops, so e.g. every data-parallel reduce-scatter of one iteration's
+    optimizer step shares it. The step's typical instance has the median of the instances'
+    median durations (``step_ratio``, ``step_peer_ratio`` divide by it) and the median of
+    their shortest copies - the one that waited least, i.e. about the transfer time
+    (``step_xfer_ratio`` divides the copy's transfer part by it). A slow NIC or link prolongs
+    every copy of the groups crossing it and no other group's: their history absorbs a
+    persistent slowdown, and their peers are all slow alike, but the other groups of the same
+    step are not. Medians are over instances (not copies), so one sort of the instances does.
+    """
+    n_inst = int(instance.max()) + 1 if len(instance) else 0
+    # An instance's step is its rows' smallest step key (a send/recv pair holds two ops; the
+    # order of rows must not matter); its peer median and shortest copy are the same on
+    # every one of its rows.
+    inst_step = np.full(n_inst, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(inst_step, instance, step)
+    rep = np.empty(n_inst, dtype=np.int64)  # any one row of each instance
+    rep[instance] = np.arange(len(instance), dtype=np.int64)
+    step_of = seg.dense(inst_step)
+    typical = seg.segment_median(step_of, peer_med[rep])[step_of][instance]
+    typical_xfer = seg.segment_median(step_of, peer_min[rep])[step_of][instance]
+    del rep, step_of, inst_step
+    typical = np.maximum(typical, _EPS_US)
+    put("step_ratio", dur / typical)
+    put("step_peer_ratio", peer_med / typical)
+    put("step_xfer_ratio", xfer / np.maximum(typical_xfer, _EPS_US))
 
 
 # --------------------------------------------------------------------------- fixed facts
@@ -689,6 +734,7 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     sizes, kinds = _group_facts(ops, gcode, gnames, rank)
     put("group_size", sizes)
     put("group_kind_code", kinds)
+    kind_code = kinds.astype(np.int64)
     del sizes, kinds
     ratio, regular = _iteration_context(iteration, start, dur, cfg)
     put("iter_time_ratio", ratio)
@@ -707,11 +753,14 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     del known
     instance = seg.combine(it0, gcode, seq - seq.min(), src, dst)
     del src, dst, is_send
-    peer_med, lag_us, wait_us = _peers(put, instance, start, dur)
+    peer_med, lag_us, wait_us, inst, peer_min = _peers(put, instance, start, dur)
     del instance
     xfer_us = dur - wait_us
     put("wait_us", wait_us)
     put("xfer_us", xfer_us)
+    step = seg.combine(it0, kind_code, opcode, seq - seq.min(), seg.dense(nbytes))
+    _same_step(put, step, inst, dur, xfer_us, peer_med, peer_min)
+    del step, inst, peer_min
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
