@@ -37,7 +37,7 @@ _MODELS = ("llama2-7b", "llama2-13b", "llama2-70b", "mixtral-8x7b")
 
 #: preset -> (scales, runs per scale, iterations)
 PRESETS: dict[str, tuple[tuple[int, ...], int, int]] = {
-    "default": ((64, 128, 256, 512, 1024), 3, 20),
+    "default": ((64, 128, 256, 512, 1024), 6, 20),
     "quick": ((64, 128), 4, 20),
     "tiny": ((64,), 3, 16),
 }
@@ -82,7 +82,7 @@ def scenarios(preset: str = "default", seed: int = 0) -> list[Any]:
 
 def make_dataset(
     configs: list[Any], max_normal_per_run: int | None = 20_000, seed: int = 0,
-    return_weights: bool = False,
+    return_weights: bool = False, also: tuple[str, ...] = (),
 ) -> Any:
     """Simulate ``configs`` and return ``(features, labels, run_id)``.
 
@@ -90,12 +90,15 @@ def make_dataset(
     so big scales do not swamp the mix. With ``return_weights`` a fourth array says how many
     ops of its run each row stands for (1 for abnormal ops, ``normal ops / normal rows kept``
     for normal ones): the weights that turn F1 on these rows into F1 on the whole runs.
+    ``also`` names other label columns (e.g. ``("affected",)``) returned, for the same rows, as a
+    last element: a dict of arrays.
     """
     from holmes_ml.features import build_features
     from holmes_ml.simulator import simulate
 
     rng = np.random.default_rng(seed)
     Fs, ys, ids, ws = [], [], [], []
+    extra: dict[str, list[np.ndarray]] = {name: [] for name in also}
     for i, cfg in enumerate(configs):
         try:
             res = simulate(cfg)
@@ -114,9 +117,15 @@ def make_dataset(
         ids.append(np.full(int(keep.sum()), i))
         normal_weight = (~y).sum() / max(int((~y & keep).sum()), 1)
         ws.append(np.where(y[keep], 1.0, normal_weight))
+        for name in also:
+            extra[name].append(res.ops[name].to_numpy(dtype=bool)[keep])
         logger.info("scenario %d: %d ops, %d abnormal", i, len(y), int(y.sum()))
-    out = (pd.concat(Fs, ignore_index=True), np.concatenate(ys), np.concatenate(ids))
-    return (*out, np.concatenate(ws)) if return_weights else out
+    out: tuple = (pd.concat(Fs, ignore_index=True), np.concatenate(ys), np.concatenate(ids))
+    if return_weights:
+        out = (*out, np.concatenate(ws))
+    if also:
+        out = (*out, {name: np.concatenate(parts) for name, parts in extra.items()})
+    return out
 
 
 def default_estimator(random_state: int = 0, screened: bool = True) -> Any:
