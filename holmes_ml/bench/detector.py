@@ -70,6 +70,18 @@ def _heldout(scales, seed: int, iterations: int):
     return cfgs
 
 
+def _scores_row(name: str, truth: np.ndarray, pred: np.ndarray, scale_of: np.ndarray,
+                scales) -> dict:
+    """F1 per scale and overall, and overall precision, of one method's predictions."""
+    row: dict = {"method": name}
+    for s in scales:
+        m = scale_of == s
+        row[str(s)] = round(float(f1_score(truth[m], pred[m], zero_division=0.0)), 4)
+    row["all"] = round(float(f1_score(truth, pred, zero_division=0.0)), 4)
+    row["precision"] = round(float(precision_score(truth, pred, zero_division=0.0)), 4)
+    return row
+
+
 def run(quick: bool = False) -> BenchResult:
     """Train every detector on the ``quick``/``default`` mix, report held-out F1 per scale."""
     from holmes_ml.models.training import make_dataset, scenarios
@@ -107,21 +119,10 @@ def run(quick: bool = False) -> BenchResult:
             det.fit(X, y)
         fit_s[name] = time.perf_counter() - t
         pred = np.asarray(det.predict(Xh)).astype(bool)
-        row = {"method": name}
-        for s in scales:
-            m = scale_of == s
-            row[str(s)] = round(float(f1_score(yh[m], pred[m], zero_division=0.0)), 4)
-        row["all"] = round(float(f1_score(yh, pred, zero_division=0.0)), 4)
-        row["precision"] = round(float(precision_score(yh, pred, zero_division=0.0)), 4)
+        row = _scores_row(name, yh, pred, scale_of, scales)
         rows.append(row)
         # the same predictions against the causal label (every op the fault prolonged at all)
-        row_a = {"method": name}
-        for s in scales:
-            m = scale_of == s
-            row_a[str(s)] = round(float(f1_score(ya[m], pred[m], zero_division=0.0)), 4)
-        row_a["all"] = round(float(f1_score(ya, pred, zero_division=0.0)), 4)
-        row_a["precision"] = round(float(precision_score(ya, pred, zero_division=0.0)), 4)
-        rows_affected.append(row_a)
+        rows_affected.append(_scores_row(name, ya, pred, scale_of, scales))
         if hasattr(det, "passes"):  # screened: what the screen cost the full model
             full = np.asarray(det.detector_.predict(Xh)).astype(bool)
             screen_figures[f"{name}_screen_kept"] = float((pred & full).sum() / max(full.sum(), 1))

@@ -104,7 +104,8 @@ def _train_on_logs(paths: list[Path], det, out: Path) -> dict[str, float]:
     if "abnormal" not in ops.columns:
         raise typer.BadParameter(
             f"{', '.join(map(str, paths))}: no 'abnormal' column; training needs op-level labels "
-            "(true = the op was prolonged by a fault), e.g. from `holmes simulate`",
+            "(true = a fault prolonged the op beyond its normal spread), e.g. from "
+            "`holmes simulate`",
             param_hint="PATHS",
         )
     X = build_features(ops)
