@@ -168,6 +168,41 @@ def test_same_step_features_known_answer():
     np.testing.assert_allclose(f[["step_ratio", "step_peer_ratio", "step_xfer_ratio"]][6:], 1.0)
 
 
+def test_stage_step_and_late_cause_known_answer():
+    # Stage A (ranks 0-3) receives from an earlier stage, then runs tensor-parallel all-reduce
+    # seq 0; stage B (ranks 4-7) runs the same all-reduce step first thing. Rank 3's receive is
+    # 3x slower than the other receives, so rank 3 reaches its all-reduce late and rank 2, its
+    # partner, waits: 30 us where the stage's copies take 10.
+    recv_dur = [5.0, 5.0, 5.0, 15.0]
+    rows = {
+        "iteration": [0] * 12,
+        "rank": [0, 1, 2, 3] + [0, 1, 2, 3] + [4, 5, 6, 7],
+        "op": ["recv"] * 4 + ["all_reduce"] * 8,
+        "group": ["pp-0", "pp-1", "pp-2", "pp-3", "tp-0", "tp-0", "tp-1", "tp-1",
+                  "tp-2", "tp-2", "tp-3", "tp-3"],
+        "seq": [0] * 12, "nbytes": [64] * 4 + [4096] * 8, "peer": [8, 9, 10, 11] + [-1] * 8,
+        "start_ns": [0, 0, 0, 0, 6000, 7000, 6000, 16_000, 0, 0, 0, 0],
+        "duration_us": recv_dur + [10.0, 10.0, 30.0, 10.0] + [100.0] * 4,
+    }
+    f = build_features(pd.DataFrame(rows))
+    # stage A's copies: median 10, median absolute deviation 0 -> the spread floor, 1 % of the
+    # median; stage B's copies are a crowd of their own (mixing the stages would put the
+    # median at 65)
+    np.testing.assert_allclose(f["stage_step_ratio"][4:], [1, 1, 3, 1, 1, 1, 1, 1], rtol=1e-6)
+    np.testing.assert_allclose(f["stage_step_z"][4:8], [0, 0, 20 / 0.1, 0], rtol=1e-5)
+    np.testing.assert_allclose(f["stage_step_z"][8:], 0.0)
+    np.testing.assert_allclose(f["stage_step_ratio"][:4], [1, 1, 1, 3], rtol=1e-6)
+    # tp-1's last arrival (rank 3) came from a receive 3x the step's typical transfer; tp-0's
+    # last arrival (rank 1) from an ordinary one; stage B's ranks have no earlier op
+    np.testing.assert_allclose(f["late_prev_xfer_ratio"][4:], [1, 1, 3, 3, 1, 1, 1, 1],
+                               rtol=1e-6)
+    np.testing.assert_allclose(f["late_prev_stage_ratio"][4:], [1, 1, 3, 3, 1, 1, 1, 1],
+                               rtol=1e-6)
+    np.testing.assert_allclose(f["late_prev_xfer_hist_ratio"], 1.0)  # no history yet
+    # a receive is its own last arrival with no earlier op: neutral
+    np.testing.assert_allclose(f["late_prev_xfer_ratio"][:4], 1.0)
+
+
 def test_p2p_without_peer_pairs_by_group_and_seq():
     rows = {
         "iteration": [0, 0, 0, 0], "rank": [0, 1, 0, 1], "op": ["send", "recv", "send", "recv"],

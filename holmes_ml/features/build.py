@@ -1,6 +1,6 @@
 """Per-operator features: the detector's view of one CommOps row.
 
-Five families, all computed with sorted-array arithmetic (no Python per row):
+Six families, all computed with sorted-array arithmetic (no Python per row):
 
 * **history** of the operator's own signature (rank, group, op, position within the iteration,
   bytes) over the ``window`` previous occurrences, which excludes the current iteration so a fault
@@ -12,6 +12,10 @@ Five families, all computed with sorted-array arithmetic (no Python per row):
 * **same step** in the other groups of the same kind (iteration, group kind, op, seq, bytes):
   a slow link prolongs every copy of the groups crossing it, so their peers and, once it
   persists, their history look alike - the groups that do not cross it still set the norm;
+  and the same step on the ranks that reach it at the same place of their iteration (one
+  pipeline stage), whose copies wait alike unless a fault passes a delay on;
+* **the late arrival's cause**: the op the instance's last arrival ran just before it, which
+  tells a wait passed on by a slow transfer from a wait on jitter;
 * **fixed** facts: op type, message size, group size and kind;
 * **context**: how slow the whole iteration is, and the rank's recent average latency.
 
@@ -99,6 +103,15 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "step_ratio",
     "step_xfer_ratio",
     "step_peer_ratio",
+    # the same op step on the ranks that reach it at the same place of their iteration (one
+    # pipeline stage): this copy over the copies' median, and in robust standard deviations
+    "stage_step_ratio",
+    "stage_step_z",
+    # the op the instance's last arrival ran just before it: was that rank late because its
+    # own previous op was slow (a wait passed on by a fault) or by chance (jitter)?
+    "late_prev_stage_ratio",
+    "late_prev_xfer_ratio",
+    "late_prev_xfer_hist_ratio",
 )
 
 #: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
@@ -460,12 +473,13 @@ def _history(
 # --------------------------------------------------------------------------- peers
 def _peers(
     put, instance: np.ndarray, start: np.ndarray, dur: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrival order and duration spread within each collective instance / P2P pair.
 
     Writes the peer columns through ``put(name, values)`` as soon as each exists (memory) and
-    returns ``(peer_median_us, arrival_lag_us, wait_us, instance, peer_min_us)`` (dense
-    instance ids and the instance's shortest copy per row), which later features reuse.
+    returns ``(peer_median_us, arrival_lag_us, wait_us, instance, peer_min_us, last)``
+    (dense instance ids, the instance's shortest copy and the row of its last arrival, per
+    row), which later features reuse.
     """
     n = len(start)
     # Dense instance ids by hashing (no sort), the earliest arrival per instance, then one
@@ -484,6 +498,8 @@ def _peers(
     back[order] = np.arange(n, dtype=np.int64)
     s_of = s_sorted[back]  # segment of each row, in row order
     put("peer_count", lengths[s_of])
+    # the row that arrived last (largest lag; among equal lags, the last in sorted order)
+    last = order[starts + lengths - 1][s_of] if n else np.empty(0, dtype=np.int64)
 
     lag_sorted = lag_ns[order]
     del lag_ns
@@ -526,7 +542,7 @@ def _peers(
     peer_med = (0.5 * (dd[lo] + dd[hi]) if n else dd)[s_of]
     put("peer_median_us", peer_med)
     put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
-    return peer_med, lag_us, wait_us, sid, peer_min
+    return peer_med, lag_us, wait_us, sid, peer_min, last
 
 
 def _same_step(
@@ -561,6 +577,80 @@ def _same_step(
     put("step_ratio", dur / typical)
     put("step_peer_ratio", peer_med / typical)
     put("step_xfer_ratio", xfer / np.maximum(typical_xfer, _EPS_US))
+
+
+def _rank_timeline(
+    it0: np.ndarray, rank0: np.ndarray, since_iter_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: its place among its rank's ops of the iteration in start order, and the row of
+    the op the rank started just before it (-1 for its first op of the iteration).
+
+    ``since_iter_ns`` is the start relative to the iteration's start, small enough to pack with
+    the (iteration, rank) code into one sort key.
+    """
+    n = len(it0)
+    ri = seg.combine(it0, rank0)  # compact already: no dense codes needed to sort by it
+    order = seg.sort_by(ri, since_iter_ns)
+    ri = ri[order]
+    first = np.ones(n, dtype=bool)
+    np.not_equal(ri[1:], ri[:-1], out=first[1:])
+    del ri
+    # place = index minus the index of the rank-iteration's first op
+    idx = np.arange(n, dtype=np.int64)
+    place_sorted = idx - np.maximum.accumulate(np.where(first, idx, 0))
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = place_sorted
+    del place_sorted
+    prev = np.full(n, -1, dtype=np.int64)
+    if n > 1:
+        prev[order[1:]] = np.where(first[1:], -1, order[:-1])
+    return pos, prev
+
+
+def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
+    """This copy against every copy of the same op step on the ranks that reach it at the
+    same place of their iteration.
+
+    ``key`` is (op step, place in the rank's iteration). Ranks that run the same program - the
+    ranks of one pipeline stage - hold an op step at the same place, while the stages before and
+    after it hold it at other places (1F1B warm-up, different sends and receives), so the key
+    separates the stages without knowing the layout. Their copies wait alike except where a
+    fault passes a delay on; the ratio to the median and the robust z-score (1.4826 x the
+    median absolute deviation as the standard deviation, floored at ``min_spread`` of the
+    median) show how far outside that crowd a copy lies.
+    """
+    code = seg.dense(key)
+    med = seg.segment_median(code, dur)
+    dev = dur - med[code]
+    mad = seg.segment_median(code, np.abs(dev))
+    sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
+    put("stage_step_z", dev / sd[code])
+    del dev
+    put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[code])
+
+
+def _late_cause(
+    last: np.ndarray, prev: np.ndarray, matrix: np.ndarray, written: set[str]
+) -> None:
+    """Features of the op that the instance's last arrival ran just before it.
+
+    A copy waits for its instance's last arrival. Whether that rank came late by chance or
+    because its own previous op was slow (a slow transfer, a receive that waited on a stage
+    before it) is what separates a wait passed on by a fault from ordinary jitter - the
+    localizer's backtracking, one hop deep, as features. A rank with no earlier op in the
+    iteration gets neutral values (1).
+    """
+    src = prev.take(last)
+    none = src < 0
+    src[none] = 0
+    for name, source in (("late_prev_stage_ratio", "stage_step_ratio"),
+                         ("late_prev_xfer_ratio", "step_xfer_ratio"),
+                         ("late_prev_xfer_hist_ratio", "xfer_hist_ratio")):
+        row = matrix[_COL[name]]  # the sources are clipped already: copied as they are
+        matrix[_COL[source]].take(src, out=row)
+        row[none] = 1.0
+    written.update(("late_prev_stage_ratio", "late_prev_xfer_ratio",
+                    "late_prev_xfer_hist_ratio"))
 
 
 # --------------------------------------------------------------------------- fixed facts
@@ -599,9 +689,9 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
 # --------------------------------------------------------------------------- context
 def _iteration_context(
     iteration: np.ndarray, start: np.ndarray, dur: np.ndarray, cfg: FeatureConfig
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row: job-wide iteration duration over its reference (only earlier iterations shape
-    it), and whether the row's iteration is regular."""
+    it), whether the row's iteration is regular, and when the iteration started (ns)."""
     uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur)
     table = pd.DataFrame(
         {"duration_s": (it_end - it_start) / 1e9}, index=pd.Index(uniq, name="iteration")
@@ -609,7 +699,7 @@ def _iteration_context(
     det = detect_irregular(table, cfg.irregularity)
     where = np.searchsorted(det.index.to_numpy(), iteration)
     return (det["ratio"].to_numpy(dtype=np.float64)[where],
-            ~det["irregular"].to_numpy(dtype=bool)[where])
+            ~det["irregular"].to_numpy(dtype=bool)[where], it_start[where])
 
 
 def _rank_latency(
@@ -736,9 +826,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     put("group_kind_code", kinds)
     kind_code = kinds.astype(np.int64)
     del sizes, kinds
-    ratio, regular = _iteration_context(iteration, start, dur, cfg)
+    ratio, regular, it_start = _iteration_context(iteration, start, dur, cfg)
     put("iter_time_ratio", ratio)
     del ratio
+    place, prev_op = _rank_timeline(it0, rank0, start - it_start)
+    del it_start
     rank_mean, rank_ratio = _rank_latency(rank, iteration, dur, int(cfg.window))
     put("rank_window_mean_us", rank_mean)
     put("rank_latency_ratio", rank_ratio)
@@ -753,17 +845,21 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     del known
     instance = seg.combine(it0, gcode, seq - seq.min(), src, dst)
     del src, dst, is_send
-    peer_med, lag_us, wait_us, inst, peer_min = _peers(put, instance, start, dur)
+    peer_med, lag_us, wait_us, inst, peer_min, last = _peers(put, instance, start, dur)
     del instance
     xfer_us = dur - wait_us
     put("wait_us", wait_us)
     put("xfer_us", xfer_us)
     step = seg.combine(it0, kind_code, opcode, seq - seq.min(), seg.dense(nbytes))
     _same_step(put, step, inst, dur, xfer_us, peer_med, peer_min)
-    del step, inst, peer_min
+    del inst, peer_min
+    _stage_step(put, seg.combine(step, place), dur, cfg.min_spread)
+    del step, place
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
+    _late_cause(last, prev_op, matrix, written)
+    del last, prev_op
     if len(written) != len(FEATURE_COLUMNS):  # a programming error, not bad input
         raise RuntimeError(f"features not computed: {set(FEATURE_COLUMNS) - written}")
     # Belt and braces: a float32 overflow of an absurd raw time must not leak inf downstream.

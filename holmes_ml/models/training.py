@@ -86,10 +86,13 @@ def make_dataset(
 ) -> Any:
     """Simulate ``configs`` and return ``(features, labels, run_id)``.
 
-    Normal ops of large runs are subsampled to ``max_normal_per_run`` (abnormal ops are all kept)
-    so big scales do not swamp the mix. With ``return_weights`` a fourth array says how many
-    ops of its run each row stands for (1 for abnormal ops, ``normal ops / normal rows kept``
-    for normal ones): the weights that turn F1 on these rows into F1 on the whole runs.
+    Normal ops of large runs are subsampled to ``max_normal_per_run`` so big scales do not
+    swamp the mix. Abnormal ops are all kept, and so are the normal ops the fault prolonged
+    without taking them outside the normal range (``affected`` but not ``abnormal``): they are
+    the negatives closest to the boundary, which a uniform sample would mostly drop. With
+    ``return_weights`` a fourth array says how many ops of its run each row stands for (1 for
+    the rows kept for sure, ``other normal ops / those kept`` for the sampled ones): the
+    weights that turn F1 on these rows into F1 on the whole runs.
     ``also`` names other label columns (e.g. ``("affected",)``) returned, for the same rows, as a
     last element: a dict of arrays.
     """
@@ -107,16 +110,17 @@ def make_dataset(
             continue
         F = build_features(res.ops)
         y = res.ops["abnormal"].to_numpy(dtype=bool)
+        sure = y | res.ops["affected"].to_numpy(dtype=bool) if "affected" in res.ops else y
         keep = np.ones(len(y), dtype=bool)
-        if max_normal_per_run is not None and (~y).sum() > max_normal_per_run:
-            normal = np.flatnonzero(~y)
-            drop = rng.choice(normal, size=len(normal) - max_normal_per_run, replace=False)
+        if max_normal_per_run is not None and (~sure).sum() > max_normal_per_run:
+            other = np.flatnonzero(~sure)
+            drop = rng.choice(other, size=len(other) - max_normal_per_run, replace=False)
             keep[drop] = False
         Fs.append(F[keep].reset_index(drop=True))
         ys.append(y[keep])
         ids.append(np.full(int(keep.sum()), i))
-        normal_weight = (~y).sum() / max(int((~y & keep).sum()), 1)
-        ws.append(np.where(y[keep], 1.0, normal_weight))
+        other_weight = (~sure).sum() / max(int((~sure & keep).sum()), 1)
+        ws.append(np.where(sure[keep], 1.0, other_weight))
         for name in also:
             extra[name].append(res.ops[name].to_numpy(dtype=bool)[keep])
         logger.info("scenario %d: %d ops, %d abnormal", i, len(y), int(y.sum()))
