@@ -7,14 +7,17 @@ it is affected and also longer than the twin's copies of the same op step usuall
 GPUs x five fault kinds x persistent / spike, 16 iterations, the mix the detector's weak
 scales come from) and counts, for each label, the positive copies that are no longer than the
 same operator - same rank, communicator, op, position in the iteration and size - runs at some
-iteration of the fault-free twin. Such a copy looks normal in every log; no detector can flag
-it from durations.
+iteration of the fault-free twin (``inside``: such a copy looks normal in its own history),
+and those no longer than the longest fault-free copy of the same op step on the same pipeline
+stage in the same iteration (``inside_step``: such a copy looks like one of its step's
+ordinary waits, however much longer the fault made it).
 
 The twin's durations are internal to the engine; the script wraps ``Engine._frame`` to keep
-them as a ``clean_duration_us`` column (an analysis hook, not part of the simulator's output).
+them as ``clean_duration_us`` and ``clean_step_max_us`` columns (an analysis hook, not part of
+the simulator's output).
 
 Usage: ``.venv/bin/python scripts/label_reach.py`` (about 20 s on 2 cores); prints, per fault
-kind and per communicator kind, each label's positives and the share inside the clean range.
+kind and per communicator kind, each label's positives and the shares inside either range.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ _frame = Engine._frame
 def _frame_with_twin(self, it, out):
     frame = _frame(self, it, out)
     frame["clean_duration_us"] = np.concatenate([c.dur0 for c in out])
+    # one chunk = one op step on one pipeline stage (every rank of the stage)
+    frame["clean_step_max_us"] = np.repeat([float(np.max(c.dur0)) for c in out],
+                                           [len(c.ranks) for c in out])
     return frame
 
 
@@ -48,13 +54,17 @@ def invisible(ops: pd.DataFrame) -> np.ndarray:
 LABELS = ("affected", "abnormal")
 
 
+RANGES = ("inside", "inside_step")
+
+
 def _table(df: pd.DataFrame, by: str) -> str:
-    cols = [c for label in LABELS for c in (label, f"{label}_inside")]
+    cols = [f"{label}{suffix}" for label in LABELS for suffix in ("", *(f"_{r}" for r in RANGES))]
     out = df.groupby(by)[cols].sum()
     out.loc["all"] = out.sum()
     for label in LABELS:
-        out[f"{label}_share_inside"] = (out[f"{label}_inside"] / out[label]).round(3)
-    return out.to_string()
+        for r in RANGES:
+            out[f"{label}_share_{r}"] = (out[f"{label}_{r}"] / out[label]).round(3)
+    return out[[c for c in out.columns if "share" in c or c in LABELS]].to_string()
 
 
 def main() -> None:
@@ -68,12 +78,15 @@ def main() -> None:
                                 faults=(FaultSpec(kind=kind, severity=0.5, pattern=pattern,
                                                   start_iteration=5),))
                 ops = simulate(cfg).ops
-                inside = invisible(ops)
+                inside = {"inside": invisible(ops),
+                          "inside_step": (ops["duration_us"] <= ops["clean_step_max_us"])
+                          .to_numpy()}
                 cols = {"kind": kind, "group_kind": ops["group_kind"].astype(str)}
                 for label in LABELS:
                     y = ops[label].to_numpy(bool)
                     cols[label] = y
-                    cols[f"{label}_inside"] = y & inside
+                    for r in RANGES:
+                        cols[f"{label}_{r}"] = y & inside[r]
                 parts.append(pd.DataFrame(cols).groupby(["kind", "group_kind"],
                                                         as_index=False).sum())
     df = pd.concat(parts, ignore_index=True)

@@ -17,8 +17,24 @@ def test_scores_row_per_scale_and_overall():
     assert row["method"] == "m"
     assert row["64"] == pytest.approx(0.6667) and row["256"] == pytest.approx(0.6667)
     assert row["all"] == pytest.approx(0.6667) and row["precision"] == pytest.approx(0.6667)
+    assert row["mean"] == pytest.approx(0.6667)
     empty = _scores_row("m", truth & False, pred & False, scale_of, (64,))
     assert empty["64"] == 0.0 and empty["all"] == 0.0
+
+
+def test_scores_row_weights_rows_back_to_their_runs():
+    # the 256-GPU run's two normal rows stand for 10 ops each: its one false positive is 10
+    truth = np.array([1, 1, 0, 0, 1, 0, 0], dtype=bool)
+    pred = np.array([1, 1, 0, 0, 1, 1, 0], dtype=bool)
+    scale_of = np.array([64, 64, 64, 64, 256, 256, 256])
+    w = np.array([1, 1, 1, 1, 1, 10, 10], dtype=float)
+    row = _scores_row("m", truth, pred, scale_of, (64, 256), w)
+    # F1 = 2 tp / (2 tp + fp + fn). 64: tp 2 -> 1.0; 256: tp 1, fp 10 -> 2 / 12;
+    # pooled: tp 3, fp 10 -> 6 / 16
+    assert row["64"] == pytest.approx(1.0) and row["256"] == pytest.approx(2 / 12, abs=1e-4)
+    assert row["mean"] == pytest.approx((1 + 2 / 12) / 2, abs=1e-4)
+    assert row["all"] == pytest.approx(6 / 16, abs=1e-4)
+    assert row["precision"] == pytest.approx(3 / 13, abs=1e-4)
 
 
 def test_heldout_rotates_fault_kinds_over_scales():
