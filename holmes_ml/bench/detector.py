@@ -166,7 +166,7 @@ def run(quick: bool = False) -> BenchResult:
                          "> 15 % + 20 us at all (see holmes_ml.simulator.engine)"},
         details={"fit_seconds": fit_s},
         goals={**{f"f1_{m}": ">= 0.95" for m in supervised},
-           **{f"f1_lgbm_gpus_{s}": ">= 0.95" for s in scales}},
+               **{f"f1_lgbm_gpus_{s}": ">= 0.95" for s in scales}},
         tables={"op-level F1 by scale (held-out)": rows,
                 "same predictions scored against `affected` (causal label)": rows_affected},
     )

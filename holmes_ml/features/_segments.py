@@ -138,4 +138,3 @@ def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     lengths = np.diff(np.append(starts, n))
     out[key[order][starts]] = 0.5 * (v[starts + (lengths - 1) // 2] + v[starts + lengths // 2])
     return out
-

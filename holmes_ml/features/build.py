@@ -591,19 +591,13 @@ def _rank_timeline(
     n = len(it0)
     ri = seg.combine(it0, rank0)  # compact already: no dense codes needed to sort by it
     order = seg.sort_by(ri, since_iter_ns)
-    ri = ri[order]
-    first = np.ones(n, dtype=bool)
-    np.not_equal(ri[1:], ri[:-1], out=first[1:])
+    _, _, place_sorted = seg.segment_layout(ri[order])
     del ri
-    # place = index minus the index of the rank-iteration's first op
-    idx = np.arange(n, dtype=np.int64)
-    place_sorted = idx - np.maximum.accumulate(np.where(first, idx, 0))
     pos = np.empty(n, dtype=np.int64)
     pos[order] = place_sorted
-    del place_sorted
     prev = np.full(n, -1, dtype=np.int64)
     if n > 1:
-        prev[order[1:]] = np.where(first[1:], -1, order[:-1])
+        prev[order[1:]] = np.where(place_sorted[1:] == 0, -1, order[:-1])
     return pos, prev
 
 
@@ -629,6 +623,12 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[code])
 
 
+#: late_prev_* column <- the column of the last arrival's previous op it copies
+_LATE_CAUSE_SOURCES = {"late_prev_stage_ratio": "stage_step_ratio",
+                       "late_prev_xfer_ratio": "step_xfer_ratio",
+                       "late_prev_xfer_hist_ratio": "xfer_hist_ratio"}
+
+
 def _late_cause(
     last: np.ndarray, prev: np.ndarray, matrix: np.ndarray, written: set[str]
 ) -> None:
@@ -643,14 +643,11 @@ def _late_cause(
     src = prev.take(last)
     none = src < 0
     src[none] = 0
-    for name, source in (("late_prev_stage_ratio", "stage_step_ratio"),
-                         ("late_prev_xfer_ratio", "step_xfer_ratio"),
-                         ("late_prev_xfer_hist_ratio", "xfer_hist_ratio")):
+    for name, source in _LATE_CAUSE_SOURCES.items():
         row = matrix[_COL[name]]  # the sources are clipped already: copied as they are
         matrix[_COL[source]].take(src, out=row)
         row[none] = 1.0
-    written.update(("late_prev_stage_ratio", "late_prev_xfer_ratio",
-                    "late_prev_xfer_hist_ratio"))
+    written.update(_LATE_CAUSE_SOURCES)
 
 
 # --------------------------------------------------------------------------- fixed facts
@@ -800,7 +797,8 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     # Signature: the same op of the same rank at the same place in every iteration.
     # Only grouped and sorted on (never used as an array index), so the packed key need not
     # be dense unless it is too wide to pack with the iteration in one sort key.
-    sig = seg.combine(rank0, gcode, opcode, pos, seg.dense(nbytes))
+    size_code = seg.dense(nbytes)
+    sig = seg.combine(rank0, gcode, opcode, pos, size_code)
     if int(sig.min()) < 0 or int(sig.max()) >= 1 << 40:
         sig = seg.dense(sig)
     del irg, order, p, pos
@@ -850,11 +848,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     xfer_us = dur - wait_us
     put("wait_us", wait_us)
     put("xfer_us", xfer_us)
-    step = seg.combine(it0, kind_code, opcode, seq - seq.min(), seg.dense(nbytes))
+    step = seg.combine(it0, kind_code, opcode, seq - seq.min(), size_code)
     _same_step(put, step, inst, dur, xfer_us, peer_med, peer_min)
     del inst, peer_min
     _stage_step(put, seg.combine(step, place), dur, cfg.min_spread)
-    del step, place
+    del step, place, size_code
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)

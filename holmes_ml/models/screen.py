@@ -119,10 +119,11 @@ class ScreenedDetector(BinaryDetectorMixin, BaseEstimator):
             logger.info("screen skipped: the detector flags %s training rows",
                         "all" if flagged.any() else "no")
             return self
-        if groups is not None and len(np.unique(np.asarray(groups))) < 5:
+        n_runs = None if groups is None else len(np.unique(np.asarray(groups)))
+        if n_runs is not None and n_runs < 5:
             logger.warning("screen: cut on %d runs; with so few, it may rule out more of the "
                            "detector's flags on other runs than on these (train on more runs, "
-                           "or use the unscreened detector)", len(np.unique(np.asarray(groups))))
+                           "or use the unscreened detector)", n_runs)
         screen = clone(self.screen if self.screen is not None else default_screen())
         self.screen_ = screen.fit(X, flagged)
         s = self.screen_.decision_function(X)

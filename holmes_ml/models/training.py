@@ -110,7 +110,8 @@ def make_dataset(
             continue
         F = build_features(res.ops)
         y = res.ops["abnormal"].to_numpy(dtype=bool)
-        sure = y | res.ops["affected"].to_numpy(dtype=bool) if "affected" in res.ops else y
+        # kept for sure: abnormal, and affected (normal but prolonged by the fault)
+        sure = (y | res.ops["affected"].to_numpy(dtype=bool)) if "affected" in res.ops else y
         keep = np.ones(len(y), dtype=bool)
         if max_normal_per_run is not None and (~sure).sum() > max_normal_per_run:
             other = np.flatnonzero(~sure)
