@@ -254,3 +254,36 @@ def test_dense_codes_identify_the_same_groups_on_both_paths():
     assert len(set(zip(a.tolist(), b.tolist(), strict=True))) == len(np.unique(small))
     for value in np.unique(small)[:5]:
         assert len(np.unique(a[small == value])) == 1
+
+
+@pytest.mark.parametrize("scale", [1, 10**17])  # packs into one key / too wide: dense first
+@pytest.mark.parametrize("minor_kind", ["int", "float", "signed float"])
+def test_sort_by_groups_rows_and_orders_each_group(scale, minor_kind):
+    rng = np.random.default_rng(1)
+    major = rng.integers(0, 40, size=3000) * scale
+    minor = {"int": rng.integers(-10**6, 10**6, size=3000),
+             "float": rng.exponential(size=3000),
+             "signed float": rng.standard_normal(3000)}[minor_kind]
+    order = seg.sort_by(major, minor)
+    assert sorted(order.tolist()) == list(range(3000))
+    g, m = major[order], minor[order]
+    starts = seg.segment_starts(g)
+    assert len(starts) == len(np.unique(major))  # each group is one contiguous run
+    for a, b in zip(starts, np.append(starts[1:], len(g)), strict=True):
+        assert np.all(np.diff(m[a:b]) >= 0)
+    if scale == 1:  # packed: groups in ascending key order as well
+        assert np.all(np.diff(g) >= 0)
+
+
+def test_stage_step_median_and_mad_equal_pandas():
+    rng = np.random.default_rng(3)
+    key = rng.integers(0, 300, size=20000) * 7919  # sparse codes, groups of mixed sizes
+    dur = rng.lognormal(3.0, 0.5, size=20000)
+    cols: dict[str, np.ndarray] = {}
+    build._stage_step(lambda name, v: cols.__setitem__(name, v), key, dur, 0.0)
+    frame = pd.DataFrame({"k": key, "d": dur})
+    med = frame.groupby("k")["d"].transform("median").to_numpy()
+    mad = (frame["d"] - med).abs().groupby(frame["k"]).transform("median").to_numpy()
+    np.testing.assert_allclose(cols["stage_step_ratio"], dur / med, rtol=1e-12)
+    sd = np.maximum(1.4826 * mad, _EPS_US)
+    np.testing.assert_allclose(cols["stage_step_z"], (dur - med) / sd, rtol=1e-9, atol=1e-9)

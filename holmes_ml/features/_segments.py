@@ -80,10 +80,13 @@ def rank_of(values: np.ndarray) -> np.ndarray:
 
 
 def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
-    """Permutation sorting by a dense non-negative ``major`` key, then by ``minor``.
+    """Permutation grouping rows by a non-negative ``major`` key, sorted by ``minor`` within
+    each group.
 
     Both keys are packed into one int64 so one ``argsort`` does the work of a two-key
-    ``lexsort`` (about twice as fast); ``minor`` may be any orderable array.
+    ``lexsort`` (about twice as fast); ``minor`` may be any orderable array. Groups come in
+    ascending ``major`` order unless the key is too wide to pack, in which case it is first
+    replaced by dense codes (groups stay contiguous, in arbitrary order).
     """
     n = len(major)
     if minor is None:
@@ -102,6 +105,8 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
             bits = m.astype(np.float32).view(np.int32).astype(np.int64)
         if (int(major.max()) + 1) <= _LIMIT // (1 << 31):
             return np.argsort(major * (1 << 31) + bits, kind="stable")
+    if (int(major.max()) + 1) > _LIMIT // max(n, 1):
+        major = dense(major)
     r = rank_of(m)
     return np.argsort(major * max(n, 1) + r, kind="stable")
 

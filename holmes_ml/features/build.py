@@ -613,14 +613,29 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     median absolute deviation as the standard deviation, floored at ``min_spread`` of the
     median) show how far outside that crowd a copy lies.
     """
+    n = len(dur)
     code = seg.dense(key)
-    med = seg.segment_median(code, dur)
-    dev = dur - med[code]
-    mad = seg.segment_median(code, np.abs(dev))
+    order = seg.sort_by(code, dur)
+    d = dur[order]
+    starts, sid, _ = seg.segment_layout(code[order])
+    del code
+    lo = starts + (np.diff(np.append(starts, n)) - 1) // 2
+    hi = np.append(starts[1:], n) - 1 - (lo - starts)
+    med = 0.5 * (d[lo] + d[hi])
+    dev = d - med[sid]
+    # Within a segment the absolute deviations fall, then rise (``d`` is sorted): two sorted
+    # runs, which the stable sort merges cheaply.
+    adev = np.abs(dev)
+    adev = adev[seg.sort_by(sid, adev)]
+    mad = 0.5 * (adev[lo] + adev[hi])
+    del adev
     sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
-    put("stage_step_z", dev / sd[code])
+    back = np.empty(n, dtype=np.int64)
+    back[order] = np.arange(n, dtype=np.int64)
+    del order, d
+    put("stage_step_z", (dev / sd[sid])[back])
     del dev
-    put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[code])
+    put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[sid[back]])
 
 
 #: late_prev_* column <- the column of the last arrival's previous op it copies
@@ -788,7 +803,7 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     rank0 = rank - min(int(rank.min()), 0)
 
     # Position of the op among this rank's ops on this group in this iteration (by seq).
-    irg = seg.dense(seg.combine(it0, rank0, gcode))
+    irg = seg.combine(it0, rank0, gcode)  # only grouped on: need not be dense
     order = seg.sort_by(irg, seq)
     _, _, p = seg.segment_layout(irg[order])
     pos = np.empty(n, dtype=np.int64)
@@ -812,8 +827,8 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
         if name in time_cols:
             with np.errstate(over="ignore"):  # float32 overflow -> inf, repaired at the end
                 matrix[_COL[name]] = values
-        else:
-            matrix[_COL[name]] = np.clip(values, -cfg.clip, cfg.clip)
+        else:  # clipped straight into the matrix row: no float64 temporary
+            np.clip(values, -cfg.clip, cfg.clip, out=matrix[_COL[name]], casting="same_kind")
 
     put("duration_us", dur)
     put("op_code", opcode)
