@@ -30,11 +30,13 @@ def test_run_quick_reports_throughput_and_memory():
     for key in ("ops_per_s", "ops_per_cpu_s", "ops_per_s_first_call", "features_peak_mb"):
         assert np.isfinite(figures[key]) and figures[key] > 0, key
     assert result.config["n_features"] > 20
+    assert 0.0 <= figures["system_cpu_share"] <= 1.0
     if "ops_per_s_with_inference" in figures:  # a default model is shipped
         for key in ("ops_per_cpu_s_with_inference", "inference_ops_per_cpu_s"):
             assert np.isfinite(figures[key]) and figures[key] > 0, key
         # features + inference cannot be faster than inference alone
         assert figures["ops_per_cpu_s_with_inference"] <= figures["inference_ops_per_cpu_s"]
+        assert 0.0 <= figures["system_cpu_share_with_inference"] <= 1.0
 
 
 def test_cli_refuses_a_model_file_that_is_not_an_envelope(tmp_path):
