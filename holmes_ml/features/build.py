@@ -616,24 +616,25 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     n = len(dur)
     code = seg.dense(key)
     order = seg.sort_by(code, dur)
-    d = dur[order]
     starts, sid, _ = seg.segment_layout(code[order])
     del code
+    back = np.empty(n, dtype=np.int64)
+    back[order] = np.arange(n, dtype=np.int64)
+    dev = dur[order]  # sorted within each segment; deviations from the median below
+    del order
     lo = starts + (np.diff(np.append(starts, n)) - 1) // 2
     hi = np.append(starts[1:], n) - 1 - (lo - starts)
-    med = 0.5 * (d[lo] + d[hi])
-    dev = d - med[sid]
-    # Within a segment the absolute deviations fall, then rise (``d`` is sorted): two sorted
-    # runs, which the stable sort merges cheaply.
+    med = 0.5 * (dev[lo] + dev[hi])
+    dev -= med[sid]
+    # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
+    # stable sort merges cheaply.
     adev = np.abs(dev)
     adev = adev[seg.sort_by(sid, adev)]
     mad = 0.5 * (adev[lo] + adev[hi])
     del adev
     sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
-    back = np.empty(n, dtype=np.int64)
-    back[order] = np.arange(n, dtype=np.int64)
-    del order, d
-    put("stage_step_z", (dev / sd[sid])[back])
+    dev /= sd[sid]
+    put("stage_step_z", dev[back])
     del dev
     put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[sid[back]])
 
