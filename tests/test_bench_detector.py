@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from holmes_ml.bench.detector import _heldout, _scores_row
+from holmes_ml.bench.detector import _heldout, _per_run_rows, _scores_row
 
 
 def test_scores_row_per_scale_and_overall():
@@ -46,3 +46,19 @@ def test_heldout_rotates_fault_kinds_over_scales():
     assert len(set(kinds)) == 5
     assert [c.faults[0].pattern for c in cfgs[:2]] == ["persistent", "spike"]
     assert len({c.seed for c in cfgs}) == 10
+
+
+def test_per_run_rows_name_each_run_and_split_precision_from_recall():
+    cfgs = _heldout((64, 256), seed=500, iterations=8)[:3]
+    truth = np.array([1, 1, 0, 0, 1, 0, 0, 1], dtype=bool)
+    pred = np.array([1, 0, 0, 0, 1, 1, 0, 1], dtype=bool)
+    run_of = np.array([0, 0, 0, 0, 1, 1, 1, 2])
+    w = np.array([1, 1, 1, 1, 1, 3, 1, 1], dtype=float)
+    rows = _per_run_rows(truth, pred, run_of, cfgs, w)
+    assert [(r["gpus"], r["fault"], r["pattern"]) for r in rows] == [
+        (c.gpus, c.faults[0].kind, c.faults[0].pattern) for c in cfgs]
+    # run 0 misses one of two (recall 0.5, no false alarm); run 1's false alarm weighs 3
+    assert rows[0]["precision"] == 1.0 and rows[0]["recall"] == 0.5
+    assert rows[1]["recall"] == 1.0 and rows[1]["precision"] == 0.25
+    assert rows[1]["f1"] == pytest.approx(0.4)
+    assert rows[2]["abnormal"] == 1 and rows[2]["f1"] == 1.0
