@@ -1,0 +1,75 @@
+"""Where does the shipped detector miss on one held-out job of ``holmes bench detector``?
+
+Re-simulates one of the bench's ten held-out jobs (``--run`` 0-9, in the order of the bench's
+per-run table: 64, 256, 1,024, 4,096, 8,192 GPUs, a persistent fault then a spike at each),
+scores every op with the bundled model and prints, per communicator kind and op, the abnormal
+copies, the share caught (recall) and the false alarms; then, for the op with the most misses,
+the median features of its caught and missed abnormal copies beside its normal copies. Read it
+to see which waits the features do not tell apart, not as a figure of merit: that is the bench.
+
+Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
+link; a few seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.bench.detector import _heldout
+from holmes_ml.features import FEATURE_COLUMNS, build_features
+from holmes_ml.models import default_model
+from holmes_ml.simulator import simulate
+
+SHOWN = ("duration_us", "wait_us", "xfer_us", "arrived_last", "hist_ratio", "step_ratio",
+         "stage_step_ratio", "stage_step_z", "step_xfer_ratio", "late_prev_stage_ratio",
+         "late_prev_xfer_ratio")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=int, default=4, help="held-out job 0-9 (default 4)")
+    args = parser.parse_args()
+    cfgs = _heldout((64, 256, 1024, 4096, 8192), seed=500, iterations=24)
+    if not 0 <= args.run < len(cfgs):
+        parser.error(f"--run: got {args.run}; expected 0-{len(cfgs) - 1}")
+    cfg = cfgs[args.run]
+    fault = cfg.faults[0]
+    print(f"job {args.run}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}")
+    ops = simulate(cfg).ops
+    feats = build_features(ops)
+    model = default_model()
+    flagged = np.asarray(model.predict(feats.loc[:, list(FEATURE_COLUMNS)])).astype(bool)
+    frame = pd.DataFrame({
+        "kind": ops["group_kind"].astype(str).to_numpy(),
+        "op": ops["op"].astype(str).to_numpy(),
+        "abnormal": ops["abnormal"].to_numpy(dtype=bool),
+        "flagged": flagged,
+    })
+    frame["caught"] = frame["abnormal"] & frame["flagged"]
+    frame["false_alarm"] = ~frame["abnormal"] & frame["flagged"]
+    table = frame.groupby(["kind", "op"]).agg(
+        abnormal=("abnormal", "sum"), caught=("caught", "sum"),
+        false_alarms=("false_alarm", "sum"))
+    table = table[(table["abnormal"] > 0) | (table["false_alarms"] > 0)]
+    table["recall"] = (table["caught"] / table["abnormal"].where(table["abnormal"] > 0)).round(3)
+    print(table.to_string())
+    misses = table["abnormal"] - table["caught"]
+    if not (misses > 0).any():
+        print("no abnormal copy missed")
+        return
+    kind, op = misses.idxmax()
+    same = (frame["kind"] == kind) & (frame["op"] == op)
+    groups = {"caught": same & frame["caught"],
+              "missed": same & frame["abnormal"] & ~frame["flagged"],
+              "normal": same & ~frame["abnormal"]}
+    medians = pd.DataFrame({name: feats.loc[mask.to_numpy(), list(SHOWN)].median()
+                            for name, mask in groups.items()})
+    print(f"\nmedian features of {kind} {op} copies")
+    print(medians.round(3).to_string())
+
+
+if __name__ == "__main__":
+    main()
