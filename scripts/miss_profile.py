@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from holmes_ml.bench.detector import _heldout
+from holmes_ml.bench.detector import heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, build_features
 from holmes_ml.models import default_model
 from holmes_ml.simulator import simulate
@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=int, default=4, help="held-out job 0-9 (default 4)")
     args = parser.parse_args()
-    cfgs = _heldout((64, 256, 1024, 4096, 8192), seed=500, iterations=24)
+    cfgs = heldout_scenarios()
     if not 0 <= args.run < len(cfgs):
         parser.error(f"--run: got {args.run}; expected 0-{len(cfgs) - 1}")
     cfg = cfgs[args.run]

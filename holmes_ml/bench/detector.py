@@ -77,6 +77,18 @@ def _heldout(scales, seed: int, iterations: int):
     return cfgs
 
 
+def heldout_scenarios(quick: bool = False) -> list:
+    """The held-out jobs the bench scores (two per scale, see :func:`_heldout`), for tools
+    that look into one of them (``scripts/miss_profile.py``)."""
+    scales = (64, 128, 256, 512, 1024) if quick else (64, 256, 1024, 4096, 8192)
+    return _heldout(scales, seed=500, iterations=16 if quick else 24)
+
+
+def _weighted(metric, truth: np.ndarray, pred: np.ndarray, weight: np.ndarray) -> float:
+    """``metric`` (an sklearn score) of weighted rows, 0 where undefined, to 4 decimals."""
+    return round(float(metric(truth, pred, sample_weight=weight, zero_division=0.0)), 4)
+
+
 def _scores_row(name: str, truth: np.ndarray, pred: np.ndarray, scale_of: np.ndarray,
                 scales, weight: np.ndarray | None = None) -> dict:
     """F1 per scale, pooled over every row (``all``) and averaged over the scales (``mean``),
@@ -85,12 +97,10 @@ def _scores_row(name: str, truth: np.ndarray, pred: np.ndarray, scale_of: np.nda
     row: dict = {"method": name}
     for s in scales:
         m = scale_of == s
-        row[str(s)] = round(float(f1_score(truth[m], pred[m], sample_weight=w[m],
-                                           zero_division=0.0)), 4)
+        row[str(s)] = _weighted(f1_score, truth[m], pred[m], w[m])
     row["mean"] = round(float(np.mean([row[str(s)] for s in scales])), 4)
-    row["all"] = round(float(f1_score(truth, pred, sample_weight=w, zero_division=0.0)), 4)
-    row["precision"] = round(float(precision_score(truth, pred, sample_weight=w,
-                                                   zero_division=0.0)), 4)
+    row["all"] = _weighted(f1_score, truth, pred, w)
+    row["precision"] = _weighted(precision_score, truth, pred, w)
     return row
 
 
@@ -105,11 +115,8 @@ def _per_run_rows(truth: np.ndarray, pred: np.ndarray, run_of: np.ndarray, cfgs,
         fault = cfg.faults[0]
         rows.append({
             "gpus": cfg.gpus, "model": cfg.model, "fault": fault.kind, "pattern": fault.pattern,
-            "abnormal": int(t.sum()),
-            "precision": round(float(precision_score(t, p, sample_weight=w,
-                                                     zero_division=0.0)), 4),
-            "recall": round(float(recall_score(t, p, sample_weight=w, zero_division=0.0)), 4),
-            "f1": round(float(f1_score(t, p, sample_weight=w, zero_division=0.0)), 4),
+            "abnormal": int(t.sum()), "precision": _weighted(precision_score, t, p, w),
+            "recall": _weighted(recall_score, t, p, w), "f1": _weighted(f1_score, t, p, w),
         })
     return rows
 
@@ -118,11 +125,11 @@ def run(quick: bool = False) -> BenchResult:
     """Train every detector on the ``quick``/``default`` mix, report held-out F1 per scale."""
     from holmes_ml.models.training import make_dataset, scenarios
 
-    scales = (64, 128, 256, 512, 1024) if quick else (64, 256, 1024, 4096, 8192)
     t0 = time.perf_counter()
     X, y, run, weight = make_dataset(scenarios("quick" if quick else "default", seed=0),
                                      return_weights=True)
-    cfgs = _heldout(scales, seed=500, iterations=16 if quick else 24)
+    cfgs = heldout_scenarios(quick)
+    scales = tuple(dict.fromkeys(c.gpus for c in cfgs))  # in order, once each
     # KNN prediction is costly on millions of rows: every method is scored on the same rows,
     # all abnormal and affected ops and a weighted sample of the others of each run.
     others_per_run = 30_000 if quick else 100_000

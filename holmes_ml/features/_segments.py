@@ -129,6 +129,13 @@ def segment_layout(sorted_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return starts, seg_id, pos
 
 
+def sorted_segment_median(v: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Median of each segment of ``v`` (sorted within each segment; segments begin at
+    ``starts``), one value per segment."""
+    lengths = np.diff(np.append(starts, len(v)))
+    return 0.5 * (v[starts + (lengths - 1) // 2] + v[starts + lengths // 2])
+
+
 def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Median of ``values`` per code of a dense non-negative ``key`` (index = code; a code
     with no element gets NaN)."""
@@ -140,6 +147,5 @@ def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     order = sort_by(key, values)
     v = np.asarray(values, dtype=np.float64)[order]
     starts = segment_starts(key[order])
-    lengths = np.diff(np.append(starts, n))
-    out[key[order][starts]] = 0.5 * (v[starts + (lengths - 1) // 2] + v[starts + lengths // 2])
+    out[key[order][starts]] = sorted_segment_median(v, starts)
     return out

@@ -537,9 +537,7 @@ def _peers(
     del d_sorted
     # Median per segment needs durations ordered within each segment.
     dd = dur[seg.sort_by(sid, dur)]
-    lo = starts + (lengths - 1) // 2
-    hi = starts + lengths // 2
-    peer_med = (0.5 * (dd[lo] + dd[hi]) if n else dd)[s_of]
+    peer_med = (seg.sorted_segment_median(dd, starts) if n else dd)[s_of]
     put("peer_median_us", peer_med)
     put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
     return peer_med, lag_us, wait_us, sid, peer_min, last
@@ -622,15 +620,13 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     back[order] = np.arange(n, dtype=np.int64)
     dev = dur[order]  # sorted within each segment; deviations from the median below
     del order
-    lo = starts + (np.diff(np.append(starts, n)) - 1) // 2
-    hi = np.append(starts[1:], n) - 1 - (lo - starts)
-    med = 0.5 * (dev[lo] + dev[hi])
+    med = seg.sorted_segment_median(dev, starts)
     dev -= med[sid]
     # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
     # stable sort merges cheaply.
     adev = np.abs(dev)
     adev = adev[seg.sort_by(sid, adev)]
-    mad = 0.5 * (adev[lo] + adev[hi])
+    mad = seg.sorted_segment_median(adev, starts)
     del adev
     sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
     dev /= sd[sid]
