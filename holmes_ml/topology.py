@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from holmes_ml.io.schema import SchemaError
+
 #: Parallelism dimensions in Megatron's default order, fastest-varying first.
 COORD_KINDS: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
 DEVICE_KINDS: tuple[str, ...] = ("gpu", "nic", "host", "switch", "link")
@@ -216,9 +218,9 @@ class Topology:
                 if col not in ranks.columns:
                     raise KeyError(f"ranks.{col}")
         except (KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{source}: not a holmes_ml topology (missing {exc}); expected keys "
-                "'ranks' (with rank, host, gpu, pod) and 'groups'"
+            raise SchemaError(
+                f"not a holmes_ml topology (missing {exc})", source=source,
+                expected="keys 'ranks' (with rank, host, gpu, pod) and 'groups'",
             ) from exc
         return cls(
             ranks=ranks,
@@ -234,7 +236,8 @@ class Topology:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+            raise SchemaError(f"not valid JSON ({exc})", source=str(path),
+                              expected="a topology.json as holmes simulate writes it") from exc
         return cls.from_dict(data, source=str(path))
 
     @classmethod

@@ -35,3 +35,75 @@ def test_detect_refuses_foreign_model(tmp_path):
     r = CliRunner().invoke(app, ["detect", str(log), "--model", str(bad)])
     assert r.exit_code != 0
     assert "not a holmes_ml model envelope" in " ".join(r.output.split()).replace("│ ", "")
+
+
+def _faulty_log(tmp_path):
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    res = simulate(SimConfig(gpus=64, iterations=14, seed=7,
+                             faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.9,start=8"),)))
+    log = tmp_path / "ops.parquet"
+    res.ops.drop(columns=["abnormal", "fault_id", "affected"]).to_parquet(log, index=False)
+    return log
+
+
+def test_detect_json_reports_episodes_and_writes_the_iteration_table(tmp_path):
+    import json
+
+    log = _faulty_log(tmp_path)
+    out = tmp_path / "run" / "scores.parquet"
+    r = CliRunner().invoke(app, ["detect", str(log), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    its = pd.read_csv(tmp_path / "run" / "scores.iterations.csv", index_col="iteration")
+    # the printed verdict and the written table say the same, and the fault's onset is in it
+    assert report["irregular_iterations"] == its.index[its["irregular"]].tolist()
+    assert 8 in report["irregular_iterations"]
+    first = report["episodes"][0]
+    assert first["first"] == min(report["irregular_iterations"])
+    assert first["pattern"] in {"spike", "fluctuation", "persistent"}
+    assert first["peak_ratio"] == round(its.loc[first["first"]:first["last"], "ratio"].max(), 4)
+    scored = pd.read_parquet(out)
+    assert report["abnormal_ops"] == int(scored["predicted"].sum()) > 0
+    assert report["top_ranks"][0]["abnormal_ops"] == int(
+        scored.loc[scored["predicted"]].groupby("rank").size().max())
+
+
+def test_detect_threshold_and_delta_options(tmp_path):
+    import json
+
+    log = _faulty_log(tmp_path)
+    out = tmp_path / "s.parquet"
+    r = CliRunner().invoke(app, ["detect", str(log), "--out", str(out), "--json",
+                                 "--threshold", "1", "--delta", "100"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    scored = pd.read_parquet(out)
+    assert report["threshold"] == 1.0
+    assert report["abnormal_ops"] == int((scored["score"] >= 1.0).sum())
+    assert report["irregular_iterations"] == [] and report["episodes"] == []
+
+
+def test_bad_input_is_one_line_on_stderr_not_a_traceback(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"iteration": 0}\nnot json\n')
+    for args in (["detect", str(bad)], ["localize", str(bad)],
+                 ["detect", str(tmp_path / "missing.parquet")]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output
+        line = r.stderr.strip()
+        assert line.startswith("error: ") and "\n" not in line
+        assert ("bad.jsonl" in line and "line 2" in line) or "missing.parquet" in line
+
+
+def test_bad_topology_is_reported_with_its_file(tmp_path):
+    from holmes_ml.simulator import SimConfig, simulate
+
+    log = tmp_path / "ops.parquet"
+    simulate(SimConfig(gpus=64, iterations=6, seed=1)).ops.to_parquet(log, index=False)
+    topo = tmp_path / "topo.json"
+    topo.write_text('{"ranks": [{"rank": 0}]}')
+    r = CliRunner().invoke(app, ["localize", str(log), "--topology", str(topo)])
+    assert r.exit_code == 2, r.output
+    assert "topo.json" in r.stderr and "ranks.host" in r.stderr

@@ -6,8 +6,11 @@ package.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -51,8 +54,35 @@ def _root(
     )
 
 
+def _input_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean the user's input is not what a command expects. Their messages
+    already name the file, field and value and what was expected, so the user gets them in
+    one line on stderr (exit status 2) instead of a traceback; anything else is a bug and
+    keeps its traceback."""
+    from holmes_ml.io.schema import SchemaError
+    from holmes_ml.models.persist import ModelFileError
+
+    return (SchemaError, ModelFileError, FileNotFoundError, IsADirectoryError,
+            PermissionError)
+
+
+def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(command)  # typer reads the parameters through __wrapped__
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except _input_errors() as exc:
+            typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(2) from None
+
+    return run
+
+
 for _module in COMMAND_MODULES:
     importlib.import_module(_module).register(app)
+for _info in app.registered_commands:
+    if _info.callback is not None:
+        _info.callback = _reporting_input_errors(_info.callback)
 
 
 def main() -> None:

@@ -1,10 +1,13 @@
-"""``holmes detect``: per-op abnormality scores and the irregular iterations of CommOps logs."""
+"""``holmes detect PATH...``: score every operator and find the irregular iterations."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
+
+from holmes_ml.io import FORMATS
 
 
 def register(app: typer.Typer) -> None:
@@ -12,34 +15,104 @@ def register(app: typer.Typer) -> None:
 
     @app.command("detect")
     def detect(
-        paths: list[Path] = typer.Argument(..., help="CommOps logs (any supported format)."),
-        model: Path = typer.Option(None, "--model", help="Model envelope (default: shipped)."),
-        format: str = typer.Option("auto", "--format", help="Input format (default: detect)."),
-        out: Path = typer.Option(
-            Path("scores.parquet"), "--out", help="Parquet of the ops with a `score` column."
+        paths: list[Path] = typer.Argument(
+            ..., help="Log files or a simulator output directory.", show_default=False
         ),
+        model: Path | None = typer.Option(
+            None, "--model", help="Detector file (default: the bundled model)."
+        ),
+        format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
+        delta: float = typer.Option(
+            1.1, "--delta", min=1.0001,
+            help="Irregularity factor: an iteration this many times longer than its robust "
+            "reference is irregular (below ~1.04 jitter swamps the signal).",
+        ),
+        threshold: float | None = typer.Option(
+            None, "--threshold", min=0.0, max=1.0,
+            help="Score at or above which an op is abnormal (default: the model's own, picked "
+            "when it was trained).",
+        ),
+        out: Path = typer.Option(
+            Path("scores.parquet"), "--out",
+            help="Parquet of the ops with `score` and `predicted` columns.",
+        ),
+        iterations_out: Path | None = typer.Option(
+            None, "--iterations-out",
+            help="CSV of the iterations: duration, reference, ratio, irregular, episode, "
+            "pattern (default: beside --out, `<stem>.iterations.csv`).",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
-        """Score every operator and print the delta-irregular iterations."""
-        from holmes_ml.features import detect_irregular
-        from holmes_ml.io import read_ops
-        from holmes_ml.models import ModelFileError, load_model, score_ops
+        """Score every operator (P(abnormal)) and flag the delta-irregular iterations.
 
-        try:
-            det = load_model(model) if model is not None else None
-        except ModelFileError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--model") from exc
-        ops = read_ops([str(p) for p in paths], format=format)
+        Writes the scored ops and the iteration table, then prints the irregular episodes
+        (spike, fluctuation or persistent) and the ranks with most abnormal ops. Those are
+        where the slowness shows, not necessarily its cause (a straggler's own ops look normal
+        while its peers wait): `holmes localize` on the same logs names the device.
+        """
+        from holmes_ml import pipeline
+        from holmes_ml.features import IrregularityConfig, detect_irregular
+        from holmes_ml.models import default_model, load_model, score_ops
+
+        det = load_model(model) if model is not None else default_model()
+        files, _ = pipeline.resolve_paths(paths)
+        ops = pipeline.read_paths(files, format)
         scores = score_ops(ops, model=det)
-        threshold = float(getattr(det, "threshold_", 0.5)) if det is not None else None
-        if threshold is None:
-            from holmes_ml.models import default_model
-
-            threshold = float(getattr(default_model(), "threshold_", 0.5))
-        table = ops.assign(score=scores, predicted=scores >= threshold)
+        cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
+        table = ops.assign(score=scores, predicted=scores >= cut)
         out.parent.mkdir(parents=True, exist_ok=True)
         table.to_parquet(out, index=False)
-        it = detect_irregular(ops)
-        irregular = it.index[it["irregular"].to_numpy(dtype=bool)].tolist()
-        typer.echo(f"scored {len(ops)} ops ({int(table['predicted'].sum())} abnormal at "
-                   f"threshold {threshold:.3f}) -> {out}")
-        typer.echo("irregular iterations: " + (" ".join(map(str, irregular)) or "none"))
+        its = detect_irregular(ops, IrregularityConfig(delta=delta))
+        iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
+        iterations_out.parent.mkdir(parents=True, exist_ok=True)
+        its.to_csv(iterations_out)
+        report = _report(table, its, cut, out, iterations_out)
+        if as_json:
+            typer.echo(json.dumps(report))
+        else:
+            _print(report)
+
+
+def _report(table, its, threshold: float, out: Path, iterations_out: Path) -> dict:
+    """What ``holmes detect`` found, as plain JSON-able values."""
+    irregular = its.index[its["irregular"].to_numpy(dtype=bool)]
+    episodes = []
+    for ep, rows in its[its["episode"] >= 0].groupby("episode"):
+        episodes.append({"episode": int(ep), "pattern": str(rows["pattern"].iloc[0]),
+                         "first": int(rows.index.min()), "last": int(rows.index.max()),
+                         "iterations": len(rows), "peak_ratio": round(float(rows["ratio"].max()),
+                                                                       4)})
+    flagged = table[table["predicted"].to_numpy(dtype=bool)]
+    per_rank = flagged.groupby("rank").size().sort_values(ascending=False, kind="stable")
+    return {
+        "ops": len(table), "abnormal_ops": len(flagged), "threshold": round(threshold, 6),
+        "irregular_iterations": [int(i) for i in irregular],
+        "episodes": episodes,
+        "top_ranks": [{"rank": int(r), "abnormal_ops": int(n)} for r, n in per_rank[:5].items()],
+        "scores": str(out), "iterations": str(iterations_out),
+    }
+
+
+def _print(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"scored {report['ops']} ops ({report['abnormal_ops']} abnormal at threshold "
+                  f"{report['threshold']:.3f}) -> {report['scores']}; iterations -> "
+                  f"{report['iterations']}")
+    console.print("irregular iterations: "
+                  + (" ".join(map(str, report["irregular_iterations"])) or "none"))
+    if report["episodes"]:
+        table = Table(title="irregular episodes")
+        for col in ("#", "pattern", "iterations", "peak ratio"):
+            table.add_column(col)
+        for e in report["episodes"]:
+            span = str(e["first"]) if e["first"] == e["last"] else f"{e['first']}-{e['last']}"
+            table.add_row(str(e["episode"]), e["pattern"], span, f"{e['peak_ratio']:.2f}")
+        console.print(table)
+    if report["top_ranks"]:
+        console.print("ranks with most abnormal ops: " + ", ".join(
+            f"{r['rank']} ({r['abnormal_ops']})" for r in report["top_ranks"]))
+        console.print("(where the slowness shows, not necessarily its cause: a straggler's own "
+                      "ops look normal while its peers wait; `holmes localize` names the device)")
