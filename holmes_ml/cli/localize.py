@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from holmes_ml.io import FORMATS
+
 
 def register(app: typer.Typer) -> None:
     """Add ``localize`` to ``app``."""
@@ -25,7 +27,7 @@ def register(app: typer.Typer) -> None:
         ),
         format: str = typer.Option(
             "auto", "--format",
-            help="auto|native|kineto|flight-recorder|nccl-inspector|bytedance",
+            help="auto|" + "|".join(FORMATS),
         ),
         top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),
         delta: float = typer.Option(
