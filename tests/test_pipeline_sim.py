@@ -86,6 +86,22 @@ def test_cli_json_and_plots(tmp_path) -> None:
     assert analyze_paths([tmp_path / "job"], model="rule").candidates[0].ranks == (5,)
 
 
+def test_cli_says_why_suspects_come_without_irregular_iterations(tmp_path) -> None:
+    """A GPU slow from the first iteration makes no iteration stand out against the ones
+    before it; the table still names it, and the text says where it comes from."""
+    from holmes_ml.cli import app
+
+    _sim("gpu_slow:rank=9,severity=0.8,start=0", gpus=64, iterations=10).write(tmp_path / "job")
+    out = CliRunner().invoke(app, ["localize", str(tmp_path / "job")])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.stdout.split())  # rich wraps lines at the console's width
+    assert "irregular iterations: none" in text
+    assert "the suspects come from the abnormal operators of the last 10 iteration(s)" in text
+    data = json.loads(CliRunner().invoke(app, ["localize", str(tmp_path / "job"),
+                                               "--json"]).stdout)
+    assert not data["irregular"] and data["candidates"][0]["ranks"] == [9]
+
+
 def test_fabric_routes_like_the_topology() -> None:
     from holmes_ml.localize import Fabric
 

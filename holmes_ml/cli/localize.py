@@ -71,6 +71,13 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"irregular iterations: {list(verdict.irregular_iterations) or 'none'}"
         )
+        if not verdict.irregular and (verdict.candidates or verdict.workload_findings):
+            n = int(verdict.stats.get("analysed_iterations", 0))
+            console.print(
+                f"no iteration is {delta}x slower than the ones before it; the suspects come "
+                f"from the abnormal operators of the last {n} iteration(s) (a slowdown present "
+                "since the log began, or smaller than delta, makes no iteration stand out)"
+            )
         if not verdict.candidates:
             console.print("[green]no device blamed[/green]")
         else:
