@@ -43,6 +43,11 @@ class LocalizeConfig:
         Candidates whose normalised score is below this are dropped. Ranks share the stragglers'
         total lateness above background; network devices are alternatives for the same slow
         flows, so each is measured against the total excess of the slow flows.
+    min_step_share:
+        A GPU or host is a suspect only if, in at least one analysed iteration, it held its
+        partners back by this share of ``(delta - 1)`` x the usual (median regular) iteration
+        time: the slowdown the user asked to hear about. Ranks of a healthy job are late by
+        far less (jitter, a slowdown every rank shares such as drift).
     top_k:
         Candidates returned at most.
     host_concentration:
@@ -75,6 +80,7 @@ class LocalizeConfig:
     min_evidence: int = 2
     min_weight_fraction: float = 0.02
     min_share: float = 0.05
+    min_step_share: float = 1.0
     top_k: int = 5
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
@@ -92,7 +98,7 @@ class LocalizeConfig:
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 0")
         for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
-                     "workload_persistence"):
+                     "workload_persistence", "min_step_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")

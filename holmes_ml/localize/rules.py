@@ -59,14 +59,21 @@ def parse_members(group_ranks: pd.Series) -> pd.DataFrame:
     )
 
 
+def _iteration_times_us(iterations: pd.DataFrame) -> pd.Series:
+    """Each iteration's time (first start to last end over its ranks) in microseconds."""
+    if iterations is None or len(iterations) == 0:
+        return pd.Series(dtype=float)
+    span = iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"))
+    return (span["end"] - span["start"]).astype(np.float64) / 1e3
+
+
 def _iteration_weights(iterations: pd.DataFrame) -> tuple[pd.Series, float]:
     """Per-iteration weight (1 + relative excess of the iteration time) and the median
     iteration time in microseconds."""
-    if iterations is None or len(iterations) == 0:
+    dur = _iteration_times_us(iterations)
+    if len(dur) == 0:
         return pd.Series(dtype=float), 0.0
-    span = iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"))
-    dur = (span["end"] - span["start"]).astype(np.float64) / 1e3
-    med = float(dur.median()) if len(dur) else 0.0
+    med = float(dur.median())
     w = 1.0 + np.clip(dur / med - 1.0, 0.0, 4.0) if med > 0 else dur * 0 + 1.0
     return w, med
 
@@ -142,13 +149,15 @@ def localize_records(
         strag = _backtrack(strag, ab, cfg, 0.5 * med_iter_us * 1e3)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
-        # With no delta-irregular iteration every step is within the tolerance the user set:
-        # a rank is only a suspect if it held some step back by (delta - 1) of its time
-        # (a slowdown older than the window, which the reference has absorbed). Smaller lateness
-        # there is jitter (OS scheduling, data loading), whatever the per-op detector says.
-        steady_floor = 0.0 if irregular else (cfg.delta - 1.0) * med_iter_us
+        # The user asked to hear about steps delta x slower than usual: a rank behind such a
+        # step held it back by about (delta - 1) x the usual iteration time. Lateness far below
+        # that is jitter (OS scheduling, data loading, a slowdown every rank shares such as
+        # drift), whatever the per-op detector says; with no delta-irregular step it is how a
+        # slowdown older than the window, which the reference has absorbed, still shows.
+        step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(
+            iterations, irregular_iterations)
         rank_cands, workload, rank_total = _rank_candidates(
-            strag, topology, fabric, cfg, n_its, floor, steady_floor)
+            strag, topology, fabric, cfg, n_its, floor, step_floor)
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
@@ -182,6 +191,15 @@ def localize_records(
     out = _mark_ties(out)[: cfg.top_k]
     stats["median_iteration_us"] = med_iter_us
     return Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats)
+
+
+def _usual_iteration_us(iterations: pd.DataFrame, irregular: tuple[int, ...]) -> float:
+    """Median time of the regular iterations (of all of them when none is regular): the usual
+    step a delta-irregular one is measured against, not inflated by a persistent fault."""
+    times = _iteration_times_us(iterations)
+    regular = times[~times.index.isin(list(irregular))]
+    use = regular if len(regular) else times
+    return float(use.median()) if len(use) else 0.0
 
 
 def _with_score(c: Candidate, score: float) -> Candidate:
@@ -380,12 +398,12 @@ def _rank_candidates(
     cfg: LocalizeConfig,
     n_its: int,
     floor: float,
-    steady_floor: float = 0.0,
+    step_floor: float = 0.0,
 ) -> tuple[list[Candidate], list[WorkloadFinding], float]:
     """GPU / host candidates from straggler evidence, unless the pattern says workload.
 
-    ``steady_floor`` > 0 (no iteration was irregular): a candidate must have held its partners
-    back that long in at least one iteration.
+    ``step_floor``: a candidate must have held its partners back that long in at least one
+    iteration.
     """
     if len(strag) == 0:
         return [], [], 0.0
@@ -435,11 +453,11 @@ def _rank_candidates(
     per_it_floor = floor / max(n_its, 1)
     ok = (per_rank["size"] >= cfg.min_evidence) & (per_rank["sum"] >= per_it_floor * per_rank[
         "n_it"])
-    if steady_floor > 0:
+    if step_floor > 0:
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
         # the microbatches of a step; a host pause comes at once)
         worst = per_it.groupby("rank")["weight"].max().reindex(per_rank.index, fill_value=0.0)
-        ok &= worst >= steady_floor
+        ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
     best_ev = best_ev.groupby("rank").head(5)
