@@ -600,10 +600,12 @@ def _device_candidates(
     traffic between two ranks (a send/recv pair in either direction, or a two-member group).
     A slow device slows every flow that crosses it, so a device's score is the excess of the
     slow flows crossing it times the squared share of slow flows among all the flows of the job
-    that cross it. The second factor is what tells the NICs of one slow data-parallel ring
-    apart (each of them is also crossed by its own pipeline send/recv, healthy except at the
-    faulty NIC) and a leaf-spine link from its leaf and spine (crossed by flows routed to other
-    spines, which stay healthy).
+    that cross it, counted in the iteration where it slowed most of them (at once: flows that
+    jitter made slow in different iterations do not add up to a slow device). The second
+    factor is what tells the NICs of one slow data-parallel ring apart (each of them is also
+    crossed by its own pipeline send/recv, healthy except at the faulty NIC) and a leaf-spine
+    link from its leaf and spine (crossed by flows routed to other spines, which stay
+    healthy).
     """
     if len(comm) == 0:
         return [], 0.0
@@ -646,6 +648,7 @@ def _device_candidates(
     slow: dict[str, int] = defaultdict(int)
     its: dict[str, set[int]] = defaultdict(set)
     evid: dict[str, list[Evidence]] = defaultdict(list)
+    slow_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # per iteration
     # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
     for key, row in per_flow.iterrows():
         ring = tuple(r for r in flows.get(str(key), ()) if fabric.known(r))
@@ -654,6 +657,8 @@ def _device_candidates(
             count[d] += int(row["n"])
             slow[d] += 1
             its[d].update(int(i) for i in iters_of[key])
+            for i in iters_of[key]:
+                slow_at[d][int(i)] += 1
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
                 "communication", f"every copy of {row['group']} was slow ({row['n']} instances)",
@@ -683,7 +688,10 @@ def _device_candidates(
     coords_of = _coords_table(topology)
     for d in sorted(suspects):
         w = weight[d]
-        frac = slow[d] / (slow[d] + healthy[d]) * np.sqrt(slow[d] / most)
+        # the most flows it slowed in one iteration: a slow device slows the flows crossing
+        # it together, jitter slows a few here and there (pooled over the window, a noisy job
+        # would make every flow of a spine switch look slow)
+        frac = max(slow_at[d].values()) / (slow[d] + healthy[d]) * np.sqrt(slow[d] / most)
         # Like a straggler, a device must explain a visible share of the iteration time in the
         # iterations where it shows up (a one-step spike counts against one step).
         if w * frac**2 < per_it_floor * len(its[d]):
