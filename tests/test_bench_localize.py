@@ -8,11 +8,18 @@ import pytest
 from holmes_ml.bench.localize import (
     AXES,
     DELTAS,
+    HEALTHY_COMM_DRIFT,
+    HEALTHY_DRIFT,
+    HEALTHY_JITTER,
+    HEALTHY_SWEEP,
     LAYOUTS,
     _accuracy,
+    _healthy_table,
     _sc,
     _sim_config,
     _simulate_scenario,
+    _twin_key,
+    healthy_sweep,
     scenarios,
 )
 
@@ -75,6 +82,46 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     delta_rows = bd[(bd["by"] == "delta") & (bd["method"] == "holmes")]
     assert delta_rows["value"].tolist() == ["1.2"] and delta_rows["trials"].tolist() == [1]
     assert (trials.loc[trials["kind"] != "healthy", "peak_ratio"] > 1.2).all()
+
+
+def test_healthy_sweep_spans_layouts_and_noise_and_reaches_the_simulator():
+    jobs = healthy_sweep(False)
+    sweep = pd.DataFrame(jobs)
+    assert len(sweep) == HEALTHY_SWEEP[0] and (sweep["kind"] == "healthy").all()
+    assert sweep["fault"].isna().all() and set(sweep["dims"]) == set(LAYOUTS)
+    for key, values in (("jitter", HEALTHY_JITTER), ("drift", HEALTHY_DRIFT),
+                        ("comm_drift", HEALTHY_COMM_DRIFT)):
+        assert set(sweep[key]) == set(values)
+    assert jobs == healthy_sweep(False)  # seeded: the same jobs every run
+    assert len({_twin_key(sc) for sc in jobs}) == len(jobs)  # each its own fault-free job
+    grid = scenarios(True)
+    assert healthy_sweep(True) == grid[-HEALTHY_SWEEP[1]:]
+    for sc in jobs[:10]:
+        cfg = _sim_config(sc)
+        assert (cfg.jitter, cfg.drift, cfg.comm_drift) == (
+            sc["jitter"], sc["drift"], sc["comm_drift"])
+        assert cfg.layout.world == sc["gpus"]
+
+
+def test_healthy_table_counts_flagged_jobs_per_method_and_knob():
+    rows = []
+    for i, (jitter, flagged) in enumerate([(0.01, False), (0.01, False), (0.1, True),
+                                           (0.1, False)]):
+        for method in ("holmes", "3sigma+rule (no ML)", "longest comm"):
+            rows.append({"kind": "healthy", "sweep": "healthy", "jitter": jitter, "drift": 0.0,
+                         "comm_drift": 0.0, "dims": "3-D (tp,pp,dp)", "seed": i,
+                         "method": method, "flagged": flagged or method == "longest comm"})
+    rows.append({"kind": "healthy", "sweep": None, "method": "holmes", "flagged": False})
+    rows.append({"kind": "gpu_slow", "method": "holmes", "top1": True})
+    table = pd.DataFrame(_healthy_table(pd.DataFrame(rows)))
+    assert set(table["method"]) == {"holmes", "3sigma+rule (no ML)"}  # those that can decline
+    holmes = table[table["method"] == "holmes"].set_index(["jobs", "value"])
+    assert holmes.loc[("all healthy jobs", ""), ["n", "flagged"]].tolist() == [5, 1]
+    assert holmes.loc[("sweep, jitter", "0.1"), "share"] == 0.5
+    assert holmes.loc[("sweep, jitter", "0.01"), ["n", "flagged"]].tolist() == [2, 0]
+    lo, hi = (float(x) for x in holmes.loc[("sweep, jitter", "0.01"), "share_ci95"].strip(
+        "[]").split(","))
+    assert lo == 0.0 and 0.5 < hi < 1.0  # Wilson: 0 of 2 does not prove a low rate
 
 
 def test_top1_split_credits_declared_ties_only():

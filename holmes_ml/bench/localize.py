@@ -88,6 +88,16 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "6-D (+hsdp)": {"tp": 2, "pp": 2, "ep": 2, "cp": 2, "dp_replicate": 2,
                     "model": "mixtral-8x7b"},
 }
+#: Healthy jobs beyond the grid's 3-D ones (:func:`healthy_sweep`): every layout, noisier
+#: clusters (log-normal sigma of every compute and transfer time) and jobs that slow down as
+#: they run (compute and transfer drift over the job), to measure how often a healthy job gets
+#: a suspect. Full run / ``quick``.
+HEALTHY_SWEEP: tuple[int, int] = (300, 20)
+HEALTHY_JITTER: tuple[float, ...] = (0.01, 0.03, 0.06, 0.1)
+HEALTHY_DRIFT: tuple[float, ...] = (0.0, 0.1, 0.2)
+HEALTHY_COMM_DRIFT: tuple[float, ...] = (0.0, 0.2)
+#: Simulator knobs a scenario may set beside its layout.
+_SIM_KNOBS: tuple[str, ...] = ("jitter", "drift", "comm_drift")
 #: Default severity of each fault kind (gpu/host: x1.5 compute / pause of half an iteration;
 #: nic/link: bandwidth / 3).
 SEVERITY: dict[str, float] = {"gpu_slow": 0.5, "nic_slow": 2.0, "host_stall": 0.5,
@@ -156,7 +166,53 @@ def scenarios(quick: bool) -> list[dict[str, Any]]:
     for gpus in scales:
         for seed in seeds:
             out.append(_sc(gpus, base, "healthy", "", seed))
+    return out + healthy_sweep(quick)
+
+
+def healthy_sweep(quick: bool) -> list[dict[str, Any]]:
+    """Seeded healthy jobs over every layout, 64-256 GPUs (128+ for the MoE layouts), 10-24
+    iterations, each with a jitter, compute drift and transfer drift drawn from
+    :data:`HEALTHY_JITTER`, :data:`HEALTHY_DRIFT` and :data:`HEALTHY_COMM_DRIFT`."""
+    rng = np.random.default_rng(2026)
+    dims_all = list(LAYOUTS)
+    out = []
+    for i in range(HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0]):
+        dims = dims_all[i % len(dims_all)]
+        gpus = int(rng.choice((64, 128, 256)))
+        if "ep" in LAYOUTS[dims]:  # the MoE layouts need 128 GPUs or more
+            gpus = max(gpus, 128)
+        out.append(_sc(gpus, dims, "healthy", "", 2000 + i, sweep="healthy",
+                       iterations=int(rng.choice((10, 16, 24))),
+                       jitter=float(rng.choice(HEALTHY_JITTER)),
+                       drift=float(rng.choice(HEALTHY_DRIFT)),
+                       comm_drift=float(rng.choice(HEALTHY_COMM_DRIFT))))
     return out
+
+
+def _ci(k: int, n: int) -> str:
+    lo, hi = _wilson(k, n)
+    return f"[{lo:.3f}, {hi:.3f}]"
+
+
+def _healthy_table(trials: pd.DataFrame) -> list[dict[str, Any]]:
+    """Share of healthy jobs given a suspect, for the methods that can say "healthy": over all
+    healthy jobs, then over the sweep (:func:`healthy_sweep`) by jitter, drift and layout."""
+    if trials.empty or "flagged" not in trials.columns:
+        return []
+    healthy = trials[(trials["kind"] == "healthy")
+                     & trials["method"].isin(["holmes", "3sigma+rule (no ML)"])]
+    sweep = healthy[healthy["sweep"] == "healthy"] if "sweep" in healthy.columns else healthy[:0]
+    parts: list[tuple[str, str, pd.DataFrame]] = [("all healthy jobs", "", healthy)]
+    for key in ("jitter", "drift", "comm_drift", "dims"):
+        if key in sweep.columns:
+            parts += [(f"sweep, {key}", str(v), sub) for v, sub in sweep.groupby(key)]
+    rows = []
+    for by, value, part in parts:
+        for name, sub in part.groupby("method", sort=False):
+            k, n = int(sub["flagged"].sum()), len(sub)
+            rows.append({"jobs": by, "value": value, "method": name, "n": n, "flagged": k,
+                         "share": round(k / n, 3) if n else None, "share_ci95": _ci(k, n)})
+    return rows
 
 
 def _wilson(k: int, n: int) -> tuple[float, float]:
@@ -248,12 +304,14 @@ def _sim_config(sc: dict[str, Any], faults: tuple = ()) -> Any:
 
     lay = dict(sc["layout"])
     model = lay.pop("model", "llama2-7b")
+    knobs = {k: sc[k] for k in _SIM_KNOBS if k in sc}
     return SimConfig(gpus=sc["gpus"], model=model, iterations=sc["iterations"], seed=sc["seed"],
-                     faults=faults, **lay)
+                     faults=faults, **lay, **knobs)
 
 
 def _twin_key(sc: dict[str, Any]) -> tuple:
-    return (sc["gpus"], sc["seed"], sc["iterations"], tuple(sorted(sc["layout"].items())))
+    return (sc["gpus"], sc["seed"], sc["iterations"], tuple(sorted(sc["layout"].items())),
+            tuple(sc.get(k) for k in _SIM_KNOBS))
 
 
 def _peak_ratio(res: Any, twin_durations: pd.Series) -> float:
@@ -351,6 +409,8 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None) -> tup
                     row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             else:
                 row["flagged"] = bool(sus) if isinstance(fn, str) else True
+                if isinstance(fn, str):
+                    row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             rows.append(row)
     return rows, unobservable
 
@@ -422,7 +482,8 @@ def _accuracy(
                         "device_top1": round(float(sub["device_top1"].mean()), 3),
                         "healthy_trials": len(healthy),
                         "healthy_flagged": round(float(healthy["flagged"].mean()), 3)
-                        if len(healthy) else None})
+                        if len(healthy) else None,
+                        "healthy_flagged_ci95": _ci(int(healthy["flagged"].sum()), len(healthy))})
     for key in AXES:
         part = faulty[faulty["sweep"] == "delta"] if key == "delta" else faulty
         for (name, val), sub in part.groupby(["method", key], sort=False):
@@ -595,8 +656,19 @@ def run(
         per_gpus = (per_trial["m"] + per_trial["s"]).groupby(level="gpus").mean()
         for g, sec in per_gpus.items():
             figures[f"seconds_per_trial_{g}"] = round(float(sec), 2)
+    healthy_rows = _healthy_table(trials)
+    for row in healthy_rows:
+        if row["method"] == "holmes" and row["jobs"] == "sweep, jitter":
+            figures[f"holmes_healthy_flagged_jitter_{row['value'].replace('.', '_')}"] = (
+                row["share"])
     misses: list[dict[str, Any]] = []
+    false_alarms: list[dict[str, Any]] = []
     if len(trials):
+        alarm = trials[(trials["method"] == "holmes") & (trials["kind"] == "healthy")
+                       & trials["flagged"].fillna(False).astype(bool)]
+        cols = [c for c in ("gpus", "dims", "seed", "iterations", *_SIM_KNOBS, "named")
+                if c in alarm.columns]
+        false_alarms = alarm[cols].to_dict("records")
         miss = trials[(trials["method"] == "holmes") & (trials["kind"] != "healthy")
                       & ~trials["top1"].astype(bool)]
         cols = [c for c in ("gpus", "dims", "delta", "kind", "pattern", "seed", "peak_ratio",
@@ -617,6 +689,10 @@ def run(
                 "big_jobs": {"layout": BIG_LAYOUT, "iterations": BIG_ITERATIONS,
                              "target_peak_ratio": BIG_TARGET},
                 "layouts": LAYOUTS,
+                "healthy_sweep": {"jobs": HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0],
+                                  "gpus": [64, 128, 256], "iterations": [10, 16, 24],
+                                  "jitter": list(HEALTHY_JITTER), "drift": list(HEALTHY_DRIFT),
+                                  "comm_drift": list(HEALTHY_COMM_DRIFT)},
                 "severity": "gpu/host 0.5; nic/link 2 (bandwidth / 3); delta sweep and >= 2,048 "
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
@@ -632,7 +708,8 @@ def run(
                "holmes_healthy_flagged": "<= 0.01", "holmes_top1_gpus_8192": ">= 0.95",
                "holmes_top1_dims_6-D": ">= 0.95", "window_localize_seconds": "<= 3",
                "speedup_vs_full_log": ">= 10", "bytes_reduction_pct": ">= 97"},
-        tables={"methods side by side": summary, "breakdown": breakdown},
-        details={"holmes_misses": misses},
+        tables={"methods side by side": summary, "breakdown": breakdown,
+                "healthy jobs given a suspect": healthy_rows},
+        details={"holmes_misses": misses, "holmes_healthy_flagged_jobs": false_alarms},
         plots=_plots(summary, breakdown, out_dir) if out_dir is not None and summary else [],
     )
