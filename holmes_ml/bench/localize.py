@@ -93,6 +93,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 #: they run (compute and transfer drift over the job), to measure how often a healthy job gets
 #: a suspect. Full run / ``quick``.
 HEALTHY_SWEEP: tuple[int, int] = (300, 20)
+HEALTHY_GPUS: tuple[int, ...] = (64, 128, 256)
+HEALTHY_ITERATIONS: tuple[int, ...] = (10, 16, 24)
 HEALTHY_JITTER: tuple[float, ...] = (0.01, 0.03, 0.06, 0.1)
 HEALTHY_DRIFT: tuple[float, ...] = (0.0, 0.1, 0.2)
 HEALTHY_COMM_DRIFT: tuple[float, ...] = (0.0, 0.2)
@@ -178,11 +180,11 @@ def healthy_sweep(quick: bool) -> list[dict[str, Any]]:
     out = []
     for i in range(HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0]):
         dims = dims_all[i % len(dims_all)]
-        gpus = int(rng.choice((64, 128, 256)))
+        gpus = int(rng.choice(HEALTHY_GPUS))
         if "ep" in LAYOUTS[dims]:  # the MoE layouts need 128 GPUs or more
             gpus = max(gpus, 128)
         out.append(_sc(gpus, dims, "healthy", "", 2000 + i, sweep="healthy",
-                       iterations=int(rng.choice((10, 16, 24))),
+                       iterations=int(rng.choice(HEALTHY_ITERATIONS)),
                        jitter=float(rng.choice(HEALTHY_JITTER)),
                        drift=float(rng.choice(HEALTHY_DRIFT)),
                        comm_drift=float(rng.choice(HEALTHY_COMM_DRIFT))))
@@ -199,8 +201,8 @@ def _healthy_table(trials: pd.DataFrame) -> list[dict[str, Any]]:
     healthy jobs, then over the sweep (:func:`healthy_sweep`) by jitter, drift and layout."""
     if trials.empty or "flagged" not in trials.columns:
         return []
-    healthy = trials[(trials["kind"] == "healthy")
-                     & trials["method"].isin(["holmes", "3sigma+rule (no ML)"])]
+    declining = [name for name, fn in _methods(None).items() if isinstance(fn, str)]
+    healthy = trials[(trials["kind"] == "healthy") & trials["method"].isin(declining)]
     sweep = healthy[healthy["sweep"] == "healthy"] if "sweep" in healthy.columns else healthy[:0]
     parts: list[tuple[str, str, pd.DataFrame]] = [("all healthy jobs", "", healthy)]
     for key in ("jitter", "drift", "comm_drift", "dims"):
@@ -406,11 +408,10 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None) -> tup
                 row["device_top1"] = bool(sus) and getattr(sus[0], "device", None) in devices
                 if isinstance(fn, str):
                     row["truth"] = ",".join(sorted(devices))
-                    row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             else:
                 row["flagged"] = bool(sus) if isinstance(fn, str) else True
-                if isinstance(fn, str):
-                    row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
+            if isinstance(fn, str):
+                row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             rows.append(row)
     return rows, unobservable
 
@@ -690,7 +691,8 @@ def run(
                              "target_peak_ratio": BIG_TARGET},
                 "layouts": LAYOUTS,
                 "healthy_sweep": {"jobs": HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0],
-                                  "gpus": [64, 128, 256], "iterations": [10, 16, 24],
+                                  "gpus": list(HEALTHY_GPUS),
+                                  "iterations": list(HEALTHY_ITERATIONS),
                                   "jitter": list(HEALTHY_JITTER), "drift": list(HEALTHY_DRIFT),
                                   "comm_drift": list(HEALTHY_COMM_DRIFT)},
                 "severity": "gpu/host 0.5; nic/link 2 (bandwidth / 3); delta sweep and >= 2,048 "

@@ -67,10 +67,9 @@ def _iteration_times_us(iterations: pd.DataFrame) -> pd.Series:
     return (span["end"] - span["start"]).astype(np.float64) / 1e3
 
 
-def _iteration_weights(iterations: pd.DataFrame) -> tuple[pd.Series, float]:
+def _iteration_weights(dur: pd.Series) -> tuple[pd.Series, float]:
     """Per-iteration weight (1 + relative excess of the iteration time) and the median
-    iteration time in microseconds."""
-    dur = _iteration_times_us(iterations)
+    iteration time in microseconds, from the iteration times (:func:`_iteration_times_us`)."""
     if len(dur) == 0:
         return pd.Series(dtype=float), 0.0
     med = float(dur.median())
@@ -113,7 +112,8 @@ def localize_records(
     stats: dict[str, float] = {"abnormal_rows": float(len(abnormal))}
     if len(abnormal) == 0:
         return Verdict(irregular, tuple(irregular_iterations), (), (), stats)
-    it_weight, med_iter_us = _iteration_weights(iterations)
+    times = _iteration_times_us(iterations)
+    it_weight, med_iter_us = _iteration_weights(times)
     ab = abnormal.reset_index(drop=True)
     # Only the most recent `window` iterations with abnormal records are analysed.
     its = np.sort(ab["iteration"].unique())[-cfg.window :]
@@ -155,7 +155,7 @@ def localize_records(
         # drift), whatever the per-op detector says; with no delta-irregular step it is how a
         # slowdown older than the window, which the reference has absorbed, still shows.
         step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(
-            iterations, irregular_iterations)
+            times, irregular_iterations)
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, step_floor)
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
@@ -193,10 +193,9 @@ def localize_records(
     return Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats)
 
 
-def _usual_iteration_us(iterations: pd.DataFrame, irregular: tuple[int, ...]) -> float:
-    """Median time of the regular iterations (of all of them when none is regular): the usual
-    step a delta-irregular one is measured against, not inflated by a persistent fault."""
-    times = _iteration_times_us(iterations)
+def _usual_iteration_us(times: pd.Series, irregular: tuple[int, ...]) -> float:
+    """Median of the regular iterations' times (of all of them when none is regular): the
+    usual step a delta-irregular one is measured against, not inflated by a persistent fault."""
     regular = times[~times.index.isin(list(irregular))]
     use = regular if len(regular) else times
     return float(use.median()) if len(use) else 0.0
@@ -646,7 +645,6 @@ def _device_candidates(
     weight: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     slow: dict[str, int] = defaultdict(int)
-    its: dict[str, set[int]] = defaultdict(set)
     evid: dict[str, list[Evidence]] = defaultdict(list)
     slow_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # per iteration
     # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
@@ -656,7 +654,6 @@ def _device_candidates(
             weight[d] += float(row["w"])
             count[d] += int(row["n"])
             slow[d] += 1
-            its[d].update(int(i) for i in iters_of[key])
             for i in iters_of[key]:
                 slow_at[d][int(i)] += 1
             evid[d].append(Evidence(
@@ -671,7 +668,7 @@ def _device_candidates(
     # One slow transfer is not a device: ask for several slow instances. Devices that miss the
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
-                and w * slow[d] / most >= per_it_floor * len(its[d])}
+                and w * slow[d] / most >= per_it_floor * len(slow_at[d])}
     if not suspects:
         return [], net_total
     # Healthy witnesses: flows crossing a suspect device that never showed a slow transfer.
@@ -694,7 +691,7 @@ def _device_candidates(
         frac = max(slow_at[d].values()) / (slow[d] + healthy[d]) * np.sqrt(slow[d] / most)
         # Like a straggler, a device must explain a visible share of the iteration time in the
         # iterations where it shows up (a one-step spike counts against one step).
-        if w * frac**2 < per_it_floor * len(its[d]):
+        if w * frac**2 < per_it_floor * len(slow_at[d]):
             continue
         ranks = tuple(topology.ranks_on(d)) if not d.startswith("switch:spine") else ()
         hosts = tuple(sorted({fabric.host(r) for r in ranks}))
