@@ -103,6 +103,14 @@ def test_healthy_sweep_spans_layouts_and_noise_and_reaches_the_simulator():
         assert cfg.layout.world == sc["gpus"]
 
 
+def test_another_draw_gives_fresh_healthy_jobs_of_the_same_kind():
+    bench = healthy_sweep(False)
+    fresh = healthy_sweep(False, draw=7001, first_seed=5000, n=40)
+    assert len(fresh) == 40 and {sc["seed"] for sc in fresh} == set(range(5000, 5040))
+    assert not {_twin_key(sc) for sc in fresh} & {_twin_key(sc) for sc in bench}
+    assert set(pd.DataFrame(fresh)["dims"]) == set(LAYOUTS)
+
+
 def test_healthy_table_counts_flagged_jobs_per_method_and_knob():
     rows = []
     for i, (jitter, flagged) in enumerate([(0.01, False), (0.01, False), (0.1, True),

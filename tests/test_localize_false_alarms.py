@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 
 from holmes_ml.io.schema import without_labels
 from holmes_ml.localize import LocalizeConfig
+from holmes_ml.localize.rules import _held_back
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
@@ -44,3 +46,48 @@ def test_a_real_straggler_in_the_same_job_is_still_named():
 def test_min_step_share_is_checked():
     with pytest.raises(ValueError, match="min_step_share"):
         LocalizeConfig(min_step_share=1.5)
+
+
+def test_min_device_step_share_is_checked():
+    with pytest.raises(ValueError, match="min_device_step_share"):
+        LocalizeConfig(min_device_step_share=-0.1)
+
+
+# --------------------------------------------------------------- the two step measures
+def test_held_back_counts_overlapping_waits_once():
+    # rank 3: two partners wait for one late arrival at once (0-100 us and 50-120 us: 120 us),
+    # then it falls behind again later in the step (1000-1030 us: 30 us more); rank 4 in
+    # another step waits 10 us twice, back to back
+    ev = pd.DataFrame({
+        "iteration": [0, 0, 0, 1, 1],
+        "rank": [3, 3, 3, 4, 4],
+        "t": [0, 50_000, 1_000_000, 0, 10_000],
+        "lag_us": [100.0, 70.0, 30.0, 10.0, 10.0],
+    })
+    held = _held_back(ev, "rank")
+    assert held.loc[(0, 3)] == pytest.approx(150.0)
+    assert held.loc[(1, 4)] == pytest.approx(20.0)
+
+
+# --------------------------------------------------------------- noisy healthy jobs
+#: A healthy 2-D job on a very noisy cluster (10 % jitter) whose transfers drift 20 % slower:
+#: jitter makes a data-parallel ring crossing the same NICs slow in a step or two.
+NOISY_2D = SimConfig(gpus=128, model="llama2-7b", tp=2, pp=1, iterations=24, seed=2135,
+                     jitter=0.1, drift=0.2, comm_drift=0.2)
+
+
+def test_noisy_transfers_name_no_network_device():
+    res = simulate(NOISY_2D)
+    ops = without_labels(res.ops)
+    assert analyze(ops, res.topology).candidates == ()
+    # what the network step floor holds back: without it, NICs crossed by the noisy ring
+    loose = analyze(ops, res.topology, config=LocalizeConfig(min_device_step_share=0.0))
+    assert any(c.kind.value == "nic" for c in loose.candidates)
+
+
+def test_a_slow_nic_in_the_noisy_job_is_still_named():
+    res = simulate(replace(NOISY_2D, faults=(
+        FaultSpec.parse("nic_slow:severity=1.0,start=12"),)))
+    top = analyze(without_labels(res.ops), res.topology).candidates[0]
+    # the NICs of one data-parallel ring carry the same flows: the verdict ties them
+    assert res.faults[0].devices[0] in (top.device, *top.tied_with)

@@ -171,19 +171,26 @@ def scenarios(quick: bool) -> list[dict[str, Any]]:
     return out + healthy_sweep(quick)
 
 
-def healthy_sweep(quick: bool) -> list[dict[str, Any]]:
+def healthy_sweep(quick: bool, draw: int = 2026, first_seed: int = 2000,
+                  n: int | None = None) -> list[dict[str, Any]]:
     """Seeded healthy jobs over every layout, 64-256 GPUs (128+ for the MoE layouts), 10-24
     iterations, each with a jitter, compute drift and transfer drift drawn from
-    :data:`HEALTHY_JITTER`, :data:`HEALTHY_DRIFT` and :data:`HEALTHY_COMM_DRIFT`."""
-    rng = np.random.default_rng(2026)
+    :data:`HEALTHY_JITTER`, :data:`HEALTHY_DRIFT` and :data:`HEALTHY_COMM_DRIFT`.
+
+    ``draw`` seeds the draw of the knobs, ``first_seed`` is the first job's simulator seed and
+    ``n`` the number of jobs (default :data:`HEALTHY_SWEEP`): other values give fresh jobs of
+    the same kind, on which no constant was chosen (``scripts/healthy_holdout.py``)."""
+    rng = np.random.default_rng(draw)
     dims_all = list(LAYOUTS)
     out = []
-    for i in range(HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0]):
+    if n is None:
+        n = HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0]
+    for i in range(n):
         dims = dims_all[i % len(dims_all)]
         gpus = int(rng.choice(HEALTHY_GPUS))
         if "ep" in LAYOUTS[dims]:  # the MoE layouts need 128 GPUs or more
             gpus = max(gpus, 128)
-        out.append(_sc(gpus, dims, "healthy", "", 2000 + i, sweep="healthy",
+        out.append(_sc(gpus, dims, "healthy", "", first_seed + i, sweep="healthy",
                        iterations=int(rng.choice(HEALTHY_ITERATIONS)),
                        jitter=float(rng.choice(HEALTHY_JITTER)),
                        drift=float(rng.choice(HEALTHY_DRIFT)),

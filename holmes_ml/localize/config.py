@@ -48,6 +48,14 @@ class LocalizeConfig:
         partners back by this share of ``(delta - 1)`` x the usual (median regular) iteration
         time: the slowdown the user asked to hear about. Ranks of a healthy job are late by
         far less (jitter, a slowdown every rank shares such as drift).
+    min_device_step_share:
+        The same for a NIC, link or switch: in at least one analysed iteration, the slow
+        transfers of the flows crossing it (overlapping ones counted once) must add up to this
+        share of ``(delta - 1)`` x the usual iteration time. Lower than for ranks because the
+        excess of the transfers is a lower bound of what a slow device costs the step (the
+        ranks waiting on them are not counted): at the weakest NIC and link faults of
+        ``holmes bench localize`` it reaches 0.54-0.7 of the bar, while a transfer that jitter
+        slowed in a healthy job reaches 0.25-0.35.
     top_k:
         Candidates returned at most.
     host_concentration:
@@ -81,6 +89,7 @@ class LocalizeConfig:
     min_weight_fraction: float = 0.02
     min_share: float = 0.05
     min_step_share: float = 1.0
+    min_device_step_share: float = 0.4
     top_k: int = 5
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
@@ -98,7 +107,7 @@ class LocalizeConfig:
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 0")
         for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
-                     "workload_persistence", "min_step_share"):
+                     "workload_persistence", "min_step_share", "min_device_step_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")

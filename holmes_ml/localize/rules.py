@@ -154,14 +154,14 @@ def localize_records(
         # that is jitter (OS scheduling, data loading, a slowdown every rank shares such as
         # drift), whatever the per-op detector says; with no delta-irregular step it is how a
         # slowdown older than the window, which the reference has absorbed, still shows.
-        step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(
-            times, irregular_iterations)
+        step_us = (cfg.delta - 1.0) * _usual_iteration_us(times, irregular_iterations)
         rank_cands, workload, rank_total = _rank_candidates(
-            strag, topology, fabric, cfg, n_its, floor, step_floor)
+            strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us)
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
-                                                  cfg.min_weight_fraction * med_iter_us)
+                                                  cfg.min_weight_fraction * med_iter_us,
+                                                  cfg.min_device_step_share * step_us)
     else:
         dev_cands, rank_total, net_total = [], 0.0, 0.0
     cands = rank_cands + dev_cands
@@ -455,7 +455,8 @@ def _rank_candidates(
     if step_floor > 0:
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
         # the microbatches of a step; a host pause comes at once)
-        worst = per_it.groupby("rank")["weight"].max().reindex(per_rank.index, fill_value=0.0)
+        worst = _held_back(strag, "rank").groupby(level="rank").max().reindex(
+            per_rank.index, fill_value=0.0)
         ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
@@ -482,6 +483,31 @@ def _rank_candidates(
     # per rank that relayed it, so each iteration counts its largest lateness only.
     explained = float(per_it.groupby("iteration")["weight"].max().sum())
     return cands, [], min(total, explained)
+
+
+def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
+    """Per ``(iteration, by)``, how long the events of each ``by`` value kept someone waiting,
+    in microseconds: the length of the union of their intervals ``[t, t + lag_us]``.
+
+    For a late rank: one late arrival is waited for by every group that meets the rank next (its
+    TP peers, its pipeline receiver, its expert-parallel exchange) at the same time, so the
+    intervals overlap and count once; a slow GPU falls behind a little at each of its operators,
+    one after the other, and those intervals add up. For a network device, the slow transfers
+    of the flows crossing it, likewise.
+    """
+    lag = events["lag_us"] if "lag_us" in events.columns else events["weight"]
+    start = events["t"].to_numpy(dtype=np.float64)
+    iv = pd.DataFrame({"iteration": events["iteration"].to_numpy(),
+                       by: events[by].to_numpy(), "start": start,
+                       "end": start + lag.to_numpy(dtype=np.float64) * 1e3})
+    iv = iv.sort_values(["iteration", by, "start"], kind="stable")
+    keys = [iv["iteration"], iv[by]]
+    # the furthest any earlier interval of the same step and key reached
+    reach = iv.groupby(keys, sort=False)["end"].cummax().groupby(keys, sort=False).shift()
+    begin = np.maximum(iv["start"].to_numpy(), reach.fillna(-np.inf).to_numpy())
+    new = np.clip(iv["end"].to_numpy() - begin, 0.0, None) / 1e3
+    return pd.Series(new, index=pd.MultiIndex.from_frame(iv[["iteration", by]])).groupby(
+        level=["iteration", by]).sum()
 
 
 def _persistent(per_it: pd.DataFrame, n_its: int, cfg: LocalizeConfig) -> bool:
@@ -591,6 +617,7 @@ def _device_candidates(
     topology: Topology,
     cfg: LocalizeConfig,
     per_it_floor: float = 0.0,
+    step_floor: float = 0.0,
 ) -> tuple[list[Candidate], float]:
     """Network devices shared by slow transfers and not by healthy flows, and the total excess
     of the slow flows.
@@ -605,6 +632,10 @@ def _device_candidates(
     crossed by its own pipeline send/recv, healthy except at the faulty NIC) and a leaf-spine
     link from its leaf and spine (crossed by flows routed to other spines, which stay
     healthy).
+
+    ``per_it_floor``: a device must explain this much per iteration it shows up in.
+    ``step_floor``: in at least one iteration, the slow transfers of the flows crossing a device
+    must add up to this (overlapping ones counted once).
     """
     if len(comm) == 0:
         return [], 0.0
@@ -647,10 +678,12 @@ def _device_candidates(
     slow: dict[str, int] = defaultdict(int)
     evid: dict[str, list[Evidence]] = defaultdict(list)
     slow_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # per iteration
+    crossing: list[tuple[str, str]] = []  # (slow flow, device it crosses)
     # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
     for key, row in per_flow.iterrows():
         ring = tuple(r for r in flows.get(str(key), ()) if fabric.known(r))
         for d in fabric.devices(ring):
+            crossing.append((str(key), d))
             weight[d] += float(row["w"])
             count[d] += int(row["n"])
             slow[d] += 1
@@ -669,6 +702,18 @@ def _device_candidates(
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
                 and w * slow[d] / most >= per_it_floor * len(slow_at[d])}
+    if not suspects:
+        return [], net_total
+    # The most each suspect held the job back in one step: the union of the slow transfers
+    # of the flows crossing it (transfers of different rings at the same time count once).
+    pairs = pd.DataFrame(crossing, columns=["flow", "device"])
+    pairs = pairs[pairs["device"].isin(suspects)]
+    timed = comm.assign(flow=flow.astype(str))[["flow", "iteration", "t"] + [
+        c for c in ("lag_us", "weight") if c in comm.columns]].merge(pairs, on="flow")
+    worst = _held_back(timed, "device").groupby(level="device").max()
+    logger.debug("network suspects, most held back in one step (us; floor %.0f): %s",
+                 step_floor, worst.round().to_dict())
+    suspects = {d for d in suspects if worst.get(d, 0.0) >= step_floor}
     if not suspects:
         return [], net_total
     # Healthy witnesses: flows crossing a suspect device that never showed a slow transfer.
