@@ -10,7 +10,8 @@ import pytest
 
 from holmes_ml.io.schema import without_labels
 from holmes_ml.localize import LocalizeConfig
-from holmes_ml.localize.rules import _held_back
+from holmes_ml.localize.instances import Fabric
+from holmes_ml.localize.rules import _held_back, _singled_out
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
@@ -48,7 +49,9 @@ def test_min_step_share_is_checked():
         LocalizeConfig(min_step_share=1.5)
 
 
-def test_min_device_step_share_is_checked():
+def test_max_step_hosts_is_checked():
+    with pytest.raises(ValueError, match="max_step_hosts"):
+        LocalizeConfig(max_step_hosts=0)
     with pytest.raises(ValueError, match="min_device_step_share"):
         LocalizeConfig(min_device_step_share=-0.1)
 
@@ -69,11 +72,32 @@ def test_held_back_counts_overlapping_waits_once():
     assert held.loc[(1, 4)] == pytest.approx(20.0)
 
 
+def test_a_step_many_hosts_are_late_in_singles_out_nobody():
+    topo = simulate(SimConfig(gpus=64, model="llama2-7b", iterations=2, seed=0)).topology
+    fabric = Fabric(topo)
+    host_of = {r: fabric.host(r) for r in range(64)}
+    one_per_host = sorted({h: r for r, h in host_of.items()}.values())[:3]
+    # step 0: ranks on three hosts each late by the floor; step 1: one rank
+    held = pd.Series([200.0, 210.0, 190.0, 250.0],
+                     index=pd.MultiIndex.from_tuples(
+                         [(0, one_per_host[0]), (0, one_per_host[1]), (0, one_per_host[2]),
+                          (1, one_per_host[0])], names=["iteration", "rank"]))
+    assert _singled_out(held, 180.0, fabric, 2).tolist() == [False, False, False, True]
+    assert _singled_out(held, 180.0, fabric, 3).all()
+    # below the floor a late rank does not count toward the hosts of its step
+    assert _singled_out(held, 195.0, fabric, 2).all()
+
+
 # --------------------------------------------------------------- noisy healthy jobs
 #: A healthy 2-D job on a very noisy cluster (10 % jitter) whose transfers drift 20 % slower:
 #: jitter makes a data-parallel ring crossing the same NICs slow in a step or two.
 NOISY_2D = SimConfig(gpus=128, model="llama2-7b", tp=2, pp=1, iterations=24, seed=2135,
                      jitter=0.1, drift=0.2, comm_drift=0.2)
+#: A healthy 5-D MoE job at 10 % jitter: in one step the expert all_to_all ties every
+#: replica's first pipeline stage to its slowest member, and ranks on five hosts are each late
+#: enough to explain the whole slowdown of the step.
+NOISY_5D = SimConfig(gpus=128, model="mixtral-8x7b", tp=2, pp=2, ep=2, cp=2, iterations=24,
+                     seed=5283, jitter=0.1, comm_drift=0.2)
 
 
 def test_noisy_transfers_name_no_network_device():
@@ -91,3 +115,17 @@ def test_a_slow_nic_in_the_noisy_job_is_still_named():
     top = analyze(without_labels(res.ops), res.topology).candidates[0]
     # the NICs of one data-parallel ring carry the same flows: the verdict ties them
     assert res.faults[0].devices[0] in (top.device, *top.tied_with)
+
+
+def test_a_step_every_replica_was_late_in_names_nobody():
+    res = simulate(NOISY_5D)
+    ops = without_labels(res.ops)
+    assert analyze(ops, res.topology).candidates == ()
+    loose = analyze(ops, res.topology, config=LocalizeConfig(max_step_hosts=10**6))
+    assert len(loose.candidates) >= 2  # several ranks, none singled out
+
+
+def test_a_slow_gpu_in_the_noisy_moe_job_is_still_named():
+    res = simulate(replace(NOISY_5D, faults=(
+        FaultSpec.parse("gpu_slow:rank=77,severity=0.5,start=12"),)))
+    assert analyze(without_labels(res.ops), res.topology).candidates[0].ranks == (77,)

@@ -56,6 +56,12 @@ class LocalizeConfig:
         ranks waiting on them are not counted): at the weakest NIC and link faults of
         ``holmes bench localize`` it reaches 0.54-0.7 of the bar, while a transfer that jitter
         slowed in a healthy job reaches 0.25-0.35.
+    max_step_hosts:
+        A step in which ranks on more than this many hosts each held their partners back by
+        the GPU/host floor (``min_step_share``) was slowed by a cause those ranks shared (a
+        collective that ties one pipeline stage of every replica to its slowest member), not by
+        one of them: it does not count toward any rank's floor. One faulty GPU or host makes
+        the ranks of one host late; 2 leaves room for two faults in the same step.
     top_k:
         Candidates returned at most.
     host_concentration:
@@ -90,6 +96,7 @@ class LocalizeConfig:
     min_share: float = 0.05
     min_step_share: float = 1.0
     min_device_step_share: float = 0.4
+    max_step_hosts: int = 2
     top_k: int = 5
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
@@ -98,7 +105,8 @@ class LocalizeConfig:
     delta: float = 1.1
 
     def __post_init__(self) -> None:
-        for name in ("window", "top_k", "min_evidence", "workload_min_iterations"):
+        for name in ("window", "top_k", "min_evidence", "workload_min_iterations",
+                     "max_step_hosts"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")

@@ -454,9 +454,11 @@ def _rank_candidates(
         "n_it"])
     if step_floor > 0:
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
-        # the microbatches of a step; a host pause comes at once)
-        worst = _held_back(strag, "rank").groupby(level="rank").max().reindex(
-            per_rank.index, fill_value=0.0)
+        # the microbatches of a step; a host pause comes at once), over the steps that single
+        # out a few hosts
+        held = _held_back(strag, "rank")
+        worst = held[_singled_out(held, step_floor, fabric, cfg.max_step_hosts)].groupby(
+            level="rank").max().reindex(per_rank.index, fill_value=0.0)
         ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
@@ -508,6 +510,27 @@ def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
     new = np.clip(iv["end"].to_numpy() - begin, 0.0, None) / 1e3
     return pd.Series(new, index=pd.MultiIndex.from_frame(iv[["iteration", by]])).groupby(
         level=["iteration", by]).sum()
+
+
+def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: int
+                 ) -> np.ndarray:
+    """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_held_back`): False in the
+    steps where ranks on more than ``max_hosts`` hosts each held their partners back by
+    ``step_floor`` or more.
+
+    One faulty device makes the ranks of one host late; when ranks on many hosts are each late
+    enough to explain the whole slowdown of the same step, they were late together, from a
+    cause they shared (a collective that ties a pipeline stage of every replica to its slowest
+    member, jitter in a step that drift has already lengthened), and none of them is the origin.
+    """
+    if len(held) == 0:
+        return np.zeros(0, dtype=bool)
+    ranks = held.index.get_level_values("rank").to_numpy()
+    hosts = pd.Series([fabric.host(int(r)) for r in ranks], index=held.index)
+    late = hosts[held.to_numpy() >= step_floor]
+    n_hosts = late.groupby(level="iteration").nunique()
+    shared = n_hosts.index[n_hosts.to_numpy() > max_hosts]
+    return ~held.index.get_level_values("iteration").isin(shared)
 
 
 def _persistent(per_it: pd.DataFrame, n_its: int, cfg: LocalizeConfig) -> bool:
