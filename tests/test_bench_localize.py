@@ -13,15 +13,22 @@ from holmes_ml.bench.localize import (
     HEALTHY_JITTER,
     HEALTHY_SWEEP,
     LAYOUTS,
+    NOISY_AXES,
+    NOISY_SWEEP,
+    NOISY_TARGETS,
+    SEVERITY,
     _accuracy,
     _healthy_table,
+    _noisy_table,
     _sc,
     _sim_config,
     _simulate_scenario,
     _twin_key,
     healthy_sweep,
+    noisy_sweep,
     scenarios,
 )
+from holmes_ml.simulator import FaultSpec
 
 
 def test_grid_covers_scale_dims_delta_kind_pattern():
@@ -95,7 +102,7 @@ def test_healthy_sweep_spans_layouts_and_noise_and_reaches_the_simulator():
     assert jobs == healthy_sweep(False)  # seeded: the same jobs every run
     assert len({_twin_key(sc) for sc in jobs}) == len(jobs)  # each its own fault-free job
     grid = scenarios(True)
-    assert healthy_sweep(True) == grid[-HEALTHY_SWEEP[1]:]
+    assert healthy_sweep(True) == grid[-HEALTHY_SWEEP[1] - NOISY_SWEEP[1]:-NOISY_SWEEP[1]]
     for sc in jobs[:10]:
         cfg = _sim_config(sc)
         assert (cfg.jitter, cfg.drift, cfg.comm_drift) == (
@@ -109,6 +116,42 @@ def test_another_draw_gives_fresh_healthy_jobs_of_the_same_kind():
     assert len(fresh) == 40 and {sc["seed"] for sc in fresh} == set(range(5000, 5040))
     assert not {_twin_key(sc) for sc in fresh} & {_twin_key(sc) for sc in bench}
     assert set(pd.DataFrame(fresh)["dims"]) == set(LAYOUTS)
+
+
+def test_noisy_sweep_spans_layouts_faults_and_noise():
+    jobs = noisy_sweep(False)
+    sweep = pd.DataFrame(jobs)
+    assert len(sweep) == NOISY_SWEEP[0] and (sweep["sweep"] == "noisy").all()
+    assert set(sweep["dims"]) == set(LAYOUTS) and set(sweep["kind"]) == set(SEVERITY)
+    assert set(sweep["pattern"]) == {"persistent", "spike", "fluctuation"}
+    assert set(sweep["target"]) == set(NOISY_TARGETS) and set(sweep["jitter"]) == set(
+        HEALTHY_JITTER)
+    assert jobs == noisy_sweep(False)
+    assert noisy_sweep(True) == scenarios(True)[-NOISY_SWEEP[1]:]
+    for sc in jobs[:10]:
+        spec = FaultSpec.parse(sc["fault"])
+        assert spec.kind == sc["kind"] and 2 <= spec.start_iteration <= sc["iterations"] // 2
+        assert _sim_config(sc, (spec,)).layout.world == sc["gpus"]
+
+
+def test_noisy_trials_are_scored_apart_from_the_grid():
+    lay = {"tp": 2, "pp": 2}
+    scs = [
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+            fault="gpu_slow:rank=9,severity=1.0,start=2"),
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "spike", 6, iterations=6, layout=lay,
+            fault="gpu_slow:rank=20,severity=1.0,start=2,pattern=spike", sweep="noisy",
+            jitter=0.06, drift=0.1, comm_drift=0.0),
+    ]
+    summary, _, trials = _accuracy(scs, workers=1)
+    holmes = {r["method"]: r for r in summary}["holmes"]
+    assert holmes["trials"] == 1 and holmes["noisy_trials"] == 1
+    assert holmes["noisy_top1"] == float(trials.loc[
+        (trials["method"] == "holmes") & (trials["sweep"] == "noisy"), "top1"].iloc[0])
+    table = pd.DataFrame(_noisy_table(trials))
+    assert set(table["by"]) == {"all", *NOISY_AXES}
+    assert (table.loc[table["by"] == "jitter", "value"] == "0.06").all()
+    assert (table["trials"] == 1).all()
 
 
 def test_healthy_table_counts_flagged_jobs_per_method_and_knob():

@@ -6,7 +6,10 @@ cp plus HSDP's replica groups) at 128 GPUs, a sweep over the irregularity factor
 localizer runs with ``LocalizeConfig(delta=d)`` on faults sized to just exceed ``d``), and in the
 full run 2,048- and 8,192-GPU jobs (llama2-70b, tp8 x pp8; 4 seeds x 4 fault kinds each). Each
 fault-free twin (same job, same seed) is simulated once and shared by its trials; the full run
-spreads the twins over processes.
+spreads the twins over processes. Beside the grid: a sweep of healthy jobs over every layout on
+noisy, drifting clusters (:func:`healthy_sweep`: how often a healthy job gets a suspect) and a
+sweep of faulty jobs drawn the same way (:func:`noisy_sweep`), scored apart from the grid
+(``noisy_*`` columns, table "faulty jobs on noisy clusters").
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
 (for rank-only baselines) — Holmes itself is also scored on the exact device id. Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a
@@ -98,6 +101,11 @@ HEALTHY_ITERATIONS: tuple[int, ...] = (10, 16, 24)
 HEALTHY_JITTER: tuple[float, ...] = (0.01, 0.03, 0.06, 0.1)
 HEALTHY_DRIFT: tuple[float, ...] = (0.0, 0.1, 0.2)
 HEALTHY_COMM_DRIFT: tuple[float, ...] = (0.0, 0.2)
+#: Faulty jobs on the same noisy, drifting clusters as the healthy sweep (:func:`noisy_sweep`),
+#: full run / ``quick``; each fault is sized so its peak iteration-time ratio against the
+#: fault-free twin reaches one of :data:`NOISY_TARGETS`.
+NOISY_SWEEP: tuple[int, int] = (200, 12)
+NOISY_TARGETS: tuple[float, ...] = (1.2, 1.3, 1.5)
 #: Simulator knobs a scenario may set beside its layout.
 _SIM_KNOBS: tuple[str, ...] = ("jitter", "drift", "comm_drift")
 #: Default severity of each fault kind (gpu/host: x1.5 compute / pause of half an iteration;
@@ -168,7 +176,40 @@ def scenarios(quick: bool) -> list[dict[str, Any]]:
     for gpus in scales:
         for seed in seeds:
             out.append(_sc(gpus, base, "healthy", "", seed))
-    return out + healthy_sweep(quick)
+    return out + healthy_sweep(quick) + noisy_sweep(quick)
+
+
+def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
+                n: int | None = None) -> list[dict[str, Any]]:
+    """Seeded faulty jobs drawn like :func:`healthy_sweep` (every layout, 64-256 GPUs, 10-24
+    iterations, jitter, compute and transfer drift), each with one fault: a kind of
+    :data:`SEVERITY`, a pattern, a start in the first half of the run, and a severity scaled so
+    the peak iteration-time ratio against the fault-free twin reaches a target of
+    :data:`NOISY_TARGETS`. The grid's faults all run at the simulator's default 3 % jitter
+    without drift; these measure accuracy where the healthy sweep measures false alarms."""
+    rng = np.random.default_rng(draw)
+    dims_all = list(LAYOUTS)
+    kinds = list(SEVERITY)
+    out = []
+    if n is None:
+        n = NOISY_SWEEP[1] if quick else NOISY_SWEEP[0]
+    for i in range(n):
+        dims = dims_all[i % len(dims_all)]
+        gpus = int(rng.choice(HEALTHY_GPUS))
+        if "ep" in LAYOUTS[dims]:
+            gpus = max(gpus, 128)
+        iterations = int(rng.choice(HEALTHY_ITERATIONS))
+        kind = kinds[int(rng.integers(len(kinds)))]
+        pattern = str(rng.choice(["persistent", "spike", "fluctuation"]))
+        start = int(rng.integers(2, iterations // 2 + 1))
+        out.append(_sc(gpus, dims, kind, pattern, first_seed + i, sweep="noisy",
+                       iterations=iterations,
+                       fault=f"{kind}:severity={SEVERITY[kind]},pattern={pattern},start={start}",
+                       target=float(rng.choice(NOISY_TARGETS)),
+                       jitter=float(rng.choice(HEALTHY_JITTER)),
+                       drift=float(rng.choice(HEALTHY_DRIFT)),
+                       comm_drift=float(rng.choice(HEALTHY_COMM_DRIFT))))
+    return out
 
 
 def healthy_sweep(quick: bool, draw: int = 2026, first_seed: int = 2000,
@@ -477,7 +518,9 @@ def _accuracy(
         return summary, breakdown, df
     if "sweep" not in df.columns:
         df["sweep"] = np.nan
-    faulty = df[df["kind"] != "healthy"]
+    noisy_all = (df["kind"] != "healthy") & (df["sweep"] == "noisy")
+    faulty = df[(df["kind"] != "healthy") & ~noisy_all]
+    noisy = df[noisy_all]
     for (name,), sub in faulty.groupby(["method"], sort=False):
         k1, k2, n = int(sub["top1"].sum()), int(sub["top2"].sum()), len(sub)
         lo, hi = _wilson(k1, n)
@@ -491,7 +534,15 @@ def _accuracy(
                         "healthy_trials": len(healthy),
                         "healthy_flagged": round(float(healthy["flagged"].mean()), 3)
                         if len(healthy) else None,
-                        "healthy_flagged_ci95": _ci(int(healthy["flagged"].sum()), len(healthy))})
+                        "healthy_flagged_ci95": _ci(int(healthy["flagged"].sum()), len(healthy))
+                        if len(healthy) else None})
+        on_noise = noisy[noisy["method"] == name]
+        if len(on_noise):
+            k = int(on_noise["top1"].sum())
+            summary[-1].update({"noisy_trials": len(on_noise),
+                                "noisy_top1": round(k / len(on_noise), 3),
+                                "noisy_top1_ci95": _ci(k, len(on_noise)),
+                                "noisy_top2": round(float(on_noise["top2"].mean()), 3)})
     for key in AXES:
         part = faulty[faulty["sweep"] == "delta"] if key == "delta" else faulty
         for (name, val), sub in part.groupby(["method", key], sort=False):
@@ -503,9 +554,35 @@ def _accuracy(
                               "top1_ties": round(float(sub["top1_ties"].mean()), 3),
                               "peak_ratio": round(float(sub["peak_ratio"].median()), 3)})
     if unobservable:
+        n_noisy = sum(u.get("sweep") == "noisy" for u in unobservable)
         breakdown.append({"by": "unobservable trials (excluded)", "value": len(unobservable),
-                          "method": "-", "trials": len(unobservable), "top1": "", "top2": ""})
+                          "method": "-", "trials": len(unobservable), "top1": "", "top2": "",
+                          "noisy": n_noisy})
     return summary, breakdown, df
+
+
+#: Axes of the noisy-sweep table (:func:`_noisy_table`).
+NOISY_AXES: tuple[str, ...] = ("jitter", "drift", "comm_drift", "dims", "kind", "pattern")
+
+
+def _noisy_table(trials: pd.DataFrame) -> list[dict[str, Any]]:
+    """Top-1 of every method on the faulty jobs of the noisy sweep (:func:`noisy_sweep`):
+    over all of them, then by each of :data:`NOISY_AXES`."""
+    if trials.empty or "sweep" not in trials.columns:
+        return []
+    noisy = trials[(trials["kind"] != "healthy") & (trials["sweep"] == "noisy")]
+    parts: list[tuple[str, str, pd.DataFrame]] = [("all", "", noisy)]
+    for key in NOISY_AXES:
+        if key in noisy.columns:
+            parts += [(key, str(v), sub) for v, sub in noisy.groupby(key)]
+    rows = []
+    for by, value, part in parts:
+        for name, sub in part.groupby("method", sort=False):
+            k = int(sub["top1"].sum())
+            rows.append({"by": by, "value": value, "method": name, "trials": len(sub),
+                         "top1": round(k / len(sub), 3), "top1_ci95": _ci(k, len(sub)),
+                         "top2": round(float(sub["top2"].mean()), 3)})
+    return rows
 
 
 def _parquet_bytes(df: pd.DataFrame) -> int:
@@ -654,6 +731,9 @@ def run(
             figures["top1_bound"] = row["top1_bound"]
             if row["healthy_flagged"] is not None:
                 figures[f"{tag}_healthy_flagged"] = row["healthy_flagged"]
+            if "noisy_top1" in row:
+                figures[f"{tag}_noisy_top1"] = row["noisy_top1"]
+                figures[f"{tag}_noisy_top2"] = row["noisy_top2"]
     for row in breakdown:
         if row["method"] == "holmes" and row["by"] in ("gpus", "dims", "delta"):
             tag = str(row["value"]).split(" ")[0].replace(".", "_")
@@ -669,7 +749,12 @@ def run(
         if row["method"] == "holmes" and row["jobs"] == "sweep, jitter":
             figures[f"holmes_healthy_flagged_jitter_{row['value'].replace('.', '_')}"] = (
                 row["share"])
+    noisy_rows = _noisy_table(trials)
+    for row in noisy_rows:
+        if row["method"] == "holmes" and row["by"] == "jitter":
+            figures[f"holmes_noisy_top1_jitter_{row['value'].replace('.', '_')}"] = row["top1"]
     misses: list[dict[str, Any]] = []
+    noisy_misses: list[dict[str, Any]] = []
     false_alarms: list[dict[str, Any]] = []
     if len(trials):
         alarm = trials[(trials["method"] == "holmes") & (trials["kind"] == "healthy")
@@ -680,8 +765,11 @@ def run(
         miss = trials[(trials["method"] == "holmes") & (trials["kind"] != "healthy")
                       & ~trials["top1"].astype(bool)]
         cols = [c for c in ("gpus", "dims", "delta", "kind", "pattern", "seed", "peak_ratio",
-                            "truth", "named", "top2", "tied_nics") if c in miss.columns]
-        misses = miss[cols].to_dict("records")
+                            "truth", "named", "top2", "tied_nics", *_SIM_KNOBS)
+                if c in miss.columns]
+        on_noise = (miss["sweep"] == "noisy").to_numpy()
+        misses = miss.loc[~on_noise, cols].dropna(axis=1, how="all").to_dict("records")
+        noisy_misses = miss.loc[on_noise, cols].to_dict("records")
         figures["trials_with_tied_nics"] = int(
             (trials.loc[trials["method"] == "holmes", "tied_nics"].fillna(0) > 0).sum())
     figures["accuracy_seconds"] = round(t_acc, 1)
@@ -702,6 +790,10 @@ def run(
                                   "iterations": list(HEALTHY_ITERATIONS),
                                   "jitter": list(HEALTHY_JITTER), "drift": list(HEALTHY_DRIFT),
                                   "comm_drift": list(HEALTHY_COMM_DRIFT)},
+                "noisy_sweep": {"jobs": NOISY_SWEEP[1] if quick else NOISY_SWEEP[0],
+                                "target_peak_ratio": list(NOISY_TARGETS),
+                                "kinds": list(SEVERITY),
+                                "knobs": "as the healthy sweep"},
                 "severity": "gpu/host 0.5; nic/link 2 (bandwidth / 3); delta sweep and >= 2,048 "
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
@@ -718,7 +810,9 @@ def run(
                "holmes_top1_dims_6-D": ">= 0.95", "window_localize_seconds": "<= 3",
                "speedup_vs_full_log": ">= 10", "bytes_reduction_pct": ">= 97"},
         tables={"methods side by side": summary, "breakdown": breakdown,
-                "healthy jobs given a suspect": healthy_rows},
-        details={"holmes_misses": misses, "holmes_healthy_flagged_jobs": false_alarms},
+                "healthy jobs given a suspect": healthy_rows,
+                "faulty jobs on noisy clusters": noisy_rows},
+        details={"holmes_misses": misses, "holmes_noisy_misses": noisy_misses,
+                 "holmes_healthy_flagged_jobs": false_alarms},
         plots=_plots(summary, breakdown, out_dir) if out_dir is not None and summary else [],
     )
