@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import IrregularityConfig, detect_irregular
-from holmes_ml.io.schema import REQUIRED_COLUMNS
+from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import localize_records
 from holmes_ml.localize.types import Verdict
@@ -73,16 +73,19 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     position within the iteration) over all ranks and iterations; for send/recv, whose waits
     depend on the pipeline stage, the same class within the rank's stage (``pp`` column) when
     known, else the copy's own history (same rank, group, position). The bar is
-    ``max(min_wait_us, 3 σ, rel_excess × reference, gap_fraction × compute gap)`` where the gap
-    is the time the rank spent outside communication just before the copy: waits caused by
-    normal compute jitter scale with that gap, a fault's wait is a large fraction of it.
+    ``max(min_wait_us, 3 σ, rel_excess × reference, f × compute gap)`` where the gap is the time
+    the rank spent outside communication just before the copy: waits caused by normal compute
+    jitter scale with that gap, a fault's wait is a large fraction of it. ``f`` is
+    ``gap_fraction``, or ``gap_sigmas`` times the job's own compute jitter
+    (:func:`compute_jitter`) when that is larger: on a noisy cluster partners wait longer for
+    each other's jitter, and a fixed fraction would call those waits abnormal.
 
     Parameters
     ----------
     ops:
         Canonical CommOps rows.
     config:
-        ``min_wait_us``, ``rel_excess`` and ``gap_fraction`` set the bar.
+        ``min_wait_us``, ``rel_excess``, ``gap_fraction`` and ``gap_sigmas`` set the bar.
 
     Returns
     -------
@@ -94,15 +97,65 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     typical, sigma, gap = _class_stats(ops, classes)
     excess = ops["duration_us"].to_numpy(dtype=np.float64) - typical
     # A member waits for the latest of its k partners: with jittered compute that wait grows like
-    # the maximum of k draws, about sqrt(2 ln k). Scaled so a pair (k = 2) gets gap_fraction.
+    # the maximum of k draws, about sqrt(2 ln k). Scaled so a pair (k = 2) gets the fraction.
     k = _group_sizes(ops)
     spread = np.sqrt(np.log(np.maximum(k, 2.0)) / np.log(2.0))
+    fraction = max(cfg.gap_fraction, cfg.gap_sigmas * compute_jitter(ops, gap))
     bar = np.maximum.reduce([
         np.full(len(ops), cfg.min_wait_us), 3.0 * sigma, cfg.rel_excess * typical,
-        cfg.gap_fraction * spread * gap,
+        fraction * spread * gap,
     ])
     score = np.clip(excess / (2.0 * bar), 0.0, 1.0)
     return np.maximum(score, _transfer_scores(ops, cfg, classes[1]))
+
+
+def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
+    """The job's compute jitter: the typical relative spread (log-normal sigma) of the compute
+    time between two operators, read from the logs.
+
+    The members of one collective instance computed the same segment of the model before it
+    (tensor-parallel peers, the same stage of every data-parallel replica), so the spread of
+    their compute gaps is jitter, whatever the segment's length. Per instance, the deviations of
+    the log gaps from their median (times ``sqrt(k / (k - 1))`` for ``k`` members: the median
+    of two is their mean); their median absolute value, times 1.4826, estimates sigma. A slow
+    GPU stretches its own gaps only: the median over every copy of the job does not see it.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps rows.
+    gap:
+        Compute gap before each row in microseconds (from :func:`_class_stats`), when known.
+
+    Returns
+    -------
+    float
+        Estimated sigma (0.0 when no collective has two members with a measurable gap).
+
+    Examples
+    --------
+    >>> from holmes_ml.simulator import SimConfig, simulate
+    >>> ops = simulate(SimConfig(gpus=32, model="llama2-7b", iterations=4, jitter=0.08)).ops
+    >>> round(compute_jitter(ops), 2)
+    0.08
+    """
+    o = ops.reset_index(drop=True)
+    if gap is None:
+        gap = _class_stats(o)[2]
+    # gaps under 100 us are launch overhead, not compute
+    coll = ~o["op"].astype(str).isin(list(P2P_OPS)).to_numpy() & (gap > 100.0)
+    if not coll.any():
+        return 0.0
+    inst = _combine(_codes(o["group"][coll]), o["seq"].to_numpy(dtype=np.int64)[coll],
+                    o["iteration"].to_numpy(dtype=np.int64)[coll])
+    log_gap = pd.Series(np.log(gap[coll]))
+    by = log_gap.groupby(inst)
+    k = by.transform("size").to_numpy(dtype=np.float64)
+    dev = (log_gap - by.transform("median")).abs().to_numpy()
+    pair = k >= 2
+    if not pair.any():
+        return 0.0
+    return float(1.4826 * np.median(dev[pair] * np.sqrt(k[pair] / (k[pair] - 1.0))))
 
 
 def _transfer_scores(

@@ -34,6 +34,11 @@ class LocalizeConfig:
     gap_fraction:
         A wait is abnormal only above this fraction of the compute time just before it: partners
         of a rank wait for its compute jitter, which grows with the compute segment.
+    gap_sigmas:
+        ... or above this many times the job's compute jitter (sigma of the relative spread of
+        one compute segment across the ranks that run it, read from the logs), when larger: at
+        3 % jitter 3 sigma is 0.09 and ``gap_fraction`` decides; on a cluster with 10 % jitter
+        the bar rises to 0.3 of the gap.
     min_evidence:
         Operator instances a candidate needs.
     min_weight_fraction:
@@ -91,6 +96,7 @@ class LocalizeConfig:
     min_wait_us: float = 50.0
     rel_excess: float = 0.15
     gap_fraction: float = 0.1
+    gap_sigmas: float = 3.0
     min_evidence: int = 2
     min_weight_fraction: float = 0.02
     min_share: float = 0.05
@@ -126,9 +132,10 @@ class LocalizeConfig:
             )
         if not self.delta > 1.0:
             raise ValueError(f"LocalizeConfig.delta: got {self.delta!r}; expected a factor > 1")
-        if self.min_wait_us < 0 or self.rel_excess < 0 or self.gap_fraction < 0:
+        if (self.min_wait_us < 0 or self.rel_excess < 0 or self.gap_fraction < 0
+                or self.gap_sigmas < 0):
             raise ValueError(
-                "LocalizeConfig.min_wait_us / rel_excess / gap_fraction: got "
-                f"{self.min_wait_us!r} / {self.rel_excess!r} / {self.gap_fraction!r}; expected "
-                "values >= 0"
+                "LocalizeConfig.min_wait_us / rel_excess / gap_fraction / gap_sigmas: got "
+                f"{self.min_wait_us!r} / {self.rel_excess!r} / {self.gap_fraction!r} / "
+                f"{self.gap_sigmas!r}; expected values >= 0"
             )
