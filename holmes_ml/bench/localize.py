@@ -179,6 +179,22 @@ def scenarios(quick: bool) -> list[dict[str, Any]]:
     return out + healthy_sweep(quick) + noisy_sweep(quick)
 
 
+def _draw_job(rng: np.random.Generator, i: int) -> tuple[str, int, int]:
+    """Layout (cycling through :data:`LAYOUTS`), GPUs and iterations of a sweep's ``i``-th job."""
+    dims = list(LAYOUTS)[i % len(LAYOUTS)]
+    gpus = int(rng.choice(HEALTHY_GPUS))
+    if "ep" in LAYOUTS[dims]:  # the MoE layouts need 128 GPUs or more
+        gpus = max(gpus, 128)
+    return dims, gpus, int(rng.choice(HEALTHY_ITERATIONS))
+
+
+def _draw_noise(rng: np.random.Generator) -> dict[str, float]:
+    """Jitter, compute drift and transfer drift of a sweep's job."""
+    return {"jitter": float(rng.choice(HEALTHY_JITTER)),
+            "drift": float(rng.choice(HEALTHY_DRIFT)),
+            "comm_drift": float(rng.choice(HEALTHY_COMM_DRIFT))}
+
+
 def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
                 n: int | None = None) -> list[dict[str, Any]]:
     """Seeded faulty jobs drawn like :func:`healthy_sweep` (every layout, 64-256 GPUs, 10-24
@@ -188,27 +204,19 @@ def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
     :data:`NOISY_TARGETS`. The grid's faults all run at the simulator's default 3 % jitter
     without drift; these measure accuracy where the healthy sweep measures false alarms."""
     rng = np.random.default_rng(draw)
-    dims_all = list(LAYOUTS)
     kinds = list(SEVERITY)
     out = []
     if n is None:
         n = NOISY_SWEEP[1] if quick else NOISY_SWEEP[0]
     for i in range(n):
-        dims = dims_all[i % len(dims_all)]
-        gpus = int(rng.choice(HEALTHY_GPUS))
-        if "ep" in LAYOUTS[dims]:
-            gpus = max(gpus, 128)
-        iterations = int(rng.choice(HEALTHY_ITERATIONS))
+        dims, gpus, iterations = _draw_job(rng, i)
         kind = kinds[int(rng.integers(len(kinds)))]
         pattern = str(rng.choice(["persistent", "spike", "fluctuation"]))
         start = int(rng.integers(2, iterations // 2 + 1))
         out.append(_sc(gpus, dims, kind, pattern, first_seed + i, sweep="noisy",
                        iterations=iterations,
                        fault=f"{kind}:severity={SEVERITY[kind]},pattern={pattern},start={start}",
-                       target=float(rng.choice(NOISY_TARGETS)),
-                       jitter=float(rng.choice(HEALTHY_JITTER)),
-                       drift=float(rng.choice(HEALTHY_DRIFT)),
-                       comm_drift=float(rng.choice(HEALTHY_COMM_DRIFT))))
+                       target=float(rng.choice(NOISY_TARGETS)), **_draw_noise(rng)))
     return out
 
 
@@ -222,20 +230,13 @@ def healthy_sweep(quick: bool, draw: int = 2026, first_seed: int = 2000,
     ``n`` the number of jobs (default :data:`HEALTHY_SWEEP`): other values give fresh jobs of
     the same kind, on which no constant was chosen (``scripts/healthy_holdout.py``)."""
     rng = np.random.default_rng(draw)
-    dims_all = list(LAYOUTS)
     out = []
     if n is None:
         n = HEALTHY_SWEEP[1] if quick else HEALTHY_SWEEP[0]
     for i in range(n):
-        dims = dims_all[i % len(dims_all)]
-        gpus = int(rng.choice(HEALTHY_GPUS))
-        if "ep" in LAYOUTS[dims]:  # the MoE layouts need 128 GPUs or more
-            gpus = max(gpus, 128)
+        dims, gpus, iterations = _draw_job(rng, i)
         out.append(_sc(gpus, dims, "healthy", "", first_seed + i, sweep="healthy",
-                       iterations=int(rng.choice(HEALTHY_ITERATIONS)),
-                       jitter=float(rng.choice(HEALTHY_JITTER)),
-                       drift=float(rng.choice(HEALTHY_DRIFT)),
-                       comm_drift=float(rng.choice(HEALTHY_COMM_DRIFT))))
+                       iterations=iterations, **_draw_noise(rng)))
     return out
 
 
