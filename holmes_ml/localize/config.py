@@ -59,8 +59,9 @@ class LocalizeConfig:
         share of ``(delta - 1)`` x the usual iteration time. Lower than for ranks because the
         excess of the transfers is a lower bound of what a slow device costs the step (the
         ranks waiting on them are not counted): at the weakest NIC and link faults of
-        ``holmes bench localize`` it reaches 0.54-0.7 of the bar, while a transfer that jitter
-        slowed in a healthy job reaches 0.25-0.35.
+        ``holmes bench localize`` it reaches 0.54-0.7 of the bar, while transfers that jitter
+        slowed in a healthy job mostly reach 0.25-0.35 (of the bench's 327 healthy jobs, one
+        reaches 0.6: a ring 19 % slower than its peers in the last step of a drifting job).
     max_step_hosts:
         A step in which ranks on more than this many hosts each held their partners back by
         the GPU/host floor (``min_step_share``) was slowed by a cause those ranks shared (a
