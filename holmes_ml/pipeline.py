@@ -10,7 +10,8 @@ given), united with the rule baseline when ``LocalizeConfig.with_rule`` (default
 detector under-calls the waits of a straggler's partners). Without a usable model it falls back,
 with a warning, to the "3σ + rule without ML" baseline alone: an operator copy is abnormal when its
 duration exceeds the median of its class (``op, group_kind, nbytes``) by more than
-``max(min_wait_us, 3 σ, rel_excess × median)`` (σ from the class's MAD).
+``max(min_wait_us, 3 σ, rel_excess × median)`` (σ from the class's MAD) and than a share of the
+compute just before it that grows with the job's own jitter (:func:`rule_scores`).
 """
 
 from __future__ import annotations

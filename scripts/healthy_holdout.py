@@ -6,7 +6,8 @@ jobs of the same kind (every layout, 64-256 GPUs, 10-24 iterations, jitter 0.01-
 and transfer drift; another draw seed and other simulator seeds), localizes each with the
 bundled model and prints the share given a suspect, with its Wilson 95 % interval, by jitter,
 and the jobs flagged. Run it with ``PYTHONPATH`` at another checkout to compare versions on the
-very same jobs.
+very same jobs; a checkout older than ``f4a9e89`` (whose ``healthy_sweep`` takes no draw) needs
+this version's ``holmes_ml/bench/localize.py`` copied in (it decides the jobs, not the verdicts).
 
 Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores).
 """
