@@ -4,12 +4,16 @@
 localizer's floors were set while reading that sweep's alarms. This script draws other healthy
 jobs of the same kind (every layout, 64-256 GPUs, 10-24 iterations, jitter 0.01-0.1, compute
 and transfer drift; another draw seed and other simulator seeds), localizes each with the
-bundled model and prints the share given a suspect, with its Wilson 95 % interval, by jitter,
-and the jobs flagged. Run it with ``PYTHONPATH`` at another checkout to compare versions on the
+bundled model (or ``--model FILE``) and prints the share given a suspect, with its Wilson 95 %
+interval, by jitter, and the jobs flagged. With ``--faulty`` it draws the bench's other sweep
+instead, noisy jobs each with one fault (see ``noisy_sweep``), and prints the share whose top
+suspect is the faulty device, by jitter and fault kind, and the misses. Run it with ``PYTHONPATH`` at another checkout to compare versions on the
 very same jobs; a checkout older than ``f4a9e89`` (whose ``healthy_sweep`` takes no draw) needs
 this version's ``holmes_ml/bench/localize.py`` copied in (it decides the jobs, not the verdicts).
 
-Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores).
+Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores);
+``--faulty --draw 8001 --first-seed 8000 --jobs 60 --model wide.holmes`` for a model trained
+with ``holmes train --preset wide --out wide.holmes``.
 """
 
 from __future__ import annotations
@@ -19,28 +23,82 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from holmes_ml.bench.localize import _sim_config, _wilson, healthy_sweep
+from holmes_ml.bench.localize import (
+    _hit,
+    _sim_config,
+    _simulate_scenario,
+    _wilson,
+    healthy_sweep,
+    noisy_sweep,
+)
+from holmes_ml.features import iteration_table
 from holmes_ml.io.schema import without_labels
 from holmes_ml.localize import LocalizeConfig
+from holmes_ml.models import load_model
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import simulate
 
 
+def _faulty(jobs: list[dict], model) -> None:
+    """Top-1 on faulty jobs drawn like the bench's noisy sweep (same scoring and skips)."""
+    seen: Counter = Counter()
+    hit: Counter = Counter()
+    misses = []
+    for sc in tqdm(jobs, desc="faulty jobs", unit="job"):
+        twin = iteration_table(simulate(_sim_config(sc)).ops)["duration_s"]
+        try:
+            res, _, peak = _simulate_scenario(sc, twin)
+        except (ValueError, TypeError):  # a fault the layout cannot host: the bench skips it
+            continue
+        if peak < sc["delta"]:  # never delta-irregular: nothing to localize, not scored
+            continue
+        verdict = analyze(without_labels(res.ops), res.topology, model=model,
+                          config=LocalizeConfig(delta=sc["delta"]))
+        truth = {int(r) for f in res.faults for r in f.ranks}
+        ok = _hit(list(verdict.candidates), truth, 1, res.topology)
+        for key in (("jitter", sc["jitter"]), ("kind", sc["kind"])):
+            seen[key] += 1
+            hit[key] += ok
+        if not ok:
+            misses.append((sc, ",".join(c.device for c in verdict.candidates[:2])))
+    n = sum(v for (axis, _), v in seen.items() if axis == "kind")
+    k = sum(v for (axis, _), v in hit.items() if axis == "kind")
+    lo, hi = _wilson(k, n)
+    print(f"faulty jobs with the fault on top: {k} of {n} ({k / max(n, 1):.1%}, "
+          f"95 % CI {lo:.1%}-{hi:.1%})")
+    for key in sorted(seen, key=str):
+        print(f"  {key[0]} {key[1]}: {hit[key]} of {seen[key]}")
+    for sc, named in misses:
+        print(f"  seed {sc['seed']}: {sc['gpus']} GPUs {sc['dims']}, {sc['fault']}, jitter "
+              f"{sc['jitter']}, transfer drift {sc['comm_drift']}: {named or 'nothing named'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=200, help="healthy jobs (default 200)")
+    parser.add_argument("--jobs", type=int, default=200, help="jobs to draw (default 200)")
     parser.add_argument("--draw", type=int, default=7001,
-                        help="seed of the knob draw (default 7001; the bench uses 2026)")
+                        help="seed of the knob draw (default 7001; the bench's sweeps: 2026 healthy, "
+                             "2027 faulty)")
     parser.add_argument("--first-seed", type=int, default=5000,
-                        help="simulator seed of the first job (default 5000; the bench: 2000)")
+                        help="simulator seed of the first job (default 5000; the bench: 2000, 3000)")
+    parser.add_argument("--model", default=None,
+                        help="model envelope to localize with (default: the bundled model)")
+    parser.add_argument("--faulty", action="store_true",
+                        help="draw faulty noisy jobs (the bench's noisy sweep) instead")
     args = parser.parse_args()
+    model = load_model(args.model) if args.model else None
+    if args.faulty:
+        _faulty(noisy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs),
+                model)
+        return
     jobs = healthy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs)
     flagged: list[tuple[dict, str]] = []
     seen: Counter = Counter()
     hit: Counter = Counter()
     for sc in tqdm(jobs, desc="healthy jobs", unit="job"):
         res = simulate(_sim_config(sc))
-        verdict = analyze(without_labels(res.ops), res.topology, config=LocalizeConfig())
+        verdict = analyze(without_labels(res.ops), res.topology, model=model,
+                          config=LocalizeConfig())
         seen[sc["jitter"]] += 1
         if verdict.candidates:
             hit[sc["jitter"]] += 1

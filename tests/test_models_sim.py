@@ -48,3 +48,30 @@ def test_scale_free_estimator_heldout_floor(seed):
                     faults=(FaultSpec.parse("gpu_slow:severity=0.6,start=4"),))
     Xt, yt, _ = make_dataset([cfg], max_normal_per_run=None)
     assert f1_score(yt, det.predict(Xt).astype(bool)) >= 0.9
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_wide_preset_adds_noisy_runs_to_default(seed):
+    """``wide`` = the default runs unchanged, then as many runs from the noisy mix, drawn
+    from their own stream (so adding a mix never moves the runs a preset already had)."""
+    from holmes_ml.models.training import MIXES, PRESETS
+
+    default, wide = scenarios("default", seed), scenarios("wide", seed)
+    scales, runs, _ = PRESETS["default"]
+    assert len(default) == len(scales) * runs
+    assert wide[: len(default)] == default
+    noisy = wide[len(default):]
+    assert len(noisy) == len(default)
+    lo, hi = MIXES["noisy"]["jitter"]
+    assert all(lo <= c.jitter <= hi for c in noisy)
+    assert max(c.jitter for c in noisy) > MIXES["plain"]["jitter"][1]  # beyond the plain range
+    assert {c.comm_drift for c in noisy} <= set(MIXES["noisy"]["comm_drift"])
+    assert any(c.comm_drift > 0 for c in noisy)
+    assert all(c.comm_drift == 0 for c in default)
+    assert len({c.seed for c in wide}) == len(wide)  # every run its own simulator seed
+    assert sum(1 for c in noisy if not c.faults) == len(scales)  # one healthy run per scale
+
+
+def test_unknown_preset_is_refused():
+    with pytest.raises(ValueError, match="preset: got 'huge'"):
+        scenarios("huge")
