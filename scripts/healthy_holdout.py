@@ -7,9 +7,10 @@ and transfer drift; another draw seed and other simulator seeds), localizes each
 bundled model (or ``--model FILE``) and prints the share given a suspect, with its Wilson 95 %
 interval, by jitter, and the jobs flagged. With ``--faulty`` it draws the bench's other sweep
 instead, noisy jobs each with one fault (see ``noisy_sweep``), and prints the share whose top
-suspect is the faulty device, by jitter and fault kind, and the misses. Run it with ``PYTHONPATH`` at another checkout to compare versions on the
-very same jobs; a checkout older than ``f4a9e89`` (whose ``healthy_sweep`` takes no draw) needs
-this version's ``holmes_ml/bench/localize.py`` copied in (it decides the jobs, not the verdicts).
+suspect is the faulty device, by jitter and fault kind, and the misses. Run it with
+``PYTHONPATH`` at another checkout to compare versions on the very same jobs; a checkout older
+than ``f4a9e89`` (whose ``healthy_sweep`` takes no draw) needs this version's
+``holmes_ml/bench/localize.py`` copied in (it decides the jobs, not the verdicts).
 
 Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores);
 ``--faulty --draw 8001 --first-seed 8000 --jobs 60 --model wide.holmes`` for a model trained
@@ -77,10 +78,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200, help="jobs to draw (default 200)")
     parser.add_argument("--draw", type=int, default=7001,
-                        help="seed of the knob draw (default 7001; the bench's sweeps: 2026 healthy, "
-                             "2027 faulty)")
+                        help="seed of the knob draw (default 7001; the bench's sweeps: "
+                             "2026 healthy, 2027 faulty)")
     parser.add_argument("--first-seed", type=int, default=5000,
-                        help="simulator seed of the first job (default 5000; the bench: 2000, 3000)")
+                        help="simulator seed of the first job (default 5000; the bench's "
+                             "sweeps: 2000, 3000)")
     parser.add_argument("--model", default=None,
                         help="model envelope to localize with (default: the bundled model)")
     parser.add_argument("--faulty", action="store_true",
