@@ -23,7 +23,12 @@ from pathlib import Path
 import joblib
 import numpy as np
 
-from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
+from holmes_ml.bench.detector import (
+    _per_run_rows,
+    _scores_row,
+    heldout_dataset,
+    heldout_scenarios,
+)
 from holmes_ml.models import default_model, load_model
 from holmes_ml.models.training import PRESETS, default_estimator, make_dataset, scenarios
 
@@ -31,10 +36,7 @@ from holmes_ml.models.training import PRESETS, default_estimator, make_dataset, 
 def _heldout(cache: Path | None):
     if cache is not None and cache.exists():
         return joblib.load(cache)
-    cfgs = heldout_scenarios()
-    # the bench's rows: the same configs, sample size and sampling seed
-    Xh, yh, gh, wh = make_dataset(cfgs, max_normal_per_run=100_000, seed=1, return_weights=True)
-    data = (cfgs, Xh, yh, gh, wh)
+    data = (heldout_scenarios(), *heldout_dataset())
     if cache is not None:
         joblib.dump(data, cache)
     return data

@@ -84,6 +84,20 @@ def heldout_scenarios(quick: bool = False) -> list:
     return _heldout(scales, seed=500, iterations=16 if quick else 24)
 
 
+#: Other (neither abnormal nor affected) ops scored per held-out job, full run / ``quick``
+HELDOUT_OTHER_ROWS: tuple[int, int] = (100_000, 30_000)
+
+
+def heldout_dataset(quick: bool = False, also: tuple[str, ...] = ()):
+    """The rows the bench scores: every abnormal or affected op of :func:`heldout_scenarios`
+    plus a seeded sample of :data:`HELDOUT_OTHER_ROWS` others per job, as
+    :func:`~holmes_ml.models.training.make_dataset` returns them (with weights)."""
+    from holmes_ml.models.training import make_dataset
+
+    return make_dataset(heldout_scenarios(quick), max_normal_per_run=HELDOUT_OTHER_ROWS[quick],
+                        seed=1, return_weights=True, also=also)
+
+
 def _weighted(metric, truth: np.ndarray, pred: np.ndarray, weight: np.ndarray) -> float:
     """``metric`` (an sklearn score) of weighted rows, 0 where undefined, to 4 decimals."""
     return round(float(metric(truth, pred, sample_weight=weight, zero_division=0.0)), 4)
@@ -132,9 +146,8 @@ def run(quick: bool = False) -> BenchResult:
     scales = tuple(dict.fromkeys(c.gpus for c in cfgs))  # in order, once each
     # KNN prediction is costly on millions of rows: every method is scored on the same rows,
     # all abnormal and affected ops and a weighted sample of the others of each run.
-    others_per_run = 30_000 if quick else 100_000
-    Xh, yh, gh, wh, other = make_dataset(cfgs, max_normal_per_run=others_per_run, seed=1,
-                                         return_weights=True, also=("affected",))
+    others_per_run = HELDOUT_OTHER_ROWS[quick]
+    Xh, yh, gh, wh, other = heldout_dataset(quick, also=("affected",))
     ya = other["affected"]
     scale_of = np.array([c.gpus for c in cfgs])[gh]
     methods = _methods(quick)

@@ -35,10 +35,11 @@ _KINDS = ("gpu_slow", "nic_slow", "link_slow", "switch_congested", "host_stall")
 _PATTERNS = ("persistent", "spike", "fluctuation")
 _MODELS = ("llama2-7b", "llama2-13b", "llama2-70b", "mixtral-8x7b")
 
-#: preset -> (scales, runs per scale, iterations)
+_DEFAULT_SHAPE = ((64, 128, 256, 512, 1024), 6, 20)
+#: preset -> (scales, runs per scale, iterations) of each of its mixes
 PRESETS: dict[str, tuple[tuple[int, ...], int, int]] = {
-    "default": ((64, 128, 256, 512, 1024), 6, 20),
-    "wide": ((64, 128, 256, 512, 1024), 6, 20),
+    "default": _DEFAULT_SHAPE,
+    "wide": _DEFAULT_SHAPE,
     "quick": ((64, 128), 4, 20),
     "tiny": ((64,), 3, 16),
 }
