@@ -24,54 +24,59 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from holmes_ml.bench.localize import (
-    _hit,
-    _sim_config,
-    _simulate_scenario,
-    _wilson,
-    healthy_sweep,
-    noisy_sweep,
-)
-from holmes_ml.features import iteration_table
-from holmes_ml.io.schema import without_labels
-from holmes_ml.localize import LocalizeConfig
+from holmes_ml.bench.localize import _trials, _wilson, healthy_sweep, noisy_sweep
 from holmes_ml.models import load_model
-from holmes_ml.pipeline import analyze
-from holmes_ml.simulator import simulate
+
+
+def _rows(jobs: list[dict], model) -> list[dict]:
+    """The bench's ``holmes`` rows for ``jobs`` (each its own fault-free twin), with ``model``;
+    faults a layout cannot host or that never make an iteration irregular are skipped, as in
+    the bench."""
+    rows: list[dict] = []
+    for sc in tqdm(jobs, desc="jobs", unit="job"):
+        rows += _trials([sc], None, only=("holmes",), model=model)[0]
+    return rows
 
 
 def _faulty(jobs: list[dict], model) -> None:
     """Top-1 on faulty jobs drawn like the bench's noisy sweep (same scoring and skips)."""
     seen: Counter = Counter()
     hit: Counter = Counter()
-    misses = []
-    for sc in tqdm(jobs, desc="faulty jobs", unit="job"):
-        twin = iteration_table(simulate(_sim_config(sc)).ops)["duration_s"]
-        try:
-            res, _, peak = _simulate_scenario(sc, twin)
-        except (ValueError, TypeError):  # a fault the layout cannot host: the bench skips it
-            continue
-        if peak < sc["delta"]:  # never delta-irregular: nothing to localize, not scored
-            continue
-        verdict = analyze(without_labels(res.ops), res.topology, model=model,
-                          config=LocalizeConfig(delta=sc["delta"]))
-        truth = {int(r) for f in res.faults for r in f.ranks}
-        ok = _hit(list(verdict.candidates), truth, 1, res.topology)
-        for key in (("jitter", sc["jitter"]), ("kind", sc["kind"])):
+    rows = _rows(jobs, model)
+    for row in rows:
+        for key in (("jitter", row["jitter"]), ("kind", row["kind"])):
             seen[key] += 1
-            hit[key] += ok
-        if not ok:
-            misses.append((sc, ",".join(c.device for c in verdict.candidates[:2])))
-    n = sum(v for (axis, _), v in seen.items() if axis == "kind")
-    k = sum(v for (axis, _), v in hit.items() if axis == "kind")
+            hit[key] += row["top1"]
+    k, n = sum(r["top1"] for r in rows), len(rows)
     lo, hi = _wilson(k, n)
     print(f"faulty jobs with the fault on top: {k} of {n} ({k / max(n, 1):.1%}, "
           f"95 % CI {lo:.1%}-{hi:.1%})")
     for key in sorted(seen, key=str):
         print(f"  {key[0]} {key[1]}: {hit[key]} of {seen[key]}")
-    for sc, named in misses:
-        print(f"  seed {sc['seed']}: {sc['gpus']} GPUs {sc['dims']}, {sc['fault']}, jitter "
-              f"{sc['jitter']}, transfer drift {sc['comm_drift']}: {named or 'nothing named'}")
+    for r in rows:
+        if not r["top1"]:
+            print(f"  seed {r['seed']}: {r['gpus']} GPUs {r['dims']}, {r['fault']}, jitter "
+                  f"{r['jitter']}, transfer drift {r['comm_drift']}: "
+                  f"{r['named'] or 'nothing named'}")
+
+
+def _healthy(jobs: list[dict], model) -> None:
+    """Share of healthy jobs given a suspect, by jitter, and the jobs flagged."""
+    seen: Counter = Counter()
+    hit: Counter = Counter()
+    rows = _rows(jobs, model)
+    for row in rows:
+        seen[row["jitter"]] += 1
+        hit[row["jitter"]] += row["flagged"]
+    k, n = sum(hit.values()), len(rows)
+    lo, hi = _wilson(k, n)
+    print(f"healthy jobs given a suspect: {k} of {n} ({k / n:.1%}, 95 % CI {lo:.1%}-{hi:.1%})")
+    for j in sorted(seen):
+        print(f"  jitter {j:g}: {hit[j]} of {seen[j]}")
+    for r in rows:
+        if r["flagged"]:
+            print(f"  seed {r['seed']}: {r['gpus']} GPUs {r['dims']}, jitter {r['jitter']}, "
+                  f"drift {r['drift']}, transfer drift {r['comm_drift']}: {r['named']}")
 
 
 def main() -> None:
@@ -92,27 +97,9 @@ def main() -> None:
     if args.faulty:
         _faulty(noisy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs),
                 model)
-        return
-    jobs = healthy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs)
-    flagged: list[tuple[dict, str]] = []
-    seen: Counter = Counter()
-    hit: Counter = Counter()
-    for sc in tqdm(jobs, desc="healthy jobs", unit="job"):
-        res = simulate(_sim_config(sc))
-        verdict = analyze(without_labels(res.ops), res.topology, model=model,
-                          config=LocalizeConfig())
-        seen[sc["jitter"]] += 1
-        if verdict.candidates:
-            hit[sc["jitter"]] += 1
-            flagged.append((sc, ",".join(c.device for c in verdict.candidates[:2])))
-    k, n = sum(hit.values()), len(jobs)
-    lo, hi = _wilson(k, n)
-    print(f"healthy jobs given a suspect: {k} of {n} ({k / n:.1%}, 95 % CI {lo:.1%}-{hi:.1%})")
-    for j in sorted(seen):
-        print(f"  jitter {j:g}: {hit[j]} of {seen[j]}")
-    for sc, named in flagged:
-        print(f"  seed {sc['seed']}: {sc['gpus']} GPUs {sc['dims']}, jitter {sc['jitter']}, "
-              f"drift {sc['drift']}, transfer drift {sc['comm_drift']}: {named}")
+    else:
+        _healthy(healthy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs),
+                 model)
 
 
 if __name__ == "__main__":

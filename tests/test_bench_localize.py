@@ -23,6 +23,7 @@ from holmes_ml.bench.localize import (
     _sc,
     _sim_config,
     _simulate_scenario,
+    _trials,
     _twin_key,
     healthy_sweep,
     noisy_sweep,
@@ -152,6 +153,26 @@ def test_noisy_trials_are_scored_apart_from_the_grid():
     assert set(table["by"]) == {"all", *NOISY_AXES}
     assert (table.loc[table["by"] == "jitter", "value"] == "0.06").all()
     assert (table["trials"] == 1).all()
+
+
+def test_trials_runs_a_subset_of_methods_with_the_model_given():
+    lay = {"tp": 2, "pp": 2}
+    job = [
+        _sc(32, "3-D (tp,pp,dp)", "healthy", "", 5, iterations=6, layout=lay),
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+            fault="gpu_slow:rank=9,severity=1.0,start=2"),
+    ]
+    rows, unobservable = _trials(job, None, only=("holmes", "shortest comm"), model="rule")
+    assert not unobservable
+    assert [(r["kind"], r["method"]) for r in rows] == [
+        ("healthy", "holmes"), ("healthy", "shortest comm"),
+        ("gpu_slow", "holmes"), ("gpu_slow", "shortest comm")]
+    assert rows[0]["flagged"] is False and rows[2]["top1"]
+    # the model reaches the holmes method: a model that is not one is refused there
+    bad, _ = _trials(job[1:], None, only=("holmes",), model="no-such-model.holmes")
+    assert bad[0]["top1"] is False and bad[0]["named"] == ""
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        _trials(job, None, only=("nope",))
 
 
 def test_healthy_table_counts_flagged_jobs_per_method_and_knob():

@@ -396,14 +396,25 @@ def _simulate_scenario(sc: dict[str, Any], twin: pd.Series) -> tuple[Any, float,
     return res, spec.severity, peak
 
 
-def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None) -> tuple[list, list]:
-    """Run the scenarios of one fault-free twin (same job, same seed): rows and unobservables."""
+def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
+            only: tuple[str, ...] | None = None, model: Any = None) -> tuple[list, list]:
+    """Run the scenarios of one fault-free twin (same job, same seed): rows and unobservables.
+
+    ``only`` keeps those methods (names of :func:`_methods`), ``model`` is the envelope the
+    ``holmes`` method localizes with (default: the bundled model); the scripts that re-draw the
+    sweeps (``scripts/healthy_holdout.py``) score a model exactly as the bench does this way.
+    """
     from holmes_ml.features import iteration_table
     from holmes_ml.localize import LocalizeConfig
     from holmes_ml.pipeline import analyze
     from holmes_ml.simulator import simulate
 
     methods = _methods(localizers)
+    if only is not None:
+        unknown = sorted(set(only) - set(methods))
+        if unknown:
+            raise ValueError(f"unknown method {unknown[0]!r}; expected one of {sorted(methods)}")
+        methods = {name: methods[name] for name in only}
     twin_res = simulate(_sim_config(job[0]))
     twin = iteration_table(twin_res.ops)["duration_s"]
     rows: list[dict[str, Any]] = []
@@ -436,7 +447,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None) -> tup
             t0 = time.perf_counter()
             try:
                 if isinstance(fn, str):
-                    sus = list(analyze(ops, res.topology, model=None if fn == "holmes" else fn,
+                    sus = list(analyze(ops, res.topology, model=model if fn == "holmes" else fn,
                                        config=cfg).candidates)
                 else:
                     sus = list(fn(ops, res.topology))
