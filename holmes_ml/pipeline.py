@@ -95,7 +95,16 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     """
     cfg = config or LocalizeConfig()
     classes = _op_classes(ops.reset_index(drop=True))
-    typical, sigma, gap = _class_stats(ops, classes)
+    return _rule_scores(ops, cfg, classes, _class_stats(ops, classes))
+
+
+def _rule_scores(
+    ops: pd.DataFrame, cfg: LocalizeConfig, classes: tuple[np.ndarray, np.ndarray],
+    stats: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """:func:`rule_scores` from the rows' :func:`_op_classes` and :func:`_class_stats`, which
+    :func:`summarize` needs as well and computes once."""
+    typical, sigma, gap = stats
     excess = ops["duration_us"].to_numpy(dtype=np.float64) - typical
     # A member waits for the latest of its k partners: with jittered compute that wait grows like
     # the maximum of k draws, about sqrt(2 ln k). Scaled so a pair (k = 2) gets the fraction.
@@ -293,25 +302,32 @@ def _class_stats(
     return med, 1.4826 * mad, gap
 
 
-def _score(ops: pd.DataFrame, model: Any, config: LocalizeConfig) -> tuple[np.ndarray, float]:
+def _score(
+    ops: pd.DataFrame, model: Any, config: LocalizeConfig,
+    classes: tuple[np.ndarray, np.ndarray], stats: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, float]:
     """Scores and threshold: the ML detector when available, else the rule baseline.
 
     ``model=None`` means the bundled default model; when it (or the models package) is not
     installed the rule baseline is used and a warning says so. ``model="rule"`` forces it.
+    ``classes`` and ``stats`` are the rows' :func:`_op_classes` and :func:`_class_stats`.
     """
+    def rule() -> np.ndarray:
+        return _rule_scores(ops, config, classes, stats)
+
     if isinstance(model, str) and model == "rule":
-        return rule_scores(ops, config), 0.5
+        return rule(), 0.5
     try:
         from holmes_ml.models import default_model, score_ops
     except ImportError:
         logger.warning("holmes_ml.models unavailable; using the 3-sigma + rule baseline")
-        return rule_scores(ops, config), 0.5
+        return rule(), 0.5
     if model is None:
         try:
             model = default_model()
         except Exception as exc:  # noqa: BLE001 - any unusable default falls back, loudly
             logger.warning("default model unusable (%s); using the 3-sigma + rule baseline", exc)
-            return rule_scores(ops, config), 0.5
+            return rule(), 0.5
     scores = np.asarray(score_ops(ops, model=model), dtype=np.float64)
     thr = config.score_threshold
     if thr is None:
@@ -321,7 +337,7 @@ def _score(ops: pd.DataFrame, model: Any, config: LocalizeConfig) -> tuple[np.nd
         # detector or the rule says so (the rule catches waits a detector may under-call).
         ml = np.where(scores >= thr, 0.5 + 0.5 * (scores - thr) / max(1 - thr, 1e-9),
                       0.5 * scores / max(thr, 1e-9))
-        return np.maximum(ml, rule_scores(ops, config)), 0.5
+        return np.maximum(ml, rule()), 0.5
     return scores, thr
 
 
@@ -351,8 +367,10 @@ def summarize(
     if missing:
         raise ValueError(f"ops: missing columns {missing}; expected {list(REQUIRED_COLUMNS)}")
     ops = ops.reset_index(drop=True)
-    scores, thr = _score(ops, model, cfg)
-    typical, _, _ = _class_stats(ops)
+    classes = _op_classes(ops)
+    stats = _class_stats(ops, classes)
+    typical = stats[0]
+    scores, thr = _score(ops, model, cfg, classes, stats)
     end = ops["start_ns"].to_numpy(dtype=np.int64) + (
         ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
     per = ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
