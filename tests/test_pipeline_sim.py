@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -112,3 +113,8 @@ def test_fabric_routes_like_the_topology() -> None:
         assert fab.path(a, b) == topo.path(a, b)
     ring = (0, 9, 17, 100)
     assert fab.devices(ring) == frozenset(topo.collective_devices(ring))
+    ranks = np.array([0, 9, 100, 9, 127])
+    assert fab.hosts(ranks).tolist() == [fab.host(int(r)) for r in ranks]
+    assert fab.hosts(np.array([], dtype=np.int64)).tolist() == []
+    with pytest.raises(KeyError, match="4096"):
+        fab.hosts(np.array([3, 4096]))

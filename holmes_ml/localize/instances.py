@@ -40,6 +40,14 @@ class Fabric:
     def host(self, rank: int) -> str:
         return self._host[int(rank)]
 
+    def hosts(self, ranks: np.ndarray) -> np.ndarray:
+        """:meth:`host` of each of ``ranks`` (one vectorized lookup; KeyError on an unknown
+        rank, like :meth:`host`)."""
+        out = pd.Series(np.asarray(ranks, dtype=np.int64)).map(self._host)
+        if out.isna().any():
+            raise KeyError(int(np.asarray(ranks)[out.isna().to_numpy()][0]))
+        return out.to_numpy(dtype=object)
+
     def gpu(self, rank: int) -> str:
         return f"gpu:{self._host[int(rank)]}/{self._gpu[int(rank)]}"
 

@@ -525,9 +525,9 @@ def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: 
     """
     if len(held) == 0:
         return np.zeros(0, dtype=bool)
-    ranks = held.index.get_level_values("rank").to_numpy()
-    hosts = pd.Series([fabric.host(int(r)) for r in ranks], index=held.index)
-    late = hosts[held.to_numpy() >= step_floor]
+    late_rows = held[held.to_numpy() >= step_floor]
+    late = pd.Series(fabric.hosts(late_rows.index.get_level_values("rank").to_numpy()),
+                     index=late_rows.index)
     n_hosts = late.groupby(level="iteration").nunique()
     shared = n_hosts.index[n_hosts.to_numpy() > max_hosts]
     return ~held.index.get_level_values("iteration").isin(shared)
