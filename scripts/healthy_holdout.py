@@ -70,7 +70,8 @@ def _healthy(jobs: list[dict], model) -> None:
         hit[row["jitter"]] += row["flagged"]
     k, n = sum(hit.values()), len(rows)
     lo, hi = _wilson(k, n)
-    print(f"healthy jobs given a suspect: {k} of {n} ({k / n:.1%}, 95 % CI {lo:.1%}-{hi:.1%})")
+    print(f"healthy jobs given a suspect: {k} of {n} ({k / max(n, 1):.1%}, 95 % CI "
+          f"{lo:.1%}-{hi:.1%})")
     for j in sorted(seen):
         print(f"  jitter {j:g}: {hit[j]} of {seen[j]}")
     for r in rows:
@@ -93,6 +94,8 @@ def main() -> None:
     parser.add_argument("--faulty", action="store_true",
                         help="draw faulty noisy jobs (the bench's noisy sweep) instead")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs: got {args.jobs}; expected at least 1")
     model = load_model(args.model) if args.model else None
     if args.faulty:
         _faulty(noisy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs),
