@@ -149,15 +149,14 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     >>> round(compute_jitter(ops), 2)
     0.08
     """
-    o = ops.reset_index(drop=True)
     if gap is None:
-        gap = _class_stats(o)[2]
-    # gaps under 100 us are launch overhead, not compute
-    coll = ~o["op"].astype(str).isin(list(P2P_OPS)).to_numpy() & (gap > 100.0)
+        gap = _class_stats(ops)[2]
+    # gaps under 100 us are launch overhead, not compute (positional masks: no index needed)
+    coll = ~ops["op"].isin(list(P2P_OPS)).to_numpy() & (gap > 100.0)
     if not coll.any():
         return 0.0
-    inst = _combine(_codes(o["group"][coll]), o["seq"].to_numpy(dtype=np.int64)[coll],
-                    o["iteration"].to_numpy(dtype=np.int64)[coll])
+    inst = _combine(_codes(ops["group"])[coll], ops["seq"].to_numpy(dtype=np.int64)[coll],
+                    ops["iteration"].to_numpy(dtype=np.int64)[coll])
     log_gap = pd.Series(np.log(gap[coll]))
     by = log_gap.groupby(inst)
     k = by.transform("size").to_numpy(dtype=np.float64)

@@ -59,11 +59,11 @@ def main() -> None:
     scale_of = np.array([c.gpus for c in cfgs])[gh]
     print(f"held-out rows ready: {len(yh):,} rows, {int(yh.sum()):,} abnormal "
           f"({time.perf_counter() - t0:.0f} s)")
-    candidates = [(f"preset {p}", p) for p in args.preset] + [(f"model {m}", m) for m in
-                                                               args.model]
-    for name, what in candidates:
+    candidates = [("preset", p) for p in args.preset] + [("model", m) for m in args.model]
+    for kind, what in candidates:
+        name = f"{kind} {what}"
         t = time.perf_counter()
-        if name.startswith("preset"):
+        if kind == "preset":
             X, y, run, w = make_dataset(scenarios(what, seed=0), return_weights=True)
             det = default_estimator(0).fit(X, y, groups=run, threshold_weights=w)
         else:

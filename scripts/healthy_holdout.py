@@ -9,8 +9,9 @@ interval, by jitter, and the jobs flagged. With ``--faulty`` it draws the bench'
 instead, noisy jobs each with one fault (see ``noisy_sweep``), and prints the share whose top
 suspect is the faulty device, by jitter and fault kind, and the misses. Run it with
 ``PYTHONPATH`` at another checkout to compare versions on the very same jobs; a checkout older
-than ``f4a9e89`` (whose ``healthy_sweep`` takes no draw) needs this version's
-``holmes_ml/bench/localize.py`` copied in (it decides the jobs, not the verdicts).
+than ``7c3eecd`` (whose bench ``_trials`` takes no method subset or model) needs this version's
+``holmes_ml/bench/localize.py`` copied in (it draws and scores the jobs; the verdicts stay the
+checkout's).
 
 Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores);
 ``--faulty --draw 8001 --first-seed 8000 --jobs 60 --model wide.holmes`` for a model trained
