@@ -395,6 +395,29 @@ def summarize(
     return NodeSummary(per, abnormal.reset_index(drop=True), groups, ranks)
 
 
+def summarize_per_host(
+    ops: pd.DataFrame, model: Any = None, config: LocalizeConfig | None = None
+) -> list[NodeSummary]:
+    """One :func:`summarize` per host, as the node agents of ``holmes serve`` run it.
+
+    Each host's ranks are scored on their own, so the detector sees only the copies of a
+    communicator that the host logged (its peers and stage-mates on other hosts are missing).
+    ``localize_summaries`` of the result is what the central service answers; comparing it with
+    :func:`analyze` of the whole job shows what the deployment costs in accuracy (``holmes
+    bench localize`` scores both).
+
+    Raises
+    ------
+    ValueError
+        When ``ops`` has no ``host`` column.
+    """
+    if "host" not in ops.columns:
+        raise ValueError("ops: no 'host' column; expected the host of every rank to split "
+                         "the operators by node")
+    return [summarize(sub, model, config)
+            for _, sub in ops.groupby(ops["host"].astype(str), sort=True)]
+
+
 def _groups_of(ops: pd.DataFrame) -> pd.DataFrame:
     g = ops.groupby(ops["group"].astype(str), sort=True)
     if "group_ranks" in ops.columns:

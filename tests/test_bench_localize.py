@@ -83,6 +83,8 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     by = {r["method"]: r for r in summary}
     assert by["holmes"]["trials"] == 2 and by["holmes"]["top1"] == 1.0
     assert by["holmes"]["healthy_trials"] == 1 and by["holmes"]["healthy_flagged"] == 0.0
+    # the deployed path (each host summarized on its own) is scored on the same trials
+    assert by["holmes, per node"]["trials"] == 2 and by["holmes, per node"]["top1"] == 1.0
     assert by["device plug-in"]["top1"] == 1.0  # device ids are mapped to their ranks
     bd = pd.DataFrame(breakdown)
     assert set(AXES) <= set(bd["by"])

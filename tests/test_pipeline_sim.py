@@ -9,7 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_ml.localize import DeviceKind
-from holmes_ml.pipeline import analyze, analyze_paths, localize_summaries, summarize
+from holmes_ml.pipeline import (
+    analyze,
+    analyze_paths,
+    localize_summaries,
+    summarize_per_host,
+)
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
 
@@ -61,10 +66,14 @@ def test_per_node_summaries_give_the_same_verdict() -> None:
     res = _sim("gpu_slow:rank=21,severity=0.5", iterations=8)
     ops = res.ops
     whole = analyze(ops, res.topology, model="rule")
-    parts = [summarize(sub, model="rule") for _, sub in ops.groupby("host", observed=True)]
+    parts = summarize_per_host(ops, model="rule")
+    assert len(parts) == ops["host"].nunique()
+    assert [set(p.ranks["host"]) for p in parts] == [{h} for h in sorted(ops["host"].unique())]
     # Per-node scoring sees fewer peers, so only the top answer is compared.
     split = localize_summaries(parts, res.topology)
     assert whole.candidates[0].ranks == split.candidates[0].ranks == (21,)
+    with pytest.raises(ValueError, match="no 'host' column"):
+        summarize_per_host(ops.drop(columns="host"))
     shipped = sum(p.nbytes() for p in parts)
     raw = int(ops.memory_usage(deep=True).sum())
     assert shipped < raw  # the >= 97 % bar is measured by `holmes bench localize`
