@@ -19,6 +19,7 @@ from holmes_ml.bench.localize import (
     SEVERITY,
     _accuracy,
     _healthy_table,
+    _node_only_misses,
     _noisy_table,
     _sc,
     _sim_config,
@@ -85,6 +86,7 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     assert by["holmes"]["healthy_trials"] == 1 and by["holmes"]["healthy_flagged"] == 0.0
     # the deployed path (each host summarized on its own) is scored on the same trials
     assert by["holmes, per node"]["trials"] == 2 and by["holmes, per node"]["top1"] == 1.0
+    assert _node_only_misses(trials) == []
     assert by["device plug-in"]["top1"] == 1.0  # device ids are mapped to their ranks
     bd = pd.DataFrame(breakdown)
     assert set(AXES) <= set(bd["by"])
@@ -175,6 +177,20 @@ def test_trials_runs_a_subset_of_methods_with_the_model_given():
     assert bad[0]["top1"] is False and bad[0]["named"] == ""
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         _trials(job, None, only=("nope",))
+
+
+def test_node_only_misses_lists_trials_the_deployed_path_loses():
+    base = {"gpus": 64, "dims": "3-D (tp,pp,dp)", "delta": 1.1, "pattern": "persistent"}
+    rows = []
+    for seed, whole, nodes in ((1, True, True), (2, True, False), (3, False, False)):
+        for method, hit in (("holmes", whole), ("holmes, per node", nodes), ("rule", False)):
+            rows.append({**base, "kind": "gpu_slow", "seed": seed, "method": method,
+                         "top1": hit})
+    rows.append({**base, "kind": "healthy", "seed": 4, "method": "holmes", "flagged": False})
+    trials = pd.DataFrame(rows)
+    assert _node_only_misses(trials) == [{**base, "kind": "gpu_slow", "seed": 2,
+                                          "sweep": "grid"}]
+    assert _node_only_misses(trials[trials["method"] != "holmes, per node"]) == []
 
 
 def test_healthy_table_counts_flagged_jobs_per_method_and_knob():

@@ -587,6 +587,23 @@ def _accuracy(
 NOISY_AXES: tuple[str, ...] = ("jitter", "drift", "comm_drift", "dims", "kind", "pattern")
 
 
+def _node_only_misses(trials: pd.DataFrame) -> list[dict[str, Any]]:
+    """Faulty trials whole-job ``holmes`` gets right at top-1 and ``holmes, per node`` (the
+    deployed path, each host scored on its own) does not."""
+    by_trial = ["gpus", "dims", "delta", "kind", "pattern", "seed", "sweep"]
+    if not {"holmes", "holmes, per node"} <= set(trials.get("method", ())):
+        return []
+    rows = trials[trials["kind"] != "healthy"]
+    sweep = (rows["sweep"] if "sweep" in rows.columns
+             else pd.Series(None, index=rows.index, dtype=object)).astype(object)
+    rows = rows.assign(sweep=sweep.fillna("grid"))
+    rows = rows[rows["method"].isin(["holmes", "holmes, per node"])]
+    both = rows.groupby([*by_trial, "method"], dropna=False)["top1"].first().unstack("method")
+    both = both.dropna().astype(bool)  # trials both methods were scored on
+    lost = both[both["holmes"] & ~both["holmes, per node"]]
+    return lost.reset_index()[by_trial].to_dict("records")
+
+
 def _noisy_table(trials: pd.DataFrame) -> list[dict[str, Any]]:
     """Top-1 of every method on the faulty jobs of the noisy sweep (:func:`noisy_sweep`):
     over all of them, then by each of :data:`NOISY_AXES`."""
@@ -782,9 +799,10 @@ def run(
                 figures[f"{tag}_noisy_top1"] = row["noisy_top1"]
                 figures[f"{tag}_noisy_top2"] = row["noisy_top2"]
     for row in breakdown:
-        if row["method"] == "holmes" and row["by"] in ("gpus", "dims", "delta"):
+        if row["method"] in ("holmes", "holmes, per node") and row["by"] in (
+                "gpus", "dims", "delta"):
             tag = str(row["value"]).split(" ")[0].replace(".", "_")
-            figures[f"holmes_top1_{row['by']}_{tag}"] = row["top1"]
+            figures[f"{tags[row['method']]}_top1_{row['by']}_{tag}"] = row["top1"]
     if len(trials):
         key = ["gpus", "dims", "kind", "pattern", "seed", "delta"]
         per_trial = trials.groupby(key).agg(m=("seconds", "sum"), s=("sim_seconds", "first"))
@@ -803,6 +821,7 @@ def run(
     misses: list[dict[str, Any]] = []
     noisy_misses: list[dict[str, Any]] = []
     false_alarms: list[dict[str, Any]] = []
+    node_only_misses: list[dict[str, Any]] = []
     if len(trials):
         alarm = trials[(trials["method"] == "holmes") & (trials["kind"] == "healthy")
                        & trials["flagged"].fillna(False).astype(bool)]
@@ -817,6 +836,7 @@ def run(
         on_noise = (miss["sweep"] == "noisy").to_numpy()
         misses = miss.loc[~on_noise, cols].dropna(axis=1, how="all").to_dict("records")
         noisy_misses = miss.loc[on_noise, cols].to_dict("records")
+        node_only_misses = _node_only_misses(trials)
         figures["trials_with_tied_nics"] = int(
             (trials.loc[trials["method"] == "holmes", "tied_nics"].fillna(0) > 0).sum())
     figures["accuracy_seconds"] = round(t_acc, 1)
@@ -860,6 +880,7 @@ def run(
                 "healthy jobs given a suspect": healthy_rows,
                 "faulty jobs on noisy clusters": noisy_rows},
         details={"holmes_misses": misses, "holmes_noisy_misses": noisy_misses,
-                 "holmes_healthy_flagged_jobs": false_alarms},
+                 "holmes_healthy_flagged_jobs": false_alarms,
+                 "holmes_per_node_only_misses": node_only_misses},
         plots=_plots(summary, breakdown, out_dir) if out_dir is not None and summary else [],
     )
