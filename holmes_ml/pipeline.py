@@ -94,7 +94,7 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
         float64 score per row, aligned with ``ops``.
     """
     cfg = config or LocalizeConfig()
-    classes = _op_classes(ops.reset_index(drop=True))
+    classes = _op_classes(ops)
     return _rule_scores(ops, cfg, classes, _class_stats(ops, classes))
 
 
@@ -243,7 +243,7 @@ def _combine(*codes: np.ndarray) -> np.ndarray:
 
 
 def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per row (of a table with a default index): its position among the rank's copies of its
+    """Per row (positional: any index): its position among the rank's copies of its
     group in the iteration, and its class key (``op, group_kind, nbytes`` and that position).
     Integer keys throughout: string concatenation over millions of rows dominates otherwise."""
     it = o["iteration"].to_numpy(dtype=np.int64)
@@ -259,8 +259,9 @@ def _class_stats(
     ops: pd.DataFrame, classes: tuple[np.ndarray, np.ndarray] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reference duration, MAD-based σ and preceding compute gap per row (aligned with ops).
-    ``classes``: :func:`_op_classes` of ``ops``, when already computed."""
-    o = ops.reset_index(drop=True)
+    ``classes``: :func:`_op_classes` of ``ops``, when already computed. Every column is read
+    positionally, so the index of ``ops`` does not matter (and the frame is not copied)."""
+    o = ops
     rank = o["rank"].to_numpy(dtype=np.int64)
     group = _codes(o["group"])
     start = o["start_ns"].to_numpy(dtype=np.int64)
@@ -411,11 +412,21 @@ def summarize_per_host(
     ValueError
         When ``ops`` has no ``host`` column.
     """
+    return [summarize(sub, model, config) for _, sub in per_host(ops)]
+
+
+def per_host(ops: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """``(host, that host's operators)`` in host order: what each node agent logs and scores.
+
+    Raises
+    ------
+    ValueError
+        When ``ops`` has no ``host`` column.
+    """
     if "host" not in ops.columns:
         raise ValueError("ops: no 'host' column; expected the host of every rank to split "
                          "the operators by node")
-    return [summarize(sub, model, config)
-            for _, sub in ops.groupby(ops["host"].astype(str), sort=True)]
+    return [(str(host), sub) for host, sub in ops.groupby(ops["host"].astype(str), sort=True)]
 
 
 def _groups_of(ops: pd.DataFrame) -> pd.DataFrame:

@@ -593,11 +593,10 @@ def _node_only_misses(trials: pd.DataFrame) -> list[dict[str, Any]]:
     by_trial = ["gpus", "dims", "delta", "kind", "pattern", "seed", "sweep"]
     if not {"holmes", "holmes, per node"} <= set(trials.get("method", ())):
         return []
-    rows = trials[trials["kind"] != "healthy"]
-    sweep = (rows["sweep"] if "sweep" in rows.columns
-             else pd.Series(None, index=rows.index, dtype=object)).astype(object)
-    rows = rows.assign(sweep=sweep.fillna("grid"))
-    rows = rows[rows["method"].isin(["holmes", "holmes, per node"])]
+    rows = trials[(trials["kind"] != "healthy")
+                  & trials["method"].isin(["holmes", "holmes, per node"])]
+    sweep = rows["sweep"].astype(object) if "sweep" in rows.columns else None
+    rows = rows.assign(sweep="grid" if sweep is None else sweep.fillna("grid"))
     both = rows.groupby([*by_trial, "method"], dropna=False)["top1"].first().unstack("method")
     both = both.dropna().astype(bool)  # trials both methods were scored on
     lost = both[both["holmes"] & ~both["holmes, per node"]]
@@ -633,7 +632,7 @@ def _parquet_bytes(df: pd.DataFrame) -> int:
 def _speed(quick: bool) -> dict[str, float]:
     from holmes_ml.localize import LocalizeConfig
     from holmes_ml.localize.rules import localize_records
-    from holmes_ml.pipeline import _class_stats, localize_summaries, summarize
+    from holmes_ml.pipeline import _class_stats, localize_summaries, per_host, summarize
     from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
     gpus = 2048 if quick else 8192
@@ -654,7 +653,7 @@ def _speed(quick: bool) -> dict[str, float]:
     default_model()  # an agent loads it once, before its first window
     node_seconds: list[float] = []
     parts = []
-    for _, sub in ops.groupby(ops["host"].astype(str), sort=True):
+    for _, sub in per_host(ops):
         t0 = time.perf_counter()
         parts.append(summarize(sub))
         node_seconds.append(time.perf_counter() - t0)
