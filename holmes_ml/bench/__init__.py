@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "drift": "holmes_ml.bench.drift:run",
     "localize": "holmes_ml.bench.localize:run",
     "latency": "holmes_ml.bench.latency:run",
+    "agents": "holmes_ml.bench.agents:run",
     "logger": "holmes_ml.bench.logger:run",
     "serve": "holmes_ml.bench.serve:run",
 }

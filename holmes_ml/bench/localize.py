@@ -479,7 +479,9 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 if isinstance(fn, str):
                     row["truth"] = ",".join(sorted(devices))
             else:
-                row["flagged"] = bool(sus) if isinstance(fn, str) else True
+                # a ranking plug-in always names someone; one that may abstain says so
+                abstains = isinstance(fn, str) or getattr(fn, "abstains", False)
+                row["flagged"] = bool(sus) if abstains else True
             if isinstance(fn, str):
                 row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             rows.append(row)
@@ -495,7 +497,7 @@ def _jobs(scs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def _run_jobs(scs: list[dict[str, Any]], localizers: dict[str, Any] | None,
-              workers: int) -> tuple[list, list]:
+              workers: int, only: tuple[str, ...] | None = None) -> tuple[list, list]:
     jobs = _jobs(scs)
     rows: list[dict[str, Any]] = []
     unobservable: list[dict[str, Any]] = []
@@ -512,12 +514,13 @@ def _run_jobs(scs: list[dict[str, Any]], localizers: dict[str, Any] | None,
         if workers > 1:
             ctx = mp.get_context("fork")
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                for r, u in pool.map(_trials, jobs, [localizers] * len(jobs)):
+                for r, u in pool.map(_trials, jobs, [localizers] * len(jobs),
+                                     [only] * len(jobs)):
                     rows += r
                     unobservable += u
             return rows, unobservable
     for job in jobs:
-        r, u = _trials(job, localizers)
+        r, u = _trials(job, localizers, only)
         rows += r
         unobservable += u
     return rows, unobservable
@@ -529,10 +532,12 @@ AXES: tuple[str, ...] = ("gpus", "dims", "delta", "kind", "pattern")
 
 
 def _accuracy(
-    scs: list[dict[str, Any]], localizers: dict[str, Any] | None = None, workers: int = 1
+    scs: list[dict[str, Any]], localizers: dict[str, Any] | None = None, workers: int = 1,
+    only: tuple[str, ...] | None = None,
 ) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """Score every method on ``scs``: (summary per method, breakdown per axis, trial rows)."""
-    rows, unobservable = _run_jobs(scs, localizers, workers)
+    """Score every method (or those named in ``only``) on ``scs``: (summary per method,
+    breakdown per axis, trial rows)."""
+    rows, unobservable = _run_jobs(scs, localizers, workers, only)
     df = pd.DataFrame(rows)
     summary: list[dict[str, Any]] = []
     breakdown: list[dict[str, Any]] = []

@@ -13,6 +13,10 @@ the job's topology, and returns its suspects best first. Each suspect may be
   (see :mod:`holmes_ml.topology`),
 * an object with a ``ranks`` attribute (such as :class:`holmes_ml.localize.Candidate`).
 
+A ranking always names someone, so on a healthy job a plug-in counts as having flagged it. A
+localizer that returns an empty list when it sees nothing wrong says so with a true
+``abstains`` attribute; its healthy jobs are then flagged only when it names a suspect.
+
 Give it to the benchmark as ``module:attribute`` (the module must be importable, e.g. on
 ``PYTHONPATH``); a class is instantiated with no arguments::
 
