@@ -83,6 +83,12 @@ class LocalizeConfig:
     with_rule:
         With an ML detector, also count as abnormal the copies the "3σ + rule" baseline flags
         (union). Off: the detector alone decides.
+    comm_gap_fallback:
+        When the operator records name no one in an irregular window, look for a rank whose
+        communication time per iteration (from the iteration summaries) fell far below its
+        host-mates': they waited for it (see ``holmes_ml.localize.rules._comm_gap_candidates``).
+        This is what finds a slow GPU when a node agent scores a host that holds exactly one
+        tensor-parallel group. Off: the records alone decide.
     delta:
         An iteration is irregular when it takes ``delta`` x its robust reference (the median of
         earlier regular iterations). Holmes finds that below about 1.04 normal jitter swamps
@@ -109,6 +115,7 @@ class LocalizeConfig:
     workload_min_iterations: int = 4
     workload_persistence: float = 0.5
     with_rule: bool = True
+    comm_gap_fallback: bool = True
     delta: float = 1.1
 
     def __post_init__(self) -> None:

@@ -111,7 +111,8 @@ def localize_records(
     irregular = bool(irregular_iterations)
     stats: dict[str, float] = {"abnormal_rows": float(len(abnormal))}
     if len(abnormal) == 0:
-        return Verdict(irregular, tuple(irregular_iterations), (), (), stats)
+        return _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
+                              iterations, topology, cfg)
     times = _iteration_times_us(iterations)
     it_weight, med_iter_us = _iteration_weights(times)
     ab = abnormal.reset_index(drop=True)
@@ -190,7 +191,104 @@ def localize_records(
         out.append(_with_score(c, share))
     out = _mark_ties(out)[: cfg.top_k]
     stats["median_iteration_us"] = med_iter_us
-    return Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats)
+    return _with_comm_gap(
+        Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats),
+        iterations, topology, cfg)
+
+
+def _with_comm_gap(verdict: Verdict, iterations: pd.DataFrame, topology: Topology,
+                   cfg: LocalizeConfig) -> Verdict:
+    """``verdict``, or - when it is irregular and names neither a device nor a workload cause -
+    the candidates of :func:`_comm_gap_candidates`."""
+    if (not cfg.comm_gap_fallback or not verdict.irregular or verdict.candidates
+            or verdict.workload_findings or iterations is None or len(iterations) == 0):
+        return verdict
+    cands = _comm_gap_candidates(iterations, topology, verdict.irregular_iterations, cfg)
+    if not cands:
+        return verdict
+    stats = {**verdict.stats, "comm_gap_candidates": float(len(cands))}
+    return replace(verdict, candidates=tuple(cands[: cfg.top_k]), stats=stats)
+
+
+#: A host needs this many reporting ranks for its median communication time to stand for "the
+#: others" (with two, either rank is the odd one out).
+_COMM_GAP_MIN_RANKS = 3
+
+
+def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
+                         irregular: tuple[int, ...], cfg: LocalizeConfig) -> list[Candidate]:
+    """The normal one is the straggler, read off the per-iteration summaries every node ships.
+
+    Used when the operator records name no one. Each node's summary gives, per iteration and
+    rank, the time the rank spent in communication (``comm_us``). Ranks that wait for a slow
+    partner spend that wait communicating; the slow rank, arriving last, does not. So when, in
+    the irregular iterations, one rank's communication time falls below the median of the other
+    ranks on its host by at least ``min_step_share`` x ``(delta - 1)`` x the usual iteration
+    time - more than it did in the regular iterations, and as the only rank of its host to do so
+    - its host-mates waited that long for it. A rank singled out this way in at least half of the
+    irregular iterations is a GPU candidate, scored by the waits it caused.
+
+    This is what localizes a slow GPU when a node agent scores a host holding exactly one
+    tensor-parallel group (tp8 on 8-GPU hosts): the partners' waits are then the only copies of
+    those collectives the host has, there is no other group to compare them with, and the
+    detector flags almost none of them; their communication time still rises by the wait.
+    """
+    irr = [int(i) for i in irregular]
+    if not irr:
+        return []
+    known = topology.ranks["rank"].to_numpy()
+    it = iterations[iterations["rank"].isin(known)]
+    if len(it) == 0:
+        return []
+    fabric = Fabric(topology)
+    rank = it["rank"].to_numpy(dtype=np.int64)
+    frame = pd.DataFrame({"iteration": it["iteration"].to_numpy(dtype=np.int64), "rank": rank,
+                          "host": fabric.hosts(rank),
+                          "comm_us": it["comm_us"].to_numpy(dtype=np.float64)})
+    by = frame.groupby(["iteration", "host"], sort=False)["comm_us"]
+    frame = frame.assign(gap=by.transform("median") - frame["comm_us"],
+                         n=by.transform("size"))
+    frame = frame[frame["n"] >= _COMM_GAP_MIN_RANKS]
+    if len(frame) == 0:
+        return []
+    is_irr = frame["iteration"].isin(irr).to_numpy()
+    # a rank's usual gap (its stage, its place in the ring) is not a wait it caused
+    usual = frame[~is_irr].groupby("rank")["gap"].median()
+    frame = frame[is_irr]
+    excess = frame["gap"].to_numpy() - usual.reindex(frame["rank"]).fillna(0.0).to_numpy()
+    frame = frame.assign(excess=excess)
+    times = _iteration_times_us(iterations)
+    step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(times, tuple(irr))
+    if step_floor <= 0:
+        return []
+    hits = frame[frame["excess"].to_numpy() >= step_floor]
+    # the only rank of its host singled out in that iteration (two slow GPUs on one host, or a
+    # host-wide pause, do not make one rank the origin)
+    hits = hits[hits.groupby(["iteration", "host"])["rank"].transform("size") == 1]
+    if len(hits) == 0:
+        return []
+    per_rank = hits.groupby("rank").agg(sum=("excess", "sum"), n_it=("iteration", "nunique"))
+    per_rank = per_rank[per_rank["n_it"] >= max(1, int(np.ceil(0.5 * len(irr))))]
+    if len(per_rank) == 0:
+        return []
+    per_rank = per_rank.sort_values("sum", ascending=False)
+    total = float(per_rank["sum"].sum())
+    coords = _coords_table(topology)
+    cands = []
+    for r, row in per_rank.iterrows():
+        r = int(r)
+        host = fabric.host(r)
+        rows = hits[hits["rank"] == r].sort_values("excess", ascending=False).head(5)
+        evidence = tuple(
+            Evidence(int(e.iteration), f"host:{host}", -1, "", "comm-gap",
+                     f"rank {r} spent {e.excess / 1e3:.0f} ms less communicating than the other "
+                     f"ranks of {host} (beyond its usual gap): they waited for it",
+                     float(e.excess))
+            for e in rows.itertuples()
+        )
+        cands.append(Candidate(DeviceKind.GPU, fabric.gpu(r), (r,), (host,),
+                               float(row["sum"]) / total, coords.get(r), evidence))
+    return cands
 
 
 def _usual_iteration_us(times: pd.Series, irregular: tuple[int, ...]) -> float:

@@ -44,7 +44,9 @@ class Evidence:
     rule:
         ``"straggler"`` (the candidate arrived last and its lateness is not explained by an
         earlier wait), ``"p2p-chain"`` (reached by following a late send upstream),
-        ``"communication"`` (every copy was slow: the transfer itself) or ``"host-stall"``.
+        ``"communication"`` (every copy was slow: the transfer itself), ``"host-stall"`` or
+        ``"comm-gap"`` (the candidate's communication time in the iteration fell far below its
+        host-mates': they waited for it; ``group`` is then ``host:H``, ``seq`` -1, ``op`` empty).
     detail:
         Human-readable sentence.
     weight:
