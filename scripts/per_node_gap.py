@@ -1,11 +1,13 @@
-"""Why the deployed path (each host scored on its own) misses a slow GPU when one host holds a
-whole tensor-parallel group.
+"""Why the deployed path (each host scored on its own) flags almost none of a slow GPU's waits
+when one host holds a whole tensor-parallel group, and what names the GPU all the same.
 
 Simulates a LLaMA2-70B tp8 x pp8 job (every 8-GPU host is one tensor-parallel group) with one GPU
 slowed from a later iteration, scores it twice - the whole job at once, as ``holmes localize``
 does, and each host on its own, as the node agents do
 (:func:`holmes_ml.pipeline.summarize_per_host`) - and prints, for the faulty host, how many of
-the all_reduce copies the fault prolonged each scoring flags, and both verdicts.
+the all_reduce copies the fault prolonged each scoring flags, and the verdicts: per host with and
+without the comm-gap fallback (``LocalizeConfig.comm_gap_fallback``), which reads the waits off
+the per-iteration communication times every node ships.
 ``--bench-trial GPUS SEED`` re-runs one of ``holmes bench localize``'s large-job GPU trials
 instead (the ones listed in ``details.holmes_per_node_only_misses``).
 
@@ -16,6 +18,7 @@ Usage: ``.venv/bin/python scripts/per_node_gap.py`` (512 GPUs, GPU 234 slowed fr
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from holmes_ml.io.schema import without_labels
 from holmes_ml.localize import LocalizeConfig
@@ -64,9 +67,13 @@ def main() -> None:
         rows = res.ops.loc[slowed, ["rank", "group", "seq", "iteration"]]
         caught = sum((int(r), str(g), int(s), int(i)) in keys
                      for r, g, s, i in rows.itertuples(index=False))
-        verdict = localize_summaries(parts, res.topology, cfg)
-        top = [(c.kind.value, list(c.ranks[:4])) for c in verdict.candidates[:2]]
-        print(f"  {name}: flags {caught:,} of them; verdict {top or 'empty'}")
+        print(f"  {name}: flags {caught:,} of them")
+        for label, conf in (("", cfg), (", no comm-gap fallback",
+                                        replace(cfg, comm_gap_fallback=False))):
+            verdict = localize_summaries(parts, res.topology, conf)
+            top = [(c.kind.value, list(c.ranks[:4]), c.evidence[0].rule if c.evidence else "")
+                   for c in verdict.candidates[:2]]
+            print(f"    verdict{label}: {top or 'empty'}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,12 @@ the rules read the *absence* of a participant as a normal copy:
   many paths, the other NICs of a slow ring are cleared by their own healthy send/recv), times
   the root of the share of slow flows it explains (one device explains them all).
 
+* **comm-gap** (fallback, when the records name no one in an irregular window) — a rank whose
+  communication time per iteration (the iteration summaries every node ships) fell far below its
+  host-mates' made them wait: the same rule read off per-rank totals. It finds the slow GPU of a
+  host that holds one whole tensor-parallel group, which that host's agent, with no other group
+  to compare with, barely flags.
+
 Per-rank evidence is measured above the background every rank collects from pipeline bubbles
 and jitter (the median rank's); workload findings need lateness in most analysed iterations, so a
 single long pause (a host stall) is a host candidate, not a rank imbalance.
