@@ -85,7 +85,8 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path)
     if verdict.candidates:
         top = verdict.candidates[0]
         ev = top.evidence
-        labels = [f"it{e.iteration} {e.group}#{e.seq}\n{e.rule}" for e in ev]
+        labels = [f"it{e.iteration} {e.group}" + (f"#{e.seq}" if e.seq >= 0 else "")
+                  + f"\n{e.rule}" for e in ev]
         ax.barh(np.arange(len(ev)), [e.weight / 1e3 for e in ev], color="tab:orange")
         ax.set_yticks(np.arange(len(ev)), labels, fontsize=7)
         ax.set_xlabel("explained time (ms)")

@@ -172,9 +172,10 @@ def _traffic(root: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
         part = [s for s in stats if s["gpus"] == gpus]
         st = np.concatenate([np.asarray(s["step_seconds"], dtype=float) for s in part])
         r, b = sum(s["raw_bytes"] for s in part), sum(s["sent_bytes"] for s in part)
+        its = sorted({s["iterations"] for s in part})
         rows.append({
             "gpus": gpus, "replays": len(part), "hosts": part[0]["hosts"],
-            "iterations": part[0]["iterations"],
+            "iterations": f"{its[0]}–{its[-1]}" if len(its) > 1 else str(its[0]),
             "raw_MB": round(r / 1e6, 1), "sent_MB": round(b / 1e6, 2),
             "bytes_fewer_pct": round(100 * (1 - b / r), 2) if r else None,
             "step_s_median": round(float(np.median(st)), 4),
@@ -194,6 +195,15 @@ def _by_trial_misses(trials: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     lost = both[both["holmes"].astype(bool) & ~both[LIVE].astype(bool)]
     return lost.reset_index()[key].to_dict("records")
+
+
+def _healthy_flagged(trials: pd.DataFrame) -> list[dict[str, Any]]:
+    """Healthy jobs the live agents gave a suspect, with what they named and the job's knobs."""
+    rows = trials[(trials["kind"] == "healthy") & (trials["method"] == LIVE)
+                  & trials["flagged"].astype(bool)]
+    cols = [c for c in ("gpus", "dims", "seed", "sweep", "jitter", "drift", "comm_drift", "named")
+            if c in rows.columns]
+    return rows[cols].to_dict("records")
 
 
 def run(quick: bool = False, workers: int = 2) -> BenchResult:
@@ -239,7 +249,8 @@ def run(quick: bool = False, workers: int = 2) -> BenchResult:
                 "agent": "holmes_ml.serve.agent.Agent with the bundled model, history 10, "
                          "one step per replayed iteration, flush after the last",
                 "service": "holmes serve on 127.0.0.1 (uvicorn subprocess, SQLite)"},
-        details={"live_only_misses": _by_trial_misses(trials) if len(trials) else []},
+        details={"live_only_misses": _by_trial_misses(trials) if len(trials) else [],
+                 "live_healthy_flagged_jobs": _healthy_flagged(trials) if len(trials) else []},
         tables={"methods": summary, "top-1 by GPU count": [r for r in breakdown
                                                            if r["by"] == "gpus"],
                 "replay traffic and agent step time by GPU count": traffic_rows},

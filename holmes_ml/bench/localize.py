@@ -480,12 +480,17 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                     row["truth"] = ",".join(sorted(devices))
             else:
                 # a ranking plug-in always names someone; one that may abstain says so
-                abstains = isinstance(fn, str) or getattr(fn, "abstains", False)
-                row["flagged"] = bool(sus) if abstains else True
-            if isinstance(fn, str):
+                row["flagged"] = bool(sus) if _abstains(fn) else True
+            if _abstains(fn):
                 row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             rows.append(row)
     return rows, unobservable
+
+
+def _abstains(fn: Any) -> bool:
+    """Does the method return an empty list for a job it finds healthy? (The built-in holmes
+    methods do; a ranking plug-in always names someone unless it says ``abstains``.)"""
+    return isinstance(fn, str) or bool(getattr(fn, "abstains", False))
 
 
 def _jobs(scs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
