@@ -82,3 +82,16 @@ def test_cases_cover_every_layout_and_kind_and_the_big_tp8_job():
     assert {"gpu_slow", "nic_slow", "link_slow", "host_stall", "healthy"} <= set(grid["kind"])
     assert (full["gpus"] == 2048).sum() >= 4
     assert (full.get("sweep") == "healthy").sum() > 0
+
+
+def test_a_failed_replay_voids_the_run(monkeypatch):
+    # the bench's trial loop scores a plug-in that raises as "named nothing", which on a healthy
+    # job would look right: run() must refuse to report such a run
+    from holmes_ml.bench import agents
+
+    def broken(self, ops, topology):
+        raise RuntimeError("service down")
+
+    monkeypatch.setattr(agents.LiveAgents, "__call__", broken)
+    with pytest.raises(RuntimeError, match="4 of 4 replays failed"):
+        agents.run(quick=True, workers=1)

@@ -83,7 +83,8 @@ class LiveAgents:
     Each call files a new job, writes the agents' logs and outboxes under ``root/<job>`` (removed
     afterwards) and its measurements to ``root/<job>.json``. The candidates are the service's
     verdict (objects with ``device``, ``ranks``, ``score``...). A service error, or a batch the
-    service refused, raises: the bench measures the deployed path, not its absence.
+    service refused, raises, and :func:`run` fails when any replay did: the bench measures the
+    deployed path, not its absence.
     """
 
     url: str
@@ -225,6 +226,12 @@ def run(quick: bool = False, workers: int = 2) -> BenchResult:
             proc.terminate()
             proc.wait(timeout=30)
         traffic, traffic_rows = _traffic(root)
+    scored = int((trials["method"] == LIVE).sum()) if len(trials) else 0
+    if traffic.get("replays", 0) != scored:
+        # _trials logs a plug-in's exception and scores it as "named nothing", which on a
+        # healthy job would read as a correct answer: a replay that failed voids the run
+        raise RuntimeError(f"holmes bench agents: {scored - traffic.get('replays', 0)} of "
+                           f"{scored} replays failed (see the warnings above)")
     seconds = time.perf_counter() - t0
     figures: dict[str, Any] = {}
     names = {"holmes": "holmes", "holmes, per node": "nodes", LIVE: "live"}
