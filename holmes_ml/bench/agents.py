@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.bench.record import BenchResult
+from holmes_ml.bench.serve import TOKEN as _TOKEN
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ GRID_SEEDS: tuple[int, ...] = (11, 12)
 HEALTHY_JOBS = 40
 BIG_GPUS = 2048
 BIG_SEED = 11
-_TOKEN = "bench"  # the token holmes_ml.bench.serve starts the service with
 
 
 def cases(quick: bool) -> list[dict[str, Any]]:
@@ -100,7 +100,7 @@ class LiveAgents:
 
         job = "t" + uuid.uuid4().hex[:12]
         base = Path(self.root) / job
-        agents: list[tuple[Agent, Path, pd.DataFrame]] = []
+        agents: list[tuple[Agent, Path, dict[Any, pd.DataFrame]]] = []
         step_s: list[float] = []
         t_all = time.perf_counter()
         try:
@@ -109,13 +109,14 @@ class LiveAgents:
                 folder.mkdir(parents=True)
                 cfg = AgentConfig(follow=folder, server=self.url, job=job, token=self.token,
                                   source=host)
-                agents.append((Agent(cfg), folder / "ops.csv", part))
+                by_it = dict(tuple(part.groupby("iteration", sort=False)))
+                agents.append((Agent(cfg), folder / "ops.csv", by_it))
             agents[0][0].put_topology(topology.to_dict())
             iterations = np.unique(ops["iteration"].to_numpy())
             for i, it in enumerate(iterations):
                 last = i == len(iterations) - 1
-                for agent, log, part in agents:
-                    rows = part[part["iteration"].to_numpy() == it]
+                for agent, log, by_it in agents:
+                    rows = by_it.get(it, ops.iloc[:0])
                     rows.to_csv(log, mode="a", header=i == 0, index=False)
                     t0 = time.perf_counter()
                     agent.step(flush=last)
@@ -189,13 +190,9 @@ def _traffic(root: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
 
 def _by_trial_misses(trials: pd.DataFrame) -> list[dict[str, Any]]:
     """Faulty trials whole-job holmes names at top-1 and the live agents do not."""
-    key = ["gpus", "dims", "kind", "pattern", "seed"]
-    faulty = trials[(trials["kind"] != "healthy") & trials["method"].isin(["holmes", LIVE])]
-    both = faulty.groupby([*key, "method"])["top1"].first().unstack("method").dropna()
-    if LIVE not in both.columns or "holmes" not in both.columns:
-        return []
-    lost = both[both["holmes"].astype(bool) & ~both[LIVE].astype(bool)]
-    return lost.reset_index()[key].to_dict("records")
+    from holmes_ml.bench.localize import _only_misses
+
+    return _only_misses(trials, "holmes", LIVE, by=("gpus", "dims", "kind", "pattern", "seed"))
 
 
 def _healthy_flagged(trials: pd.DataFrame) -> list[dict[str, Any]]:

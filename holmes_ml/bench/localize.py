@@ -597,20 +597,28 @@ def _accuracy(
 NOISY_AXES: tuple[str, ...] = ("jitter", "drift", "comm_drift", "dims", "kind", "pattern")
 
 
+def _only_misses(trials: pd.DataFrame, kept: str, lost: str,
+                 by: tuple[str, ...] = ("gpus", "dims", "delta", "kind", "pattern", "seed",
+                                        "sweep")) -> list[dict[str, Any]]:
+    """Faulty trials (keyed by ``by``) method ``kept`` gets right at top-1 and ``lost`` does not,
+    over the trials both were scored on. Grid trials have no ``sweep``: they read as ``grid``."""
+    keys = list(by)
+    if not {kept, lost} <= set(trials.get("method", ())):
+        return []
+    rows = trials[(trials["kind"] != "healthy") & trials["method"].isin([kept, lost])]
+    if "sweep" in keys:
+        sweep = rows["sweep"].astype(object) if "sweep" in rows.columns else None
+        rows = rows.assign(sweep="grid" if sweep is None else sweep.fillna("grid"))
+    both = rows.groupby([*keys, "method"], dropna=False)["top1"].first().unstack("method")
+    both = both.dropna().astype(bool)  # trials both methods were scored on
+    gone = both[both[kept] & ~both[lost]]
+    return gone.reset_index()[keys].to_dict("records")
+
+
 def _node_only_misses(trials: pd.DataFrame) -> list[dict[str, Any]]:
     """Faulty trials whole-job ``holmes`` gets right at top-1 and ``holmes, per node`` (the
     deployed path, each host scored on its own) does not."""
-    by_trial = ["gpus", "dims", "delta", "kind", "pattern", "seed", "sweep"]
-    if not {"holmes", "holmes, per node"} <= set(trials.get("method", ())):
-        return []
-    rows = trials[(trials["kind"] != "healthy")
-                  & trials["method"].isin(["holmes", "holmes, per node"])]
-    sweep = rows["sweep"].astype(object) if "sweep" in rows.columns else None
-    rows = rows.assign(sweep="grid" if sweep is None else sweep.fillna("grid"))
-    both = rows.groupby([*by_trial, "method"], dropna=False)["top1"].first().unstack("method")
-    both = both.dropna().astype(bool)  # trials both methods were scored on
-    lost = both[both["holmes"] & ~both["holmes, per node"]]
-    return lost.reset_index()[by_trial].to_dict("records")
+    return _only_misses(trials, "holmes", "holmes, per node")
 
 
 def _noisy_table(trials: pd.DataFrame) -> list[dict[str, Any]]:

@@ -28,9 +28,11 @@ import numpy as np
 from holmes_ml.bench.record import BenchResult
 from holmes_ml.io.schema import without_labels
 
+#: Bearer token of the service :func:`_start` launches.
+TOKEN = "bench"
 _LAUNCH = (
     "import sys; from holmes_ml.serve.app import ServeSettings, serve; "
-    "serve(ServeSettings(db=sys.argv[1], port=int(sys.argv[2]), token='bench', "
+    f"serve(ServeSettings(db=sys.argv[1], port=int(sys.argv[2]), token={TOKEN!r}, "
     "max_body_bytes=256 * 2**20, analyze_interval_s=0))"
 )
 _COLS = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us")
@@ -101,7 +103,7 @@ def _ingest(url: str, bodies: list[bytes], clients: int,
 
     def worker() -> None:
         with httpx.Client(base_url=url, timeout=120,
-                          headers={"Authorization": "Bearer bench",
+                          headers={"Authorization": f"Bearer {TOKEN}",
                                    "Content-Type": "application/json"}) as c:
             while True:
                 with lock:
