@@ -6,6 +6,8 @@ hosts that each hold one whole tensor-parallel group.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -88,6 +90,29 @@ def test_healthy_and_regular_windows_are_left_alone():
     assert _verdict(its, (3,)).candidates == ()
 
 
+@pytest.mark.parametrize("rank", [2, 13])
+def test_a_gpu_slow_from_the_first_step_is_named_against_its_replicas(rank):
+    # no iteration is irregular (every one is slow alike): the rank's usual gap comes from the
+    # same GPU of the other hosts, whose host-mates did not wait
+    its = _iterations({i: [rank] for i in range(8)}, wait_us=300_000.0)
+    v = _verdict(its, ())
+    assert not v.irregular
+    assert [c.ranks for c in v.candidates] == [(rank,)]
+    assert "other replicas" in v.candidates[0].evidence[0].detail
+    assert _verdict(its, (), comm_gap_fallback=False).candidates == ()
+    # below the slowdown asked about, or on a single step of eight, it is jitter
+    assert _verdict(_iterations({i: [rank] for i in range(8)}, wait_us=40_000.0),
+                    ()).candidates == ()
+    assert _verdict(_iterations({3: [rank]}, wait_us=300_000.0), ()).candidates == ()
+
+
+def test_a_gap_every_replica_shows_is_its_role_not_a_wait():
+    # GPU 1 of every host communicates 300 ms less (its place in the ring, say): a role, which
+    # the other replicas share, so no one waited for it
+    its = _iterations({}, wait_us=0.0, structural={h * GPUS + 1: -300_000.0 for h in range(HOSTS)})
+    assert _verdict(its, ()).candidates == ()
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_agents_on_tp8_hosts_name_the_slow_gpu(seed):
     """Each 8-GPU host is one tensor-parallel group: scored on its own, the faulty host flags
@@ -105,3 +130,23 @@ def test_agents_on_tp8_hosts_name_the_slow_gpu(seed):
     cfg = LocalizeConfig()
     verdict = localize_summaries(summarize_per_host(ops, None, cfg), res.topology, cfg)
     assert verdict.candidates and verdict.candidates[0].ranks == (rank,)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_agents_on_tp8_hosts_name_a_gpu_slow_from_the_first_step(seed):
+    """The same job with the GPU slow from its first logged iteration: no iteration is
+    irregular, and the healthy twin (same seed, no fault) names no one."""
+    from holmes_ml.io import without_labels
+    from holmes_ml.pipeline import localize_summaries, summarize_per_host
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    rank = int(np.random.default_rng(seed).integers(0, 256))
+    job = SimConfig(gpus=256, model="llama2-70b", tp=8, pp=8, iterations=6, seed=seed)
+    cfg = LocalizeConfig()
+    for faults, want in (((FaultSpec.parse(f"gpu_slow:rank={rank},severity=1.0"),), (rank,)),
+                         ((), None)):
+        res = simulate(replace(job, faults=faults))
+        verdict = localize_summaries(summarize_per_host(without_labels(res.ops), None, cfg),
+                                     res.topology, cfg)
+        assert not verdict.irregular
+        assert (verdict.candidates[0].ranks if verdict.candidates else None) == want

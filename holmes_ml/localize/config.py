@@ -84,9 +84,11 @@ class LocalizeConfig:
         With an ML detector, also count as abnormal the copies the "3σ + rule" baseline flags
         (union). Off: the detector alone decides.
     comm_gap_fallback:
-        When the operator records name no one in an irregular window, look for a rank whose
-        communication time per iteration (from the iteration summaries) fell far below its
-        host-mates': they waited for it (see ``holmes_ml.localize.rules._comm_gap_candidates``).
+        When the operator records name no one, look for a rank whose communication time per
+        iteration (from the iteration summaries) fell far below its host-mates': they waited for
+        it (see ``holmes_ml.localize.rules._comm_gap_candidates``). In an irregular window its
+        usual gap comes from the regular iterations; when no iteration is irregular (a fault
+        present from the first step), from the same GPU of the other data-parallel replicas.
         This is what finds a slow GPU when a node agent scores a host that holds exactly one
         tensor-parallel group. Off: the records alone decide.
     delta:

@@ -204,9 +204,10 @@ def localize_records(
 
 def _with_comm_gap(verdict: Verdict, iterations: pd.DataFrame, topology: Topology,
                    cfg: LocalizeConfig) -> Verdict:
-    """``verdict``, or - when it is irregular and names neither a device nor a workload cause -
-    the candidates of :func:`_comm_gap_candidates`."""
-    if (not cfg.comm_gap_fallback or not verdict.irregular or verdict.candidates
+    """``verdict``, or - when it names neither a device nor a workload cause - the candidates
+    of :func:`_comm_gap_candidates` (over its irregular iterations; over every iteration when
+    none is irregular, since a fault present from the first step makes none irregular)."""
+    if (not cfg.comm_gap_fallback or verdict.candidates
             or verdict.workload_findings or iterations is None or len(iterations) == 0):
         return verdict
     cands = _comm_gap_candidates(iterations, topology, verdict.irregular_iterations, cfg)
@@ -234,14 +235,18 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
     - its host-mates waited that long for it. A rank singled out this way in at least half of the
     irregular iterations is a GPU candidate, scored by the waits it caused.
 
+    With no irregular iteration (``irregular`` empty: a fault present from the first step slows
+    every iteration alike) every iteration is analysed, and a rank's usual gap is what the
+    ranks of the same role (the same GPU of their host and the same coordinates but ``dp``: the
+    same program in another data-parallel replica) show on the other hosts in that iteration:
+    their median, which one slow GPU among dozens of replicas does not move.
+
     This is what localizes a slow GPU when a node agent scores a host holding exactly one
     tensor-parallel group (tp8 on 8-GPU hosts): the partners' waits are then the only copies of
     those collectives the host has, there is no other group to compare them with, and the
     detector flags almost none of them; their communication time still rises by the wait.
     """
     irr = [int(i) for i in irregular]
-    if not irr:
-        return []
     known = topology.ranks["rank"].to_numpy()
     it = iterations[iterations["rank"].isin(known)]
     if len(it) == 0:
@@ -257,12 +262,21 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
     frame = frame[frame["n"] >= _COMM_GAP_MIN_RANKS]
     if len(frame) == 0:
         return []
-    is_irr = frame["iteration"].isin(irr).to_numpy()
     # a rank's usual gap (its stage, its place in the ring) is not a wait it caused
-    usual = frame[~is_irr].groupby("rank")["gap"].median()
-    frame = frame[is_irr]
-    excess = frame["gap"].to_numpy() - usual.reindex(frame["rank"]).fillna(0.0).to_numpy()
-    frame = frame.assign(excess=excess)
+    if irr:
+        is_irr = frame["iteration"].isin(irr).to_numpy()
+        usual = frame[~is_irr].groupby("rank")["gap"].median()
+        frame = frame[is_irr]
+        excess = frame["gap"].to_numpy() - usual.reindex(frame["rank"]).fillna(0.0).to_numpy()
+        frame = frame.assign(excess=excess)
+        analysed = len(irr)
+        beyond = "beyond its usual gap"
+    else:
+        frame = _excess_over_replicas(frame, topology)
+        analysed = int(frame["iteration"].nunique())
+        beyond = "beyond what the same GPU of the other replicas shows"
+    if len(frame) == 0:
+        return []
     times = _iteration_times_us(iterations)
     step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(times, tuple(irr))
     if step_floor <= 0:
@@ -274,7 +288,7 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
     if len(hits) == 0:
         return []
     per_rank = hits.groupby("rank").agg(sum=("excess", "sum"), n_it=("iteration", "nunique"))
-    per_rank = per_rank[per_rank["n_it"] >= max(1, int(np.ceil(0.5 * len(irr))))]
+    per_rank = per_rank[per_rank["n_it"] >= max(1, int(np.ceil(0.5 * analysed)))]
     if len(per_rank) == 0:
         return []
     per_rank = per_rank.sort_values("sum", ascending=False)
@@ -288,13 +302,34 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
         evidence = tuple(
             Evidence(int(e.iteration), f"host:{host}", -1, "", "comm-gap",
                      f"rank {r} spent {e.excess / 1e3:.0f} ms less communicating than the other "
-                     f"ranks of {host} (beyond its usual gap): they waited for it",
+                     f"ranks of {host} ({beyond}): they waited for it",
                      float(e.excess))
             for e in rows.itertuples()
         )
         cands.append(Candidate(DeviceKind.GPU, fabric.gpu(r), (r,), (host,),
                                float(row["sum"]) / total, coords.get(r), evidence))
     return cands
+
+
+#: Coordinates that, with the GPU's place on its host, give a rank's role: ranks of one role
+#: run the same program in different data-parallel replicas.
+_ROLE_COORDS = ("gpu", "pp", "tp", "cp", "ep")
+
+
+def _excess_over_replicas(frame: pd.DataFrame, topology: Topology) -> pd.DataFrame:
+    """``frame`` (iteration, rank, gap) with ``excess``: the gap minus the median gap of the
+    ranks of the same role (:data:`_ROLE_COORDS`) in that iteration; roles held by fewer than
+    :data:`_COMM_GAP_MIN_RANKS` reporting ranks have no reference and are dropped."""
+    coords = [c for c in _ROLE_COORDS if c in topology.ranks.columns]
+    if not coords:
+        return frame.iloc[:0].assign(excess=np.zeros(0))
+    role = pd.Series(pd.factorize(pd.MultiIndex.from_frame(topology.ranks[coords]))[0],
+                     index=topology.ranks["rank"].to_numpy())
+    frame = frame.assign(role=role.reindex(frame["rank"].to_numpy()).to_numpy())
+    by = frame.groupby(["iteration", "role"], sort=False)["gap"]
+    frame = frame.assign(excess=frame["gap"] - by.transform("median"),
+                         peers=by.transform("size"))
+    return frame[frame["peers"] >= _COMM_GAP_MIN_RANKS]
 
 
 def _usual_iteration_us(times: pd.Series, irregular: tuple[int, ...]) -> float:
