@@ -23,9 +23,10 @@ the rules read the *absence* of a participant as a normal copy:
   many paths, the other NICs of a slow ring are cleared by their own healthy send/recv), times
   the root of the share of slow flows it explains (one device explains them all).
 
-* **comm-gap** (fallback, when the records name no one in an irregular window) — a rank whose
-  communication time per iteration (the iteration summaries every node ships) fell far below its
-  host-mates' made them wait: the same rule read off per-rank totals. It finds the slow GPU of a
+* **comm-gap** (fallback, when the records name no one) — a rank whose communication time per
+  iteration (the iteration summaries every node ships) fell far below its host-mates', beyond
+  its usual gap (from regular iterations, or from its replicas on other hosts when no iteration
+  is irregular), made them wait: the same rule read off per-rank totals. It finds the slow GPU of a
   host that holds one whole tensor-parallel group, which that host's agent, with no other group
   to compare with, barely flags.
 
