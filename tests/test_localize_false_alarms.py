@@ -88,6 +88,30 @@ def test_a_step_many_hosts_are_late_in_singles_out_nobody():
     assert _singled_out(held, 195.0, fabric, 2).all()
 
 
+def test_peers_just_below_the_floor_still_share_the_step():
+    # Lateness estimates move by a few per cent with the window they come from (a node agent's
+    # trailing context against the whole window). Step 0: one rank just clears the floor, ranks
+    # on four other hosts fall just short of it: they were late together.
+    topo = simulate(SimConfig(gpus=64, model="llama2-7b", iterations=2, seed=0)).topology
+    fabric = Fabric(topo)
+    ranks = sorted({fabric.host(r): r for r in range(64)}.values())[:5]
+    held = pd.Series([1010.0, 980.0, 975.0, 990.0, 970.0, 1500.0, 300.0],
+                     index=pd.MultiIndex.from_tuples(
+                         [(0, r) for r in ranks] + [(1, ranks[0]), (1, ranks[1])],
+                         names=["iteration", "rank"]))
+    # counting only the ranks that clear the floor singles out the first one
+    assert _singled_out(held, 1000.0, fabric, 2).tolist() == [True] * 7
+    # counting every rank late by half the floor or more: step 0 is shared; in step 1 the
+    # other rank is at jitter level (0.3 x), so the late one still stands out
+    assert _singled_out(held, 1000.0, fabric, 2, 500.0).tolist() == [False] * 5 + [True] * 2
+    assert LocalizeConfig().step_peer_share < 1.0
+
+
+def test_step_peer_share_is_checked():
+    with pytest.raises(ValueError, match="step_peer_share"):
+        LocalizeConfig(step_peer_share=1.5)
+
+
 # --------------------------------------------------------------- noisy healthy jobs
 #: A healthy 2-D job on a very noisy cluster (10 % jitter) whose transfers drift 20 % slower:
 #: jitter makes a data-parallel ring crossing the same NICs slow in a step or two.

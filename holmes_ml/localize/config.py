@@ -68,6 +68,14 @@ class LocalizeConfig:
         collective that ties one pipeline stage of every replica to its slowest member), not by
         one of them: it does not count toward any rank's floor. One faulty GPU or host makes
         the ranks of one host late; 2 leaves room for two faults in the same step.
+    step_peer_share:
+        Which ranks count toward those hosts: the ones that held their partners back by at
+        least this share of the GPU/host floor. Below 1 so that ranks late *together* are seen
+        as such even when only some of them clear the floor: estimates of lateness move by a
+        few per cent with the window they are taken over (a node agent's trailing context
+        against a whole window), and a rank at 1.01 x the floor must not be singled out from
+        peers at 0.98 x. One faulty device leaves the ranks of other hosts at jitter level,
+        far below half the floor.
     top_k:
         Candidates returned at most.
     host_concentration:
@@ -112,6 +120,7 @@ class LocalizeConfig:
     min_step_share: float = 1.0
     min_device_step_share: float = 0.4
     max_step_hosts: int = 2
+    step_peer_share: float = 0.5
     top_k: int = 5
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
@@ -131,7 +140,8 @@ class LocalizeConfig:
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 0")
         for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
-                     "workload_persistence", "min_step_share", "min_device_step_share"):
+                     "workload_persistence", "min_step_share", "min_device_step_share",
+                     "step_peer_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")

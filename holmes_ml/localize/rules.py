@@ -597,7 +597,8 @@ def _rank_candidates(
         # the microbatches of a step; a host pause comes at once), over the steps that single
         # out a few hosts
         held = _held_back(strag, "rank")
-        worst = held[_singled_out(held, step_floor, fabric, cfg.max_step_hosts)].groupby(
+        worst = held[_singled_out(held, step_floor, fabric, cfg.max_step_hosts,
+                                  cfg.step_peer_share * step_floor)].groupby(
             level="rank").max().reindex(per_rank.index, fill_value=0.0)
         ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
@@ -652,11 +653,11 @@ def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
         level=["iteration", by]).sum()
 
 
-def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: int
-                 ) -> np.ndarray:
+def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: int,
+                 peer_floor: float | None = None) -> np.ndarray:
     """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_held_back`): False in the
     steps where ranks on more than ``max_hosts`` hosts each held their partners back by
-    ``step_floor`` or more.
+    ``peer_floor`` (default ``step_floor``) or more.
 
     One faulty device makes the ranks of one host late; when ranks on many hosts are each late
     enough to explain the whole slowdown of the same step, they were late together, from a
@@ -665,7 +666,8 @@ def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: 
     """
     if len(held) == 0:
         return np.zeros(0, dtype=bool)
-    late_rows = held[held.to_numpy() >= step_floor]
+    bar = step_floor if peer_floor is None else peer_floor
+    late_rows = held[held.to_numpy() >= bar]
     late = pd.Series(fabric.hosts(late_rows.index.get_level_values("rank").to_numpy()),
                      index=late_rows.index)
     n_hosts = late.groupby(level="iteration").nunique()
