@@ -95,3 +95,17 @@ def test_a_failed_replay_voids_the_run(monkeypatch):
     monkeypatch.setattr(agents.LiveAgents, "__call__", broken)
     with pytest.raises(RuntimeError, match="4 of 4 replays failed"):
         agents.run(quick=True, workers=1)
+
+
+def test_a_noisy_healthy_job_replayed_live_names_no_one(service):
+    # The healthy sweep's job 29 (256 GPUs, 6-D, 10 % jitter, 20 % compute and transfer drift):
+    # in its 15th step ranks on five hosts each held their partners back by 0.97-1.02 x the
+    # GPU/host floor, as the agents' trailing windows measure it, and the service named the two
+    # that cleared it. They were late together (LocalizeConfig.step_peer_share).
+    from holmes_ml.bench.localize import healthy_sweep
+
+    url, root = service
+    job = [sc for sc in healthy_sweep(False) if sc["seed"] == 2029]
+    assert job and job[0]["gpus"] == 256 and job[0]["jitter"] == 0.1
+    rows, _ = _trials(job, {LIVE: LiveAgents(url=url, root=str(root))}, only=(LIVE,))
+    assert [r["flagged"] for r in rows] == [False]

@@ -73,9 +73,10 @@ class LocalizeConfig:
         least this share of the GPU/host floor. Below 1 so that ranks late *together* are seen
         as such even when only some of them clear the floor: estimates of lateness move by a
         few per cent with the window they are taken over (a node agent's trailing context
-        against a whole window), and a rank at 1.01 x the floor must not be singled out from
-        peers at 0.98 x. One faulty device leaves the ranks of other hosts at jitter level,
-        far below half the floor.
+        against a whole window), and a rank at 1.02 x the floor must not be singled out from
+        peers at 0.97 x (the live agents' one healthy alarm in ``holmes bench agents``, gone
+        at 0.5). Every faulty trial of ``holmes bench localize`` gets the same verdict at 0.5
+        as with the floor itself.
     top_k:
         Candidates returned at most.
     host_concentration:
