@@ -84,6 +84,17 @@ def test_two_ranks_of_one_host_or_a_single_step_do_not_make_an_origin():
     assert [c.ranks for c in _verdict(once, (4,)).candidates] == [(5,)]
 
 
+def test_a_gap_on_many_hosts_in_the_same_steps_was_shared():
+    # GPU 1 of three hosts falls behind in the same irregular steps: a cause they shared (one
+    # pipeline stage of every replica tied to its slowest member), as for the records'
+    # stragglers (max_step_hosts); on two hosts it may be two faults, and both are named
+    three = _iterations({i: [1, GPUS + 1, 2 * GPUS + 1] for i in range(4, 8)}, wait_us=300_000.0)
+    assert _verdict(three, (4, 5, 6, 7)).candidates == ()
+    assert len(_verdict(three, (4, 5, 6, 7), max_step_hosts=3).candidates) == 3
+    two = _iterations({i: [1, GPUS + 1] for i in range(4, 8)}, wait_us=300_000.0)
+    assert sorted(c.ranks for c in _verdict(two, (4, 5, 6, 7)).candidates) == [(1,), (GPUS + 1,)]
+
+
 def test_healthy_and_regular_windows_are_left_alone():
     its = _iterations({}, wait_us=0.0)
     assert _verdict(its, ()).candidates == ()

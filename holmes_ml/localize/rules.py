@@ -286,6 +286,13 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
     # the only rank of its host singled out in that iteration (two slow GPUs on one host, or a
     # host-wide pause, do not make one rank the origin)
     hits = hits[hits.groupby(["iteration", "host"])["rank"].transform("size") == 1]
+    # and an iteration in which ranks on more than max_step_hosts hosts each show such a gap
+    # (by step_peer_share of the floor or more) was slowed by a cause they shared, as for the
+    # records' stragglers (_singled_out)
+    peers = frame[frame["excess"].to_numpy() >= cfg.step_peer_share * step_floor]
+    n_hosts = peers.groupby("iteration")["host"].nunique()
+    shared = n_hosts.index[n_hosts.to_numpy() > cfg.max_step_hosts]
+    hits = hits[~hits["iteration"].isin(shared)]
     if len(hits) == 0:
         return []
     per_rank = hits.groupby("rank").agg(sum=("excess", "sum"), n_it=("iteration", "nunique"))
