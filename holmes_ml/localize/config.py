@@ -76,7 +76,7 @@ class LocalizeConfig:
         against a whole window), and a rank at 1.02 x the floor must not be singled out from
         peers at 0.97 x (the live agents' one healthy alarm in ``holmes bench agents``, gone
         at 0.5). Every faulty trial of ``holmes bench localize`` gets the same verdict at 0.5
-        as with the floor itself.
+        as with the floor itself. The comm-gap fallback applies the same test to its gaps.
     top_k:
         Candidates returned at most.
     host_concentration:
