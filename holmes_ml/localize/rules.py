@@ -282,17 +282,16 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
     step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(times, tuple(irr))
     if step_floor <= 0:
         return []
-    hits = frame[frame["excess"].to_numpy() >= step_floor]
+    excess = frame["excess"].to_numpy()
+    # not in an iteration where ranks on many hosts show such a gap: a cause they shared, as
+    # for the records' stragglers
+    alone = _singled_out(pd.Series(excess, index=pd.MultiIndex.from_frame(
+        frame[["iteration", "rank"]])), step_floor, fabric, cfg.max_step_hosts,
+        cfg.step_peer_share * step_floor)
+    hits = frame[(excess >= step_floor) & alone]
     # the only rank of its host singled out in that iteration (two slow GPUs on one host, or a
     # host-wide pause, do not make one rank the origin)
     hits = hits[hits.groupby(["iteration", "host"])["rank"].transform("size") == 1]
-    # and an iteration in which ranks on more than max_step_hosts hosts each show such a gap
-    # (by step_peer_share of the floor or more) was slowed by a cause they shared, as for the
-    # records' stragglers (_singled_out)
-    peers = frame[frame["excess"].to_numpy() >= cfg.step_peer_share * step_floor]
-    n_hosts = peers.groupby("iteration")["host"].nunique()
-    shared = n_hosts.index[n_hosts.to_numpy() > cfg.max_step_hosts]
-    hits = hits[~hits["iteration"].isin(shared)]
     if len(hits) == 0:
         return []
     per_rank = hits.groupby("rank").agg(sum=("excess", "sum"), n_it=("iteration", "nunique"))
