@@ -68,3 +68,15 @@ def test_nics_of_a_pair_with_no_other_traffic_are_reported_tied(seed: int) -> No
     assert top[0].tied_with == (top[1].device,)
     assert top[1].tied_with == (top[0].device,)
     assert verdict.to_dict()["candidates"][0]["tied_with"] == [top[1].device]
+
+
+def test_a_slow_nic_on_a_noisy_job_is_named() -> None:
+    # 10 % compute jitter: over 24 steps jitter slows a flow here and there, so each spine
+    # collects more "slow" flows than the faulty NIC ever carries (its ring and its pipeline
+    # pair). What sets the NIC apart is that those two are slow together, step after step.
+    res = simulate(SimConfig(
+        gpus=128, model="mixtral-8x7b", tp=2, pp=2, ep=2, iterations=24, seed=7057, jitter=0.1,
+        faults=(FaultSpec.parse("nic_slow:rank=19,severity=0.5,start=10"),)))
+    verdict = analyze(res.ops.drop(columns=["abnormal", "fault_id"]), res.topology)
+    assert verdict.candidates, verdict
+    assert verdict.candidates[0].device == res.faults[0].devices[0]
