@@ -21,7 +21,10 @@ the rules read the *absence* of a participant as a normal copy:
   the excess of the slow flows crossing it, times the squared share of slow flows among all the
   flows crossing it (healthy flows clear a device: shared switches are not blamed for being on
   many paths, the other NICs of a slow ring are cleared by their own healthy send/recv), times
-  the root of the share of slow flows it explains (one device explains them all).
+  the root of the share of slow flows it explains (one device explains them all): counted over
+  the window, or as the flows it slowed together in two steps or more against the most any
+  device did so, whichever is larger (on a noisy job jitter lends every spine more slow flows
+  over the window than the faulty NIC carries).
 
 * **comm-gap** (fallback, when the records name no one) — a rank whose communication time per
   iteration (the iteration summaries every node ships) fell far below its host-mates', beyond
