@@ -21,10 +21,7 @@ the rules read the *absence* of a participant as a normal copy:
   the excess of the slow flows crossing it, times the squared share of slow flows among all the
   flows crossing it (healthy flows clear a device: shared switches are not blamed for being on
   many paths, the other NICs of a slow ring are cleared by their own healthy send/recv), times
-  the root of the share of slow flows it explains (one device explains them all): counted over
-  the window, or as the flows it slowed together in two steps or more against the most any
-  device did so, whichever is larger (on a noisy job jitter lends every spine more slow flows
-  over the window than the faulty NIC carries).
+  the root of the share of slow flows it explains (one device explains them all).
 
 * **comm-gap** (fallback, when the records name no one) — a rank whose communication time per
   iteration (the iteration summaries every node ships) fell far below its host-mates', beyond
@@ -784,13 +781,6 @@ def _pair_key(a: np.ndarray | pd.Series, b: np.ndarray | pd.Series) -> np.ndarra
     return np.asarray(lo + "~" + hi, dtype=object)
 
 
-def _repeated_peak(per_iteration: dict[int, int]) -> int:
-    """The most slow flows a device crossed at once in at least two iterations (0 when it
-    was slow in one iteration only)."""
-    counts = sorted(per_iteration.values(), reverse=True)
-    return counts[1] if len(counts) > 1 else 0
-
-
 def _device_candidates(
     comm: pd.DataFrame,
     members: pd.DataFrame,
@@ -878,21 +868,11 @@ def _device_candidates(
     net_total = float(per_flow["w"].sum())
     # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring
     # alone explains less than the NIC that the ring *and* its pipeline pair cross.
-    # Counted over the window, a noisy job lets a spine crossed by hundreds of flows collect
-    # more "slow" flows (jitter slows one here and one there) than a faulty NIC ever carries,
-    # and the NIC fails the test. A fault slows its flows together, step after step: so a
-    # device also explains as many flows as it slowed at once in two steps or more (noise
-    # rarely slows the same few flows together twice), against the most any device did so.
-    # Either count serves.
     most = max(slow.values(), default=1)
-    together = {d: _repeated_peak(at) for d, at in slow_at.items()}
-    most_together = max(together.values(), default=0)
-    share = {d: max(slow[d] / most, together[d] / most_together if most_together else 0.0)
-             for d in slow}
     # One slow transfer is not a device: ask for several slow instances. Devices that miss the
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
-                and w * share[d] >= per_it_floor * len(slow_at[d])}
+                and w * slow[d] / most >= per_it_floor * len(slow_at[d])}
     if not suspects:
         return [], net_total
     # The most each suspect held the job back in one step: the union of the slow transfers
@@ -924,7 +904,7 @@ def _device_candidates(
         # the most flows it slowed in one iteration: a slow device slows the flows crossing
         # it together, jitter slows a few here and there (pooled over the window, a noisy job
         # would make every flow of a spine switch look slow)
-        frac = max(slow_at[d].values()) / (slow[d] + healthy[d]) * np.sqrt(share[d])
+        frac = max(slow_at[d].values()) / (slow[d] + healthy[d]) * np.sqrt(slow[d] / most)
         # Like a straggler, a device must explain a visible share of the iteration time in the
         # iterations where it shows up (a one-step spike counts against one step).
         if w * frac**2 < per_it_floor * len(slow_at[d]):
