@@ -200,18 +200,20 @@ def localize_records(
     stats["median_iteration_us"] = med_iter_us
     return _with_comm_gap(
         Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats),
-        iterations, topology, cfg)
+        iterations, topology, cfg, fabric)
 
 
 def _with_comm_gap(verdict: Verdict, iterations: pd.DataFrame, topology: Topology,
-                   cfg: LocalizeConfig) -> Verdict:
+                   cfg: LocalizeConfig, fabric: Fabric | None = None) -> Verdict:
     """``verdict``, or - when it names neither a device nor a workload cause - the candidates
     of :func:`_comm_gap_candidates` (over its irregular iterations; over every iteration when
-    none is irregular, since a fault present from the first step makes none irregular)."""
+    none is irregular, since a fault present from the first step makes none irregular).
+    ``fabric``: the topology's :class:`Fabric`, when the caller already built it."""
     if (not cfg.comm_gap_fallback or verdict.candidates
             or verdict.workload_findings or iterations is None or len(iterations) == 0):
         return verdict
-    cands = _comm_gap_candidates(iterations, topology, verdict.irregular_iterations, cfg)
+    cands = _comm_gap_candidates(iterations, topology, verdict.irregular_iterations, cfg,
+                                 fabric)
     if not cands:
         return verdict
     stats = {**verdict.stats, "comm_gap_candidates": float(len(cands))}
@@ -224,7 +226,8 @@ _COMM_GAP_MIN_RANKS = 3
 
 
 def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
-                         irregular: tuple[int, ...], cfg: LocalizeConfig) -> list[Candidate]:
+                         irregular: tuple[int, ...], cfg: LocalizeConfig,
+                         fabric: Fabric | None = None) -> list[Candidate]:
     """The normal one is the straggler, read off the per-iteration summaries every node ships.
 
     Used when the operator records name no one. Each node's summary gives, per iteration and
@@ -252,7 +255,8 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
     it = iterations[iterations["rank"].isin(known)]
     if len(it) == 0:
         return []
-    fabric = Fabric(topology)
+    if fabric is None:
+        fabric = Fabric(topology)
     rank = it["rank"].to_numpy(dtype=np.int64)
     frame = pd.DataFrame({"iteration": it["iteration"].to_numpy(dtype=np.int64), "rank": rank,
                           "host": fabric.hosts(rank),
