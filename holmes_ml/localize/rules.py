@@ -873,6 +873,11 @@ def _device_candidates(
     # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring
     # alone explains less than the NIC that the ring *and* its pipeline pair cross.
     most = max(slow.values(), default=1)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("slow flows crossing each device over the window (the most: %d), with its "
+                     "excess and the floor it must reach: %s", most,
+                     {d: (slow[d], round(weight[d]), round(per_it_floor * len(slow_at[d])))
+                      for d in sorted(slow, key=lambda d: -slow[d])[:8]})
     # One slow transfer is not a device: ask for several slow instances. Devices that miss the
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
