@@ -1,0 +1,95 @@
+"""Where do two localization methods part ways, on the bench's own jobs?
+
+Runs jobs of ``holmes bench localize`` - its grid, its healthy sweep or its noisy sweep, or a
+fresh draw of a sweep - through the methods asked for (names of the bench's methods), exactly as
+the bench scores them, and prints each method's top-1 (faulty jobs) or share flagged (healthy
+jobs) and every job on which the methods disagree, with the truth and what each named.
+``--debug`` logs the network rules' working (``holmes_ml.localize.rules`` at DEBUG: each
+device's slow flows over the window, its excess and the floor it must reach). Run it with
+``PYTHONPATH`` at another checkout to compare versions.
+
+Usage:
+``.venv/bin/python scripts/method_diff.py --sweep noisy`` (the noisy sweep, holmes_ml against
+"3sigma+rule (no ML)", about 5 minutes on 2 cores);
+``--sweep noisy --seeds 3022,3048,3122 --methods holmes --debug``;
+``--sweep healthy --where dims=5-D --methods holmes "holmes, per node"``;
+``--sweep grid --where sweep=delta --where delta=1.05 --where kind=nic_slow --seeds 11
+--methods holmes "holmes, per node" --debug``;
+``--sweep noisy --draw 4242 --first-seed 7000 --jobs 120 --where kind=nic_slow`` (a fresh draw).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pandas as pd
+from joblib import Parallel, delayed
+
+from holmes_ml.bench.localize import _jobs, _trials, healthy_sweep, noisy_sweep, scenarios
+
+
+def _select(scs: list[dict], where: list[str], seeds: set[int] | None) -> list[dict]:
+    """Jobs whose fields start with each ``key=value`` of ``where`` (as text), and whose seed is
+    in ``seeds`` (all when None)."""
+    out = []
+    for sc in scs:
+        if seeds is not None and sc["seed"] not in seeds:
+            continue
+        if all(str(sc.get(k, "")).startswith(v) for k, v in (w.split("=", 1) for w in where)):
+            out.append(sc)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sweep", choices=("grid", "healthy", "noisy"), default="noisy")
+    ap.add_argument("--draw", type=int, help="a fresh draw of the sweep (default: the bench's)")
+    ap.add_argument("--first-seed", type=int, help="first simulator seed of a fresh draw")
+    ap.add_argument("--jobs", type=int, help="jobs drawn (default: the bench's count)")
+    ap.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep jobs whose KEY starts with VALUE (dims=5-D, kind=nic_slow)")
+    ap.add_argument("--seeds", help="comma-separated simulator seeds to keep")
+    ap.add_argument("--methods", nargs="+", default=["holmes", "3sigma+rule (no ML)"])
+    ap.add_argument("--debug", action="store_true", help="log the network rules' working")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    if args.debug:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        logging.getLogger("holmes_ml.localize.rules").setLevel(logging.DEBUG)
+    draw = {k: v for k, v in (("draw", args.draw), ("first_seed", args.first_seed),
+                              ("n", args.jobs)) if v is not None}
+    if args.sweep == "grid":
+        scs = scenarios(False)
+    else:
+        scs = (noisy_sweep if args.sweep == "noisy" else healthy_sweep)(False, **draw)
+    seeds = {int(s) for s in args.seeds.split(",")} if args.seeds else None
+    scs = _select(scs, args.where, seeds)
+    if not scs:
+        raise SystemExit("no job matches --where / --seeds")
+
+    def run(job: list[dict]) -> list[dict]:
+        return _trials(job, None, only=tuple(args.methods))[0]
+
+    workers = 1 if args.debug else args.workers  # one process keeps the log in order
+    rows = [r for out in Parallel(n_jobs=workers)(delayed(run)(j) for j in _jobs(scs))
+            for r in out]
+    df = pd.DataFrame(rows)
+    score = "flagged" if args.sweep == "healthy" else "top1"
+    key = ["seed", "gpus", "dims", "delta", "kind"]
+    for method, sub in df.groupby("method", sort=False):
+        print(f"{method}: {score} {sub[score].mean():.3f} over {len(sub)} jobs")
+    wide = df.pivot_table(index=key, columns="method", values=score, aggfunc="first")
+    named = df.pivot_table(index=key, columns="method", values="named", aggfunc="first")
+    differ = wide.nunique(axis=1) > 1
+    print(f"\njobs where the methods disagree ({int(differ.sum())}):")
+    for idx in wide.index[differ]:
+        truth = df.set_index(key).loc[idx, "truth"] if "truth" in df else ""
+        truth = truth.iloc[0] if isinstance(truth, pd.Series) else truth
+        print(f"  {dict(zip(key, idx, strict=True))} truth={truth}")
+        for m in wide.columns:
+            print(f"    {m}: {score}={wide.loc[idx, m]} named={named.loc[idx, m]!r}")
+
+
+if __name__ == "__main__":
+    main()
