@@ -15,7 +15,8 @@ Usage:
 ``--sweep healthy --where dims=5-D --methods holmes "holmes, per node"``;
 ``--sweep grid --where sweep=delta --where delta=1.05 --where kind=nic_slow --seeds 11
 --methods holmes "holmes, per node" --debug``;
-``--sweep noisy --draw 4242 --first-seed 7000 --jobs 120 --where kind=nic_slow`` (a fresh draw).
+``--sweep noisy --draw 4242 --first-seed 7000 --jobs 120 --where
+kind=nic_slow,link_slow,switch_congested --methods holmes`` (a fresh draw).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from holmes_ml.bench.localize import _jobs, _trials, healthy_sweep, noisy_sweep,
 
 
 def _select(scs: list[dict], where: list[str], seeds: set[int] | None) -> list[dict]:
-    """Jobs whose fields start with each ``key=value`` of ``where`` (as text), and whose seed is
-    in ``seeds`` (all when None)."""
+    """Jobs whose field starts with one of the comma-separated values of each ``key=values``
+    of ``where`` (as text), and whose seed is in ``seeds`` (all when None)."""
+    tests = [(k, tuple(v.split(","))) for k, v in (w.split("=", 1) for w in where)]
     out = []
     for sc in scs:
         if seeds is not None and sc["seed"] not in seeds:
             continue
-        if all(str(sc.get(k, "")).startswith(v) for k, v in (w.split("=", 1) for w in where)):
+        if all(str(sc.get(k, "")).startswith(v) for k, v in tests):
             out.append(sc)
     return out
 
@@ -48,7 +50,8 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, help="first simulator seed of a fresh draw")
     ap.add_argument("--jobs", type=int, help="jobs drawn (default: the bench's count)")
     ap.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                    help="keep jobs whose KEY starts with VALUE (dims=5-D, kind=nic_slow)")
+                    help="keep jobs whose KEY starts with VALUE or one of VALUE,VALUE (dims=5-D, "
+                         "kind=nic_slow,link_slow)")
     ap.add_argument("--seeds", help="comma-separated simulator seeds to keep")
     ap.add_argument("--methods", nargs="+", default=["holmes", "3sigma+rule (no ML)"])
     ap.add_argument("--debug", action="store_true", help="log the network rules' working")
