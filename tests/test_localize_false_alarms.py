@@ -10,7 +10,7 @@ import pytest
 
 from holmes_ml.io.schema import without_labels
 from holmes_ml.localize import LocalizeConfig
-from holmes_ml.localize.instances import Fabric
+from holmes_ml.localize.fabric import Fabric
 from holmes_ml.localize.rules import _held_back, _singled_out
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate

@@ -321,7 +321,7 @@ def _tied_nic_ranks(ops: pd.DataFrame, topology: Any, nics: set[str]) -> set[int
     reads operator durations can tell them apart (e.g. the NICs of one data-parallel ring in a
     2-D job, or the two ends of a pipeline pair with no other inter-host traffic).
     """
-    from holmes_ml.localize.instances import Fabric
+    from holmes_ml.localize.fabric import Fabric
 
     if not nics or "group_ranks" not in ops.columns:
         return set()

@@ -3,12 +3,12 @@
 * :mod:`~holmes_ml.localize.types`: :class:`DeviceKind`, :class:`Evidence`, :class:`Candidate`,
   :class:`WorkloadFinding`, :class:`Verdict` (``Verdict.to_dict()`` is the JSON contract).
 * :mod:`~holmes_ml.localize.rules`: the graph rules and the cross-iteration ranking.
-* :mod:`~holmes_ml.localize.instances`: full-log operator instances and the cached
-  :class:`Fabric` (device resolution over a :class:`~holmes_ml.topology.Topology`).
+* :mod:`~holmes_ml.localize.fabric`: the cached :class:`Fabric` (the network devices a
+  communicator crosses, over a :class:`~holmes_ml.topology.Topology`).
 """
 
 from holmes_ml.localize.config import LocalizeConfig
-from holmes_ml.localize.instances import Fabric, build_instances
+from holmes_ml.localize.fabric import Fabric
 from holmes_ml.localize.rules import localize_records
 from holmes_ml.localize.types import Candidate, DeviceKind, Evidence, Verdict, WorkloadFinding
 
@@ -24,6 +24,5 @@ __all__ = [
     "LocalizeConfig",
     "Verdict",
     "WorkloadFinding",
-    "build_instances",
     "localize_records",
 ]

@@ -3,7 +3,7 @@
 The operator-device graph is kept implicit and compressed by communicator: an operator *instance*
 (collective ``(iteration, group, seq)`` or one send/recv pair) is an edge set between the
 communicator's ranks, and its network devices come from the communicator's ring
-(:class:`holmes_ml.localize.instances.Fabric`). Only abnormal copies are shipped by the nodes, so
+(:class:`holmes_ml.localize.fabric.Fabric`). Only abnormal copies are shipped by the nodes, so
 the rules read the *absence* of a participant as a normal copy:
 
 * **straggler** — some copies are abnormal, some members absent: the absent (normal) ones arrived
@@ -46,7 +46,7 @@ import pandas as pd
 
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
-from holmes_ml.localize.instances import Fabric
+from holmes_ml.localize.fabric import Fabric
 from holmes_ml.localize.types import Candidate, DeviceKind, Evidence, Verdict, WorkloadFinding
 from holmes_ml.topology import Topology
 
