@@ -12,14 +12,10 @@ class LocalizeConfig:
     Parameters
     ----------
     window:
-        Most recent irregular iterations analysed (older ones are ignored).
-    probe_iterations:
-        Iterations analysed even when the iteration monitor flags none, spread evenly over the
-        log: a fault present from the first step never makes an iteration *irregular* relative to
-        its neighbours, but its abnormal operators are still visible.
-    context_iterations:
-        Regular iterations next to the analysed ones whose operators set the "typical transfer
-        time" of each operator class (only those ops are scored: the detector pre-filter).
+        Most recent iterations with abnormal operator records that are analysed (older ones are
+        ignored). Every such iteration counts, irregular or not: a fault present from the first
+        step never makes an iteration *irregular* relative to its neighbours, but its abnormal
+        operators are still there.
     score_threshold:
         Operator score at or above which an operator copy is abnormal. ``None``: the model's
         ``threshold_`` (or 0.5).
@@ -107,8 +103,6 @@ class LocalizeConfig:
     """
 
     window: int = 50
-    probe_iterations: int = 3
-    context_iterations: int = 3
     score_threshold: float | None = None
     follow_fraction: float = 0.5
     min_wait_us: float = 50.0
@@ -136,10 +130,6 @@ class LocalizeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")
-        for name in ("probe_iterations", "context_iterations"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 0")
         for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
                      "workload_persistence", "min_step_share", "min_device_step_share",
                      "step_peer_share"):
