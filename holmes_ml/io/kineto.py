@@ -58,8 +58,6 @@ _CPU_PREFIXES = ("nccl:", "gloo:", "c10d::")
 _NOT_COMM = frozenset({"wait", "waittensor", "coalesced", "init", "split", "commsplit",
                        "startcoalescing", "endcoalescing", "abort", "shrink"})
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-#: Columns produced beyond the required ones.
-EXTRA_COLUMNS = ("group_ranks", "peer", "clock")
 
 
 @dataclass

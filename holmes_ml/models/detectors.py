@@ -24,9 +24,8 @@ import numbers
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.ensemble import IsolationForest, RandomForestClassifier
-from sklearn.metrics import f1_score
 from sklearn.model_selection import GroupKFold, StratifiedKFold, cross_val_predict
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.pipeline import make_pipeline
@@ -654,16 +653,3 @@ class IsolationForestDetector(_UnsupervisedDetector):
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return np.clip(-self.estimator_.score_samples(X), 0.0, 1.0)
-
-
-def f1_of(detector: Any, X, y) -> float:
-    """F1 of ``detector.predict(X)`` for the abnormal class (1/True)."""
-    pred = detector.predict(X)
-    y = np.asarray(y)
-    pos = getattr(detector, "classes_", np.array([0, 1]))[-1]
-    return float(f1_score(y == pos, np.asarray(pred) == pos, zero_division=0.0))
-
-
-def clone_detector(detector: Any, **params: Any) -> Any:
-    """``sklearn.base.clone`` plus ``set_params(**params)`` (a convenience for harnesses)."""
-    return clone(detector).set_params(**params)

@@ -21,8 +21,6 @@ from holmes_ml.topology import Topology
 
 logger = logging.getLogger(__name__)
 
-CANONICAL = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us")
-
 
 @dataclass(frozen=True)
 class Analyzers:
