@@ -37,6 +37,11 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this dir."),
+        graph: Path | None = typer.Option(
+            None, "--graph", help="Write the operator-device graph behind the verdict to this "
+            "GraphML file (networkx; opens in Gephi or Cytoscape): a node per communicator with "
+            "abnormal copies and per device it crosses, suspects marked with their place.",
+        ),
         topology: Path | None = typer.Option(
             None, "--topology", help="topology.json (otherwise derived from the logs)."
         ),
@@ -64,6 +69,14 @@ def register(app: typer.Typer) -> None:
             from holmes_ml.report import write_plots
 
             write_plots(verdict, summary.iterations, plot)
+        if graph is not None:
+            import networkx as nx
+
+            from holmes_ml.localize.graph import evidence_graph
+
+            job_topo = topo if topo is not None else pipeline.topology_from_summary(summary)
+            graph.parent.mkdir(parents=True, exist_ok=True)
+            nx.write_graphml(evidence_graph(summary, verdict, job_topo), graph)
         if as_json:
             typer.echo(json.dumps(verdict.to_dict()))
             return
