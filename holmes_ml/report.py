@@ -1,4 +1,5 @@
-"""Plots of a localization: iteration time, device heat map, evidence chain (matplotlib Agg).
+"""Plots of a localization: iteration time, device heat map, evidence chain and the slow
+communicators around the suspects (matplotlib Agg).
 
 Kept apart from the library core so matplotlib is imported only when a plot is asked for.
 """
@@ -7,13 +8,23 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from holmes_ml.localize.types import Verdict
 
+if TYPE_CHECKING:
+    import networkx as nx
+
 logger = logging.getLogger(__name__)
+
+#: graph.png: at most this many suspects, and this many communicators around them
+_GRAPH_SUSPECTS = 3
+_GRAPH_COMMS = 12
+_KIND_COLOURS = {"communicator": "tab:blue", "gpu": "tab:green", "nic": "tab:purple",
+                 "link": "tab:brown", "switch": "tab:gray", "host": "tab:olive"}
 
 
 def _plt():
@@ -25,8 +36,10 @@ def _plt():
     return plt
 
 
-def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write ``iterations.png``, ``heatmap.png`` and ``evidence.png`` into ``out_dir``.
+def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
+                graph: nx.Graph | None = None) -> list[Path]:
+    """Write ``iterations.png``, ``heatmap.png`` and ``evidence.png`` into ``out_dir``, and
+    ``graph.png`` when ``graph`` is given.
 
     Parameters
     ----------
@@ -37,6 +50,11 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path)
         :class:`holmes_ml.pipeline.NodeSummary`).
     out_dir:
         Created if missing.
+    graph:
+        The verdict's operator-device graph
+        (:func:`holmes_ml.localize.graph.evidence_graph`): ``graph.png`` draws the first
+        suspects and the communicators with abnormal copies that touch them, the most abnormal
+        copies first.
 
     Returns
     -------
@@ -98,5 +116,53 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path)
     written.append(out / "evidence.png")
     fig.savefig(written[-1], dpi=90)
     plt.close(fig)
+    if graph is not None:
+        written.append(out / "graph.png")
+        _draw_graph(plt, graph, written[-1])
     logger.info("wrote %d plots into %s", len(written), out)
     return written
+
+
+def _draw_graph(plt, graph: nx.Graph, path: Path) -> None:
+    """Suspects on the right, the slow communicators that touch them on the left."""
+    import networkx as nx
+
+    suspects = sorted((d["suspect"], n) for n, d in graph.nodes(data=True)
+                      if d.get("suspect", 0) > 0)[:_GRAPH_SUSPECTS]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ax.set_axis_off()
+    if not suspects:
+        ax.text(0.5, 0.5, "no device blamed", ha="center", va="center")
+    else:
+        names = [n for _, n in suspects]
+        comms = {m for n in names for m in graph.neighbors(n)
+                 if graph.nodes[m]["kind"] == "communicator"}
+        left = sorted(comms, key=lambda m: -graph.nodes[m]["abnormal_copies"])[:_GRAPH_COMMS]
+        sub = graph.subgraph(left + names)
+        # two columns, best first from the top: communicators left, suspects right
+        pos = {n: (0.0, -i / max(len(left) - 1, 1)) for i, n in enumerate(left)}
+        pos.update({n: (1.0, -i / max(len(names) - 1, 1)) for i, n in enumerate(names)})
+        colours = [_KIND_COLOURS.get(sub.nodes[n]["kind"], "black") for n in sub]
+        nx.draw_networkx_edges(sub, pos, ax=ax, alpha=0.4)
+        nx.draw_networkx_nodes(sub, pos, ax=ax, node_color=colours, node_size=120)
+        for n in left:
+            d = sub.nodes[n]
+            ax.text(-0.03, pos[n][1], f"{n.split(':', 1)[1]} ({d['group_kind'] or '?'}, "
+                    f"{d['abnormal_copies']} abnormal copies)", ha="right", va="center",
+                    fontsize=7)
+        for n in names:
+            d = sub.nodes[n]
+            ax.text(1.03, pos[n][1], f"#{d['suspect']} {n}\nscore {d['score']:.2f}",
+                    ha="left", va="center", fontsize=8)
+        # a suspect GPU's own abnormal copies: a straggler's copies are the normal ones
+        own = {(u, v): f"its own: {d['abnormal_copies']}"
+               for u, v, d in sub.edges(data=True) if d.get("rel") == "member"}
+        if own:
+            nx.draw_networkx_edge_labels(sub, pos, own, ax=ax, font_size=6, label_pos=0.25)
+        ax.set_xlim(-1.0, 1.8)
+        hidden = len(comms) - min(len(comms), _GRAPH_COMMS)
+        ax.set_title(f"slow communicators touching the first {len(names)} suspect(s)"
+                     + (f" ({hidden} more not drawn)" if hidden else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from holmes_ml import pipeline
 from holmes_ml.cli import app
 from holmes_ml.localize.graph import evidence_graph
+from holmes_ml.report import write_plots
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
 # the network test's 128-GPU layout (data-parallel rings cross spines); a slow leaf-spine link
@@ -43,7 +44,7 @@ def test_cli_writes_the_graph_of_a_slow_link(tmp_path):
                 "host:" + n.split(":", 1)[1].split("/", 1)[0]]
 
 
-def test_a_healthy_job_has_no_suspect_in_its_graph():
+def test_a_healthy_job_has_no_suspect_in_its_graph(tmp_path):
     res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=22))
     summary = pipeline.summarize(res.ops.drop(columns=["abnormal", "fault_id"]), "rule")
     verdict = pipeline.localize_summaries([summary], res.topology)
@@ -51,3 +52,5 @@ def test_a_healthy_job_has_no_suspect_in_its_graph():
     assert verdict.candidates == ()
     assert all(d.get("suspect", 0) == 0 for _, d in g.nodes(data=True))
     assert g.graph["irregular"] == verdict.irregular
+    written = write_plots(verdict, summary.iterations, tmp_path, g)
+    assert tmp_path / "graph.png" in written and (tmp_path / "graph.png").stat().st_size > 1000

@@ -91,7 +91,7 @@ def test_cli_json_and_plots(tmp_path) -> None:
     assert set(data) == {"irregular", "irregular_iterations", "candidates", "workload"}
     assert data["candidates"][0]["ranks"] == [5]
     assert data["candidates"][0]["kind"] == "gpu"
-    for name in ("iterations.png", "heatmap.png", "evidence.png"):
+    for name in ("iterations.png", "heatmap.png", "evidence.png", "graph.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 1000
     assert analyze_paths([tmp_path / "job"], model="rule").candidates[0].ranks == (5,)
 

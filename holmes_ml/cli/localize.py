@@ -36,7 +36,11 @@ def register(app: typer.Typer) -> None:
             "reference is analysed (below ~1.04 jitter swamps the signal).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this dir."),
+        plot: Path | None = typer.Option(
+            None, "--plot", help="Write PNG plots into this dir: iteration time with the "
+            "irregular iterations, a rank x iteration heat map, the top suspect's evidence, and "
+            "the slow communicators around the first suspects.",
+        ),
         graph: Path | None = typer.Option(
             None, "--graph", help="Write the operator-device graph behind the verdict to this "
             "GraphML file (networkx; opens in Gephi or Cytoscape): a node per communicator with "
@@ -65,18 +69,21 @@ def register(app: typer.Typer) -> None:
         ops = pipeline.read_paths(files, format)
         summary = pipeline.summarize(ops, mdl, cfg)
         verdict = pipeline.localize_summaries([summary], topo, cfg)
-        if plot is not None:
-            from holmes_ml.report import write_plots
-
-            write_plots(verdict, summary.iterations, plot)
-        if graph is not None:
-            import networkx as nx
-
+        evidence = None
+        if graph is not None or plot is not None:
             from holmes_ml.localize.graph import evidence_graph
 
             job_topo = topo if topo is not None else pipeline.topology_from_summary(summary)
+            evidence = evidence_graph(summary, verdict, job_topo)
+        if plot is not None:
+            from holmes_ml.report import write_plots
+
+            write_plots(verdict, summary.iterations, plot, evidence)
+        if graph is not None:
+            import networkx as nx
+
             graph.parent.mkdir(parents=True, exist_ok=True)
-            nx.write_graphml(evidence_graph(summary, verdict, job_topo), graph)
+            nx.write_graphml(evidence, graph)
         if as_json:
             typer.echo(json.dumps(verdict.to_dict()))
             return
