@@ -785,6 +785,15 @@ def _pair_key(a: np.ndarray | pd.Series, b: np.ndarray | pd.Series) -> np.ndarra
     return np.asarray(lo + "~" + hi, dtype=object)
 
 
+def _repeated_peak(per_iteration: dict[int, int]) -> int:
+    """The most flows a device had slow at once in at least two iterations; 0 when that is
+    fewer than two flows (one flow is slow alike on every device it crosses: it tells none of
+    them apart) or when it had them in one iteration only."""
+    counts = sorted(per_iteration.values(), reverse=True)
+    peak = counts[1] if len(counts) > 1 else 0
+    return peak if peak >= 2 else 0
+
+
 def _device_candidates(
     comm: pd.DataFrame,
     members: pd.DataFrame,
@@ -844,6 +853,12 @@ def _device_candidates(
     for key, a, b in zip(flow[is_p2p | two], src[is_p2p | two], dst[is_p2p | two], strict=True):
         flows.setdefault(str(key), (int(a), int(b)))
     iters_of = comm.assign(flow=flow).groupby("flow")["iteration"].unique()
+    # The iterations where a flow was slow as a whole: at least min_evidence of its transfers
+    # there (a faulty device slows every transfer of its flows in a step, jitter one here and
+    # there).
+    per_step = comm.assign(flow=flow).groupby(["flow", "iteration"]).size()
+    whole = per_step[per_step >= cfg.min_evidence].reset_index()
+    whole_iters = whole.groupby("flow")["iteration"].unique()
     per_flow = comm.assign(flow=flow).groupby("flow").agg(
         w=("weight", "sum"), n=("weight", "size"), it=("iteration", "first"),
         seq=("seq", "first"), op=("op", "first"), group=("group", "first"))
@@ -853,6 +868,7 @@ def _device_candidates(
     slow: dict[str, int] = defaultdict(int)
     evid: dict[str, list[Evidence]] = defaultdict(list)
     slow_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # per iteration
+    whole_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     crossing: list[tuple[str, str]] = []  # (slow flow, device it crosses)
     # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
     for key, row in per_flow.iterrows():
@@ -864,6 +880,8 @@ def _device_candidates(
             slow[d] += 1
             for i in iters_of[key]:
                 slow_at[d][int(i)] += 1
+            for i in whole_iters.get(key, ()):
+                whole_at[d][int(i)] += 1
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
                 "communication", f"every copy of {row['group']} was slow ({row['n']} instances)",
@@ -872,16 +890,28 @@ def _device_candidates(
     net_total = float(per_flow["w"].sum())
     # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring
     # alone explains less than the NIC that the ring *and* its pipeline pair cross.
+    # Counted over the window, a noisy job lets a spine crossed by hundreds of flows collect
+    # more "slow" flows (jitter slows a transfer here and there) than a faulty NIC ever
+    # carries, and the NIC would fail the test. A fault slows its flows as a whole, together,
+    # step after step: so a device also explains as many flows as it had slow as a whole at
+    # once in two steps or more, against the most any device did so. Either count serves.
     most = max(slow.values(), default=1)
+    together = {d: _repeated_peak(at) for d, at in whole_at.items()}
+    most_together = max(together.values(), default=0)
+    share = {d: max(slow[d] / most, together.get(d, 0) / most_together if most_together
+                    else 0.0) for d in slow}
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("slow flows crossing each device over the window (the most: %d), with its "
                      "excess and the floor it must reach: %s", most,
                      {d: (slow[d], round(weight[d]), round(per_it_floor * len(slow_at[d])))
                       for d in sorted(slow, key=lambda d: -slow[d])[:8]})
+        logger.debug("flows slow as a whole at once, per iteration, where two steps or more "
+                     "had some (the most in two steps: %d): %s", most_together,
+                     {d: dict(at) for d, at in whole_at.items() if together.get(d, 0) > 0})
     # One slow transfer is not a device: ask for several slow instances. Devices that miss the
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
-                and w * slow[d] / most >= per_it_floor * len(slow_at[d])}
+                and w * share[d] >= per_it_floor * len(slow_at[d])}
     if not suspects:
         return [], net_total
     # The most each suspect held the job back in one step: the union of the slow transfers
@@ -913,7 +943,7 @@ def _device_candidates(
         # the most flows it slowed in one iteration: a slow device slows the flows crossing
         # it together, jitter slows a few here and there (pooled over the window, a noisy job
         # would make every flow of a spine switch look slow)
-        frac = max(slow_at[d].values()) / (slow[d] + healthy[d]) * np.sqrt(slow[d] / most)
+        frac = max(slow_at[d].values()) / (slow[d] + healthy[d]) * np.sqrt(share[d])
         # Like a straggler, a device must explain a visible share of the iteration time in the
         # iterations where it shows up (a one-step spike counts against one step).
         if w * frac**2 < per_it_floor * len(slow_at[d]):
