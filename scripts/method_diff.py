@@ -5,8 +5,9 @@ fresh draw of a sweep - through the methods asked for (names of the bench's meth
 the bench scores them, and prints each method's top-1 (faulty jobs) or share flagged (healthy
 jobs) and every job on which the methods disagree, with the truth and what each named.
 ``--debug`` logs the network rules' working (``holmes_ml.localize.rules`` at DEBUG: each
-device's slow flows over the window, its excess and the floor it must reach). Run it with
-``PYTHONPATH`` at another checkout to compare versions.
+device's slow flows over the window, its excess and the floor it must reach, and the flows it
+had slow as a whole in each step). Run it with ``PYTHONPATH`` at another checkout to compare
+versions.
 
 Usage:
 ``.venv/bin/python scripts/method_diff.py --sweep noisy`` (the noisy sweep, holmes_ml against

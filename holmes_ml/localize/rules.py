@@ -815,7 +815,10 @@ def _device_candidates(
     factor is what tells the NICs of one slow data-parallel ring apart (each of them is also
     crossed by its own pipeline send/recv, healthy except at the faulty NIC) and a leaf-spine
     link from its leaf and spine (crossed by flows routed to other spines, which stay
-    healthy).
+    healthy). Parsimony scales both the gate and that share: the slow flows a device crosses
+    against the most any device crosses, or (whichever is larger) the flows it had slow as a
+    whole (``min_evidence`` slow transfers in the step) at once in two steps or more, against
+    the most any device had so.
 
     ``per_it_floor``: a device must explain this much per iteration it shows up in.
     ``step_floor``: in at least one iteration, the slow transfers of the flows crossing a device
