@@ -60,11 +60,11 @@ def evidence_graph(summary: NodeSummary, verdict: Verdict, topology: Topology) -
         Communicator nodes ``comm:<group>`` (``kind="communicator"``, ``group_kind``,
         ``abnormal_copies``, ``iterations``, ``excess_us``) and device nodes named like the
         verdict's devices (``kind`` = gpu, nic, link, switch or host; ``suspect`` = place in the
-        verdict, 1 = first, 0 = not a suspect; ``score``). Edges join a communicator to each
-        device it crosses; a ``member`` edge's ``abnormal_copies`` counts that rank's abnormal copies
-        in the communicator. Edges say what they are (``rel``): ``member`` (communicator to
-        the GPU of each of its ranks), ``crosses`` (to each network device its ring or pair
-        crosses) and ``on`` (a GPU or NIC to its host).
+        verdict, 1 = first, 0 = not a suspect; ``score``). Each edge says what it is
+        (``rel``): ``member`` joins a communicator to the GPU of each of its ranks (its
+        ``abnormal_copies``: that rank's abnormal copies in the communicator), ``crosses`` to
+        each network device its ring or send/recv pair crosses, ``on`` a GPU or NIC to its
+        host.
     """
     fabric = Fabric(topology)
     g = nx.Graph(irregular=bool(verdict.irregular),
