@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from holmes_ml import pipeline
 from holmes_ml.cli import app
+from holmes_ml.io.schema import without_labels
 from holmes_ml.localize.graph import evidence_graph
 from holmes_ml.report import write_plots
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
@@ -30,7 +31,7 @@ def test_cli_writes_the_graph_of_a_slow_link(tmp_path):
     top = verdict["candidates"][0]
     assert top["kind"] == "link" and g.nodes[top["device"]]["suspect"] == 1
     # compressed by communicator: one node per communicator with abnormal copies, not per copy
-    summary = pipeline.summarize(res.ops.drop(columns=["abnormal", "fault_id"]), "rule")
+    summary = pipeline.summarize(without_labels(res.ops), "rule")
     comms = [n for n, d in g.nodes(data=True) if d["kind"] == "communicator"]
     assert sorted(comms) == sorted(f"comm:{x}" for x in summary.abnormal["group"].astype(str)
                                    .unique())
@@ -46,7 +47,7 @@ def test_cli_writes_the_graph_of_a_slow_link(tmp_path):
 
 def test_a_healthy_job_has_no_suspect_in_its_graph(tmp_path):
     res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=22))
-    summary = pipeline.summarize(res.ops.drop(columns=["abnormal", "fault_id"]), "rule")
+    summary = pipeline.summarize(without_labels(res.ops), "rule")
     verdict = pipeline.localize_summaries([summary], res.topology)
     g = evidence_graph(summary, verdict, res.topology)
     assert verdict.candidates == ()

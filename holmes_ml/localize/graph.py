@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import networkx as nx
-import pandas as pd
 
 from holmes_ml.localize.fabric import Fabric
 from holmes_ml.localize.rules import parse_members
@@ -71,15 +70,15 @@ def evidence_graph(summary: NodeSummary, verdict: Verdict, topology: Topology) -
                  irregular_iterations=" ".join(map(str, verdict.irregular_iterations)))
     ab = summary.abnormal
     if len(ab):
-        groups = summary.groups.drop_duplicates("group").set_index(
-            summary.groups["group"].drop_duplicates().astype(str))
+        groups = summary.groups.drop_duplicates("group")
+        groups.index = groups["group"].astype(str)
         members = parse_members(groups["group_ranks"]).groupby("group")["rank"].apply(tuple)
         rows = ab.assign(group=ab["group"].astype(str))
-        excess = rows["excess_us"] if "excess_us" in rows else pd.Series(0.0, index=rows.index)
-        per_comm = rows.assign(excess_us=excess).groupby("group").agg(
+        per_comm = rows.groupby("group").agg(
             abnormal_copies=("rank", "size"), iterations=("iteration", "nunique"),
             excess_us=("excess_us", "sum"))
         per_rank = rows.groupby(["group", "rank"]).size()
+        ranks: set[int] = set()
         for name, row in per_comm.iterrows():
             node = f"comm:{name}"
             kind = groups["group_kind"].get(name, "") if "group_kind" in groups else ""
@@ -90,11 +89,13 @@ def evidence_graph(summary: NodeSummary, verdict: Verdict, topology: Topology) -
             for d in fabric.devices(ring):
                 g.add_edge(node, d, rel="crosses", abnormal_copies=0)
             for r in ring:
-                gpu, host = fabric.gpu(r), f"host:{fabric.host(r)}"
-                g.add_edge(node, gpu, rel="member",
+                g.add_edge(node, fabric.gpu(r), rel="member",
                            abnormal_copies=int(per_rank.get((name, r), 0)))
-                g.add_edge(gpu, host, rel="on", abnormal_copies=0)
-                g.add_edge(fabric.nic(r), host, rel="on", abnormal_copies=0)
+            ranks.update(ring)
+        for r in ranks:  # each GPU and NIC hangs off its host once
+            host = f"host:{fabric.host(r)}"
+            g.add_edge(fabric.gpu(r), host, rel="on", abnormal_copies=0)
+            g.add_edge(fabric.nic(r), host, rel="on", abnormal_copies=0)
     for i, c in enumerate(verdict.candidates, 1):
         g.add_node(c.device, suspect=i, score=float(c.score))
     for node, data in g.nodes(data=True):

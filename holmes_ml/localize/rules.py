@@ -855,14 +855,14 @@ def _device_candidates(
     flow = np.where(is_p2p | two, _pair_key(src, dst), comm["group"].astype(str).to_numpy())
     for key, a, b in zip(flow[is_p2p | two], src[is_p2p | two], dst[is_p2p | two], strict=True):
         flows.setdefault(str(key), (int(a), int(b)))
-    iters_of = comm.assign(flow=flow).groupby("flow")["iteration"].unique()
-    # The iterations where a flow was slow as a whole: at least min_evidence of its transfers
-    # there (a faulty device slows every transfer of its flows in a step, jitter one here and
-    # there).
-    per_step = comm.assign(flow=flow).groupby(["flow", "iteration"]).size()
-    whole = per_step[per_step >= cfg.min_evidence].reset_index()
-    whole_iters = whole.groupby("flow")["iteration"].unique()
-    per_flow = comm.assign(flow=flow).groupby("flow").agg(
+    by_flow = comm.assign(flow=flow)
+    # Per flow, the iterations where it was slow, and those where it was slow as a whole: at
+    # least min_evidence of its transfers there (a faulty device slows every transfer of its
+    # flows in a step, jitter one here and there).
+    steps = by_flow.groupby(["flow", "iteration"]).size().reset_index(name="n")
+    iters_of = steps.groupby("flow")["iteration"].unique()
+    whole_iters = steps[steps["n"] >= cfg.min_evidence].groupby("flow")["iteration"].unique()
+    per_flow = by_flow.groupby("flow").agg(
         w=("weight", "sum"), n=("weight", "size"), it=("iteration", "first"),
         seq=("seq", "first"), op=("op", "first"), group=("group", "first"))
 
@@ -876,14 +876,15 @@ def _device_candidates(
     # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
     for key, row in per_flow.iterrows():
         ring = tuple(r for r in flows.get(str(key), ()) if fabric.known(r))
+        slow_its, whole_its = iters_of[key], whole_iters.get(key, ())
         for d in fabric.devices(ring):
             crossing.append((str(key), d))
             weight[d] += float(row["w"])
             count[d] += int(row["n"])
             slow[d] += 1
-            for i in iters_of[key]:
+            for i in slow_its:
                 slow_at[d][int(i)] += 1
-            for i in whole_iters.get(key, ()):
+            for i in whole_its:
                 whole_at[d][int(i)] += 1
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
