@@ -170,3 +170,18 @@ def test_ratio_of_an_iteration_ignores_later_iterations(k):
     out = detect_irregular(_times(changed))
     cols = ["reference_s", "ratio", "irregular"]
     pd.testing.assert_frame_equal(out.loc[:k, cols], base.loc[:k, cols])
+
+
+def test_published_column_lists_match_the_output_empty_or_not():
+    from holmes_ml.features.iterations import (
+        IRREGULARITY_COLUMNS,
+        ITERATION_COLUMNS,
+        PATTERNS,
+    )
+
+    ops = _ops_from_durations([1.0] * 6 + [2.0] + [1.0] * 3)
+    for t in (iteration_table(ops), iteration_table(ops.head(0))):
+        assert tuple(t.columns) == ITERATION_COLUMNS
+        out = detect_irregular(t)
+        assert tuple(out.columns) == ITERATION_COLUMNS + IRREGULARITY_COLUMNS
+        assert set(out["pattern"]) <= set(PATTERNS)
