@@ -208,6 +208,11 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "topology") -> Topology:
+        if not isinstance(data, dict):
+            raise SchemaError(
+                f"not a holmes_ml topology (a JSON {type(data).__name__}, not an object)",
+                source=source, expected="an object with keys 'ranks' and 'groups'",
+            )
         try:
             ranks = pd.DataFrame(data["ranks"])
             groups = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ app = typer.Typer(
     # Docstrings are wrapped at the source's width; markdown mode re-flows each paragraph to
     # the terminal instead of keeping those line breaks.
     rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 #: Modules that add commands, in the order they appear in --help.
@@ -44,26 +46,52 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from holmes_ml import __version__
+
+        typer.echo(f"holmes_ml {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v",
+        help="Log progress details to stderr, and show the traceback behind an `error:` line. "
+        "Goes before the command: `holmes -v localize ...`.",
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print the holmes_ml version and exit.",
+    ),
 ) -> None:
+    _VERBOSE[0] = verbose
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
 
 
+#: Whether ``-v`` was given (the root logger's level says so only when the CLI configured it).
+_VERBOSE = [False]
+
+
 def _input_errors() -> tuple[type[Exception], ...]:
     """Errors that mean the user's input is not what a command expects. Their messages
     already name the file, field and value and what was expected, so the user gets them in
-    one line on stderr (exit status 2) instead of a traceback; anything else is a bug and
-    keeps its traceback."""
+    one line on stderr (exit status 2) instead of a traceback.
+
+    ``ValueError`` is among them because every configuration class and estimator of the
+    library validates its arguments with one (``SimConfig.faults[0].start_iteration: got 10;
+    expected < iterations (10)``); a ValueError from a bug reads the same way, so ``-v`` shows
+    the traceback behind any of these lines. Any other exception is a bug and keeps its
+    traceback."""
     from holmes_ml.io.schema import SchemaError
     from holmes_ml.models.persist import ModelFileError
 
-    return (SchemaError, ModelFileError, FileNotFoundError, IsADirectoryError,
-            PermissionError)
+    return (SchemaError, ModelFileError, ValueError, FileNotFoundError, FileExistsError,
+            IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,10 +100,19 @@ def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except _input_errors() as exc:
-            typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+            if _VERBOSE[0]:
+                traceback.print_exc()
+            typer.secho(f"error: {_one_line(exc)}", err=True, fg=typer.colors.RED)
             raise typer.Exit(2) from None
 
     return run
+
+
+def _one_line(exc: Exception) -> str:
+    """The message of ``exc``; an OSError without a message of ours gets its file named."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
 
 
 for _module in COMMAND_MODULES:

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from holmes_ml.cli._text import spans
+
 DEFAULT_FAULT_KINDS = ("gpu_slow", "nic_slow", "host_stall")
 
 
@@ -23,7 +25,7 @@ def register(app: typer.Typer) -> None:
             "--fault",
             help="Fault to inject, in `holmes simulate --fault` syntax "
             "(e.g. 'gpu_slow:rank=37,severity=0.6'). Default: a seeded pick of a GPU, NIC or "
-            "host fault on a random rank.",
+            "host fault on a random rank, persistent from a third of the way into the run.",
         ),
         iterations: int = typer.Option(30, "--iterations", help="Training iterations to simulate."),
         seed: int = typer.Option(7, "--seed", help="Seed for the job, the fault and the jitter."),
@@ -42,7 +44,11 @@ def register(app: typer.Typer) -> None:
         rng = random.Random(seed)
         if not fault:
             kind = rng.choice(DEFAULT_FAULT_KINDS)
-            fault = f"{kind}:rank={rng.randrange(gpus)},severity=0.6,pattern=persistent,start=10"
+            # A third of the way in: enough healthy history before the onset (10 of the default
+            # 30 iterations), and inside the run however short it is.
+            start = iterations // 3
+            fault = (f"{kind}:rank={rng.randrange(gpus)},severity=0.6,pattern=persistent,"
+                     f"start={start}")
         spec = FaultSpec.parse(fault)
         cfg = SimConfig(gpus=gpus, model=model, iterations=iterations, faults=(spec,), seed=seed)
         console.rule("[bold]1. simulate")
@@ -61,26 +67,25 @@ def register(app: typer.Typer) -> None:
         table = Table(title="verdict vs ground truth")
         table.add_column("")
         table.add_column("kind")
+        table.add_column("device", overflow="fold")
         table.add_column("ranks")
         table.add_column("hosts")
         table.add_column("score", justify="right")
         for f in truth:
             table.add_row(
-                "[green]injected", f["kind"], _short(f["ranks"]), _short(f["hosts"]), ""
+                "[green]injected", f["kind"], _short(f["devices"]), _short(f["ranks"]),
+                _short(f["hosts"]), ""
             )
         for i, c in enumerate(verdict.candidates[:3]):
             d = c.to_dict()
             table.add_row(
-                f"suspect #{i + 1}", str(d["kind"]), _short(d["ranks"]), _short(d["hosts"]),
-                f"{d['score']:.3f}",
+                f"suspect #{i + 1}", str(d["kind"]), d["device"], _short(d["ranks"]),
+                _short(d["hosts"]), f"{d['score']:.3f}",
             )
         console.print(table)
         top = verdict.candidates[0] if verdict.candidates else None
         hit = top is not None and set(top.ranks) & set(truth[0]["ranks"])
-        console.print(
-            f"irregular iterations: {list(verdict.irregular_iterations)[:20]}"
-            + (" ..." if len(verdict.irregular_iterations) > 20 else "")
-        )
+        console.print(f"irregular iterations: {spans(verdict.irregular_iterations)}")
         console.print(
             "[bold green]top suspect matches the injected fault"
             if hit

@@ -15,6 +15,7 @@ import numpy as np
 
 from holmes_ml.simulator.cluster import Cluster, Family
 from holmes_ml.simulator.config import FaultSpec
+from holmes_ml.topology import Topology
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ def resolve_faults(
                         )
                     device = sorted(used)[int(rng.integers(len(used)))]
             assert device is not None
+            _check_fabric_device(i, kind, device, topo)
             body = device.split(":", 1)[1]
             below = (
                 None
@@ -228,3 +230,28 @@ def resolve_faults(
             )
         )
     return resolved
+
+
+def _check_fabric_device(i: int, kind: str, device: str, topo: Topology) -> None:
+    """Refuse a switch or link that this job's fabric does not have (a typo would otherwise
+    inject a fault that touches nothing)."""
+    pods = sorted(set(topo.ranks["pod"].astype(int)))
+    rails = sorted(set(topo.ranks["gpu"].astype(int)))
+    leaves = {f"leaf-p{p}-r{r}" for p in pods for r in rails}
+    spines = {f"spine-{s}" for s in range(topo.spines)}
+    prefix, _, body = device.partition(":")
+    leaf, _, spine = body.partition("~")
+    if prefix == "switch":
+        ok = body in leaves or body in spines
+        expected = "switch:leaf-p{pod}-r{rail} or switch:spine-{s}"
+    elif prefix == "link":
+        ok = leaf in leaves and spine in spines
+        expected = "link:leaf-p{pod}-r{rail}~spine-{s}"
+    else:
+        ok, expected = False, "a switch:... or link:... device"
+    if not ok:
+        raise ValueError(
+            f"faults[{i}].device ({kind}): got {device!r}; expected {expected} of this job "
+            f"(pods {pods[0]}-{pods[-1]}, rails {rails[0]}-{rails[-1]}, spines 0-"
+            f"{topo.spines - 1})"
+        )

@@ -1,0 +1,62 @@
+"""The `holmes` shell: user mistakes end in one `error:` line (exit 2), `-v` shows the
+traceback behind it, and the defaults work at any run length."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from holmes_ml.cli import app
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps at the console's width
+
+
+def test_a_config_mistake_is_one_line_and_verbose_shows_the_traceback(tmp_path):
+    args = ["demo", "--gpus", "64", "--iterations", "5", "--fault",
+            "gpu_slow:rank=3,start=9", "--out", str(tmp_path / "s")]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 2
+    assert out.stderr.strip() == ("error: SimConfig.faults[0].start_iteration: got 9; "
+                                  "expected < iterations (5)")
+    out = CliRunner().invoke(app, ["-v", *args])
+    assert out.exit_code == 2
+    assert "Traceback (most recent call last)" in out.stderr
+    assert out.stderr.rstrip().splitlines()[-1].startswith("error: SimConfig.faults[0]")
+
+
+def test_an_existing_file_in_the_way_is_named(tmp_path):
+    (tmp_path / "f").write_text("x")
+    out = CliRunner().invoke(app, ["simulate", "--gpus", "64", "--iterations", "3", "--out",
+                                   str(tmp_path / "f" / "sub")])
+    assert out.exit_code == 2
+    assert str(tmp_path / "f") in out.stderr and "Traceback" not in out.output
+
+
+def test_a_fault_on_a_switch_or_link_the_job_lacks_is_refused(tmp_path):
+    for device in ("link:foo", "link:leaf-p0-r2~spine-99"):
+        out = CliRunner().invoke(app, ["simulate", "--gpus", "128", "--iterations", "4",
+                                       "--fault", f"link_slow:device={device}",
+                                       "--out", str(tmp_path / "s")])
+        assert out.exit_code == 2, out.output
+        assert f"got {device!r}; expected link:leaf-p{{pod}}-r{{rail}}~spine-{{s}}" in out.stderr
+    out = CliRunner().invoke(app, ["simulate", "--gpus", "128", "--iterations", "4", "--fault",
+                                   "link_slow:device=link:leaf-p0-r2~spine-3",
+                                   "--out", str(tmp_path / "s")])
+    assert out.exit_code == 0, out.output
+
+
+def test_demo_with_a_short_run_starts_its_fault_inside_the_run(tmp_path):
+    out = CliRunner().invoke(app, ["demo", "--gpus", "64", "--iterations", "6", "--out",
+                                   str(tmp_path / "d")])
+    assert out.exit_code == 0, out.output
+    assert "top suspect" in out.stdout and (tmp_path / "d" / "verdict.json").exists()
+
+
+def test_version_and_short_help():
+    from holmes_ml import __version__
+
+    out = CliRunner().invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.stdout.strip() == f"holmes_ml {__version__}"
+    out = CliRunner().invoke(app, ["localize", "-h"])
+    assert out.exit_code == 0 and "Examples" in _flat(out.stdout)
