@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import IrregularityConfig, detect_irregular
-from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS
+from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import localize_records
 from holmes_ml.localize.types import Verdict
@@ -523,9 +523,33 @@ def localize_summaries(
     """
     cfg = config or LocalizeConfig()
     s = _merge(list(summaries))
+    if topology is not None:
+        _check_topology_covers(topology, s.iterations["rank"].unique())
     topo = topology if topology is not None else topology_from_summary(s)
     irr = _irregular(s.iterations, cfg.delta)
-    return localize_records(s.abnormal, s.groups, s.iterations, topo, cfg, irr)
+    verdict = localize_records(s.abnormal, s.groups, s.iterations, topo, cfg, irr)
+    # What the verdict was computed from, so that "nothing found" and "nothing to look at"
+    # read differently.
+    verdict.stats.update(
+        ops=float(s.iterations["n_ops"].sum()) if "n_ops" in s.iterations else 0.0,
+        ranks=float(s.iterations["rank"].nunique()),
+        iterations=float(s.iterations["iteration"].nunique()),
+    )
+    return verdict
+
+
+def _check_topology_covers(topology: Topology, ranks: np.ndarray) -> None:
+    """A topology that lacks ranks of the logs belongs to another job: refuse it rather than
+    name devices from the wrong placement."""
+    known = topology.ranks["rank"].to_numpy(dtype=np.int64)
+    missing = np.setdiff1d(np.asarray(ranks, dtype=np.int64), known)
+    if len(missing):
+        shown = ", ".join(str(int(r)) for r in missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise SchemaError(
+            f"the logs have {len(missing)} rank(s) the topology does not place ({shown}); it "
+            f"places {len(known)} rank(s)",
+            source="topology", expected="the topology of the job that wrote these logs",
+        )
 
 
 def _irregular(iterations: pd.DataFrame, delta: float = 1.1) -> tuple[int, ...]:
@@ -580,15 +604,23 @@ def analyze_paths(
 def resolve_paths(
     paths: Sequence[str | Path], topology: Topology | None = None
 ) -> tuple[list[Path], Topology | None]:
-    """Expand simulator output directories into their ``ops.parquet`` (and ``topology.json``)."""
+    """Expand simulator output directories into their ``ops.parquet``, and pick up the
+    ``topology.json`` beside the first log file or inside the first directory that has one
+    (what ``holmes simulate`` writes) when no topology is given."""
     files: list[Path] = []
+    found: Path | None = None
     for p in (Path(x) for x in paths):
         if p.is_dir() and (p / "ops.parquet").exists():
             files.append(p / "ops.parquet")
-            if topology is None and (p / "topology.json").exists():
-                topology = Topology.from_json(p / "topology.json")
+            near = p / "topology.json"
         else:
             files.append(p)
+            near = p / "topology.json" if p.is_dir() else p.parent / "topology.json"
+        if topology is None and found is None and near.is_file():
+            found = near
+    if found is not None:
+        logger.info("topology from %s", found)
+        topology = Topology.from_json(found)
     return files, topology
 
 
@@ -596,4 +628,10 @@ def read_paths(files: Sequence[Path], format: str = "auto") -> pd.DataFrame:
     """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`)."""
     from holmes_ml.io import read_ops
 
-    return read_ops([str(f) for f in files], format=format)
+    ops = read_ops([str(f) for f in files], format=format)
+    if len(ops) == 0:
+        raise SchemaError(
+            "no operator rows in " + ", ".join(str(f) for f in files),
+            expected="logs with at least one collective or send/recv of the job",
+        )
+    return ops

@@ -133,8 +133,15 @@ def test_verdict_json_contract() -> None:
     c = Candidate(DeviceKind.GPU, "gpu:h0/1", (1,), ("h0",), 0.9, {"dp": 0})
     v = Verdict(True, (3, 4), (c,), (WorkloadFinding("stage-imbalance", (1, 2), 0.5, "x"),))
     d = v.to_dict()
-    assert set(d) == {"irregular", "irregular_iterations", "candidates", "workload"}
+    assert set(d) == {"irregular", "irregular_iterations", "candidates", "workload", "note",
+                      "input"}
     assert d["irregular_iterations"] == [3, 4]
+    assert d["note"] is None and d["input"] is None  # irregular; built by hand, no input counts
+    lone = Verdict(False, (), (c,), stats={"ops": 10.0, "ranks": 1.0, "iterations": 1.0,
+                                          "analysed_iterations": 1.0})
+    lone_d = lone.to_dict()
+    assert lone_d["input"] == {"ops": 10, "ranks": 1, "iterations": 1}
+    assert "one rank" in lone_d["note"] and "last 1 iteration(s)" in lone_d["note"]
     cand = d["candidates"][0]
     assert {"kind", "ranks", "hosts", "score", "coords", "evidence"} <= set(cand)
     assert cand["kind"] == "gpu" and cand["ranks"] == [1]

@@ -88,7 +88,9 @@ def test_cli_json_and_plots(tmp_path) -> None:
                                    "--json", "--plot", str(tmp_path / "plots")])
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
-    assert set(data) == {"irregular", "irregular_iterations", "candidates", "workload"}
+    assert set(data) == {"irregular", "irregular_iterations", "candidates", "workload", "note",
+                         "input"}
+    assert data["input"] == {"ops": len(res.ops), "ranks": 32, "iterations": 8}
     assert data["candidates"][0]["ranks"] == [5]
     assert data["candidates"][0]["kind"] == "gpu"
     for name in ("iterations.png", "heatmap.png", "evidence.png", "graph.png"):
@@ -106,10 +108,39 @@ def test_cli_says_why_suspects_come_without_irregular_iterations(tmp_path) -> No
     assert out.exit_code == 0, out.output
     text = " ".join(out.stdout.split())  # rich wraps lines at the console's width
     assert "irregular iterations: none" in text
-    assert "the suspects come from the abnormal operators of the last 10 iteration(s)" in text
+    assert "the findings come from the abnormal operators of the last 10 iteration(s)" in text
     data = json.loads(CliRunner().invoke(app, ["localize", str(tmp_path / "job"),
                                                "--json"]).stdout)
     assert not data["irregular"] and data["candidates"][0]["ranks"] == [9]
+    # A script reading only the JSON gets the same caveat.
+    assert "last 10 iteration(s)" in data["note"]
+
+
+def test_cli_reads_the_topology_beside_a_log_file(tmp_path) -> None:
+    """`holmes localize job/ops.parquet` uses job/topology.json as `holmes localize job/` does."""
+    from holmes_ml.cli import app
+
+    _sim("gpu_slow:rank=9,severity=0.8,start=3", gpus=64, iterations=8).write(tmp_path / "job")
+    verdicts = [json.loads(CliRunner().invoke(app, ["localize", str(p), "--json"]).stdout)
+                for p in (tmp_path / "job", tmp_path / "job" / "ops.parquet")]
+    assert verdicts[0]["candidates"][0]["coords"] is not None
+    assert verdicts[0] == verdicts[1]
+
+
+def test_cli_refuses_a_topology_of_another_job_and_an_empty_log(tmp_path) -> None:
+    from holmes_ml.cli import app
+
+    _sim("gpu_slow:rank=9,severity=0.8,start=3", gpus=64, iterations=6).write(tmp_path / "big")
+    _sim(None, gpus=16, iterations=6).write(tmp_path / "small")
+    out = CliRunner().invoke(app, ["localize", str(tmp_path / "big"), "--topology",
+                                   str(tmp_path / "small" / "topology.json")])
+    assert out.exit_code == 2
+    text = " ".join(out.output.split())
+    assert "48 rank(s) the topology does not place (16, 17," in text and "places 16" in text
+    (tmp_path / "empty.csv").write_text("iteration,rank,op,group,seq,nbytes,start_ns,"
+                                        "duration_us\n")
+    out = CliRunner().invoke(app, ["localize", str(tmp_path / "empty.csv")])
+    assert out.exit_code == 2 and "no operator rows in" in out.output
 
 
 def test_fabric_routes_like_the_topology() -> None:

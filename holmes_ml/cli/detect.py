@@ -49,6 +49,10 @@ def register(app: typer.Typer) -> None:
         (spike, fluctuation or persistent) and the ranks with most abnormal ops. Those are
         where the slowness shows, not necessarily its cause (a straggler's own ops look normal
         while its peers wait): `holmes localize` on the same logs names the device.
+
+        Examples: `holmes detect sim/` (a `holmes simulate` output directory; writes
+        `scores.parquet` and `scores.iterations.csv`); `holmes detect traces/ --format kineto
+        --model my.holmes --json`.
         """
         from holmes_ml import pipeline
         from holmes_ml.features import IrregularityConfig, detect_irregular
@@ -97,12 +101,13 @@ def _print(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from holmes_ml.cli._text import spans
+
     console = Console()
     console.print(f"scored {report['ops']} ops ({report['abnormal_ops']} abnormal at threshold "
                   f"{report['threshold']:.3f}) -> {report['scores']}; iterations -> "
                   f"{report['iterations']}")
-    console.print("irregular iterations: "
-                  + (" ".join(map(str, report["irregular_iterations"])) or "none"))
+    console.print("irregular iterations: " + spans(report["irregular_iterations"]))
     if report["episodes"]:
         table = Table(title="irregular episodes")
         for col in ("#", "pattern", "iterations", "peak ratio"):

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from holmes_ml.cli._text import spans
 from holmes_ml.io import FORMATS
 
 
@@ -19,7 +20,8 @@ def register(app: typer.Typer) -> None:
     @app.command("localize")
     def localize(
         paths: list[Path] = typer.Argument(
-            ..., help="Log files or a simulator output directory.", show_default=False
+            ..., help="Log files, directories of them, or a simulator output directory.",
+            show_default=False
         ),
         model: Path | None = typer.Option(
             None, "--model", help="Detector file (default: the bundled model, or the rule "
@@ -47,10 +49,24 @@ def register(app: typer.Typer) -> None:
             "abnormal copies and per device it crosses, suspects marked with their place.",
         ),
         topology: Path | None = typer.Option(
-            None, "--topology", help="topology.json (otherwise derived from the logs)."
+            None, "--topology", help="topology.json of the job (what `holmes simulate` writes; "
+            "it places ranks on hosts, NICs and switches). Default: a topology.json beside the "
+            "logs, else one derived from the logs, which can name GPUs, NICs and hosts but no "
+            "link or switch."
         ),
     ) -> None:
-        """Localize the GPU/NIC/link/switch/host (or workload cause) slowing the job."""
+        """Localize the GPU/NIC/link/switch/host (or workload cause) slowing the job.
+
+        Reads the logs, scores every operator with the detector, and ranks the devices that
+        explain the slow iterations. Examples:
+
+        * `holmes localize sim/` — a `holmes simulate` output directory (its topology too);
+
+        * `holmes localize traces/ --format kineto --json` — PyTorch profiler traces of every
+        rank, the verdict as one JSON object;
+
+        * `holmes localize trace-AR.parquet --plot plots/ --graph evidence.graphml`.
+        """
         from holmes_ml import pipeline
         from holmes_ml.localize import LocalizeConfig
         from holmes_ml.topology import Topology
@@ -88,31 +104,47 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(verdict.to_dict()))
             return
         console = Console()
-        console.print(
-            f"irregular iterations: {list(verdict.irregular_iterations) or 'none'}"
-        )
-        if not verdict.irregular and (verdict.candidates or verdict.workload_findings):
-            n = int(verdict.stats.get("analysed_iterations", 0))
-            console.print(
-                f"no iteration is {delta}x slower than the ones before it; the suspects come "
-                f"from the abnormal operators of the last {n} iteration(s) (a slowdown present "
-                "since the log began, or smaller than delta, makes no iteration stand out)"
-            )
+        console.print(f"irregular iterations: {spans(verdict.irregular_iterations)}")
+        st = verdict.stats
+        console.print(f"read {int(st.get('ops', 0)):,} ops of {int(st.get('ranks', 0)):,} "
+                      f"rank(s) over {int(st.get('iterations', 0)):,} iteration(s)")
+        if verdict.note:
+            console.print(f"[yellow]note[/yellow]: {verdict.note} (delta = {delta})")
         if not verdict.candidates:
             console.print("[green]no device blamed[/green]")
         else:
             table = Table(title="suspects (best first)")
-            for col in ("#", "kind", "device", "ranks", "score", "coords", "top evidence"):
-                table.add_column(col)
+            # Device ids are long (link:leaf-p0-r2~spine-2): keep them whole on their line and
+            # let the evidence wrap instead.
+            for col in ("#", "kind", "device", "ranks", "score", "top evidence"):
+                table.add_column(col, no_wrap=col == "device",
+                                 overflow="ellipsis" if col == "device" else "fold")
             for i, c in enumerate(verdict.candidates, 1):
                 ev = c.evidence[0].detail if c.evidence else ""
-                device = c.device + (f"\n(tied with {len(c.tied_with)})" if c.tied_with else "")
-                table.add_row(str(i), c.kind.value, device, " ".join(map(str, c.ranks[:8])),
-                              f"{c.score:.3f}", json.dumps(c.coords) if c.coords else "", ev)
+                device = c.device
+                if c.coords:  # the rank's place in the parallel layout, under its device
+                    device += "\n" + " ".join(f"{k}{v}" for k, v in c.coords.items())
+                if c.tied_with:
+                    device += f"\n(tied with {len(c.tied_with)})"
+                table.add_row(str(i), c.kind.value, device, _ranks(c.ranks), f"{c.score:.3f}",
+                              ev)
             console.print(table)
             if any(c.tied_with for c in verdict.candidates):
                 console.print("[yellow]tied[/yellow]: these devices carry the same slow flows and "
                               "the logs cannot tell them apart; check each (e.g. a bandwidth test "
                               "between their hosts)")
+                seen: set[frozenset[str]] = set()
+                for c in verdict.candidates:
+                    tie = frozenset((c.device, *c.tied_with))
+                    if c.tied_with and tie not in seen:
+                        seen.add(tie)
+                        names = [c.device, *c.tied_with]
+                        console.print(f"  {len(names)} tied: " + ", ".join(names[:8])
+                                      + (f" (+{len(names) - 8})" if len(names) > 8 else ""))
         for w in verdict.workload_findings:
             console.print(f"[yellow]workload ({w.kind})[/yellow]: {w.detail}")
+
+
+def _ranks(ranks: tuple[int, ...], shown: int = 8) -> str:
+    text = " ".join(map(str, ranks[:shown]))
+    return text + (f" (+{len(ranks) - shown})" if len(ranks) > shown else "")

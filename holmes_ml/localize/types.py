@@ -155,18 +155,44 @@ class Verdict:
     workload_findings: tuple[WorkloadFinding, ...] = ()
     stats: dict[str, float] = field(default_factory=dict, compare=False)
 
+    @property
+    def note(self) -> str | None:
+        """A caveat the reader of the verdict needs, or ``None``.
+
+        Suspects or workload findings without any irregular iteration come from the abnormal
+        operators of the last iterations alone: the slowdown was there since the log began, or
+        is smaller than ``delta``. Fewer than two ranks leave nothing to compare a copy with.
+        """
+        notes = []
+        if self.stats.get("ranks", 2.0) < 2:
+            notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
+                         "may go unnamed")
+        if not self.irregular and (self.candidates or self.workload_findings):
+            n = int(self.stats.get("analysed_iterations", 0))
+            notes.append(
+                "no iteration is delta-irregular (delta times slower than the ones before it); "
+                f"the findings come from the abnormal operators of the last {n} iteration(s), "
+                "as from a slowdown present since the log began or smaller than delta"
+            )
+        return "; ".join(notes) or None
+
     def to_dict(self, max_evidence: int = 5) -> dict[str, Any]:
         """The JSON contract: ``irregular``, ``irregular_iterations``, ``candidates`` (each with
         ``kind, device, ranks, hosts, score, coords, evidence``) and ``workload``: ``None``, or
         the main workload finding (``kind, ranks, share, coords, detail``) with any further
-        findings under ``others``."""
+        findings under ``others``. Also ``note`` (:attr:`note`) and ``input``: the ``ops``,
+        ``ranks`` and ``iterations`` the verdict was computed from (when known)."""
         workload: dict[str, Any] | None = None
         if self.workload_findings:
             workload = self.workload_findings[0].to_dict()
             workload["others"] = [w.to_dict() for w in self.workload_findings[1:]]
+        known = ("ops", "ranks", "iterations")
         return {
             "irregular": bool(self.irregular),
             "irregular_iterations": [int(i) for i in self.irregular_iterations],
             "candidates": [c.to_dict(max_evidence) for c in self.candidates],
             "workload": workload,
+            "note": self.note,
+            "input": ({k: int(self.stats[k]) for k in known}
+                      if all(k in self.stats for k in known) else None),
         }
