@@ -46,3 +46,20 @@ def test_train_unknown_estimator_lists_choices(tmp_path):
                                       str(tmp_path / "m.holmes")])
     assert result.exit_code != 0
     assert "'xgb'" in result.output and "lgbm-small" in result.output
+
+
+def test_train_reads_a_simulator_directory_and_refuses_one_class(tmp_path):
+    cfg = SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=12,
+                    faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.8,start=4"),))
+    simulate(cfg).write(tmp_path / "sim")
+    out = tmp_path / "m.holmes"
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "sim"), "--estimator",
+                                      "lgbm-small", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert load_model(out) is not None
+    simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=6, seed=1)).write(tmp_path / "ok")
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "ok"), "--out",
+                                      str(tmp_path / "h.holmes")])
+    assert result.exit_code == 2
+    assert "every op is labelled abnormal=False" in " ".join(result.output.split())
+    assert not (tmp_path / "h.holmes").exists()

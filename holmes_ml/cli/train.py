@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.io import FORMATS
+
 
 def register(app: typer.Typer) -> None:
     """Add ``holmes train`` to ``app``."""
@@ -14,17 +16,21 @@ def register(app: typer.Typer) -> None:
     def train(
         paths: list[Path] = typer.Argument(
             None,
-            help="Labelled CommOps logs (any format `holmes localize` reads) with a boolean "
-            "`abnormal` column. Without PATHs the detector is trained on the --preset simulator "
-            "scenarios.",
+            help="Labelled CommOps logs (any format `holmes localize` reads, simulator output "
+            "directories included) with a boolean `abnormal` column. Without PATHs the detector "
+            "is trained on the --preset simulator scenarios.",
             show_default=False,
         ),
         out: Path = typer.Option(Path("model.holmes"), "--out", help="Model envelope to write."),
+        format: str = typer.Option(
+            "auto", "--format", help="Format of the PATHs: auto|" + "|".join(FORMATS) + "."
+        ),
         preset: str = typer.Option(
             "default", "--preset",
             help="Simulator scenario mix: default (the bundled model's: 30 runs of 64-1,024 GPUs "
             "at 1-6 % compute jitter), wide (default plus 30 runs at up to 10 % jitter with "
-            "transfer drift), quick or tiny."
+            "transfer drift), quick (8 runs of 64-128 GPUs: to try the command) "
+            "or tiny (3 runs of 64 GPUs, seconds: for tests)."
         ),
         estimator: str = typer.Option(
             "lgbm", "--estimator",
@@ -35,7 +41,8 @@ def register(app: typer.Typer) -> None:
             "alone), rf, or tuned-lgbm / tuned-rf (optuna)."
         ),
         seed: int = typer.Option(0, "--seed", help="Seeds scenarios and estimators."),
-        n_trials: int = typer.Option(10, "--trials", help="Optuna trials (tuned-* only)."),
+        n_trials: int = typer.Option(10, "--trials", min=1,
+                                     help="Optuna trials (tuned-* only)."),
         storage: str = typer.Option(
             None, "--storage", help="Optuna RDB URL shared by several processes, "
             "e.g. sqlite:///study.db (tuned-* only)."
@@ -85,7 +92,7 @@ def register(app: typer.Typer) -> None:
                 param_hint="--estimator",
             )
         if paths:
-            metrics = _train_on_logs(paths, det, out)
+            metrics = _train_on_logs(paths, det, out, format)
         else:
             metrics = train_default(out, preset=preset, seed=seed, estimator=det)
         size = out.stat().st_size
@@ -94,16 +101,17 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {k}: {v:.4g}")
 
 
-def _train_on_logs(paths: list[Path], det, out: Path) -> dict[str, float]:
+def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
     """Fit ``det`` on labelled logs; F1 is measured on the last fifth of the iterations."""
     import numpy as np
     from sklearn.metrics import f1_score
 
+    from holmes_ml import pipeline
     from holmes_ml.features import build_features
-    from holmes_ml.io import read_ops
     from holmes_ml.models import save_model
 
-    ops = read_ops([str(p) for p in paths])
+    files, _ = pipeline.resolve_paths(paths)
+    ops = pipeline.read_paths(files, format)
     if "abnormal" not in ops.columns:
         raise typer.BadParameter(
             f"{', '.join(map(str, paths))}: no 'abnormal' column; training needs op-level labels "
@@ -111,8 +119,14 @@ def _train_on_logs(paths: list[Path], det, out: Path) -> dict[str, float]:
             "`holmes simulate`",
             param_hint="PATHS",
         )
-    X = build_features(ops)
     y = ops["abnormal"].to_numpy(dtype=bool)
+    if y.all() or not y.any():
+        raise typer.BadParameter(
+            f"{', '.join(map(str, paths))}: every op is labelled abnormal={bool(y[0])}; a "
+            "detector learns from both kinds (simulate jobs with a fault, or add healthy logs)",
+            param_hint="PATHS",
+        )
+    X = build_features(ops)
     cut = np.quantile(ops["iteration"].to_numpy(), 0.8)
     held = ops["iteration"].to_numpy() > cut
     metrics: dict[str, float] = {"train_rows": float((~held).sum())}
