@@ -24,6 +24,16 @@ def test_git_commit_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == "unknown"
 
 
+def test_git_commit_is_the_package_checkouts_wherever_the_bench_starts(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import holmes_ml
+
+    here = git_commit(Path(holmes_ml.__file__).parent)
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    assert git_commit() == here
+
+
 def test_markdown_report_lists_figures_goals_and_tables(tmp_path):
     import numpy as np
 

@@ -50,7 +50,13 @@ class BenchResult:
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
-    """The checked-out commit (with ``-dirty`` when the tree has changes), or ``unknown``."""
+    """The checked-out commit (with ``-dirty`` when the tree has changes), or ``unknown``.
+
+    By default, of the checkout the running ``holmes_ml`` package was imported from (what the
+    benchmark measured), wherever the command was started; ``unknown`` for an installed wheel.
+    """
+    if cwd is None:
+        cwd = Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
