@@ -561,7 +561,9 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1) -> tuple[int, ...]:
                          index=span.index)
     table.index.name = "iteration"
     out = detect_irregular(table, IrregularityConfig(delta=delta))
-    return tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
+    irregular = tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
+    logger.info("%d of %d iterations irregular (delta=%.3g)", len(irregular), len(out), delta)
+    return irregular
 
 
 def analyze(

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
             False, "--quick", help="Small sizes that finish in a few minutes (what CI runs)."
         ),
         out: Path = typer.Option(
-            Path("bench-results"), "--out", help="Directory for NAME.json, NAME.md and PNG plots."
+            Path("bench-results"), "--out", help="Directory for NAME.json, NAME.md and the PNG plots of the benchmarks that draw them."
         ),
         localizer: list[str] = typer.Option(
             [],
@@ -79,7 +79,8 @@ def register(app: typer.Typer) -> None:
         """Measure speed, memory or accuracy.
 
         Each benchmark writes OUT/NAME.json (every figure, the config, git commit, machine and
-        library versions), OUT/NAME.md (tables) and PNG plots; `all` also writes OUT/index.md.
+        library versions), OUT/NAME.md (tables) and, for the benchmarks that draw them, PNG
+        plots; `all` also writes OUT/index.md.
 
         Examples: `holmes bench simulator`, `holmes bench all --quick --out /tmp/b`,
         `holmes bench localize --localizer mypkg.loc:my_localizer`.

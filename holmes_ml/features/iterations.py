@@ -331,7 +331,9 @@ def detect_irregular(
     out["pattern"] = pd.Series(pattern, index=out.index, dtype=object).astype(str)
     n_irr = int(irregular.sum())
     if n_irr:
-        logger.info(
+        # debug: feature extraction runs the monitor too, for its iteration-time context;
+        # the callers that report irregular iterations log their own summary.
+        logger.debug(
             "%d of %d iterations irregular (delta=%.3g) in %d episode(s)",
             n_irr, len(out), cfg.delta, int(episode.max()) + 1,
         )
