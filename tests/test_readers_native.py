@@ -112,7 +112,8 @@ def test_unknown_op_names_value_and_row(tmp_path):
     with pytest.raises(SchemaError) as err:
         read_ops(p)
     msg = str(err.value)
-    assert "x.jsonl" in msg and "'op'" in msg and "allfoo" in msg and "row 5" in msg
+    assert "x.jsonl" in msg and "'op'" in msg and "allfoo" in msg and "line 6" in msg
+    assert err.value.row == 5  # the data row stays available to programs
 
 
 def test_wrong_type_names_value(tmp_path):

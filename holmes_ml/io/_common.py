@@ -143,7 +143,8 @@ def open_bytes(path: str | Path) -> bytes:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
-            raise SchemaError(f"corrupt gzip data: {exc}", source=str(p)) from exc
+            raise SchemaError(f"corrupt or truncated gzip data: {exc}", source=str(p),
+                              expected="a complete gzip file") from exc
     return raw
 
 
@@ -152,29 +153,76 @@ def head_bytes(path: str | Path, n: int = 1 << 20) -> bytes:
     p = Path(path)
     with p.open("rb") as fh:
         magic = fh.read(2)
-    opener = gzip.open if magic == b"\x1f\x8b" else open
-    try:
-        with opener(p, "rb") as fh:  # type: ignore[operator]
+    if magic != b"\x1f\x8b":
+        with p.open("rb") as fh:
             return fh.read(n)
-    except (OSError, EOFError):
-        return b""
-
-
-def load_json(path: str | Path) -> Any:
-    """Parse a JSON document; a syntax error names the file, line and column."""
-    text = open_bytes(path).decode("utf-8", errors="replace")
     try:
-        return json.loads(text)
+        with gzip.open(p, "rb") as fh:
+            return fh.read(n)
+    except (OSError, EOFError) as exc:
+        # A gzip stream that ends (or breaks) within the sniffed head: sniffing nothing would
+        # end in "cannot tell the format", which hides the real problem.
+        raise SchemaError(f"corrupt or truncated gzip data: {exc}", source=str(p),
+                          expected="a complete gzip file") from exc
+
+
+def content_kind(raw: bytes) -> str | None:
+    r"""What content that failed to parse as JSON looks like, or None when it does look like JSON.
+
+    Used to tell "you named the wrong format" apart from "this JSON is broken".
+
+    Examples
+    --------
+    >>> content_kind(b"PAR1..."), content_kind(b"a,b,c\n1,2,3"), content_kind(b'{"a": ')
+    ('Parquet', 'CSV', None)
+    """
+    if raw[:4] == b"PAR1":
+        return "Parquet"
+    if raw[:1] == b"\x80":
+        return "a pickle"
+    if raw[257:262] == b"ustar":
+        return "a tar archive"
+    if raw[:4] == b"PK\x03\x04":
+        return "a zip archive"
+    if raw.lstrip()[:1] in (b"{", b"["):
+        return None
+    if b"\x00" in raw[:1024]:
+        return "binary data"
+    if raw.split(b"\n", 1)[0].count(b",") >= 2:
+        return "CSV"
+    return "text that is not JSON"
+
+
+def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
+    """Parse a JSON document; a syntax error names the file, line and column.
+
+    ``what`` names the expected input in the error when the file is not JSON at all (another
+    format was named).
+    """
+    raw = open_bytes(path)
+    try:
+        return json.loads(raw.decode("utf-8", errors="replace"))
     except json.JSONDecodeError as exc:
+        kind = content_kind(raw)
+        if kind is not None:
+            raise SchemaError(f"not JSON: this looks like {kind}", source=str(path),
+                              expected=what) from exc
         raise SchemaError(
             f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
             source=str(path), expected="a valid JSON document",
         ) from exc
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)`` for each non-empty line of a JSON Lines file."""
-    text = open_bytes(path).decode("utf-8", errors="replace")
+def iter_jsonl(
+    path: str | Path, what: str = "one JSON object per line"
+) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)`` for each non-empty line of a JSON Lines file.
+
+    ``what`` names the expected input in the error when the file is not JSON at all.
+    """
+    raw = open_bytes(path)
+    text = raw.decode("utf-8", errors="replace")
+    first = True
     for lineno, line in enumerate(io.StringIO(text), start=1):
         line = line.strip()
         if not line:
@@ -182,13 +230,18 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            kind = content_kind(raw) if first else None
+            if kind is not None:
+                raise SchemaError(f"not JSON Lines: this looks like {kind}", source=str(path),
+                                  expected=what) from exc
             raise SchemaError(
-                f"malformed JSON on line {lineno}, column {exc.colno}: {exc.msg}",
-                source=str(path), row=lineno - 1, expected="one JSON object per line",
+                f"malformed JSON at column {exc.colno}: {exc.msg}",
+                source=str(path), row=lineno - 1, line=lineno, expected="one JSON object per line",
             ) from exc
+        first = False
         if not isinstance(obj, dict):
             raise SchemaError(
-                f"line {lineno} is not a JSON object", source=str(path),
+                "not a JSON object", source=str(path), row=lineno - 1, line=lineno,
                 value=type(obj).__name__, expected="one JSON object per line",
             )
         yield lineno, obj

@@ -79,9 +79,15 @@ def looks_like_bytedance(path: str | Path) -> bool:
     """True for a parquet file whose schema has the what-if columns."""
     if not str(path).endswith(".parquet") or head_bytes(path, 4) != b"PAR1":
         return False
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = set(pq.read_schema(path).names)
+    try:
+        names = set(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError):
+        # A truncated or corrupt Parquet file: not ours to report; the native reader names the
+        # file and the problem in one line.
+        return False
     return set(TRACE_COLUMNS) <= names
 
 
@@ -105,14 +111,29 @@ def read_bytedance(path: str | Path, meta: dict[str, int] | str | Path | None = 
     --------
     >>> ops = read_bytedance("realdata/bytedance-whatif/trace-AR.parquet")  # doctest: +SKIP
     """
+    import pyarrow as pa
+
+    from holmes_ml.io._common import content_kind
+
     source = str(path)
+    head = head_bytes(path, 1024)
+    if head[:4] != b"PAR1":
+        raise SchemaError(f"not a Parquet file: this looks like {content_kind(head) or 'JSON'}",
+                          source=source, expected="a ByteDance what-if trace-*.parquet")
     if not isinstance(meta, dict):
         mp = Path(meta) if meta is not None else meta_path_for(path)
-        if not mp.exists():
-            raise SchemaError("parallel sizes not found", source=source, column="meta",
-                              value=str(mp), expected="a meta-*.yaml next to the trace")
+        if not mp.is_file():
+            raise SchemaError(
+                f"the parallel sizes file {mp} does not exist", source=source,
+                expected=f"{mp.name} next to the trace, with lines like 'dp_size: 4', "
+                "'pp_size: 4', 'tp_size: 4'; or read_bytedance(meta=...)",
+            )
         meta = read_meta(mp)
-    df = pd.read_parquet(path)
+    try:
+        df = pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise SchemaError(f"cannot read Parquet: {exc}", source=source,
+                          expected="a complete ByteDance what-if trace-*.parquet") from exc
     missing = [c for c in TRACE_COLUMNS if c not in df.columns]
     if missing:
         raise SchemaError(f"missing what-if column(s) {', '.join(missing)}", source=source,
@@ -140,6 +161,9 @@ def read_bytedance(path: str | Path, meta: dict[str, int] | str | Path | None = 
     workers = df.drop_duplicates(["dp_rank", "stage"]).set_index(["dp_rank", "stage"])["rank"]
     worker = {(int(d), int(s)): int(r) for (d, s), r in workers.items()}
 
+    if is_compute.all():
+        raise SchemaError("no communication op in the trace", source=source, column="optype",
+                          expected="some of " + ", ".join(sorted(_COMM)))
     c = df.loc[~is_compute].copy()
     c["t0_s"] = t0_s[~is_compute]
     c = c.sort_values(["rank", "step", "start_ts", "seq_id"], kind="stable")

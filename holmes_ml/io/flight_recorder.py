@@ -84,7 +84,7 @@ def load_dump(path: str | Path, trust_pickle: bool = False) -> dict:
         if not trust_pickle:
             raise SchemaError(
                 "refusing to unpickle a Flight Recorder dump: unpickling runs code stored in the "
-                "file", source=str(p), column="trust_pickle", value=False,
+                "file", source=str(p), parameter="trust_pickle", value=False,
                 expected="a JSON dump (TORCH_FR_DUMP_JSON / _dump_fr_trace_json) or "
                 "--trust-pickle for a file you produced yourself",
             )
@@ -93,7 +93,8 @@ def load_dump(path: str | Path, trust_pickle: bool = False) -> dict:
         except Exception as exc:  # any unpickling failure is a bad input file
             raise SchemaError(f"cannot unpickle: {exc}", source=str(p)) from exc
     else:
-        doc = load_json(p)
+        doc = load_json(p, what="a Flight Recorder JSON dump (or a pickled one with "
+                        "trust_pickle)")
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise SchemaError("not a Flight Recorder dump", source=str(p), column="entries",
                           expected="an object with an 'entries' list")

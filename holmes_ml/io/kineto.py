@@ -166,7 +166,7 @@ def _describe(inst: _Instance, source: str) -> dict | None:
 
 def _read_one(path: Path) -> tuple[pd.DataFrame, int]:
     source = str(path)
-    doc = load_json(path)
+    doc = load_json(path, what="a PyTorch profiler (Kineto) JSON trace")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise SchemaError(
             "not a Kineto trace", source=source, column="traceEvents",

@@ -95,7 +95,7 @@ class _File:
 
     def fail(self, message: str, lineno: int, field: str, value: Any = None,
              expected: str | None = None) -> SchemaError:
-        return SchemaError(f"{message} (line {lineno})", source=self.source, row=lineno - 1,
+        return SchemaError(message, source=self.source, row=lineno - 1, line=lineno,
                            column=field, value=value, expected=expected)
 
     def check_closed(self, lineno: int) -> None:
@@ -208,7 +208,7 @@ def _read_one(path: Path) -> list[dict[str, Any]]:
     state = _File(path)
     rows: list[dict[str, Any]] = []
     lineno = 0
-    for lineno, obj in iter_jsonl(path):
+    for lineno, obj in iter_jsonl(path, what="NCCL Inspector JSON Lines"):
         if "dump_stats" in obj:
             state.marker(obj, lineno)
             continue

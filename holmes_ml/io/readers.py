@@ -4,26 +4,39 @@ Native files are CSV (plain or ``.gz``), Parquet and JSON Lines (plain or ``.gz`
 the canonical schema. A directory means "all files inside" (per-rank files, mixed gz/plain);
 all files of one call must share a format. A tar archive (``.tar.gz`` ...) reads like the
 directory it holds.
+
+Inputs are read once: a path given twice is read once, and rows repeated exactly (every
+canonical column equal) are dropped, each with a warning. Inside a directory or archive, files
+whose format cannot be identified (notes, configs) are skipped with a warning.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
+import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from holmes_ml.io._common import head_bytes, iter_jsonl
-from holmes_ml.io.schema import REQUIRED_COLUMNS, SchemaError, validate
+from holmes_ml.io._common import head_bytes, iter_jsonl, open_bytes
+from holmes_ml.io.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, SchemaError, validate
 
 logger = logging.getLogger(__name__)
 
 #: Formats :func:`read_ops` understands.
 FORMATS: tuple[str, ...] = ("native", "kineto", "flight-recorder", "nccl-inspector", "bytedance")
 _SKIP_SUFFIXES = (".yaml", ".yml", ".md", ".png", ".jpg", ".svg", ".html")
+
+
+class UnknownFormatError(SchemaError):
+    """The content of a file matches none of :data:`FORMATS` (raised by :func:`detect_format`)."""
 
 
 def _strip_gz(name: str) -> str:
@@ -40,8 +53,10 @@ def detect_format(path: str | Path) -> str:
 
     Raises
     ------
+    UnknownFormatError
+        When the content matches none of them (a :class:`SchemaError`).
     SchemaError
-        When the content matches none of them.
+        When the file is missing or its gzip stream is corrupt.
 
     Examples
     --------
@@ -73,11 +88,15 @@ def detect_format(path: str | Path) -> str:
             return "nccl-inspector"
         if all(f'"{c}"' in first for c in REQUIRED_COLUMNS):
             return "native"
-    if name.endswith((".csv", ".jsonl", ".ndjson")) or text.split("\n", 1)[0].count(",") >= 7:
+    # The comma count spots a CSV without its extension; a one-line JSON object (a config,
+    # topology.json) has commas too and is not a CSV.
+    is_json = text.startswith(("{", "["))
+    if name.endswith((".csv", ".jsonl", ".ndjson")) or (
+            not is_json and text.split("\n", 1)[0].count(",") >= 7):
         return "native"
-    raise SchemaError(
+    raise UnknownFormatError(
         "cannot tell the format of this file", source=str(p),
-        expected="one of " + ", ".join(FORMATS) + " (pass format= explicitly)",
+        expected="one of " + ", ".join(FORMATS) + "; name it with --format or format=",
     )
 
 
@@ -117,36 +136,86 @@ def _unpack(archive: Path, into: Path) -> Path:
     return into
 
 
+@dataclass(frozen=True)
+class _Input:
+    """One file to read, and the directory or archive it was found in (None: named by the caller)."""
+
+    path: Path
+    container: str | None = None
+
+
+def _members(root: Path) -> tuple[list[Path], list[str]]:
+    """Candidate log files under ``root`` (the whole tree, sorted) and every file name seen."""
+    files, seen = [], []
+    # The whole tree, sorted: logs often sit in per-node or per-run subdirectories, and the
+    # order must not depend on the file system.
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root)
+        if not f.is_file() or any(part.startswith(".") for part in rel.parts):
+            continue
+        seen.append(rel.as_posix())
+        # Companions of a log set, never logs themselves (ByteDance meta-/result- files).
+        if f.name.lower().endswith(_SKIP_SUFFIXES) or f.name.startswith(("result-", "meta-")):
+            continue
+        files.append(f)
+    return files, seen
+
+
 def _expand(
-    paths: str | Path | Sequence[str | Path], scratch: Callable[[], Path] | None = None
-) -> list[Path]:
+    paths: str | Path | Sequence[str | Path],
+    scratch: Callable[[], Path] | None = None,
+    shown: dict[str, str] | None = None,
+) -> list[_Input]:
+    """Files to read, each path once. ``shown`` collects scratch directory -> archive name."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    out: list[Path] = []
+    out: list[_Input] = []
+    read: set[Path] = set()
+
+    def once(f: Path, label: str) -> bool:
+        key = f.resolve()
+        if key in read:
+            # Reading it twice would double every op of its ranks and skew every statistic.
+            logger.warning("%s is given more than once: read once", label)
+            return False
+        read.add(key)
+        return True
+
     for item in paths:
         p = Path(item)
         if p.is_file() and p.name.lower().endswith(ARCHIVE_SUFFIXES) and scratch is not None:
+            if not once(p, str(p)):
+                continue
             root = _unpack(p, scratch())
-            files = sorted(f for f in root.rglob("*") if f.is_file()
-                           and not f.name.startswith(".")
-                           and not f.name.lower().endswith(_SKIP_SUFFIXES))
+            if shown is not None:
+                shown[str(root)] = str(p)
+            files, seen = _members(root)
             if not files:
-                raise SchemaError("empty archive", source=str(p), expected="trace files")
-            out.extend(files)
+                raise SchemaError("no log files in archive" if seen else "empty archive",
+                                  source=str(p), value=", ".join(seen[:8]) or None,
+                                  expected="trace files")
+            out.extend(_Input(f, str(p)) for f in files)
         elif p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
-                           and not f.name.lower().endswith(_SKIP_SUFFIXES)
-                           and not f.name.startswith(("result-", "meta-")))
+            files, seen = _members(p)
             if not files:
-                raise SchemaError("empty directory", source=str(p), expected="trace files")
-            out.extend(files)
+                raise SchemaError("no log files in directory" if seen else "empty directory",
+                                  source=str(p), value=", ".join(seen[:8]) or None,
+                                  expected="trace files")
+            out.extend(_Input(f, str(p)) for f in files if once(f, str(f)))
         elif p.exists():
-            out.append(p)
+            if once(p, str(p)):
+                out.append(_Input(p))
         else:
             raise SchemaError("file not found", source=str(p), expected="an existing file or dir")
     if not out:
         raise SchemaError("no input given", expected="at least one file or directory")
     return out
+
+
+def _check_format_name(format: str) -> None:
+    if format != "auto" and format not in FORMATS:
+        raise SchemaError("not a known format", parameter="format", value=format,
+                          expected="one of auto, " + ", ".join(FORMATS))
 
 
 def read_ops(
@@ -159,8 +228,10 @@ def read_ops(
     Parameters
     ----------
     paths:
-        A file, a directory (all files inside: per-rank files), a tar archive of such files
-        (``.tar``, ``.tar.gz``, ``.tgz``, ...; unpacked to a temporary directory) or a list of them.
+        A file, a directory (all files inside, subdirectories included: per-rank files), a tar
+        archive of such files (``.tar``, ``.tar.gz``, ``.tgz``, ...; unpacked to a temporary
+        directory) or a list of them. With ``format="auto"``, files of a directory or archive
+        whose format cannot be identified are skipped with a warning.
     format:
         ``"auto"`` (detect per file; all must agree) or one of :data:`FORMATS`.
     trust_pickle:
@@ -171,29 +242,124 @@ def read_ops(
     -------
     pandas.DataFrame
         The canonical table (see :mod:`holmes_ml.io.schema`), with format-specific extra columns.
+        A path given twice is read once; rows repeated exactly are dropped (both with a warning).
 
     Raises
     ------
     SchemaError
         Unknown format, unparsable file, or a table that breaks the schema; the message names
-        the file, column, row/value and what was expected.
+        the file (``archive.tar.gz:member`` inside an archive), column, line/row and value and
+        what was expected.
 
     Examples
     --------
     >>> ops = read_ops("logs/", format="auto")  # doctest: +SKIP
     """
+    _check_format_name(format)
     with tempfile.TemporaryDirectory(prefix="holmes-read-") as tmp:
         counter = iter(range(1 << 30))
-        files = _expand(paths, lambda: Path(tmp) / f"archive-{next(counter)}")
-        return _read_files(files, format, trust_pickle)
+        shown: dict[str, str] = {}
+        try:
+            files = _expand(paths, lambda: Path(tmp) / f"archive-{next(counter)}", shown)
+            return _read_files(files, format, trust_pickle, shown)
+        except SchemaError as exc:
+            # Members of an archive live in a directory deleted on return: name them as
+            # archive.tar.gz:member instead.
+            _rename(exc, shown)
+            raise
 
 
-def _read_files(files: list[Path], format: str, trust_pickle: bool) -> pd.DataFrame:
-    if format != "auto" and format not in FORMATS:
-        raise SchemaError("unknown format", column="format", value=format,
-                          expected="auto or one of " + ", ".join(FORMATS))
+def _display(text: str, shown: dict[str, str]) -> str:
+    for tmp, archive in shown.items():
+        text = text.replace(tmp + os.sep, archive + ":").replace(tmp, archive)
+    return text
+
+
+def _rename(exc: SchemaError, shown: dict[str, str]) -> None:
+    if not shown:
+        return
+    exc.args = tuple(_display(a, shown) if isinstance(a, str) else a for a in exc.args)
+    for attr in ("source", "value", "expected", "message"):
+        v = getattr(exc, attr, None)
+        if isinstance(v, str):
+            setattr(exc, attr, _display(v, shown))
+
+
+def _line_of(path: Path, row: int) -> int | None:
+    """File line of data row ``row`` of a native CSV or JSON Lines file (None for Parquet).
+
+    Only called on the error path, so it re-reads the file rather than tracking lines always.
+    """
+    if head_bytes(path, 4)[:4] == b"PAR1":
+        return None
+    text = open_bytes(path).decode("utf-8", errors="replace")
+    name = _strip_gz(path.name.lower())
+    if name.endswith((".jsonl", ".ndjson", ".json")) or text[:1] == "{":
+        # iter_jsonl skips blank lines.
+        n = -1
+        for lineno, line in enumerate(io.StringIO(text), start=1):
+            n += bool(line.strip())
+            if n == row and line.strip():
+                return lineno
+        return None
+    # pandas skips blank lines and the first record is the header; the csv module counts
+    # physical lines, so quoted fields spanning lines are counted right too.
+    reader = csv.reader(io.StringIO(text))
+    n, before = -2, 0
+    for record in reader:
+        if record:
+            n += 1
+            if n == row:
+                return before + 1
+        before = reader.line_num
+    return None
+
+
+def _read_native(f: Path) -> pd.DataFrame:
+    try:
+        return validate(read_native(f), source=str(f))
+    except SchemaError as exc:
+        if exc.row is None or exc.line is not None:
+            raise
+        line = _line_of(f, exc.row)
+        if line is None:
+            raise
+        # Editors and `sed -n Np` count file lines, not 0-based data rows.
+        raise exc.at(line=line) from None
+
+
+def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
+    """Format of each file; files of a directory/archive that match no format are skipped."""
+    kinds: dict[Path, str] = {}
+    skipped: dict[str, list[str]] = {}
+    for f in files:
+        try:
+            kinds[f.path] = detect_format(f.path)
+        except UnknownFormatError:
+            if f.container is None:
+                raise
+            logger.warning("%s: not a log of a known format, skipped",
+                           _display(str(f.path), shown))
+            skipped.setdefault(f.container, []).append(f.path.name)
+    for container, names in skipped.items():
+        if not any(f.container == container and f.path in kinds for f in files):
+            raise UnknownFormatError(
+                "no file of a known format", source=container,
+                value=", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8
+                                              else ""),
+                expected="files of one of " + ", ".join(FORMATS)
+                + "; name the format with --format or format=",
+            )
+    return kinds
+
+
+def _read_files(
+    inputs: list[_Input], format: str, trust_pickle: bool, shown: dict[str, str] | None = None
+) -> pd.DataFrame:
+    _check_format_name(format)
     if format == "auto":
-        kinds = {f: detect_format(f) for f in files}
+        kinds = _identify(inputs, shown or {})
+        files = [f.path for f in inputs if f.path in kinds]
         found = sorted(set(kinds.values()))
         if len(found) > 1:
             raise SchemaError(
@@ -202,30 +368,105 @@ def _read_files(files: list[Path], format: str, trust_pickle: bool) -> pd.DataFr
                 expected="files of a single format",
             )
         format = found[0]
+    else:
+        files = [f.path for f in inputs]
     logger.info("reading %d file(s) as %s", len(files), format)
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
+    source = _display(source, shown or {})
 
     if format == "kineto":
         from holmes_ml.io.kineto import read_kineto
 
-        return validate(read_kineto(files), source=source)
-    if format == "flight-recorder":
+        ops = validate(read_kineto(files), source=source)
+    elif format == "flight-recorder":
         from holmes_ml.io.flight_recorder import read_flight_recorder
 
-        return validate(read_flight_recorder(files, trust_pickle=trust_pickle), source=source)
-    if format == "nccl-inspector":
+        ops = validate(read_flight_recorder(files, trust_pickle=trust_pickle), source=source)
+    elif format == "nccl-inspector":
         from holmes_ml.io.nccl_inspector import read_nccl_inspector
 
-        return validate(read_nccl_inspector(files), source=source)
-    if format == "bytedance":
+        ops = validate(read_nccl_inspector(files), source=source)
+    elif format == "bytedance":
         from holmes_ml.io.bytedance import read_bytedance
 
         if len(files) != 1:
             # Several what-if traces are several jobs: read them one at a time.
             raise SchemaError("one what-if trace per call", source=source,
                               value=len(files), expected="a single trace-*.parquet")
-        return validate(read_bytedance(files[0]), source=source)
-    # Native: validate each file so errors name it, then concatenate.
-    frames = [validate(read_native(f), source=str(f)) for f in files]
-    ops = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    return validate(ops, source=source) if len(frames) > 1 else ops
+        ops = validate(read_bytedance(files[0]), source=source)
+    else:
+        # Native: validate each file so errors name it, then concatenate.
+        frames = [_read_native(f) for f in files]
+        if len(frames) == 1:
+            return _drop_duplicate_rows(frames[0], source)
+        ops = validate(pd.concat(frames, ignore_index=True), source=source)
+        origin = np.repeat(np.arange(len(files)), [len(f) for f in frames])
+        names = [_display(str(f), shown or {}) for f in files]
+        return _drop_duplicate_rows(ops, source, names, origin)
+    return _drop_duplicate_rows(ops, source)
+
+
+# Odd 64-bit multipliers (golden-ratio and splitmix constants) that spread the key columns
+# over the whole word before they are mixed.
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _drop_duplicate_rows(
+    ops: pd.DataFrame,
+    source: str,
+    files: list[str] | None = None,
+    origin: np.ndarray | None = None,
+) -> pd.DataFrame:
+    """``ops`` without rows whose canonical columns all equal an earlier row's (with a warning).
+
+    An exact copy of an op is the same log line read twice (a copied file, a log appended
+    twice), never a second op: it would double that op's weight in every statistic. Rows that
+    share (rank, group, seq, op, iteration) but differ elsewhere are kept: that key is unique
+    in the simulator's and the real traces, but a restarted job can reuse it legitimately.
+
+    Parameters
+    ----------
+    ops:
+        A validated CommOps table.
+    source:
+        Name of the input, for the warning.
+    files, origin:
+        Optionally the file names and, per row, the index of its file in ``files``, so the
+        warning names the files the dropped rows came from.
+    """
+    if len(ops) < 2:
+        return ops
+    # Screen cheaply first: exact copies share rank, seq, start and duration, so one hash pass
+    # over a mixed 64-bit key leaves only a few candidates for the full comparison of every
+    # canonical column (several times cheaper on millions of rows than comparing them all).
+    dur = (ops["duration_us"].to_numpy(np.float64) + 0.0).view(np.uint64)  # -0.0 == 0.0
+    key = (ops["start_ns"].to_numpy(np.int64).view(np.uint64)
+           ^ ops["rank"].to_numpy(np.int64).view(np.uint64) * _MIX[0]
+           ^ ops["seq"].to_numpy(np.int64).view(np.uint64) * _MIX[1]
+           ^ dur * _MIX[2])
+    # Sorting beats a hash table here (random 64-bit keys defeat its cache): ~0.1 s for 2M rows.
+    ordered = np.sort(key)
+    same = ordered[1:] == ordered[:-1]
+    if not same.any():
+        return ops
+    candidate = np.isin(key, ordered[1:][same])
+    cols = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in ops.columns]
+    idx = np.flatnonzero(candidate)
+    sub = ops.iloc[idx][cols]
+    dup = np.zeros(len(ops), dtype=bool)
+    dup[idx[sub.duplicated(keep="first").to_numpy()]] = True
+    if not dup.any():
+        return ops
+    first = int(np.flatnonzero(dup)[0])
+    where = source
+    if files is not None and origin is not None:
+        # Name the files holding either copy: which one is dropped only depends on the order.
+        involved = idx[sub.duplicated(keep=False).to_numpy()]
+        where = ", ".join(files[i] for i in np.unique(origin[involved])[:4])
+    logger.warning(
+        "%s: dropped %d exact duplicate row(s) (every canonical column equal to an earlier row;"
+        " first: rank %d, group %r, seq %d) - the same log read twice?",
+        where, int(dup.sum()), int(ops["rank"].iloc[first]), str(ops["group"].iloc[first]),
+        int(ops["seq"].iloc[first]),
+    )
+    return ops.loc[~dup].reset_index(drop=True)

@@ -62,8 +62,10 @@ def without_labels(ops: pd.DataFrame) -> pd.DataFrame:
 class SchemaError(ValueError):
     """Input does not follow the canonical CommOps schema.
 
-    The message names the source (file), the column, the first offending row and value, and what
-    was expected. The same facts are available as attributes for programmatic use.
+    The message names the source (file), the column or parameter, the first offending row (as a
+    file line where the reader knows it) and value, and what was expected. The same facts are
+    available as attributes for programmatic use; ``row`` stays the 0-based data row even when
+    the message says ``line``.
     """
 
     def __init__(
@@ -75,20 +77,32 @@ class SchemaError(ValueError):
         row: int | None = None,
         value: object = None,
         expected: str | None = None,
+        parameter: str | None = None,
+        line: int | None = None,
     ) -> None:
+        # numpy scalars would print as np.int64(-1) / np.float64(nan): show the plain value.
+        if isinstance(value, np.generic):
+            value = value.item()
+        self.message = message
         self.source = source
         self.column = column
         self.row = row
         self.value = value
         self.expected = expected
+        self.parameter = parameter
+        self.line = line
         where = []
         if source:
             where.append(str(source))
+        if parameter:
+            where.append(parameter)
         if column:
             where.append(f"column {column!r}")
-        if row is not None:
+        if line is not None:
+            where.append(f"line {line}")
+        elif row is not None:
             where.append(f"row {row}")
-        prefix = ": ".join([", ".join(where)]) + ": " if where else ""
+        prefix = ", ".join(where) + ": " if where else ""
         detail = ""
         if value is not None:
             detail += f" (got {value!r}"
@@ -96,6 +110,14 @@ class SchemaError(ValueError):
         elif expected:
             detail += f" (expected {expected})"
         super().__init__(f"{prefix}{message}{detail}")
+
+    def at(self, *, source: str | None = None, line: int | None = None) -> SchemaError:
+        """The same error located at another ``source`` and/or file ``line`` (rows unchanged)."""
+        return type(self)(
+            self.message, source=source or self.source, column=self.column, row=self.row,
+            value=self.value, expected=self.expected, parameter=self.parameter,
+            line=line if line is not None else self.line,
+        )
 
 
 @dataclass(frozen=True)

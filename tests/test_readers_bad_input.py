@@ -1,0 +1,329 @@
+"""Bad and messy input: every problem is one clear SchemaError naming file, field and value, or
+a warning naming what was skipped or dropped; nothing is read twice and nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import tarfile
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.io import SchemaError, read_ops
+from holmes_ml.io.bytedance import TRACE_COLUMNS, read_bytedance
+
+
+def _ops(n_ranks: int = 4, iters: int = 3, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for it in range(iters):
+        for r in range(n_ranks):
+            rows.append({"iteration": it, "rank": r, "op": "all_reduce", "group": "dp-0",
+                         "seq": it, "nbytes": 1 << 20, "start_ns": 10**18 + it * 10**9 + r,
+                         "duration_us": float(rng.uniform(100, 200)),
+                         "group_ranks": " ".join(map(str, range(n_ranks)))})
+    return pd.DataFrame(rows)
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(["rank", "seq"]).reset_index(drop=True)
+
+
+# 1. Truncated files -------------------------------------------------------------------------
+
+def test_truncated_parquet_auto_gives_the_native_error(tmp_path):
+    whole = tmp_path / "whole.parquet"
+    _ops().to_parquet(whole)
+    cut = tmp_path / "trunc.parquet"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(SchemaError) as auto:
+        read_ops(cut)
+    with pytest.raises(SchemaError) as native:
+        read_ops(cut, format="native")
+    assert str(auto.value) == str(native.value)
+    assert "trunc.parquet" in str(auto.value) and "Parquet" in str(auto.value)
+
+
+def test_truncated_json_gz_says_gzip_is_corrupt(tmp_path):
+    data = gzip.compress(_ops().to_json(orient="records", lines=True).encode())
+    p = tmp_path / "ops.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    msg = str(err.value)
+    assert "ops.json.gz" in msg and "truncated gzip" in msg and "cannot tell" not in msg
+
+
+# 2. Hint of the auto-detection ----------------------------------------------------------------
+
+def test_unknown_format_hint_names_cli_and_library_and_is_closed(tmp_path):
+    p = tmp_path / "notes.bin"
+    p.write_bytes(b"\x00\x01hello")
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)  # a file named by the caller is never skipped
+    msg = str(err.value)
+    assert "--format" in msg and "format=" in msg and "pass format= explicitly" not in msg
+    assert msg.count("(") == msg.count(")")
+
+
+# 3. Stray files in a directory --------------------------------------------------------------
+
+def _stray_dir(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    df = _ops()
+    df.to_csv(d / "ops.csv", index=False)
+    (d / "NOTES.txt").write_text("the run where rank 3 looked slow\n")
+    (d / "notes.json").write_text(json.dumps({"who": "me", "why": "test", "a": 1, "b": 2,
+                                              "c": 3, "d": 4, "e": 5, "f": 6}))
+    (d / "other.log").write_text("some other program's log line\n")
+    return d, df
+
+
+def test_unidentified_files_in_a_directory_are_skipped_with_a_warning(tmp_path, caplog):
+    d, df = _stray_dir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        out = read_ops(d)
+    pd.testing.assert_frame_equal(_sorted(out), _sorted(read_ops(d / "ops.csv")))
+    for name in ("NOTES.txt", "notes.json", "other.log"):
+        assert any(name in r.getMessage() and "skipped" in r.getMessage()
+                   for r in caplog.records if r.levelno == logging.WARNING), name
+
+
+def test_directory_without_any_log_lists_what_it_found(tmp_path):
+    d, _ = _stray_dir(tmp_path)
+    (d / "ops.csv").unlink()
+    with pytest.raises(SchemaError) as err:
+        read_ops(d)
+    msg = str(err.value)
+    assert "logs" in msg and "no file of a known format" in msg
+    assert all(n in msg for n in ("NOTES.txt", "notes.json", "other.log"))
+
+
+def test_malformed_log_in_a_directory_still_raises(tmp_path):
+    d, df = _stray_dir(tmp_path)
+    df.drop(columns="nbytes").to_csv(d / "rank-9.csv", index=False)  # a log, but broken
+    with pytest.raises(SchemaError, match=r"rank-9\.csv.*nbytes"):
+        read_ops(d)
+
+
+def test_named_unidentified_file_still_raises(tmp_path):
+    d, _ = _stray_dir(tmp_path)
+    with pytest.raises(SchemaError, match="NOTES.txt.*cannot tell the format"):
+        read_ops([d / "ops.csv", d / "NOTES.txt"])
+
+
+# 4. Logs in subdirectories --------------------------------------------------------------------
+
+def test_logs_in_subdirectories_are_read_in_sorted_order(tmp_path):
+    df = _ops(n_ranks=4)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    nest = tmp_path / "nest"
+    for r, sub in df.groupby("rank"):
+        sub.to_csv(flat / f"rank-{r}.csv", index=False)
+        (nest / f"node{r // 2}").mkdir(parents=True, exist_ok=True)
+        sub.to_csv(nest / f"node{r // 2}" / f"rank-{r}.csv", index=False)
+    (nest / ".hidden").mkdir()
+    df.to_csv(nest / ".hidden" / "copy.csv", index=False)  # hidden trees are not logs
+    out = read_ops(nest)
+    pd.testing.assert_frame_equal(out, read_ops(flat))  # same rows, same order
+    assert list(out["rank"].drop_duplicates()) == [0, 1, 2, 3]
+
+
+def test_directory_with_only_companion_files_lists_them(tmp_path):
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "README.md").write_text("readme")
+    with pytest.raises(SchemaError) as err:
+        read_ops(d)
+    assert "no log files" in str(err.value) and "sub/README.md" in str(err.value)
+
+
+# 5. Duplicates --------------------------------------------------------------------------------
+
+def test_same_file_given_twice_is_read_once(tmp_path, caplog):
+    d = tmp_path / "d"
+    d.mkdir()
+    _ops().to_parquet(d / "ops.parquet")
+    once = read_ops(d)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        twice = read_ops([d, d / "ops.parquet", str(d / ".." / "d" / "ops.parquet")])
+    pd.testing.assert_frame_equal(twice, once)
+    assert "more than once" in caplog.text and "ops.parquet" in caplog.text
+
+
+def test_exact_duplicate_rows_are_dropped_with_a_count(tmp_path, caplog):
+    df = _ops(seed=3)
+    p = tmp_path / "ops.csv"
+    pd.concat([df, df.iloc[[2, 5, 7]]], ignore_index=True).to_csv(p, index=False)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        out = read_ops(p)
+    pd.testing.assert_frame_equal(out, read_ops(_write(df, tmp_path / "clean.csv")))
+    assert "dropped 3 exact duplicate" in caplog.text and "ops.csv" in caplog.text
+
+
+def test_a_copied_per_rank_file_counts_once(tmp_path, caplog):
+    df = _ops()
+    d = tmp_path / "d"
+    d.mkdir()
+    for r, sub in df.groupby("rank"):
+        sub.to_csv(d / f"rank-{r}.csv", index=False)
+    df[df["rank"] == 2].to_csv(d / "rank-2 (copy).csv", index=False)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        out = read_ops(d)
+    assert len(out) == len(df)
+    assert "dropped 3 exact duplicate" in caplog.text
+    assert "rank-2 (copy).csv" in caplog.text and "rank-2.csv" in caplog.text
+
+
+def test_rows_sharing_a_key_but_not_a_value_are_kept(tmp_path):
+    df = _ops()
+    again = df.iloc[[0]].assign(duration_us=df["duration_us"].iloc[0] + 1.0)
+    p = _write(pd.concat([df, again], ignore_index=True), tmp_path / "ops.csv")
+    assert len(read_ops(p)) == len(df) + 1
+
+
+def _write(df, p):
+    df.to_csv(p, index=False)
+    return p
+
+
+# 6. The format parameter --------------------------------------------------------------------
+
+def test_unknown_format_names_the_parameter(tmp_path):
+    p = _write(_ops(), tmp_path / "ops.csv")
+    with pytest.raises(SchemaError) as err:
+        read_ops(p, format="foo")
+    msg = str(err.value)
+    assert msg.startswith("format: ") and "'foo'" in msg and "one of auto, native" in msg
+    assert "column" not in msg and err.value.parameter == "format" and err.value.column is None
+
+
+# 7. Wrong explicit format ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, kind, what", [
+    ("kineto", "Parquet", "Kineto"),
+    ("flight-recorder", "Parquet", "Flight Recorder"),
+    ("nccl-inspector", "Parquet", "NCCL Inspector"),
+])
+def test_wrong_explicit_format_says_what_the_file_looks_like(tmp_path, fmt, kind, what):
+    p = tmp_path / "ops.parquet"
+    _ops().to_parquet(p)
+    with pytest.raises(SchemaError) as err:
+        read_ops(p, format=fmt)
+    msg = str(err.value)
+    assert "ops.parquet" in msg and f"looks like {kind}" in msg and what in msg
+    assert "malformed" not in msg
+
+
+def test_csv_read_as_bytedance_says_it_is_not_parquet(tmp_path):
+    p = _write(_ops(), tmp_path / "ops.csv")
+    with pytest.raises(SchemaError, match=r"ops\.csv.*not a Parquet file.*looks like CSV"):
+        read_ops(p, format="bytedance")
+
+
+# 8. Missing ByteDance meta file ---------------------------------------------------------------
+
+def test_missing_bytedance_meta_says_the_file_does_not_exist(tmp_path):
+    trace = tmp_path / "trace-X.parquet"
+    pd.DataFrame({c: [0] for c in TRACE_COLUMNS} | {"optype": ["gc"]}).to_parquet(trace)
+    with pytest.raises(SchemaError) as err:
+        read_ops(trace)  # detected as a what-if trace by its columns
+    msg = str(err.value)
+    assert "meta-X.yaml does not exist" in msg and "dp_size" in msg and "got" not in msg
+    (tmp_path / "meta-X.yaml").write_text("dp_size: 1\npp_size: 1\ntp_size: 1\n")
+    # With the meta file found, the next problem is reported: no communication at all (this
+    # used to end in a numpy ValueError from an empty array).
+    with pytest.raises(SchemaError, match=r"trace-X\.parquet.*no communication op"):
+        read_bytedance(trace)
+
+
+# 9. Plain values in messages ------------------------------------------------------------------
+
+def test_messages_show_plain_values_not_numpy_reprs(tmp_path):
+    df = _ops()
+    df.loc[3, "rank"] = -1
+    p = tmp_path / "neg.parquet"
+    df.to_parquet(p)
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "got -1;" in str(err.value) and "np." not in str(err.value)
+    assert type(err.value.value) is int
+    assert "got nan" in str(SchemaError("x", value=np.float64("nan")))
+
+
+# 10. File lines instead of data rows ----------------------------------------------------------
+
+def test_csv_error_names_the_file_line(tmp_path):
+    df = _ops().astype({"duration_us": object})
+    df.loc[3, "duration_us"] = "slow"
+    text = df.to_csv(index=False).splitlines()
+    # A blank line (pandas skips it) before the bad row shifts its line by one more.
+    p = tmp_path / "bad.csv.gz"
+    p.write_bytes(gzip.compress(("\n".join(text[:2] + [""] + text[2:]) + "\n").encode()))
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "bad.csv.gz" in str(err.value) and "line 6:" in str(err.value)
+    assert "row" not in str(err.value) and err.value.row == 3 and err.value.line == 6
+    assert "slow" in gzip.decompress(p.read_bytes()).decode().splitlines()[5]
+
+
+def test_jsonl_error_names_the_file_line(tmp_path):
+    df = _ops()
+    df.loc[1, "op"] = "allfoo"
+    p = tmp_path / "x.jsonl"
+    p.write_text("\n" + df.to_json(orient="records", lines=True))  # leading blank line
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "line 3:" in str(err.value) and "row" not in str(err.value)
+    assert "allfoo" in p.read_text().splitlines()[2]
+
+
+def test_malformed_jsonl_says_line_once(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(_ops().iloc[:2].to_json(orient="records", lines=True) + '{"iteration": 0,\n')
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert "line 3:" in str(err.value) and "row" not in str(err.value)
+
+
+def test_parquet_errors_keep_rows(tmp_path):
+    df = _ops()
+    df.loc[4, "op"] = "allfoo"
+    p = tmp_path / "x.parquet"
+    df.to_parquet(p)
+    with pytest.raises(SchemaError, match=r"row 4:"):
+        read_ops(p)
+
+
+# 11. Members of an archive ----------------------------------------------------------------------
+
+def test_errors_inside_an_archive_name_archive_and_member(tmp_path):
+    d = tmp_path / "src" / "dlrm_kineto"
+    d.mkdir(parents=True)
+    for r in range(2):
+        (d / f"worker{r}_step.json").write_text(json.dumps(
+            {"distributedInfo": {"rank": r}, "traceEvents": []}))
+    (d / "worker1_step.json").write_text('{"traceEvents": [\n{"ph": "X",\n')  # cut short
+    arc = tmp_path / "dlrm_kineto.tar.gz"
+    with tarfile.open(arc, "w:gz") as tf:
+        tf.add(d, arcname="dlrm_kineto")
+    with pytest.raises(SchemaError) as err:
+        read_ops(arc)
+    msg = str(err.value)
+    assert f"{arc}:dlrm_kineto/worker1_step.json" in msg and "holmes-read-" not in msg
+    assert err.value.source == f"{arc}:dlrm_kineto/worker1_step.json"
+
+
+def test_nccl_inspector_error_says_line_once(tmp_path):
+    p = tmp_path / "h-pid1.log"
+    p.write_text(json.dumps({"coll_perf": {"coll": "AllReduce"}}) + "\n")
+    with pytest.raises(SchemaError) as err:
+        read_ops(p, format="nccl-inspector")
+    msg = str(err.value)
+    assert "line 1:" in msg and msg.count("line 1") == 1 and "row" not in msg
