@@ -12,21 +12,10 @@ import tarfile
 import numpy as np
 import pandas as pd
 import pytest
+from test_readers_native import _ops
 
 from holmes_ml.io import SchemaError, read_ops
 from holmes_ml.io.bytedance import TRACE_COLUMNS, read_bytedance
-
-
-def _ops(n_ranks: int = 4, iters: int = 3, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for it in range(iters):
-        for r in range(n_ranks):
-            rows.append({"iteration": it, "rank": r, "op": "all_reduce", "group": "dp-0",
-                         "seq": it, "nbytes": 1 << 20, "start_ns": 10**18 + it * 10**9 + r,
-                         "duration_us": float(rng.uniform(100, 200)),
-                         "group_ranks": " ".join(map(str, range(n_ranks)))})
-    return pd.DataFrame(rows)
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
