@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Report a database file that is not ours the way the CLI reports other bad input: one
+    line on stderr, exit status 2 (the message already names the option, file and what was
+    expected)."""
+    from holmes_ml.serve.store import DatabaseFileError
+
+    try:
+        yield
+    except DatabaseFileError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -40,7 +56,8 @@ def register(app: typer.Typer) -> None:
             settings.check()
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
-        serve(settings)
+        with _one_line_errors():
+            serve(settings)
 
     @app.command("agent")
     def agent_cmd(
@@ -77,7 +94,8 @@ def register(app: typer.Typer) -> None:
         cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
                           outbox=outbox, poll_s=poll)
-        agent = Agent(cfg, model=loaded)
+        with _one_line_errors():
+            agent = Agent(cfg, model=loaded)
         try:
             if topology is not None:
                 agent.put_topology(json.loads(topology.read_text()))

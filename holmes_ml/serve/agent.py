@@ -20,7 +20,6 @@ import io
 import json
 import logging
 import socket
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.io.schema import validate
+from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ class Outbox:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None)
+        self.db = connect_sqlite(self.path, "a holmes agent outbox", "outbox", "--outbox",
+                                 isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(
