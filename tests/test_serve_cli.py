@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -55,3 +56,52 @@ def test_agent_refuses_an_outbox_that_is_not_one(tmp_path):
     line = one_line_error(holmes("agent", "--follow", logs, "--server", "http://127.0.0.1:9",
                                  "--job", "j", "--outbox", bad, "--once"))
     assert str(bad) in line and "--outbox" in line and "agent outbox" in line
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--max-body-mb", "-1"], "--max-body-mb': -1: expected a size in MiB of at least 0.001"),
+    (["--max-body-mb", "inf"], "--max-body-mb': inf: expected"),
+    (["--analyze-every", "-1"], "--analyze-every -1: expected seconds >= 0"),
+    (["--analyze-every", "nan"], "--analyze-every nan: expected seconds >= 0"),
+    (["--port", "0"], "--port 0: expected 1..65535"),
+    (["--port", "70000"], "--port 70000: expected 1..65535"),
+])
+def test_serve_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
+    from test_serve_support import free_port
+
+    # a free port first (a later --port wins): a regression that starts serving binds nothing
+    # anybody else uses, and the timeout fails the test
+    proc = holmes("serve", "--db", tmp_path / "s.db", "--port", str(free_port()), *args,
+                  timeout=20)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    # the usage box wraps long lines; compare with the wrapping and frame removed
+    flat = " ".join(ln.strip("│ ") for ln in proc.stderr.splitlines())
+    assert expected in flat, proc.stderr
+    assert not (tmp_path / "s.db").exists()  # refused before anything was created
+
+
+def test_serve_announces_its_url_once_listening(tmp_path):
+    import httpx
+    from test_serve_support import free_port
+
+    port = free_port()
+    db = tmp_path / "s.db"
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(db), "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        # read in a thread: a service that never announces itself fails the test, not hangs it
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        line = got[0] if got else ""
+        url = f"http://127.0.0.1:{port}"
+        assert line.startswith(f"holmes serve: listening on {url} "), (line, proc.stderr)
+        assert str(db) in line and "/v1/jobs/JOB/batches" in line
+        # announced only once bound: the very next request is answered
+        assert httpx.get(url + "/healthz", timeout=5).json()["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+

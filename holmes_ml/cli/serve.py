@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+
+#: Smallest --max-body-mb: the service refuses limits under 1 KiB (an agent batch is larger).
+MIN_BODY_MB = 0.001
 
 
 @contextmanager
@@ -31,17 +35,23 @@ def register(app: typer.Typer) -> None:
     def serve_cmd(
         host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback "
                                  "unless a --token is given)."),
-        port: int = typer.Option(8787, "--port"),
-        db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file."),
+        port: int = typer.Option(8787, "--port",
+                                 help="TCP port to listen on (1-65535); agents' --server "
+                                 "points here."),
+        db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file "
+                                "(created when missing; must be a holmes serve database)."),
         token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
                                   help="Bearer token required for writes."),
         model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
                                    "output) used for raw-record jobs."),
         webhook: str = typer.Option(None, "--webhook", help="URL POSTed when a job's top "
                                     "candidate device changes."),
-        max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body."),
-        analyze_every: float = typer.Option(2.0, "--analyze-every", help="Seconds between "
-                                            "background localizations of jobs with new data."),
+        max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "
+                                          "in MiB (also once gunzipped); at least 0.001."),
+        analyze_every: float = typer.Option(2.0, "--analyze-every",
+                                            help="Seconds between background localizations "
+                                            "of jobs with new data (0: only on POST "
+                                            "/v1/jobs/JOB/analyze)."),
     ) -> None:
         """Run the central service: ingest from agents, localize per job, REST + /metrics.
 
@@ -49,6 +59,11 @@ def register(app: typer.Typer) -> None:
         """
         from holmes_ml.serve.app import ServeSettings, serve
 
+        # Checked here, in the unit the user typed: the settings only see bytes.
+        if not (math.isfinite(max_body_mb) and max_body_mb >= MIN_BODY_MB):
+            raise typer.BadParameter(f"{max_body_mb:g}: expected a size in MiB of at least "
+                                     f"{MIN_BODY_MB:g} (and finite)",
+                                     param_hint="'--max-body-mb'")
         settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
                                  analyze_interval_s=analyze_every)
@@ -56,8 +71,14 @@ def register(app: typer.Typer) -> None:
             settings.check()
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
+
+        def ready(url: str) -> None:
+            typer.echo(f"holmes serve: listening on {url} (db {db}; agents POST "
+                       f"{url}/v1/jobs/JOB/batches; API docs {url}/docs, metrics "
+                       f"{url}/metrics; Ctrl-C stops)")
+
         with _one_line_errors():
-            serve(settings)
+            serve(settings, on_ready=ready)
 
     @app.command("agent")
     def agent_cmd(
