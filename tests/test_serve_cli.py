@@ -105,3 +105,18 @@ def test_serve_announces_its_url_once_listening(tmp_path):
         proc.terminate()
         proc.communicate(timeout=20)
 
+
+
+def test_serve_and_agent_help_explain_every_option_with_an_example():
+    for cmd, example in (("serve", "holmes serve --db"), ("agent", "holmes agent --follow")):
+        out = holmes(cmd, "--help").stdout
+        assert f"Example: {example}" in out, out
+        blocks = out.split("╭─ Options")[1]
+        # every option row has a help text next to its type (a bare "<int>  [default..." row
+        # is an option nobody explained)
+        for row in blocks.splitlines():
+            cells = row.strip("│ ").split()
+            if cells and cells[0].lstrip("*").strip() == "" and len(cells) > 1:
+                cells = cells[1:]
+            if cells and cells[0].startswith("--"):
+                assert len(cells) > 2 and not cells[2].startswith("["), (cmd, row)
