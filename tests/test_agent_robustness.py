@@ -135,6 +135,7 @@ def test_a_bad_topology_is_one_line_naming_the_file(tmp_path, content):
     (["--poll", "nan"], "--poll nan: expected"),
     (["--retry-for", "-1"], "--retry-for -1: expected a finite number of seconds >= 0"),
     (["--retry-for", "inf"], "--retry-for inf: expected"),
+    (["--server", "svc:8787"], "--server 'svc:8787': expected a URL like http://HOST:8787"),
 ])
 def test_agent_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
     logs = tmp_path / "logs"

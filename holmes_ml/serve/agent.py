@@ -98,6 +98,13 @@ class AgentConfig:
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{option} {value:g}: expected a finite number of seconds > 0")
 
+        from urllib.parse import urlsplit
+
+        # httpx would refuse such a URL at every retry, forever: say it once, now
+        url = urlsplit(self.server)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ValueError(f"--server {self.server!r}: expected a URL like "
+                             "http://HOST:8787 (the service's 'listening on' address)")
         positive("--poll", self.poll_s)
         positive("backoff_s", self.backoff_s)
         positive("backoff_max_s", self.backoff_max_s)
