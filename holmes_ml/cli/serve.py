@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+
+#: Smallest --max-body-mb: the service refuses limits under 1 KiB (an agent batch is larger).
+MIN_BODY_MB = 0.001
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Report a database file that is not ours the way the CLI reports other bad input: one
+    line on stderr, exit status 2 (the message already names the option, file and what was
+    expected)."""
+    from holmes_ml.serve.store import DatabaseFileError
+
+    try:
+        yield
+    except DatabaseFileError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -15,17 +35,23 @@ def register(app: typer.Typer) -> None:
     def serve_cmd(
         host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback "
                                  "unless a --token is given)."),
-        port: int = typer.Option(8787, "--port"),
-        db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file."),
+        port: int = typer.Option(8787, "--port",
+                                 help="TCP port to listen on (1-65535); agents' --server "
+                                 "points here."),
+        db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file "
+                                "(created when missing; must be a holmes serve database)."),
         token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
                                   help="Bearer token required for writes."),
         model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
                                    "output) used for raw-record jobs."),
         webhook: str = typer.Option(None, "--webhook", help="URL POSTed when a job's top "
                                     "candidate device changes."),
-        max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body."),
-        analyze_every: float = typer.Option(2.0, "--analyze-every", help="Seconds between "
-                                            "background localizations of jobs with new data."),
+        max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "
+                                          "in MiB (also once gunzipped); at least 0.001."),
+        analyze_every: float = typer.Option(2.0, "--analyze-every",
+                                            help="Seconds between background localizations "
+                                            "of jobs with new data (0: only on POST "
+                                            "/v1/jobs/JOB/analyze)."),
     ) -> None:
         """Run the central service: ingest from agents, localize per job, REST + /metrics.
 
@@ -33,6 +59,11 @@ def register(app: typer.Typer) -> None:
         """
         from holmes_ml.serve.app import ServeSettings, serve
 
+        # Checked here, in the unit the user typed: the settings only see bytes.
+        if not (math.isfinite(max_body_mb) and max_body_mb >= MIN_BODY_MB):
+            raise typer.BadParameter(f"{max_body_mb:g}: expected a size in MiB of at least "
+                                     f"{MIN_BODY_MB:g} (and finite)",
+                                     param_hint="'--max-body-mb'")
         settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
                                  analyze_interval_s=analyze_every)
@@ -40,33 +71,65 @@ def register(app: typer.Typer) -> None:
             settings.check()
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
-        serve(settings)
+
+        def ready(url: str) -> None:
+            typer.echo(f"holmes serve: listening on {url} (db {db}; agents POST "
+                       f"{url}/v1/jobs/JOB/batches; API docs {url}/docs, metrics "
+                       f"{url}/metrics; Ctrl-C stops)")
+
+        with _one_line_errors():
+            serve(settings, on_ready=ready)
 
     @app.command("agent")
     def agent_cmd(
         follow: Path = typer.Option(..., "--follow", exists=True, file_okay=False,
                                     help="Directory of this node's per-rank CommOps logs "
                                     "(*.jsonl, *.csv, *.parquet)."),
-        server: str = typer.Option("http://127.0.0.1:8787", "--server"),
+        server: str = typer.Option("http://127.0.0.1:8787", "--server",
+                                   help="Base URL of the central `holmes serve` (its printed "
+                                   "'listening on' URL)."),
         job: str = typer.Option(..., "--job", help="Job name in the service."),
-        token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN"),
-        source: str = typer.Option(None, "--source", help="Agent name (default: host name)."),
+        token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
+                                  help="Bearer token of the service (its --token); default: "
+                                  "none, for a service without one."),
+        source: str = typer.Option(None, "--source", help="Agent name (default: "
+                                   "$HOLMES_AGENT_SOURCE, else the host name)."),
         outbox: Path = typer.Option(None, "--outbox", help="Outbox database (default "
                                     "FOLLOW/.holmes-agent.db)."),
         model: Path = typer.Option(None, "--model", help="Detector file (default: the "
                                    "shipped model; 'rule' for the rule baseline)."),
-        topology: Path = typer.Option(None, "--topology", help="topology.json to attach."),
-        poll: float = typer.Option(2.0, "--poll", help="Seconds between polls."),
-        once: bool = typer.Option(False, "--once", help="Ship everything now and exit."),
+        topology: Path = typer.Option(None, "--topology", help="topology.json (as `holmes "
+                                      "simulate` writes it) to attach to the job."),
+        poll: float = typer.Option(2.0, "--poll", help="Seconds between polls of the log "
+                                   "directory (> 0)."),
+        once: bool = typer.Option(False, "--once", help="Ship everything now and exit: 0 when "
+                                  "all was sent, 1 when the service could not be reached in "
+                                  "--retry-for seconds or refused something (unsent batches "
+                                  "stay in the outbox for the next run), 2 when a log file "
+                                  "could not be read (the others are shipped)."),
+        retry_for: float = typer.Option(30.0, "--retry-for", help="With --once: seconds to "
+                                        "keep retrying an unreachable service before giving "
+                                        "up (without --once the agent retries forever)."),
     ) -> None:
         """Follow a node's CommOps logs and ship summaries to `holmes serve`.
 
+        A log file that cannot be read is reported (ERROR, naming the file) and skipped until
+        it changes; the others keep being shipped.
+
         Example: `holmes agent --follow /logs/job7 --server http://svc:8787 --job job7 --token $T`
         """
-        import json
-
         from holmes_ml.serve.agent import Agent, AgentConfig
 
+        cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
+                          source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
+                          outbox=outbox, poll_s=poll, once_retry_s=retry_for)
+        try:
+            cfg.check()  # before the model is loaded: a typo fails at once
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        topo = None
+        if topology is not None:
+            topo = _read_topology(topology)
         loaded = None
         if model is not None and str(model) == "rule":
             loaded = "rule"  # the pipeline's rule baseline, no detector file
@@ -74,18 +137,58 @@ def register(app: typer.Typer) -> None:
             from holmes_ml.models import load_model
 
             loaded = load_model(model)
-        cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
-                          source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
-                          outbox=outbox, poll_s=poll)
-        agent = Agent(cfg, model=loaded)
+        with _one_line_errors():
+            agent = Agent(cfg, model=loaded)
+        interrupted = False
         try:
-            if topology is not None:
-                agent.put_topology(json.loads(topology.read_text()))
+            if topo is not None:
+                agent.attach_topology(topo)
             agent.run(once=once)
         except KeyboardInterrupt:
-            pass
+            interrupted = True
         finally:
+            unsent = agent.outbox.n_pending()
             agent.close()
         s = agent.stats
         typer.echo(f"read {s.ops_read} ops ({s.raw_bytes} B), sent {s.batches_sent} batches "
                    f"({s.sent_bytes} B)")
+        if not once:
+            return
+        status = 0
+        for path, why in agent.bad_files.items():
+            typer.secho(f"error: {path}: {why}", err=True, fg=typer.colors.RED)
+            status = 2
+        if unsent or agent.topology_pending:
+            what = f"{unsent} batch{'es' if unsent != 1 else ''}"
+            if agent.topology_pending:
+                what += " and the topology (not kept: pass --topology again)"
+            why = ("interrupted" if interrupted else f"service {server} unreachable for "
+                   f"{retry_for:g} s ({agent.last_error})")
+            typer.secho(f"error: {why}: {what} kept in the outbox "
+                        f"{cfg.outbox_path}; run the agent again to send them", err=True,
+                        fg=typer.colors.RED)
+            status = 1
+        if s.batches_rejected or agent.topology_refused:
+            typer.secho(f"error: the service refused {s.batches_rejected} batch(es)"
+                        + (" and the topology" if agent.topology_refused else "")
+                        + f" (see the log above; refused batches are kept as 'rejected' in "
+                        f"{cfg.outbox_path})", err=True, fg=typer.colors.RED)
+            status = 1
+        if status:
+            raise typer.Exit(status)
+
+
+def _read_topology(path: Path) -> dict:
+    """The topology file as the service expects it, or a one-line error naming the file."""
+    from holmes_ml.io.schema import SchemaError
+    from holmes_ml.topology import Topology
+
+    try:
+        return Topology.from_json(path).to_dict()
+    except SchemaError:
+        raise  # names the file and what was expected; the CLI prints it in one line
+    except (ValueError, TypeError) as exc:
+        # e.g. not UTF-8, or values of the wrong type inside an otherwise valid layout
+        raise SchemaError(f"not a readable topology ({type(exc).__name__}: {exc})",
+                          source=f"--topology {path}",
+                          expected="a topology.json as holmes simulate writes it") from exc

@@ -11,6 +11,10 @@ outbox *in the same transaction* that advances its per-rank watermark. A sender 
 outbox in order, gzip-compressed, retrying with exponential back-off, and forgets a batch only
 once the service acknowledged it. A restarted agent re-reads its files and skips what the
 watermark says was already queued, so a crash of the agent or of the service loses nothing.
+
+A log file the agent cannot read (malformed JSON, a truncated Parquet file, rows that break the
+schema) is logged as an ERROR naming the file and set aside until it changes; the other files
+keep being shipped. A line still being written (no newline yet) is simply not read yet.
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ import gzip
 import io
 import json
 import logging
+import math
 import socket
-import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.io.schema import validate
+from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +73,9 @@ class AgentConfig:
         First and largest wait between retries while the service is unreachable.
     timeout_s:
         HTTP timeout per request.
+    once_retry_s:
+        With ``run(once=True)``: how long to keep retrying an unreachable service before giving
+        up (the batches stay in the outbox for the next run). Following never gives up.
     """
 
     follow: Path
@@ -81,6 +89,31 @@ class AgentConfig:
     backoff_s: float = 0.5
     backoff_max_s: float = 30.0
     timeout_s: float = 30.0
+    once_retry_s: float = 30.0
+
+    def check(self) -> None:
+        """Refuse impossible numbers (raises ``ValueError`` naming the option and the value)."""
+        def positive(option: str, value: float) -> None:
+            # NaN compares false with everything, so it is caught by the finiteness test
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{option} {value:g}: expected a finite number of seconds > 0")
+
+        from urllib.parse import urlsplit
+
+        # httpx would refuse such a URL at every retry, forever: say it once, now
+        url = urlsplit(self.server)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ValueError(f"--server {self.server!r}: expected a URL like "
+                             "http://HOST:8787 (the service's 'listening on' address)")
+        positive("--poll", self.poll_s)
+        positive("backoff_s", self.backoff_s)
+        positive("backoff_max_s", self.backoff_max_s)
+        positive("timeout_s", self.timeout_s)
+        if not (math.isfinite(self.once_retry_s) and self.once_retry_s >= 0):
+            raise ValueError(f"--retry-for {self.once_retry_s:g}: expected a finite number of "
+                             "seconds >= 0")
+        if self.history < 0:
+            raise ValueError(f"history {self.history}: expected iterations >= 0")
 
     @property
     def source_name(self) -> str:
@@ -97,7 +130,8 @@ class Outbox:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None)
+        self.db = connect_sqlite(self.path, "a holmes agent outbox", "outbox", "--outbox",
+                                 isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(
@@ -157,6 +191,10 @@ class Outbox:
             "SELECT seq, batch_id, body FROM outbox WHERE state='queued' ORDER BY seq"
         ).fetchall()
 
+    def n_pending(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM outbox WHERE state='queued'")
+                   .fetchone()[0])
+
     def mark(self, seq: int, state: str, error: str | None = None) -> None:
         # The body is dropped once acknowledged: the service has it durably.
         self.db.execute("UPDATE outbox SET state=?, error=?, body=CASE WHEN ?='acked' "
@@ -174,10 +212,18 @@ class _FileState:
     #: what the file(s) looked like when last read: (size, mtime) of one file, or
     #: (path, size, mtime) of each whole-file trace
     stamp: tuple[Any, ...] | None = None
+    #: complete lines read so far (to name the line of a malformed record)
+    lines: int = 0
+    #: (size, mtime) of the file when it could not be read: skipped until that changes
+    bad: tuple[Any, ...] | None = None
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
-    """New rows of ``path`` since ``state`` (``None`` when nothing new)."""
+    """New rows of ``path`` since ``state`` (``None`` when nothing new); advances ``state``.
+
+    The caller passes a copy and keeps it only when the rows were accepted, so a chunk that
+    fails to parse is read again (from the same offset) once the file changes.
+    """
     st = path.stat()
     if path.suffix == ".parquet":
         stamp = (st.st_size, st.st_mtime_ns)
@@ -194,15 +240,50 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     if end < 0:
         return None  # a line still being written
     data = data[: end + 1]
+    first_line = state.lines + 1
     state.offset += len(data)
+    state.lines += data.count(b"\n")
     if path.suffix == ".jsonl":
-        return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
+        try:
+            return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
+        except ValueError as exc:
+            # pandas says "position 228" of this chunk; the user needs the line of the file
+            raise ValueError(_bad_json_line(data, first_line) or str(exc)) from exc
     if state.header is None:
         first, _, data = data.partition(b"\n")
         state.header = first.decode().strip().split(",")
         if not data.strip():
             return None
     return pd.read_csv(io.BytesIO(data), names=state.header, header=None)
+
+
+def _bad_json_line(data: bytes, first_line: int) -> str:
+    """Where and why ``data`` (complete lines, the first being line ``first_line``) is not
+    JSON lines; ``""`` when every line parses on its own."""
+    for number, line in enumerate(data.split(b"\n"), first_line):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return (f"line {number}, column {exc.colno}: malformed JSON ({exc.msg}); expected "
+                    "one JSON object per line")
+        except ValueError as exc:  # not UTF-8
+            return f"line {number}: {exc}; expected one JSON object per line"
+        if not isinstance(record, dict):
+            return (f"line {number}: a JSON {type(record).__name__}; expected one JSON object "
+                    "per line")
+    return ""
+
+
+def _describe(exc: BaseException) -> str:
+    from holmes_ml.io.schema import SchemaError
+
+    # A SchemaError (or one of our ValueErrors) reads as a sentence already; a reader's
+    # exception (ArrowInvalid, ParserError, ...) needs its name to mean anything.
+    if type(exc) in (SchemaError, ValueError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _default_summarize(model: Any = None) -> Callable[[pd.DataFrame], Any]:
@@ -219,6 +300,7 @@ class AgentStats:
     batches_queued: int = 0
     ops_read: int = 0
     failures: int = 0
+    batches_rejected: int = 0
 
 
 @dataclass
@@ -242,6 +324,7 @@ class Agent:
     stats: AgentStats = field(default_factory=AgentStats)
 
     def __post_init__(self) -> None:
+        self.config.check()
         self._summarize = self.summarize or _default_summarize(self.model)
         self.outbox = Outbox(self.config.outbox_path)
         self._files: dict[Path, _FileState] = {}
@@ -250,6 +333,14 @@ class Agent:
         self._retry_at = 0.0
         self._backoff = self.config.backoff_s
         self._client: Any = None
+        self._topology: dict | None = None
+        #: the service's answer when it refused the attached topology
+        self.topology_refused: str | None = None
+        self._deadline: float | None = None
+        #: files that could not be read, with why (cleared when a file reads again)
+        self.bad_files: dict[Path, str] = {}
+        #: why the service could not be reached at the last attempt (None once it answered)
+        self.last_error: str | None = None
 
     def close(self) -> None:
         self.outbox.close()
@@ -264,10 +355,26 @@ class Agent:
             for path in sorted(Path(self.config.follow).glob(pattern)):
                 state = self._files.setdefault(path, _FileState())
                 before = state.offset
-                df = _read_increment(path, state)
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue  # removed since the glob
+                stamp = (st.st_size, st.st_mtime_ns)
+                if state.bad == stamp:
+                    continue  # could not be read and has not changed since
+                trial = replace(state, bad=None)
+                try:
+                    df = _read_increment(path, trial)
+                    if df is not None and not df.empty:
+                        df = validate(df, source=str(path))
+                except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
+                    self._set_bad(path, _describe(exc))
+                    state.bad = stamp
+                    continue
+                self._files[path] = state = trial
+                self._set_good(path)
                 if df is None or df.empty:
                     continue
-                df = validate(df, source=str(path))
                 if path.suffix == ".parquet":
                     # Re-read parquet replaces that file's rows.
                     df["_file"] = str(path)
@@ -280,6 +387,8 @@ class Agent:
                 self._buffer.append(df)
                 n += len(df)
         n += self._read_whole_files()
+        for gone in [p for p in self.bad_files if p.name != _WHOLE and not p.exists()]:
+            del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
             self._ops = pd.concat([self._ops, *self._buffer], ignore_index=True)
             self._buffer.clear()
@@ -295,19 +404,22 @@ class Agent:
         root = Path(self.config.follow)
         paths = sorted({p for pat in WHOLE_FILE_PATTERNS for p in root.glob(pat)})
         if not paths:
+            self.bad_files.pop(root / _WHOLE, None)
             return 0
         stats = [p.stat() for p in paths]
         stamp = tuple((str(p), st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats, strict=True))
         state = self._files.setdefault(root / _WHOLE, _FileState())
-        if stamp == state.stamp:
+        if stamp in (state.stamp, state.bad):
             return 0
         try:
             df = read_ops([str(p) for p in paths])
         except (SchemaError, ValueError, OSError) as exc:
             # A trace still being written, or a bad file: say which, keep what was accepted,
-            # try again at the next poll.
-            logger.warning("agent: cannot read %s yet: %s", root, exc)
+            # try again when one of the files changes.
+            self._set_bad(root / _WHOLE, _describe(exc))
+            state.bad = stamp
             return 0
+        self._set_good(root / _WHOLE)
         state.stamp = stamp
         df = df.assign(_file=_WHOLE)
         if len(self._ops) and "_file" in self._ops.columns:
@@ -315,6 +427,17 @@ class Agent:
         self.stats.raw_bytes += sum(st.st_size for st in stats)
         self._buffer.append(df)
         return len(df)
+
+    def _set_bad(self, path: Path, why: str) -> None:
+        # Logged once per problem, not at every poll that finds the file unchanged (or still
+        # broken at the same place while it grows).
+        if self.bad_files.get(path) != why:
+            logger.error("agent: cannot read %s (skipped until it changes): %s", path, why)
+        self.bad_files[path] = why
+
+    def _set_good(self, path: Path) -> None:
+        if self.bad_files.pop(path, None) is not None:
+            logger.warning("agent: %s is readable again", path)
 
     # -------------------------------------------------------------- summarizing
     def queue_ready(self, flush: bool = False) -> int | None:
@@ -434,11 +557,13 @@ class Agent:
             return 0
         import httpx
 
+        if self._topology is not None and not self._send_topology():
+            return 0
         acked = 0
         url = f"/v1/jobs/{self.config.job}/batches"
         for seq, batch_id, body in self.outbox.pending():
             try:
-                r = self._http().post(url, content=body)
+                r = self._http().post(url, content=body, timeout=self._timeout())
             except httpx.HTTPError as exc:
                 self._fail(f"{type(exc).__name__}: {exc}")
                 break
@@ -449,23 +574,66 @@ class Agent:
                 logger.error("batch %s refused by the service (HTTP %s): %s", batch_id,
                              r.status_code, r.text[:500])
                 self.outbox.mark(seq, "rejected", r.text[:2000])
+                self.stats.batches_rejected += 1
                 continue
             self.outbox.mark(seq, "acked")
+            self.last_error = None
             self.stats.sent_bytes += len(body)
             self.stats.batches_sent += 1
             acked += 1
             self._backoff = self.config.backoff_s
         return acked
 
+    def _timeout(self) -> float:
+        # Under a --once deadline a request to a black-holed service must not outlast it.
+        if self._deadline is None:
+            return self.config.timeout_s
+        return max(0.5, min(self.config.timeout_s, self._deadline - time.monotonic()))
+
+    def _send_topology(self) -> bool:
+        """PUT the attached topology; False when the service is unreachable (retry later)."""
+        import httpx
+
+        body = gzip.compress(json.dumps(self._topology).encode())
+        try:
+            r = self._http().put(f"/v1/jobs/{self.config.job}/topology", content=body,
+                                 timeout=self._timeout())
+        except httpx.HTTPError as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return False
+        if r.status_code >= 500:
+            self._fail(f"HTTP {r.status_code}")
+            return False
+        if r.status_code >= 400:
+            # Sending it again would get the same answer: say so and go on with the batches.
+            logger.error("topology refused by the service (HTTP %s): %s", r.status_code,
+                         r.text[:500])
+            self.topology_refused = r.text[:500]
+        self._topology = None
+        self.last_error = None
+        return True
+
     def _fail(self, why: str) -> None:
+        self.last_error = why
         self.stats.failures += 1
         logger.warning("service %s unreachable (%s); retrying in %.1fs", self.config.server,
                        why, self._backoff)
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
 
+    def attach_topology(self, topology: dict) -> None:
+        """Send ``topology`` (``Topology.to_dict()``) before the next batches, retrying like
+        them while the service is unreachable (it is not kept in the outbox: the agent is given
+        it again when restarted)."""
+        self._topology = topology
+        self.topology_refused = None
+
+    @property
+    def topology_pending(self) -> bool:
+        return self._topology is not None
+
     def put_topology(self, topology: dict) -> None:
-        """Attach a topology (``Topology.to_dict()``) to the job."""
+        """Attach a topology (``Topology.to_dict()``) to the job now (raises on failure)."""
         body = gzip.compress(json.dumps(topology).encode())
         r = self._http().put(f"/v1/jobs/{self.config.job}/topology", content=body)
         r.raise_for_status()
@@ -480,11 +648,21 @@ class Agent:
     def run(self, once: bool = False, stop: Callable[[], bool] | None = None) -> None:
         """Poll until ``stop()`` is true (or once, flushing and sending everything)."""
         if once:
-            self.step(flush=True)
-            while self.outbox.pending():
-                time.sleep(max(0.0, self._retry_at - time.monotonic()))
-                if self.send_pending() == 0 and stop is not None and stop():
-                    break
+            self.read_new()
+            self.queue_ready(flush=True)
+            # Bounded: "ship everything now and exit" must exit even when the service is down;
+            # what was not sent stays in the outbox for the next run.
+            self._deadline = time.monotonic() + self.config.once_retry_s
+            try:
+                self.send_pending()
+                while self.outbox.n_pending() or self._topology is not None:
+                    if self._retry_at > self._deadline:
+                        break
+                    time.sleep(max(0.0, self._retry_at - time.monotonic()))
+                    if self.send_pending() == 0 and stop is not None and stop():
+                        break
+            finally:
+                self._deadline = None
             return
         while not (stop is not None and stop()):
             self.step()

@@ -20,6 +20,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -112,7 +113,11 @@ class ServeSettings:
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: expected 1..65535")
         if self.max_body_bytes < 1024:
-            raise ValueError(f"--max-body {self.max_body_bytes}: expected at least 1024 bytes")
+            raise ValueError(f"max_body_bytes {self.max_body_bytes}: expected at least 1024 "
+                             "bytes")
+        if not (math.isfinite(self.analyze_interval_s) and self.analyze_interval_s >= 0):
+            raise ValueError(f"--analyze-every {self.analyze_interval_s:g}: expected seconds "
+                             ">= 0 (0: only on POST /v1/jobs/JOB/analyze)")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServeSettings:
@@ -614,13 +619,36 @@ def create_app(
     return app
 
 
+def base_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 addresses in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
-          log_level: str = "warning") -> None:
-    """Run the service with uvicorn until interrupted."""
+          log_level: str = "warning", on_ready: Callable[[str], None] | None = None) -> None:
+    """Run the service with uvicorn until interrupted.
+
+    Parameters
+    ----------
+    on_ready:
+        Called with the base URL once the socket is bound (not before: a port already in use
+        must not be announced as listening).
+    """
     uvicorn = require_extra("uvicorn")
     app = create_app(settings, analyzers=analyzers)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+
+    base: Any = uvicorn.Server  # a module attribute: mypy cannot see it as a class
+
+    class _Server(base):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and on_ready is not None:
+                on_ready(base_url(settings.host, settings.port))
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            access_log=False, timeout_graceful_shutdown=5)
+    _Server(config).run()
 
 
-__all__ = ["BodyLimit", "ServeSettings", "Service", "create_app", "is_loopback", "serve"]
+__all__ = ["BodyLimit", "ServeSettings", "Service", "base_url", "create_app", "is_loopback",
+           "serve"]

@@ -83,6 +83,43 @@ class StoreError(ValueError):
             self.status = status
 
 
+class DatabaseFileError(ValueError):
+    """A database path (``holmes serve --db``, ``holmes agent --outbox``) that holds something
+    else than the SQLite database expected there; the message names the file and what it is."""
+
+
+def connect_sqlite(path: str | Path, kind: str, marker: str, option: str,
+                   **kwargs: Any) -> sqlite3.Connection:
+    """Open ``path`` as the SQLite database ``kind`` (whose tables include ``marker``).
+
+    ``sqlite3.connect`` opens any file lazily and the first statement then fails with a bare
+    "file is not a database"; worse, a valid SQLite file of another program would silently get
+    our tables added to it. Both are refused here, with the file named.
+
+    Raises
+    ------
+    DatabaseFileError
+        ``path`` cannot be opened, is not SQLite, or is an SQLite database without ``marker``.
+    """
+    expected = f"expected {kind} (or a path that does not exist yet)"
+    try:
+        db = sqlite3.connect(str(path), **kwargs)
+    except sqlite3.Error as exc:
+        raise DatabaseFileError(f"{option} {path}: cannot open ({exc}); {expected}") from exc
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise DatabaseFileError(
+            f"{option} {path}: not an SQLite database ({exc}); {expected}") from exc
+    if tables and marker not in tables:
+        db.close()
+        raise DatabaseFileError(
+            f"{option} {path}: an SQLite database of something else (tables "
+            f"{', '.join(sorted(tables)[:5])}); {expected}")
+    return db
+
+
 class ConflictError(StoreError):
     """Same batch id with different content, a batch out of order, or a mode mix-up."""
 
@@ -115,7 +152,8 @@ class Store:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         # One connection shared by the request threads, serialized by a lock: SQLite allows a
         # single writer anyway, and reads are short.
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = connect_sqlite(self.path, "a holmes serve database", "batches", "--db",
+                                  check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: the WAL is fsynced at every commit, so "acknowledged" survives even a power cut.
@@ -128,9 +166,10 @@ class Store:
                 "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
         elif int(row[0]) != SCHEMA_VERSION:
-            raise ValueError(
-                f"{self.path}: database schema version {row[0]}; expected {SCHEMA_VERSION} "
-                "(use a new --db file)"
+            self._db.close()
+            raise DatabaseFileError(
+                f"--db {self.path}: database schema version {row[0]}; expected "
+                f"{SCHEMA_VERSION} (use a new --db file)"
             )
 
     def close(self) -> None:

@@ -1,0 +1,148 @@
+"""The agent against bad logs, bad options and a service that is down: it says what is wrong,
+keeps shipping what it can and never loses what it accepted."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import httpx
+import pytest
+from test_serve_cli import HOLMES, one_line_error
+from test_serve_support import TOKEN, fallback_summarize, free_port, make_ops, start_server
+
+from holmes_ml.serve.agent import Agent, AgentConfig
+
+
+def agent_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    # The timeout turns "never exits" into a failure instead of a hung test run.
+    return subprocess.run([sys.executable, "-c", HOLMES, "agent", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _write_good(logs, ops):
+    logs.mkdir(exist_ok=True)
+    for r, sub in ops.groupby("rank"):
+        sub.to_json(logs / f"rank{r}.jsonl", orient="records", lines=True)
+
+
+def _write_bad(logs, ops):
+    first = ops.iloc[:1].to_json(orient="records", lines=True).strip()
+    (logs / "bad.jsonl").write_text(first + "\n{oops\n")
+    ops.to_parquet(logs / "whole.parquet")
+    (logs / "trunc.parquet").write_bytes((logs / "whole.parquet").read_bytes()[:3000])
+    (logs / "whole.parquet").unlink()
+
+
+def test_once_gives_up_on_a_down_service_and_the_next_run_sends_the_outbox(tmp_path):
+    ops = make_ops(seed=21, ranks=4, iterations=6)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    port = free_port()  # nothing listens there yet
+    url = f"http://127.0.0.1:{port}"
+    args = ["--follow", logs, "--server", url, "--job", "down", "--token", TOKEN, "--once",
+            "--model", "rule"]
+    proc = agent_cli(*args, "--retry-for", "2")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: service {url} unreachable for 2 s"), proc.stderr
+    assert f"1 batch kept in the outbox {logs / '.holmes-agent.db'}" in last
+    srv = start_server(tmp_path, port=port)
+    try:
+        again = agent_cli(*args)
+        assert again.returncode == 0, (again.stdout, again.stderr)
+        # what the first run accepted was kept and sent now, once
+        assert httpx.get(url + "/v1/jobs/down").json()["records"] == len(ops)
+    finally:
+        srv.stop()
+
+
+def test_follow_sets_bad_files_aside_and_keeps_shipping_the_others(tmp_path, caplog):
+    ops = make_ops(seed=22, ranks=4, iterations=6)
+    logs = tmp_path / "logs"
+    good, other = ops[ops["rank"] < 3], ops[ops["rank"] == 3]
+    _write_good(logs, good)
+    _write_bad(logs, other)
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="bad", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    agent = Agent(cfg, summarize=fallback_summarize)
+    try:
+        with caplog.at_level(logging.ERROR, logger="holmes_ml.serve.agent"):
+            for _ in range(3):
+                agent.step()
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        # named once each, not at every poll that finds them unchanged
+        assert len(errors) == 2, errors
+        assert any(str(logs / "bad.jsonl") in e and "line 2, column 2: malformed JSON" in e
+                   for e in errors), errors
+        assert any(str(logs / "trunc.parquet") in e and "ArrowInvalid" in e for e in errors)
+        assert set(agent.bad_files) == {logs / "bad.jsonl", logs / "trunc.parquet"}
+        # a half-written last line is not an error, only not read yet
+        rank0 = logs / "rank0.jsonl"
+        with rank0.open("a") as fh:
+            fh.write('{"iteration": 6, "rank": 0, "op": "all_re')
+        assert agent.read_new() == 0 and logs / "rank0.jsonl" not in agent.bad_files
+        rank0.write_text(rank0.read_text().rsplit("\n", 1)[0] + "\n")  # the writer gave up
+        # once fixed, the bad file is read (from its start: nothing of it was accepted)
+        _write_good(logs, other)
+        (logs / "bad.jsonl").write_text((logs / "rank3.jsonl").read_text())
+        (logs / "rank3.jsonl").unlink()
+        (logs / "trunc.parquet").unlink()
+        agent.run(once=True)
+        assert agent.bad_files == {}
+        assert agent.outbox.n_pending() == 0
+        assert httpx.get(srv.url + "/v1/jobs/bad").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+def test_once_ships_the_good_files_and_exits_2_naming_the_bad_ones(tmp_path):
+    ops = make_ops(seed=23, ranks=4, iterations=6)
+    logs = tmp_path / "logs"
+    good, other = ops[ops["rank"] < 3], ops[ops["rank"] == 3]
+    _write_good(logs, good)
+    _write_bad(logs, other)
+    srv = start_server(tmp_path)
+    try:
+        proc = agent_cli("--follow", logs, "--server", srv.url, "--job", "mixed", "--token",
+                         TOKEN, "--once", "--model", "rule")
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        assert f"error: {logs / 'bad.jsonl'}: line 2, column 2: malformed JSON" in proc.stderr
+        assert f"error: {logs / 'trunc.parquet'}: ArrowInvalid" in proc.stderr
+        assert httpx.get(srv.url + "/v1/jobs/mixed").json()["records"] == len(good)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("content", ["garbage\n", "[1, 2]\n", '{"ranks": 3}\n', "\xff\xfe"])
+def test_a_bad_topology_is_one_line_naming_the_file(tmp_path, content):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    topo = tmp_path / "garbage.json"
+    topo.write_bytes(content.encode("latin-1"))
+    line = one_line_error(agent_cli("--follow", logs, "--server", "http://127.0.0.1:9",
+                                    "--job", "j", "--once", "--topology", topo, timeout=60))
+    assert str(topo) in line and "topology" in line
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--poll", "-1"], "--poll -1: expected a finite number of seconds > 0"),
+    (["--poll", "0"], "--poll 0: expected a finite number of seconds > 0"),
+    (["--poll", "nan"], "--poll nan: expected"),
+    (["--retry-for", "-1"], "--retry-for -1: expected a finite number of seconds >= 0"),
+    (["--retry-for", "inf"], "--retry-for inf: expected"),
+    (["--server", "svc:8787"], "--server 'svc:8787': expected a URL like http://HOST:8787"),
+])
+def test_agent_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j", *args,
+                     timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    flat = " ".join(ln.strip("│ ") for ln in proc.stderr.splitlines())
+    assert expected in flat, proc.stderr
+    assert not (logs / ".holmes-agent.db").exists()  # refused before anything was created

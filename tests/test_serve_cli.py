@@ -1,0 +1,122 @@
+"""`holmes serve` and `holmes agent` as a user runs them: bad options and files give one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+HOLMES = "from holmes_ml.cli import main; main()"
+
+
+def holmes(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    # A subprocess with a timeout: a regression that starts serving (or retries forever)
+    # instead of refusing fails the test instead of hanging it.
+    return subprocess.run([sys.executable, "-c", HOLMES, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("content", [b"rank,iteration\n0,1\n", b"SQLite format 3\x00garbage"])
+def test_serve_refuses_a_db_file_that_is_not_its_database(tmp_path, content):
+    db = tmp_path / "some.csv"
+    db.write_bytes(content)
+    line = one_line_error(holmes("serve", "--db", db, "--port", "1"))
+    assert str(db) in line and "--db" in line and "holmes serve database" in line
+    assert db.read_bytes() == content  # left as it was
+
+
+def test_serve_refuses_another_programs_sqlite_database(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "other.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE accounts (id INTEGER)")
+    line = one_line_error(holmes("serve", "--db", db, "--port", "1"))
+    assert "accounts" in line and "holmes serve database" in line
+    with sqlite3.connect(db) as c:  # no tables of ours were added to it
+        names = {r[0] for r in c.execute("SELECT name FROM sqlite_master")}
+    assert names == {"accounts"}
+
+
+def test_agent_refuses_an_outbox_that_is_not_one(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    bad = tmp_path / "outbox.db"
+    bad.write_text("not sqlite\n")
+    line = one_line_error(holmes("agent", "--follow", logs, "--server", "http://127.0.0.1:9",
+                                 "--job", "j", "--outbox", bad, "--once"))
+    assert str(bad) in line and "--outbox" in line and "agent outbox" in line
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--max-body-mb", "-1"], "--max-body-mb': -1: expected a size in MiB of at least 0.001"),
+    (["--max-body-mb", "inf"], "--max-body-mb': inf: expected"),
+    (["--analyze-every", "-1"], "--analyze-every -1: expected seconds >= 0"),
+    (["--analyze-every", "nan"], "--analyze-every nan: expected seconds >= 0"),
+    (["--port", "0"], "--port 0: expected 1..65535"),
+    (["--port", "70000"], "--port 70000: expected 1..65535"),
+])
+def test_serve_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
+    from test_serve_support import free_port
+
+    # a free port first (a later --port wins): a regression that starts serving binds nothing
+    # anybody else uses, and the timeout fails the test
+    proc = holmes("serve", "--db", tmp_path / "s.db", "--port", str(free_port()), *args,
+                  timeout=20)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    # the usage box wraps long lines; compare with the wrapping and frame removed
+    flat = " ".join(ln.strip("│ ") for ln in proc.stderr.splitlines())
+    assert expected in flat, proc.stderr
+    assert not (tmp_path / "s.db").exists()  # refused before anything was created
+
+
+def test_serve_announces_its_url_once_listening(tmp_path):
+    import httpx
+    from test_serve_support import free_port
+
+    port = free_port()
+    db = tmp_path / "s.db"
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(db), "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        # read in a thread: a service that never announces itself fails the test, not hangs it
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        line = got[0] if got else ""
+        url = f"http://127.0.0.1:{port}"
+        assert line.startswith(f"holmes serve: listening on {url} "), (line, proc.stderr)
+        assert str(db) in line and "/v1/jobs/JOB/batches" in line
+        # announced only once bound: the very next request is answered
+        assert httpx.get(url + "/healthz", timeout=5).json()["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+
+
+
+def test_serve_and_agent_help_explain_every_option_with_an_example():
+    for cmd, example in (("serve", "holmes serve --db"), ("agent", "holmes agent --follow")):
+        out = holmes(cmd, "--help").stdout
+        assert f"Example: {example}" in out, out
+        blocks = out.split("╭─ Options")[1]
+        # every option row has a help text next to its type (a bare "<int>  [default..." row
+        # is an option nobody explained)
+        for row in blocks.splitlines():
+            cells = row.strip("│ ").split()
+            if cells and cells[0].lstrip("*").strip() == "" and len(cells) > 1:
+                cells = cells[1:]
+            if cells and cells[0].startswith("--"):
+                assert len(cells) > 2 and not cells[2].startswith("["), (cmd, row)
