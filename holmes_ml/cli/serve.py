@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 #: Smallest --max-body-mb: the service refuses limits under 1 KiB (an agent batch is larger).
 MIN_BODY_MB = 0.001
-
-
-@contextmanager
-def _one_line_errors() -> Iterator[None]:
-    """Report a database file that is not ours the way the CLI reports other bad input: one
-    line on stderr, exit status 2 (the message already names the option, file and what was
-    expected)."""
-    from holmes_ml.serve.store import DatabaseFileError
-
-    try:
-        yield
-    except DatabaseFileError as exc:
-        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -77,8 +61,9 @@ def register(app: typer.Typer) -> None:
                        f"{url}/v1/jobs/JOB/batches; API docs {url}/docs, metrics "
                        f"{url}/metrics; Ctrl-C stops)")
 
-        with _one_line_errors():
-            serve(settings, on_ready=ready)
+        # A --db that is not ours raises DatabaseFileError, a ValueError: the CLI prints it
+        # in one line like any other bad input.
+        serve(settings, on_ready=ready)
 
     @app.command("agent")
     def agent_cmd(
@@ -137,8 +122,7 @@ def register(app: typer.Typer) -> None:
             from holmes_ml.models import load_model
 
             loaded = load_model(model)
-        with _one_line_errors():
-            agent = Agent(cfg, model=loaded)
+        agent = Agent(cfg, model=loaded)
         interrupted = False
         try:
             if topo is not None:
