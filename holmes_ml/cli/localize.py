@@ -109,7 +109,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"read {int(st.get('ops', 0)):,} ops of {int(st.get('ranks', 0)):,} "
                       f"rank(s) over {int(st.get('iterations', 0)):,} iteration(s)")
         if verdict.note:
-            console.print(f"[yellow]note[/yellow]: {verdict.note} (delta = {delta})")
+            said = f" (delta = {delta})" if "delta" in verdict.note else ""
+            console.print(f"[yellow]note[/yellow]: {verdict.note}{said}")
         if not verdict.candidates:
             console.print("[green]no device blamed[/green]")
         else:
