@@ -182,6 +182,35 @@ def _write(df, p):
     return p
 
 
+def test_two_runs_read_together_are_named(tmp_path, caplog):
+    """Subdirectories are read too, so an earlier run's logs beside this one's would mix into
+    every statistic: rows sharing an op's identity (rank, group, seq, op, iteration) are kept
+    but the files are named."""
+    (tmp_path / "logs" / "run1").mkdir(parents=True)
+    (tmp_path / "logs" / "run2").mkdir()
+    _write(_ops(seed=1), tmp_path / "logs" / "run1" / "ops.csv")
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        read_ops(tmp_path / "logs")
+    assert "share rank, group, seq, op and iteration" not in caplog.text
+    _write(_ops(seed=2), tmp_path / "logs" / "run2" / "ops.csv")
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        ops = read_ops(tmp_path / "logs")
+    assert len(ops) == 2 * len(_ops())
+    assert "24 row(s) share rank, group, seq, op and iteration" in caplog.text
+    assert "run1" in caplog.text and "run2" in caplog.text
+
+
+def test_an_archive_inside_a_directory_reads_like_the_archive(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write(_ops(), src / "ops.csv")
+    (tmp_path / "data").mkdir()
+    with tarfile.open(tmp_path / "data" / "traces.tar.gz", "w:gz") as tf:
+        tf.add(src / "ops.csv", arcname="traces/ops.csv")
+    (tmp_path / "data" / "README.md").write_text("where these come from")
+    assert len(read_ops(tmp_path / "data")) == len(_ops())
+
+
 # 6. The format parameter --------------------------------------------------------------------
 
 def test_unknown_format_names_the_parameter(tmp_path):

@@ -6,8 +6,11 @@ all files of one call must share a format. A tar archive (``.tar.gz`` ...) reads
 directory it holds.
 
 Inputs are read once: a path given twice is read once, and rows repeated exactly (every
-canonical column equal) are dropped, each with a warning. Inside a directory or archive, files
-whose format cannot be identified (notes, configs) are skipped with a warning.
+canonical column equal) are dropped, each with a warning. Rows that share an op's identity
+(rank, group, seq, op, iteration) but differ are kept, with a warning naming their files (two
+runs read together?). Inside a directory or archive, files whose format cannot be identified
+(notes, configs) are skipped with a warning; an archive inside a directory reads like the
+archive.
 """
 
 from __future__ import annotations
@@ -181,27 +184,38 @@ def _expand(
         read.add(key)
         return True
 
+    def is_archive(f: Path) -> bool:
+        return scratch is not None and f.is_file() and f.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+    def unpacked(archive: Path) -> list[_Input]:
+        assert scratch is not None
+        root = _unpack(archive, scratch())
+        if shown is not None:
+            shown[str(root)] = str(archive)
+        files, seen = _members(root)
+        if not files:
+            raise SchemaError("no log files in archive" if seen else "empty archive",
+                              source=str(archive), value=", ".join(seen[:8]) or None,
+                              expected="trace files")
+        return [_Input(f, str(archive)) for f in files]
+
     for item in paths:
         p = Path(item)
-        if p.is_file() and p.name.lower().endswith(ARCHIVE_SUFFIXES) and scratch is not None:
-            if not once(p, str(p)):
-                continue
-            root = _unpack(p, scratch())
-            if shown is not None:
-                shown[str(root)] = str(p)
-            files, seen = _members(root)
-            if not files:
-                raise SchemaError("no log files in archive" if seen else "empty archive",
-                                  source=str(p), value=", ".join(seen[:8]) or None,
-                                  expected="trace files")
-            out.extend(_Input(f, str(p)) for f in files)
+        if is_archive(p):
+            if once(p, str(p)):
+                out.extend(unpacked(p))
         elif p.is_dir():
             files, seen = _members(p)
             if not files:
                 raise SchemaError("no log files in directory" if seen else "empty directory",
                                   source=str(p), value=", ".join(seen[:8]) or None,
                                   expected="trace files")
-            out.extend(_Input(f, str(p)) for f in files if once(f, str(f)))
+            for f in files:
+                if not once(f, str(f)):
+                    continue
+                # A directory holding the archive of its traces (as published datasets do)
+                # reads like the archive.
+                out.extend(unpacked(f) if is_archive(f) else [_Input(f, str(p))])
         elif p.exists():
             if once(p, str(p)):
                 out.append(_Input(p))
@@ -417,7 +431,23 @@ def _drop_duplicate_rows(
     files: list[str] | None = None,
     origin: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """``ops`` without rows whose canonical columns all equal an earlier row's (with a warning).
+    """``ops`` without exact copies of rows (:func:`_drop_exact_copies`), with a warning when
+    rows still share an op's identity (:func:`_warn_reused_keys`)."""
+    dup = _exact_copies(ops, source, files, origin)
+    if dup is not None:
+        ops = ops.loc[~dup].reset_index(drop=True)
+        origin = origin[~dup] if origin is not None else None
+    _warn_reused_keys(ops, source, files, origin)
+    return ops
+
+
+def _exact_copies(
+    ops: pd.DataFrame,
+    source: str,
+    files: list[str] | None = None,
+    origin: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """Rows whose canonical columns all equal an earlier row's (logged), or None if none.
 
     An exact copy of an op is the same log line read twice (a copied file, a log appended
     twice), never a second op: it would double that op's weight in every statistic. Rows that
@@ -435,7 +465,7 @@ def _drop_duplicate_rows(
         warning names the files the dropped rows came from.
     """
     if len(ops) < 2:
-        return ops
+        return None
     # Screen cheaply first: exact copies share rank, seq, start and duration, so one hash pass
     # over a mixed 64-bit key leaves only a few candidates for the full comparison of every
     # canonical column (several times cheaper on millions of rows than comparing them all).
@@ -448,7 +478,7 @@ def _drop_duplicate_rows(
     ordered = np.sort(key)
     same = ordered[1:] == ordered[:-1]
     if not same.any():
-        return ops
+        return None
     candidate = np.isin(key, ordered[1:][same])
     cols = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in ops.columns]
     idx = np.flatnonzero(candidate)
@@ -456,7 +486,7 @@ def _drop_duplicate_rows(
     dup = np.zeros(len(ops), dtype=bool)
     dup[idx[sub.duplicated(keep="first").to_numpy()]] = True
     if not dup.any():
-        return ops
+        return None
     first = int(np.flatnonzero(dup)[0])
     where = source
     if files is not None and origin is not None:
@@ -469,4 +499,51 @@ def _drop_duplicate_rows(
         where, int(dup.sum()), int(ops["rank"].iloc[first]), str(ops["group"].iloc[first]),
         int(ops["seq"].iloc[first]),
     )
-    return ops.loc[~dup].reset_index(drop=True)
+    return dup
+
+
+#: What identifies one logged op: a rank's copy of step ``seq`` of ``op`` on ``group``.
+_OP_KEY = ("rank", "group", "seq", "op", "iteration")
+
+
+def _warn_reused_keys(
+    ops: pd.DataFrame,
+    source: str,
+    files: list[str] | None = None,
+    origin: np.ndarray | None = None,
+) -> None:
+    """Warn when rows that differ share :data:`_OP_KEY`.
+
+    That key is unique in the simulator's output and in every real trace at hand, so two rows
+    with it are two runs read together (logs of an earlier run in a subdirectory) or a job
+    restarted into the same files: kept, since a restart is legitimate, but every statistic of
+    those ops would mix the two, so the user is told which files.
+    """
+    if len(ops) < 2:
+        return
+    group = pd.factorize(ops["group"])[0].astype(np.uint64)
+    op = pd.factorize(ops["op"])[0].astype(np.uint64)
+    key = (ops["rank"].to_numpy(np.int64).view(np.uint64) * _MIX[0]
+           ^ ops["seq"].to_numpy(np.int64).view(np.uint64) * _MIX[1]
+           ^ ops["iteration"].to_numpy(np.int64).view(np.uint64) * _MIX[2]
+           ^ (group << np.uint64(8) | op))
+    ordered = np.sort(key)
+    same = ordered[1:] == ordered[:-1]
+    if not same.any():
+        return
+    idx = np.flatnonzero(np.isin(key, ordered[1:][same]))
+    shared = ops.iloc[idx].duplicated(list(_OP_KEY), keep=False).to_numpy()
+    if not shared.any():
+        return
+    rows = idx[shared]
+    first = int(rows[0])
+    where = source
+    if files is not None and origin is not None:
+        where = ", ".join(files[i] for i in np.unique(origin[rows])[:4])
+    logger.warning(
+        "%s: %d row(s) share rank, group, seq, op and iteration with another row (first: rank "
+        "%d, group %r, seq %d, iteration %d): two runs read together, or a job restarted into "
+        "the same logs? Analyse one run at a time",
+        where, len(rows), int(ops["rank"].iloc[first]), str(ops["group"].iloc[first]),
+        int(ops["seq"].iloc[first]), int(ops["iteration"].iloc[first]),
+    )
