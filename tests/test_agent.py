@@ -111,3 +111,42 @@ def test_agent_reads_other_formats_whole_and_survives_a_bad_file(tmp_path):
     assert agent.read_new() == 0  # bad file: a warning, the accepted rows stay
     assert len(agent._ops) == n
     agent.close()
+
+
+def test_once_on_a_half_written_iteration_ships_its_late_rows_on_the_next_run(tmp_path):
+    # "ship everything now" runs while the last iteration is still being logged: the rows
+    # logged after it must reach the service on the next run, and be counted once.
+    ops = make_ops(seed=12, ranks=4, iterations=6, ops_per_iter=6)
+    logs = tmp_path / "logs"
+    head = ops[(ops["iteration"] < 5) | (ops["seq"] % 100 < 3)]  # iteration 5 half logged
+    _write_logs(logs, head, upto=6)
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="late", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    try:
+        first = Agent(cfg, summarize=fallback_summarize)
+        first.run(once=True)
+        first.close()
+        assert httpx.get(srv.url + "/v1/jobs/late").json()["records"] == len(head)
+        unchanged = Agent(cfg, summarize=fallback_summarize)
+        unchanged.run(once=True)  # nothing was logged since: nothing is shipped again
+        assert unchanged.stats.batches_queued == 0
+        unchanged.close()
+        _write_logs(logs, ops, upto=6)  # the rest of iteration 5 arrives
+        second = Agent(cfg, summarize=fallback_summarize)
+        second.run(once=True)
+        assert second.stats.batches_queued == 1
+        second.close()
+        assert httpx.get(srv.url + "/v1/jobs/late").json()["records"] == len(ops)
+        from holmes_ml.serve.store import Store
+
+        store = Store(tmp_path / "serve.db")
+        try:
+            its = store.agent_data("late")["iterations"]
+        finally:
+            store.close()
+        last = its[its["iteration"] == 5]
+        assert sorted(last["rank"]) == [0, 1, 2, 3]
+        assert (last["n_ops"] == 6).all()  # the summary of the whole iteration replaced the half
+    finally:
+        srv.stop()

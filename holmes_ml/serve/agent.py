@@ -143,6 +143,8 @@ class Outbox:
                 iteration INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS sent_groups (name TEXT PRIMARY KEY);
             CREATE TABLE IF NOT EXISTS sent_ranks (rank INTEGER PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS flushed (rank INTEGER PRIMARY KEY,
+                iteration INTEGER NOT NULL, rows INTEGER NOT NULL);
             """
         )
 
@@ -158,6 +160,12 @@ class Outbox:
     def watermarks(self) -> dict[int, int]:
         return dict(self.db.execute("SELECT rank, iteration FROM watermark").fetchall())
 
+    def flushed(self) -> dict[int, tuple[int, int]]:
+        """Per rank, the last iteration shipped by a flush before it was known complete, with
+        how many of its rows were shipped then."""
+        return {int(r): (int(i), int(n)) for r, i, n in
+                self.db.execute("SELECT rank, iteration, rows FROM flushed")}
+
     def sent_groups(self) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT name FROM sent_groups")}
 
@@ -165,8 +173,12 @@ class Outbox:
         return {int(r[0]) for r in self.db.execute("SELECT rank FROM sent_ranks")}
 
     def enqueue(self, source: str, batch: dict, marks: dict[int, int], groups: list[str],
-                ranks: list[int]) -> int:
-        """Queue ``batch`` and advance the watermarks atomically; returns its seq."""
+                ranks: list[int], flushed: dict[int, tuple[int, int]] | None = None) -> int:
+        """Queue ``batch`` and advance the watermarks atomically; returns its seq.
+
+        ``flushed`` replaces the record of iterations shipped before they were known complete
+        (ranks not in it keep theirs unless their watermark passed it).
+        """
         self.db.execute("BEGIN IMMEDIATE")
         try:
             seq = self.next_seq()
@@ -180,6 +192,10 @@ class Outbox:
                                 [(g,) for g in groups])
             self.db.executemany("INSERT OR IGNORE INTO sent_ranks VALUES (?)",
                                 [(r,) for r in ranks])
+            self.db.executemany("INSERT OR REPLACE INTO flushed VALUES (?,?,?)",
+                                [(r, i, n) for r, (i, n) in (flushed or {}).items()])
+            self.db.execute("DELETE FROM flushed WHERE iteration <= (SELECT w.iteration FROM "
+                            "watermark w WHERE w.rank = flushed.rank)")
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -441,20 +457,35 @@ class Agent:
 
     # -------------------------------------------------------------- summarizing
     def queue_ready(self, flush: bool = False) -> int | None:
-        """Summarize complete iterations not yet queued; returns the new batch seq or None."""
+        """Summarize complete iterations not yet queued; returns the new batch seq or None.
+
+        An iteration is complete once its rank logged a later one. ``flush`` also ships each
+        rank's last iteration, which may still be growing: its watermark is not advanced past
+        it; the outbox remembers how many of its rows went out, and the iteration is shipped
+        again (the service replaces it) if more rows of it turn up later.
+        """
         ops = self._ops
         if ops.empty:
             return None
         marks = self.outbox.watermarks()
+        flushed = self.outbox.flushed()
         rank = ops["rank"].to_numpy()
         it = ops["iteration"].to_numpy()
         ranks = np.unique(rank)
         last = pd.Series(it).groupby(rank).max()
-        ready = last if flush else last - 1
+        complete = last - 1
+        ready = last if flush else complete
         mark = pd.Series({r: marks.get(int(r), -1) for r in ranks}, dtype=np.int64)
         ready_row = ready.reindex(rank).to_numpy()
         mark_row = mark.reindex(rank).to_numpy()
         new = (it > mark_row) & (it <= ready_row)
+        if flushed:
+            # a flushed iteration that has not grown since is not shipped again
+            rows = pd.Series(1, index=pd.MultiIndex.from_arrays([rank, it])).groupby(
+                level=[0, 1]).size()
+            for r, (i, n) in flushed.items():
+                if rows.get((r, i), 0) == n:
+                    new &= ~((rank == r) & (it == i))
         if not new.any():
             self._trim(mark)
             return None
@@ -464,12 +495,17 @@ class Agent:
         summary = self._summarize(sub)
         new_pairs = pd.MultiIndex.from_arrays([it[new], rank[new]]).unique()
         batch = self._batch(sub, is_new, summary, new_pairs)
-        grew = ready[ready > mark.reindex(ready.index)]
+        grew = complete[complete > mark.reindex(complete.index)]
         advanced = {int(r): int(v) for r, v in grew.items()}
+        partial: dict[int, tuple[int, int]] = {}
+        if flush:
+            at_last = it == last.reindex(rank).to_numpy()
+            counts = pd.Series(rank[at_last & new]).value_counts()
+            partial = {int(r): (int(last[r]), int(n)) for r, n in counts.items()}
         batch_groups = [g["name"] for g in batch.get("groups", [])]
         batch_ranks = batch["ranks"]["rank"] if batch.get("ranks") else []
         seq = self.outbox.enqueue(self.config.source_name, batch, advanced, batch_groups,
-                                  batch_ranks)
+                                  batch_ranks, partial)
         self.stats.batches_queued += 1
         self._trim(pd.Series({**mark.to_dict(), **advanced}))
         return seq

@@ -303,11 +303,23 @@ class Store:
             if it and it["iteration"]:
                 cols = [it[c] for c in ("iteration", "rank", "start_ns", "end_ns", "comm_us",
                                         "n_ops")]
+                # An agent ships a rank's last iteration again when more of it was logged after
+                # a flush: the new summary replaces the old one (and its abnormal operators),
+                # and the job's record count grows only by the operators that are new.
+                pairs = list(zip(it["iteration"], it["rank"], strict=True))
+                before = sum(
+                    row[0] for pair in pairs for row in db.execute(
+                        "SELECT n_ops FROM iterations WHERE job=? AND iteration=? AND rank=?",
+                        (job, *pair)))
+                if before:
+                    db.executemany(
+                        "DELETE FROM abnormal WHERE job=? AND iteration=? AND rank=?",
+                        [(job, *pair) for pair in pairs])
                 db.executemany(
                     "INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?,?,?)",
                     [(job, *row) for row in zip(*cols, strict=True)],
                 )
-                n += int(sum(it["n_ops"]))
+                n += int(sum(it["n_ops"])) - int(before)
                 newest = int(max(it["end_ns"]))
             ab = batch.get("abnormal")
             if ab and ab["iteration"]:
