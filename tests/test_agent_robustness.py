@@ -146,3 +146,73 @@ def test_agent_rejects_impossible_numbers_naming_option_and_value(tmp_path, args
     flat = " ".join(ln.strip("│ ") for ln in proc.stderr.splitlines())
     assert expected in flat, proc.stderr
     assert not (logs / ".holmes-agent.db").exists()  # refused before anything was created
+
+
+def test_an_outbox_of_another_job_is_refused_naming_both_jobs(tmp_path):
+    # Its watermarks say what job "first" was sent: reused for "second" it would ship nothing.
+    ops = make_ops(seed=24, ranks=2, iterations=4)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    common = ["--follow", logs, "--server", "http://127.0.0.1:9", "--once", "--retry-for",
+              "0.2", "--model", "rule"]
+    assert agent_cli(*common, "--job", "first").returncode == 1  # queued, service down
+    line = one_line_error(agent_cli(*common, "--job", "second"))
+    assert f"--outbox {logs / '.holmes-agent.db'}" in line, line
+    assert "'first'" in line and "'second'" in line, line
+    other = tmp_path / "second.db"
+    assert agent_cli(*common, "--job", "second", "--outbox", other).returncode == 1
+
+
+def test_once_names_an_empty_follow_directory(tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "sub").mkdir(parents=True)
+    line = one_line_error(agent_cli("--follow", logs, "--server", "http://127.0.0.1:9",
+                                    "--job", "j", "--once", "--retry-for", "0.2"))
+    assert line.startswith(f"error: --follow {logs}: no CommOps log files"), line
+
+
+def test_agent_reads_subdirectories_and_ignores_tables_that_are_not_logs(tmp_path, caplog):
+    ops = make_ops(seed=25, ranks=4, iterations=6)
+    logs = tmp_path / "logs"
+    for r, sub in ops.groupby("rank"):
+        node = logs / f"node{r // 2}"
+        node.mkdir(parents=True, exist_ok=True)
+        sub.to_json(node / f"rank{r}.jsonl", orient="records", lines=True)
+    # what `holmes detect` writes beside its scores, and a hidden directory's copy of a log
+    (logs / "scores.iterations.csv").write_text("iteration,start_ns,end_ns,time_us\n0,1,2,3\n")
+    (logs / ".old").mkdir()
+    ops.to_json(logs / ".old" / "all.jsonl", orient="records", lines=True)
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="tree", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    agent = Agent(cfg, summarize=fallback_summarize)
+    try:
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            agent.run(once=True)
+        assert agent.bad_files == {}
+        assert agent.n_log_files == 4
+        assert any("scores.iterations.csv is not a CommOps log" in r.getMessage()
+                   for r in caplog.records)
+        assert httpx.get(srv.url + "/v1/jobs/tree").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize(("suffix", "line"), [(".jsonl", 4), (".csv", 5)])
+def test_a_bad_value_is_named_by_its_file_line_and_the_file_once(tmp_path, suffix, line):
+    ops = make_ops(seed=26, ranks=1, iterations=2).astype({"nbytes": object})
+    ops.loc[3, "nbytes"] = "lots"  # the fourth record: line 4 of JSON lines, 5 of a CSV
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / f"rank0{suffix}"
+    if suffix == ".csv":
+        ops.to_csv(path, index=False)
+    else:
+        ops.to_json(path, orient="records", lines=True)
+    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
+                     "--once", "--retry-for", "0.2", "--model", "rule")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    error = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert error == [f"error: {path}: column 'nbytes', line {line}: not a number (got 'lots'; "
+                     "expected a finite int)"], proc.stderr

@@ -100,6 +100,23 @@ def test_malformed_log_in_a_directory_still_raises(tmp_path):
         read_ops(d)
 
 
+@pytest.mark.parametrize("name", ["scores.iterations.csv", "metrics.jsonl"])
+def test_a_table_that_is_not_a_log_is_skipped_among_logs(tmp_path, caplog, name):
+    # e.g. `holmes detect` writes its iteration table beside the logs it read
+    d, df = _stray_dir(tmp_path)
+    other = pd.DataFrame({"iteration": [0, 1], "start_ns": [1, 2], "time_us": [3.0, 4.0]})
+    if name.endswith(".csv"):
+        other.to_csv(d / name, index=False)
+    else:
+        other.to_json(d / name, orient="records", lines=True)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+        out = read_ops(d)
+    pd.testing.assert_frame_equal(_sorted(out), _sorted(read_ops(d / "ops.csv")))
+    assert any(name in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SchemaError, match="missing required column"):
+        read_ops(d / name)  # named on its own, it is read (and refused) as a log
+
+
 def test_named_unidentified_file_still_raises(tmp_path):
     d, _ = _stray_dir(tmp_path)
     with pytest.raises(SchemaError, match="NOTES.txt.*cannot tell the format"):

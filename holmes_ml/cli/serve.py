@@ -91,7 +91,8 @@ def register(app: typer.Typer) -> None:
                                   "all was sent, 1 when the service could not be reached in "
                                   "--retry-for seconds or refused something (unsent batches "
                                   "stay in the outbox for the next run), 2 when a log file "
-                                  "could not be read (the others are shipped)."),
+                                  "could not be read (the others are shipped) or there is "
+                                  "none."),
         retry_for: float = typer.Option(30.0, "--retry-for", help="With --once: seconds to "
                                         "keep retrying an unreachable service before giving "
                                         "up (without --once the agent retries forever)."),
@@ -139,6 +140,10 @@ def register(app: typer.Typer) -> None:
         if not once:
             return
         status = 0
+        if not agent.n_log_files and not agent.bad_files:
+            typer.secho(f"error: {agent.no_logs_message}", err=True,
+                        fg=typer.colors.RED)
+            status = 2
         for path, why in agent.bad_files.items():
             typer.secho(f"error: {path}: {why}", err=True, fg=typer.colors.RED)
             status = 2

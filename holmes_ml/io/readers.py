@@ -103,6 +103,32 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def looks_like_native_log(path: str | Path) -> bool:
+    """Whether a CSV / JSON-lines file's header (or first record) names at least half of the
+    required CommOps columns; other files (Parquet included) are given the benefit of the doubt.
+
+    Tells a log missing a column (read, and refused naming the column) from a table of
+    something else that shares a directory with the logs (skipped).
+    """
+    p = Path(path)
+    name = _strip_gz(p.name.lower())
+    if not name.endswith((".csv", ".jsonl", ".ndjson")):
+        return True
+    try:
+        first = head_bytes(p, 1 << 16).decode("utf-8", errors="replace").lstrip()
+    except SchemaError:
+        return True  # a corrupt file: let the reader say so
+    first = first.split("\n", 1)[0]
+    if first.startswith("{"):
+        try:
+            names = set(json.loads(first))
+        except ValueError:
+            return True  # malformed (or a line cut at the sniffed head): the reader says which
+    else:
+        names = {c.strip().strip('"') for c in next(csv.reader([first]), [])}
+    return 2 * len(names & set(REQUIRED_COLUMNS)) >= len(REQUIRED_COLUMNS)
+
+
 def read_native(path: str | Path) -> pd.DataFrame:
     """Read one canonical CSV / Parquet / JSON Lines file (gz allowed) without validating it."""
     p = Path(path)
@@ -349,6 +375,13 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
     for f in files:
         try:
             kinds[f.path] = detect_format(f.path)
+            if (f.container is not None and kinds[f.path] == "native"
+                    and not looks_like_native_log(f.path)):
+                # a table that is not a CommOps log (a detect output, a metrics export)
+                # sitting among the logs; a log with a column missing is still read (and
+                # refused naming the column)
+                del kinds[f.path]
+                raise UnknownFormatError("not a CommOps table")
         except UnknownFormatError:
             if f.container is None:
                 raise

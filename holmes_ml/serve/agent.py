@@ -1,6 +1,8 @@
 """The node agent: follow local CommOps logs, summarize them, ship summaries through an outbox.
 
-Each poll the agent (1) reads what its ranks' log files gained (``*.jsonl`` and ``*.csv`` are
+Each poll the agent (1) reads what its ranks' log files gained — in the followed directory and
+its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a CommOps log is
+ignored with a warning — (``*.jsonl`` and ``*.csv`` are
 read incrementally; ``*.parquet`` is re-read when it changes; traces in the other supported
 formats — Kineto, Flight Recorder, NCCL Inspector, gzipped logs — are re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io.schema import validate
+from holmes_ml.io.schema import REQUIRED_COLUMNS, SchemaError, validate
 from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
@@ -143,6 +145,7 @@ class Outbox:
                 iteration INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS sent_groups (name TEXT PRIMARY KEY);
             CREATE TABLE IF NOT EXISTS sent_ranks (rank INTEGER PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS flushed (rank INTEGER PRIMARY KEY,
                 iteration INTEGER NOT NULL, rows INTEGER NOT NULL);
             """
@@ -150,6 +153,20 @@ class Outbox:
 
     def close(self) -> None:
         self.db.close()
+
+    def claim(self, job: str) -> None:
+        """Tie the outbox to ``job``; refuse (``ValueError``) one that serves another job.
+
+        Its watermarks say what was shipped *to that job*: reused for another one, it would
+        ship nothing the other job has not seen — silently.
+        """
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (job,))
+        owner = self.db.execute("SELECT value FROM meta WHERE key='job'").fetchone()[0]
+        if owner != job:
+            raise ValueError(
+                f"--outbox {self.path}: this outbox ships job {owner!r}, not --job {job!r} "
+                f"(its watermarks would skip what job {owner!r} was sent); give job {job!r} "
+                "its own --outbox FILE, or delete this one once its batches are sent")
 
     def next_seq(self) -> int:
         # Seqs start at the clock (ms) of the first batch, so a fresh outbox keeps growing past
@@ -232,6 +249,10 @@ class _FileState:
     lines: int = 0
     #: (size, mtime) of the file when it could not be read: skipped until that changes
     bad: tuple[Any, ...] | None = None
+    #: file line of the first row of the chunk read last (None for Parquet: rows, not lines)
+    chunk_line: int | None = None
+    #: a table that is not a CommOps log (another tool's CSV): never read
+    ignored: bool = False
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
@@ -259,6 +280,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     first_line = state.lines + 1
     state.offset += len(data)
     state.lines += data.count(b"\n")
+    state.chunk_line = first_line
     if path.suffix == ".jsonl":
         try:
             return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
@@ -268,6 +290,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     if state.header is None:
         first, _, data = data.partition(b"\n")
         state.header = first.decode().strip().split(",")
+        state.chunk_line = first_line + 1
         if not data.strip():
             return None
     return pd.read_csv(io.BytesIO(data), names=state.header, header=None)
@@ -293,8 +316,6 @@ def _bad_json_line(data: bytes, first_line: int) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    from holmes_ml.io.schema import SchemaError
-
     # A SchemaError (or one of our ValueErrors) reads as a sentence already; a reader's
     # exception (ArrowInvalid, ParserError, ...) needs its name to mean anything.
     if type(exc) in (SchemaError, ValueError):
@@ -343,6 +364,11 @@ class Agent:
         self.config.check()
         self._summarize = self.summarize or _default_summarize(self.model)
         self.outbox = Outbox(self.config.outbox_path)
+        try:
+            self.outbox.claim(self.config.job)
+        except ValueError:
+            self.outbox.close()
+            raise
         self._files: dict[Path, _FileState] = {}
         self._buffer: list[pd.DataFrame] = []
         self._ops = pd.DataFrame()
@@ -353,6 +379,7 @@ class Agent:
         #: the service's answer when it refused the attached topology
         self.topology_refused: str | None = None
         self._deadline: float | None = None
+        self._empty_said = False
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
         #: why the service could not be reached at the last attempt (None once it answered)
@@ -368,8 +395,10 @@ class Agent:
         """Read what the log files gained; returns the number of new rows."""
         n = 0
         for pattern in PATTERNS:
-            for path in sorted(Path(self.config.follow).glob(pattern)):
+            for path in _log_files(Path(self.config.follow), pattern):
                 state = self._files.setdefault(path, _FileState())
+                if state.ignored or (state.offset == 0 and self._not_a_log(path, state)):
+                    continue
                 before = state.offset
                 try:
                     st = path.stat()
@@ -378,11 +407,17 @@ class Agent:
                 stamp = (st.st_size, st.st_mtime_ns)
                 if state.bad == stamp:
                     continue  # could not be read and has not changed since
-                trial = replace(state, bad=None)
+                trial = replace(state, bad=None, chunk_line=None)
                 try:
                     df = _read_increment(path, trial)
                     if df is not None and not df.empty:
                         df = validate(df, source=str(path))
+                except SchemaError as exc:
+                    if exc.row is not None and trial.chunk_line is not None and exc.line is None:
+                        exc = exc.at(line=trial.chunk_line + exc.row)  # the file's line
+                    self._set_bad(path, _describe(exc))
+                    state.bad = stamp
+                    continue
                 except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
                     self._set_bad(path, _describe(exc))
                     state.bad = stamp
@@ -403,6 +438,7 @@ class Agent:
                 self._buffer.append(df)
                 n += len(df)
         n += self._read_whole_files()
+        self._say_if_empty()
         for gone in [p for p in self.bad_files if p.name != _WHOLE and not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
@@ -415,10 +451,9 @@ class Agent:
         """Re-read every non-incremental trace when any of them changed (ranks of a Kineto or
         Flight Recorder job are matched across files, so they are read together)."""
         from holmes_ml.io import read_ops
-        from holmes_ml.io.schema import SchemaError
 
         root = Path(self.config.follow)
-        paths = sorted({p for pat in WHOLE_FILE_PATTERNS for p in root.glob(pat)})
+        paths = sorted({p for pat in WHOLE_FILE_PATTERNS for p in _log_files(root, pat)})
         if not paths:
             self.bad_files.pop(root / _WHOLE, None)
             return 0
@@ -444,9 +479,48 @@ class Agent:
         self._buffer.append(df)
         return len(df)
 
+    @staticmethod
+    def _not_a_log(path: Path, state: _FileState) -> bool:
+        # Decided once the first line is complete (a header half written reads as no log).
+        from holmes_ml.io.readers import looks_like_native_log
+
+        try:
+            with path.open("rb") as fh:
+                if b"\n" not in fh.read(1 << 16):
+                    return False
+        except OSError:
+            return False  # gone, or unreadable: reading it says which
+        if looks_like_native_log(path):
+            return False
+        state.ignored = True
+        logger.warning("agent: %s is not a CommOps log (its first line names few of the "
+                       "columns %s): ignored", path, ", ".join(REQUIRED_COLUMNS))
+        return True
+
+    def _say_if_empty(self) -> None:
+        # A --follow typo or a job that has not started yet looks the same: say it once.
+        if self.n_log_files or self.bad_files:
+            self._empty_said = False
+            return
+        if not self._empty_said:
+            logger.warning("agent: %s", self.no_logs_message)
+        self._empty_said = True
+
+    @property
+    def n_log_files(self) -> int:
+        """Log files found so far (tables that are not CommOps logs not counted)."""
+        return sum(not st.ignored for st in self._files.values())
+
+    @property
+    def no_logs_message(self) -> str:
+        return (f"--follow {self.config.follow}: no CommOps log files (yet) there or in its "
+                "subdirectories; expected " + ", ".join(PATTERNS + WHOLE_FILE_PATTERNS))
+
     def _set_bad(self, path: Path, why: str) -> None:
         # Logged once per problem, not at every poll that finds the file unchanged (or still
-        # broken at the same place while it grows).
+        # broken at the same place while it grows). The file is named once, by the caller.
+        for sep in (", ", ": "):
+            why = why.removeprefix(f"{path}{sep}")
         if self.bad_files.get(path) != why:
             logger.error("agent: cannot read %s (skipped until it changes): %s", path, why)
         self.bad_files[path] = why
@@ -684,6 +758,7 @@ class Agent:
     def run(self, once: bool = False, stop: Callable[[], bool] | None = None) -> None:
         """Poll until ``stop()`` is true (or once, flushing and sending everything)."""
         if once:
+            self._empty_said = True  # no logs at all: the caller of a one-shot run says so
             self.read_new()
             self.queue_ready(flush=True)
             # Bounded: "ship everything now and exit" must exit even when the service is down;
@@ -703,6 +778,12 @@ class Agent:
         while not (stop is not None and stop()):
             self.step()
             time.sleep(self.config.poll_s)
+
+
+def _log_files(root: Path, pattern: str) -> list[Path]:
+    """Files under ``root`` (subdirectories included, hidden ones not) matching ``pattern``."""
+    return sorted(p for p in root.rglob(pattern)
+                  if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def _plain(s: pd.Series) -> list:
