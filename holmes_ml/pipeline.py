@@ -525,6 +525,7 @@ def localize_summaries(
     s = _merge(list(summaries))
     if topology is not None:
         _check_topology_covers(topology, s.iterations["rank"].unique())
+        _check_topology_matches(topology, s)
     topo = topology if topology is not None else topology_from_summary(s)
     irr = _irregular(s.iterations, cfg.delta)
     verdict = localize_records(s.abnormal, s.groups, s.iterations, topo, cfg, irr)
@@ -550,6 +551,34 @@ def _check_topology_covers(topology: Topology, ranks: np.ndarray) -> None:
             f"places {len(known)} rank(s)",
             source="topology", expected="the topology of the job that wrote these logs",
         )
+
+
+def _check_topology_matches(topology: Topology, summary: NodeSummary) -> None:
+    """A topology that places the logs' ranks differently (a communicator of the same name
+    with other members, a rank on another host) belongs to another job of the same size."""
+    def refuse(what: str) -> None:
+        raise SchemaError(f"the topology disagrees with the logs: {what}", source="topology",
+                          expected="the topology of the job that wrote these logs")
+
+    for g in summary.groups.itertuples():
+        known = topology.groups.get(str(g.group))
+        logged = tuple(int(x) for x in str(g.group_ranks).split())
+        if known is not None and logged and set(known.ranks) != set(logged):
+            refuse(f"communicator {g.group!r} has ranks {_few(logged)} in the logs, "
+                   f"{_few(known.ranks)} in the topology")
+    if summary.ranks is None or "host" not in summary.ranks.columns:
+        return
+    logged_hosts = summary.ranks.set_index("rank")["host"].astype(str)
+    placed = topology.ranks.set_index("rank")["host"].astype(str).reindex(logged_hosts.index)
+    differ = (logged_hosts != "") & placed.notna() & (logged_hosts != placed)
+    if differ.any():
+        r = int(differ.idxmax())
+        refuse(f"rank {r} ran on host {logged_hosts[r]!r} by the logs, {placed[r]!r} by the "
+               f"topology ({int(differ.sum())} rank(s) placed on other hosts)")
+
+
+def _few(ranks: Sequence[int]) -> str:
+    return " ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
 
 
 def _irregular(iterations: pd.DataFrame, delta: float = 1.1) -> tuple[int, ...]:

@@ -137,6 +137,14 @@ def test_cli_refuses_a_topology_of_another_job_and_an_empty_log(tmp_path) -> Non
     assert out.exit_code == 2
     text = " ".join(out.output.split())
     assert "48 rank(s) the topology does not place (16, 17," in text and "places 16" in text
+    # the same size, another layout: every rank placed, but the communicators differ
+    layout = simulate(SimConfig(gpus=64, model="llama2-7b", iterations=4, seed=3, tp=4, pp=2))
+    layout.write(tmp_path / "other")
+    out = CliRunner().invoke(app, ["localize", str(tmp_path / "big"), "--topology",
+                                   str(tmp_path / "other" / "topology.json")])
+    assert out.exit_code == 2, out.output
+    text = " ".join(out.output.split())
+    assert "the topology disagrees with the logs: communicator" in text, text
     (tmp_path / "empty.csv").write_text("iteration,rank,op,group,seq,nbytes,start_ns,"
                                         "duration_us\n")
     out = CliRunner().invoke(app, ["localize", str(tmp_path / "empty.csv")])
@@ -158,3 +166,15 @@ def test_fabric_routes_like_the_topology() -> None:
     assert fab.hosts(np.array([], dtype=np.int64)).tolist() == []
     with pytest.raises(KeyError, match="4096"):
         fab.hosts(np.array([3, 4096]))
+
+
+def test_a_topology_placing_ranks_on_other_hosts_is_refused() -> None:
+    from holmes_ml.io import SchemaError
+
+    res = _sim(None, gpus=16, iterations=4)
+    moved = res.topology.ranks.copy()
+    moved["host"] = moved["host"].to_numpy()[::-1]  # same hosts, other ranks on them
+    topo = type(res.topology)(ranks=moved, groups=res.topology.groups, spines=0)
+    with pytest.raises(SchemaError, match=r"rank 0 ran on host 'node000' by the logs, "
+                                          r"'node001' by the topology \(16 rank"):
+        analyze(res.ops, topo, model="rule")
