@@ -614,7 +614,16 @@ def analyze(
     (5,)
     """
     cfg = config or LocalizeConfig()
-    return localize_summaries([summarize(ops, model, cfg)], topology, cfg)
+    return note_input(localize_summaries([summarize(ops, model, cfg)], topology, cfg), ops)
+
+
+def note_input(verdict: Verdict, ops: pd.DataFrame) -> Verdict:
+    """Carry what the reader noticed about ``ops`` into the verdict (its :attr:`Verdict.note`):
+    rows that share an op's identity but differ (two runs read together)."""
+    reused = int(ops.attrs.get("reused_key_rows", 0))
+    if reused:
+        verdict.stats["reused_key_rows"] = float(reused)
+    return verdict
 
 
 def analyze_paths(

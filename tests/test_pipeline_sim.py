@@ -178,3 +178,16 @@ def test_a_topology_placing_ranks_on_other_hosts_is_refused() -> None:
     with pytest.raises(SchemaError, match=r"rank 0 ran on host 'node000' by the logs, "
                                           r"'node001' by the topology \(16 rank"):
         analyze(res.ops, topo, model="rule")
+
+
+def test_two_runs_read_together_leave_a_note_in_the_json(tmp_path) -> None:
+    from holmes_ml.cli import app
+
+    for seed in (1, 2):  # the same job twice: every op identity comes back with other values
+        _sim(None, gpus=16, iterations=4, seed=seed).write(tmp_path / "runs" / f"run{seed}")
+    out = CliRunner().invoke(app, ["localize", str(tmp_path / "runs"), "--json"])
+    assert out.exit_code == 0, out.output
+    note = json.loads(out.stdout.strip().splitlines()[-1])["note"]
+    assert note and "logs of two runs (or of a restarted job) seem mixed" in note, note
+    one = CliRunner().invoke(app, ["localize", str(tmp_path / "runs" / "run1"), "--json"])
+    assert "seem mixed" not in (json.loads(one.stdout)["note"] or "")

@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         files, topo = pipeline.resolve_paths(paths, topo)
         ops = pipeline.read_paths(files, format)
         summary = pipeline.summarize(ops, mdl, cfg)
-        verdict = pipeline.localize_summaries([summary], topo, cfg)
+        verdict = pipeline.note_input(pipeline.localize_summaries([summary], topo, cfg), ops)
         evidence = None
         if graph is not None or plot is not None:
             from holmes_ml.localize.graph import evidence_graph

@@ -470,7 +470,10 @@ def _drop_duplicate_rows(
     if dup is not None:
         ops = ops.loc[~dup].reset_index(drop=True)
         origin = origin[~dup] if origin is not None else None
-    _warn_reused_keys(ops, source, files, origin)
+    reused = _warn_reused_keys(ops, source, files, origin)
+    if reused:
+        # for the verdict's note: a warning on stderr is lost to a script reading the JSON
+        ops.attrs["reused_key_rows"] = reused
     return ops
 
 
@@ -544,8 +547,8 @@ def _warn_reused_keys(
     source: str,
     files: list[str] | None = None,
     origin: np.ndarray | None = None,
-) -> None:
-    """Warn when rows that differ share :data:`_OP_KEY`.
+) -> int:
+    """Warn when rows that differ share :data:`_OP_KEY`; returns how many do.
 
     That key is unique in the simulator's output and in every real trace at hand, so two rows
     with it are two runs read together (logs of an earlier run in a subdirectory) or a job
@@ -553,7 +556,7 @@ def _warn_reused_keys(
     those ops would mix the two, so the user is told which files.
     """
     if len(ops) < 2:
-        return
+        return 0
     group = pd.factorize(ops["group"])[0].astype(np.uint64)
     op = pd.factorize(ops["op"])[0].astype(np.uint64)
     key = (ops["rank"].to_numpy(np.int64).view(np.uint64) * _MIX[0]
@@ -563,11 +566,11 @@ def _warn_reused_keys(
     ordered = np.sort(key)
     same = ordered[1:] == ordered[:-1]
     if not same.any():
-        return
+        return 0
     idx = np.flatnonzero(np.isin(key, ordered[1:][same]))
     shared = ops.iloc[idx].duplicated(list(_OP_KEY), keep=False).to_numpy()
     if not shared.any():
-        return
+        return 0
     rows = idx[shared]
     first = int(rows[0])
     where = source
@@ -580,3 +583,4 @@ def _warn_reused_keys(
         where, len(rows), int(ops["rank"].iloc[first]), str(ops["group"].iloc[first]),
         int(ops["seq"].iloc[first]), int(ops["iteration"].iloc[first]),
     )
+    return len(rows)

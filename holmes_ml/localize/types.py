@@ -162,8 +162,14 @@ class Verdict:
         Suspects or workload findings without any irregular iteration come from the abnormal
         operators of the last iterations alone: the slowdown was there since the log began, or
         is smaller than ``delta``. Fewer than two ranks leave nothing to compare a copy with.
+        Rows of two runs read together mix every statistic.
         """
         notes = []
+        reused = int(self.stats.get("reused_key_rows", 0))
+        if reused:
+            notes.append(f"{reused:,} operator rows share rank, group, seq, op and iteration with "
+                         "a different row: logs of two runs (or of a restarted job) seem mixed, "
+                         "and their statistics with them; analyse one run at a time")
         if self.stats.get("ranks", 2.0) < 2:
             notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
                          "may go unnamed")
