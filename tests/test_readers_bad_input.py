@@ -160,7 +160,35 @@ def test_same_file_given_twice_is_read_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
         twice = read_ops([d, d / "ops.parquet", str(d / ".." / "d" / "ops.parquet")])
     pd.testing.assert_frame_equal(twice, once)
-    assert "more than once" in caplog.text and "ops.parquet" in caplog.text
+    said = [r.getMessage() for r in caplog.records if "given" in r.getMessage()]
+    assert said == [f"{d / 'ops.parquet'} is given 3 times: read once"], said
+
+
+def test_an_empty_log_says_empty(tmp_path):
+    for name, content in (("a.jsonl", ""), ("b.jsonl", "\n\n"), ("c.csv", "")):
+        (tmp_path / name).write_text(content)
+        with pytest.raises(SchemaError, match=f"{name}: empty file"):
+            read_ops(tmp_path / name)
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_short_csv_line_is_named_with_its_field_count(tmp_path, cut):
+    p = tmp_path / "ops.csv"
+    _ops().to_csv(p, index=False)
+    text = p.read_text()
+    lines = text.splitlines()
+    if cut:  # the file ends in the middle of its last line
+        p.write_text(text[: len(text) - len(lines[-1]) - 1 + 12])
+        where, extra = len(lines), "the file ends in the middle of this line"
+    else:  # a row short of fields in the middle of the file
+        lines[3] = ",".join(lines[3].split(",")[:5])
+        p.write_text("\n".join(lines) + "\n")
+        where, extra = 4, ""
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    msg = str(err.value)
+    assert f"ops.csv, line {where}: has " in msg and "of the header's" in msg, msg
+    assert extra in msg and ("ends in the middle" in msg) == cut
 
 
 def test_exact_duplicate_rows_are_dropped_with_a_count(tmp_path, caplog):

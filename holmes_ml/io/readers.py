@@ -141,6 +141,8 @@ def read_native(path: str | Path) -> pd.DataFrame:
             rows = [obj for _, obj in iter_jsonl(p)]
             return pd.DataFrame.from_records(rows)
         return pd.read_csv(p, compression="infer" if p.name.endswith(".gz") else None)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()  # no header either: the caller says "empty file"
     except SchemaError:
         raise
     except (ValueError, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -199,15 +201,16 @@ def _expand(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     out: list[_Input] = []
-    read: set[Path] = set()
+    read: dict[Path, str] = {}
+    repeats: dict[str, int] = {}
 
     def once(f: Path, label: str) -> bool:
         key = f.resolve()
         if key in read:
             # Reading it twice would double every op of its ranks and skew every statistic.
-            logger.warning("%s is given more than once: read once", label)
+            repeats[read[key]] = repeats.get(read[key], 1) + 1
             return False
-        read.add(key)
+        read[key] = label
         return True
 
     def is_archive(f: Path) -> bool:
@@ -247,6 +250,9 @@ def _expand(
                 out.append(_Input(p))
         else:
             raise SchemaError("file not found", source=str(p), expected="an existing file or dir")
+    for label, times in repeats.items():
+        logger.warning("%s is given %s: read once", label,
+                       "twice" if times == 2 else f"{times} times")
     if not out:
         raise SchemaError("no input given", expected="at least one file or directory")
     return out
@@ -356,16 +362,47 @@ def _line_of(path: Path, row: int) -> int | None:
 
 
 def _read_native(f: Path) -> pd.DataFrame:
+    table = read_native(f)
+    if table.empty and len(table.columns) == 0:
+        # no header, no record: "missing columns" would send the user looking for a typo
+        raise SchemaError("empty file", source=str(f),
+                          expected="a header line and one operator per line" if
+                          _strip_gz(f.name.lower()).endswith(".csv") else "one JSON object "
+                          "(operator) per line")
     try:
-        return validate(read_native(f), source=str(f))
+        return validate(table, source=str(f))
     except SchemaError as exc:
         if exc.row is None or exc.line is not None:
             raise
         line = _line_of(f, exc.row)
         if line is None:
             raise
+        short = _short_csv_line(f, table, line)
+        if short is not None:
+            raise short from None
         # Editors and `sed -n Np` count file lines, not 0-based data rows.
         raise exc.at(line=line) from None
+
+
+def _short_csv_line(f: Path, table: pd.DataFrame, line: int) -> SchemaError | None:
+    """The error to give when CSV line ``line`` has fewer fields than the header (a file cut
+    mid-line, most often: pandas fills the missing fields with NaN)."""
+    if head_bytes(f, 1)[:1] == b"{":
+        return None
+    text = open_bytes(f).decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    if not 0 < line <= len(lines):
+        return None
+    fields = next(csv.reader([lines[line - 1]]), [])
+    if len(fields) >= len(table.columns):
+        return None
+    cut = line == len(lines) and not text.endswith("\n")
+    return SchemaError(
+        f"has {len(fields)} of the header's {len(table.columns)} fields"
+        + ("; the file ends in the middle of this line (truncated, or still being written?)"
+           if cut else ""),
+        source=str(f), line=line, expected="one value per header column on every line",
+    )
 
 
 def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
