@@ -21,6 +21,12 @@ def agent_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _agent(srv, logs, job: str) -> Agent:
+    cfg = AgentConfig(follow=logs, server=srv.url, job=job, token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    return Agent(cfg, summarize=fallback_summarize)
+
+
 def _write_good(logs, ops):
     logs.mkdir(exist_ok=True)
     for r, sub in ops.groupby("rank"):
@@ -65,9 +71,7 @@ def test_follow_sets_bad_files_aside_and_keeps_shipping_the_others(tmp_path, cap
     _write_good(logs, good)
     _write_bad(logs, other)
     srv = start_server(tmp_path)
-    cfg = AgentConfig(follow=logs, server=srv.url, job="bad", token=TOKEN, source="n1",
-                      backoff_s=0.05, timeout_s=5)
-    agent = Agent(cfg, summarize=fallback_summarize)
+    agent = _agent(srv, logs, "bad")
     try:
         with caplog.at_level(logging.ERROR, logger="holmes_ml.serve.agent"):
             for _ in range(3):
@@ -183,9 +187,7 @@ def test_agent_reads_subdirectories_and_ignores_tables_that_are_not_logs(tmp_pat
     (logs / ".old").mkdir()
     ops.to_json(logs / ".old" / "all.jsonl", orient="records", lines=True)
     srv = start_server(tmp_path)
-    cfg = AgentConfig(follow=logs, server=srv.url, job="tree", token=TOKEN, source="n1",
-                      backoff_s=0.05, timeout_s=5)
-    agent = Agent(cfg, summarize=fallback_summarize)
+    agent = _agent(srv, logs, "tree")
     try:
         with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
             agent.run(once=True)
