@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.cli._checks import check_delta
 from holmes_ml.io import FORMATS
 
 
@@ -23,9 +24,9 @@ def register(app: typer.Typer) -> None:
         ),
         format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
         delta: float = typer.Option(
-            1.1, "--delta", min=1.0001,
-            help="Irregularity factor: an iteration this many times longer than its robust "
-            "reference is irregular (below ~1.04 jitter swamps the signal).",
+            1.1, "--delta",
+            help="Irregularity factor (finite, > 1): an iteration this many times longer than "
+            "its robust reference is irregular (below ~1.04 jitter swamps the signal).",
         ),
         threshold: float | None = typer.Option(
             None, "--threshold", min=0.0, max=1.0,
@@ -58,6 +59,7 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.features import IrregularityConfig, detect_irregular
         from holmes_ml.models import default_model, load_model, score_ops
 
+        check_delta(delta)
         det = load_model(model) if model is not None else default_model()
         files, _ = pipeline.resolve_paths(paths)
         ops = pipeline.read_paths(files, format)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.cli._checks import check_seed
 from holmes_ml.io import FORMATS
 
 
@@ -68,6 +69,7 @@ def register(app: typer.Typer) -> None:
             train_default,
         )
 
+        check_seed(seed)
         if preset not in PRESETS:
             raise typer.BadParameter(f"got {preset!r}; expected one of {sorted(PRESETS)}",
                                      param_hint="--preset")
