@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_delta
+from holmes_ml.cli._checks import check_delta, check_writable
 from holmes_ml.io import FORMATS
 
 
@@ -60,6 +60,9 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.models import default_model, load_model, score_ops
 
         check_delta(delta)
+        iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
+        check_writable(out, "--out")
+        check_writable(iterations_out, "--iterations-out")
         det = load_model(model) if model is not None else default_model()
         files, _ = pipeline.resolve_paths(paths)
         ops = pipeline.read_paths(files, format)
@@ -69,7 +72,6 @@ def register(app: typer.Typer) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         table.to_parquet(out, index=False)
         its = detect_irregular(ops, IrregularityConfig(delta=delta))
-        iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
         iterations_out.parent.mkdir(parents=True, exist_ok=True)
         its.to_csv(iterations_out)
         report = _report(table, its, cut, out, iterations_out)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from holmes_ml.cli._checks import check_delta
+from holmes_ml.cli._checks import check_delta, check_writable
 from holmes_ml.cli._text import spans
 from holmes_ml.io import FORMATS
 
@@ -73,6 +73,10 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.topology import Topology
 
         check_delta(delta)
+        if plot is not None:
+            check_writable(plot, "--plot", directory=True)
+        if graph is not None:
+            check_writable(graph, "--graph")
         cfg = replace(LocalizeConfig(), top_k=top_k, delta=delta)
         mdl: object = None
         if model is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_seed
+from holmes_ml.cli._checks import check_seed, check_writable
 
 _EPILOG = (
     "Examples:\n\n"
@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
 
         console = Console(stderr=False)
         check_seed(seed)
+        check_writable(out, "--out", directory=True)
         try:
             faults = tuple(FaultSpec.parse(f) for f in fault)
             cfg = SimConfig(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_seed
+from holmes_ml.cli._checks import check_seed, check_writable
 from holmes_ml.io import FORMATS
 
 
@@ -70,6 +70,7 @@ def register(app: typer.Typer) -> None:
         )
 
         check_seed(seed)
+        check_writable(out, "--out")
         if preset not in PRESETS:
             raise typer.BadParameter(f"got {preset!r}; expected one of {sorted(PRESETS)}",
                                      param_hint="--preset")
