@@ -63,3 +63,34 @@ def test_train_reads_a_simulator_directory_and_refuses_one_class(tmp_path):
     assert result.exit_code == 2
     assert "every op is labelled abnormal=False" in " ".join(result.output.split())
     assert not (tmp_path / "h.holmes").exists()
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_train_opens_the_optuna_storage_before_any_work(tmp_path):
+    # The logs named here do not exist: a storage opened only after reading them (or after
+    # building the training data, as before) would fail on them, or minutes later.
+    missing = str(tmp_path / "missing.parquet")
+    out = tmp_path / "m.holmes"
+    for url in ("notaurl", f"sqlite:///{tmp_path}/no/such/dir/study.db"):
+        line = _one_error_line(CliRunner().invoke(app, [
+            "train", missing, "--estimator", "tuned-rf", "--storage", url, "--out", str(out)]))
+        assert line.startswith(f"error: --storage {url!r}: cannot open it as an optuna "
+                               "storage"), line
+        assert "expected a database URL" in line and "sqlite:///" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--storage", "--study"])
+def test_train_refuses_tuning_options_with_an_untuned_estimator(tmp_path, option):
+    line = _one_error_line(CliRunner().invoke(app, [
+        "train", "--preset", "tiny", option, "x", "--out", str(tmp_path / "m.holmes")]))
+    assert line == (f"error: {option} is only used by --estimator tuned-lgbm or tuned-rf (got "
+                    "--estimator lgbm); drop it or pick a tuned estimator")
+    assert not (tmp_path / "m.holmes").exists()

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
                                      help="Optuna trials (tuned-* only)."),
         storage: str = typer.Option(
             None, "--storage", help="Optuna RDB URL shared by several processes, "
-            "e.g. sqlite:///study.db (tuned-* only)."
+            "e.g. sqlite:///study.db (tuned-* only; opened before training starts)."
         ),
         study: str = typer.Option(None, "--study", help="Optuna study name (tuned-* only)."),
     ) -> None:
@@ -86,6 +86,8 @@ def register(app: typer.Typer) -> None:
             det = RandomForestDetector(n_estimators=60, max_depth=14, min_samples_leaf=5,
                                        threshold="auto", random_state=seed)
         elif estimator in ("tuned-lgbm", "tuned-rf"):
+            if storage is not None:
+                _check_storage(storage)
             det = TunedDetector(estimator.split("-")[1], n_trials=n_trials, storage=storage,
                                 study_name=study, random_state=seed)
         else:
@@ -94,6 +96,11 @@ def register(app: typer.Typer) -> None:
                 "tuned-lgbm or tuned-rf",
                 param_hint="--estimator",
             )
+        if not estimator.startswith("tuned-") and (storage is not None or study is not None):
+            # Refused rather than ignored: the user expects the trials in a shared study.
+            option = "--storage" if storage is not None else "--study"
+            raise ValueError(f"{option} is only used by --estimator tuned-lgbm or tuned-rf "
+                             f"(got --estimator {estimator}); drop it or pick a tuned estimator")
         if paths:
             metrics = _train_on_logs(paths, det, out, format)
         else:
@@ -102,6 +109,19 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"wrote {out} ({size / 1e6:.2f} MB)")
         for k, v in metrics.items():
             typer.echo(f"  {k}: {v:.4g}")
+
+
+def _check_storage(url: str) -> None:
+    """Open the optuna storage now: a typo, a missing directory or driver, or an unreachable
+    database fails here instead of after the training data was built."""
+    import optuna
+
+    try:
+        optuna.storages.RDBStorage(url).engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many kinds
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage ({why}); "
+                         "expected a database URL that opens, e.g. sqlite:///study.db") from exc
 
 
 def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
