@@ -120,3 +120,22 @@ def test_serve_and_agent_help_explain_every_option_with_an_example():
                 cells = cells[1:]
             if cells and cells[0].startswith("--"):
                 assert len(cells) > 2 and not cells[2].startswith("["), (cmd, row)
+
+
+def test_serve_takes_the_rule_baseline_like_the_agent(tmp_path):
+    from test_serve_support import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(tmp_path / "s.db"),
+                             "--port", str(port), "--model", "rule"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert got and got[0].startswith("holmes serve: listening on "), (got, proc.poll())
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "rule" not in err, err

@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
             ..., help="Log files or a simulator output directory.", show_default=False
         ),
         model: Path | None = typer.Option(
-            None, "--model", help="Detector file (default: the bundled model)."
+            None, "--model", help="Detector file (default: the bundled model). 'rule' scores "
+            "with the 3-sigma + rule baseline instead (0.5 at its abnormality bar)."
         ),
         format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
         delta: float = typer.Option(
@@ -63,10 +64,12 @@ def register(app: typer.Typer) -> None:
         iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
         check_writable(out, "--out")
         check_writable(iterations_out, "--iterations-out")
-        det = load_model(model) if model is not None else default_model()
+        # 'rule' as in `holmes localize` and `holmes agent`: the baseline, no detector file
+        rule = model is not None and str(model) == "rule"
+        det = None if rule else load_model(model) if model is not None else default_model()
         files, _ = pipeline.resolve_paths(paths)
         ops = pipeline.read_paths(files, format)
-        scores = score_ops(ops, model=det)
+        scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
         cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
         table = ops.assign(score=scores, predicted=scores >= cut)
         out.parent.mkdir(parents=True, exist_ok=True)

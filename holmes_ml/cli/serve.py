@@ -27,7 +27,8 @@ def register(app: typer.Typer) -> None:
         token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
                                   help="Bearer token required for writes."),
         model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
-                                   "output) used for raw-record jobs."),
+                                   "output) used for raw-record jobs (default: the shipped "
+                                   "model; 'rule' for the rule baseline)."),
         webhook: str = typer.Option(None, "--webhook", help="URL POSTed when a job's top "
                                     "candidate device changes."),
         max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "

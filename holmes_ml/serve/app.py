@@ -84,7 +84,8 @@ class ServeSettings:
         Bearer token required for writes (``None``: writes are open, loopback only).
     model:
         Detector file, loaded with :func:`holmes_ml.models.load_model` (raw-record jobs only;
-        agents score on their node). ``None``: the pipeline's default model.
+        agents score on their node). ``None``: the pipeline's default model; ``rule``: the
+        rule baseline.
     webhook:
         URL that receives a JSON POST when a job's top candidate device changes.
     max_body_bytes:
@@ -353,6 +354,8 @@ class Service:
 def _load_model(path: Path | None) -> Any:
     if path is None:
         return None
+    if str(path) == "rule":  # the pipeline's rule baseline, as `holmes localize --model rule`
+        return "rule"
     from holmes_ml.models import load_model
 
     return load_model(path)
