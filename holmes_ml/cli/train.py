@@ -150,7 +150,7 @@ def _label_text(value: object) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
     if isinstance(value, numbers.Real) and value in (0, 1):
-        return str(int(value))  # 1.0 from a column with gaps reads as 1
+        return "1" if value == 1 else "0"  # 1.0 from a column with gaps reads as 1
     return str(value).strip().lower()
 
 
