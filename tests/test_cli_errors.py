@@ -60,3 +60,66 @@ def test_version_and_short_help():
     assert out.exit_code == 0 and out.stdout.strip() == f"holmes_ml {__version__}"
     out = CliRunner().invoke(app, ["localize", "-h"])
     assert out.exit_code == 0 and "Examples" in _flat(out.stdout)
+
+
+def _one_error_line(out) -> str:
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    return lines[0]
+
+
+def test_a_negative_seed_is_refused_naming_the_option(tmp_path):
+    for args in (["train", "--preset", "tiny", "--out", str(tmp_path / "m.holmes")],
+                 ["simulate", "--gpus", "64", "--iterations", "3", "--out", str(tmp_path / "s")],
+                 ["demo", "--gpus", "64", "--iterations", "6", "--out", str(tmp_path / "d")]):
+        line = _one_error_line(CliRunner().invoke(app, [*args, "--seed", "-1"]))
+        assert line == "error: --seed -1: expected an integer >= 0", (args, line)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_a_delta_that_is_not_a_finite_factor_above_one_is_refused(tmp_path):
+    from holmes_ml.simulator import SimConfig, simulate
+
+    log = tmp_path / "ops.parquet"
+    simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=4, seed=1)).ops.to_parquet(log)
+    for args in (["detect", str(log), "--out", str(tmp_path / "s.parquet")],
+                 ["localize", str(log)]):
+        for delta in ("inf", "nan", "1", "0.5", "-2"):
+            line = _one_error_line(CliRunner().invoke(app, [*args, "--delta", delta]))
+            assert line.startswith(f"error: --delta {delta}: expected a finite factor > 1"), (
+                args[0], line)
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    # The logs named here do not exist: an output checked only after reading them (or after
+    # training / simulating) would fail on them, or minutes later, instead.
+    missing = str(tmp_path / "missing.parquet")
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    a_dir = tmp_path / "d"
+    a_dir.mkdir()
+    cases = [
+        (["train", missing, "--out", "/dev/null/m.holmes"],
+         "--out /dev/null/m.holmes: /dev/null is not a directory"),
+        (["train", missing, "--out", str(a_file / "sub" / "m.holmes")],
+         f"--out {a_file}/sub/m.holmes: {a_file} is not a directory"),
+        (["train", missing, "--out", str(a_dir)], f"--out {a_dir}: is a directory"),
+        (["detect", missing, "--out", str(a_dir)], f"--out {a_dir}: is a directory"),
+        (["detect", missing, "--out", str(tmp_path / "s.parquet"), "--iterations-out",
+          "/dev/null/i.csv"], "--iterations-out /dev/null/i.csv: /dev/null is not a directory"),
+        (["localize", missing, "--graph", str(a_dir)], f"--graph {a_dir}: is a directory"),
+        (["localize", missing, "--plot", str(a_file)],
+         f"--plot {a_file}: exists and is not a directory"),
+        (["simulate", "--gpus", "64", "--iterations", "3", "--out", str(a_file)],
+         f"--out {a_file}: exists and is not a directory"),
+        (["demo", "--gpus", "64", "--iterations", "6", "--out", str(a_file / "x")],
+         f"--out {a_file}/x: {a_file} is not a directory"),
+    ]
+    for args, expected in cases:
+        line = _one_error_line(CliRunner().invoke(app, args))
+        assert line.startswith(f"error: {expected}"), (args, line)
+        assert "expected a" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f"]

@@ -107,3 +107,24 @@ def test_bad_topology_is_reported_with_its_file(tmp_path):
     r = CliRunner().invoke(app, ["localize", str(log), "--topology", str(topo)])
     assert r.exit_code == 2, r.output
     assert "topo.json" in r.stderr and "ranks.host" in r.stderr
+
+
+def test_detect_takes_the_rule_baseline_like_localize_and_the_agent(tmp_path):
+    import json
+
+    import numpy as np
+
+    from holmes_ml.pipeline import read_paths, rule_scores
+
+    log = _faulty_log(tmp_path)
+    out = tmp_path / "s.parquet"
+    r = CliRunner().invoke(app, ["detect", str(log), "--model", "rule", "--out", str(out),
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    scored = pd.read_parquet(out)
+    assert report["threshold"] == 0.5  # the rule's own bar
+    np.testing.assert_allclose(scored["score"], rule_scores(read_paths([log])))
+    assert report["abnormal_ops"] == int((scored["score"] >= 0.5).sum()) > 0
+    r = CliRunner().invoke(app, ["localize", str(log), "--model", "rule", "--json"])
+    assert r.exit_code == 0, r.output

@@ -65,6 +65,8 @@ def test_agent_refuses_an_outbox_that_is_not_one(tmp_path):
     (["--analyze-every", "nan"], "--analyze-every nan: expected seconds >= 0"),
     (["--port", "0"], "--port 0: expected 1..65535"),
     (["--port", "70000"], "--port 70000: expected 1..65535"),
+    (["--webhook", "notaurl"], "--webhook 'notaurl': expected an http:// or https:// URL"),
+    (["--webhook", "ftp://h/x"], "--webhook 'ftp://h/x': expected an http:// or https:// URL"),
 ])
 def test_serve_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
     from test_serve_support import free_port
@@ -120,3 +122,70 @@ def test_serve_and_agent_help_explain_every_option_with_an_example():
                 cells = cells[1:]
             if cells and cells[0].startswith("--"):
                 assert len(cells) > 2 and not cells[2].startswith("["), (cmd, row)
+
+
+def test_serve_takes_the_rule_baseline_like_the_agent(tmp_path):
+    from test_serve_support import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(tmp_path / "s.db"),
+                             "--port", str(port), "--model", "rule"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert got and got[0].startswith("holmes serve: listening on "), (got, proc.poll())
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "rule" not in err, err
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_leaves_no_database(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        db = tmp_path / "s.db"
+        line = one_line_error(holmes("serve", "--db", db, "--port", port, timeout=30))
+    assert line.startswith(f"error: --host/--port 127.0.0.1:{port}: cannot listen there ("), line
+    assert "expected a free port" in line
+    assert not db.exists()
+
+
+def test_serve_with_a_bad_model_leaves_no_database(tmp_path):
+    db = tmp_path / "s.db"
+    line = one_line_error(holmes("serve", "--db", db, "--port", "1",
+                                 "--model", tmp_path / "missing.holmes"))
+    assert "missing.holmes" in line
+    assert not db.exists()
+
+
+def test_serve_on_all_interfaces_announces_an_address_agents_can_use(tmp_path):
+    import socket
+
+    import httpx
+    from test_serve_support import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(tmp_path / "s.db"),
+                             "--port", str(port), "--host", "0.0.0.0", "--token", "t"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        line = got[0] if got else ""
+        url = f"http://{socket.gethostname()}:{port}"
+        assert line.startswith(f"holmes serve: listening on {url} (all interfaces, also "
+                               f"http://127.0.0.1:{port} from this machine; "), line
+        assert "0.0.0.0" not in line and f"{url}/v1/jobs/JOB/batches" in line
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).is_success
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)

@@ -63,3 +63,95 @@ def test_train_reads_a_simulator_directory_and_refuses_one_class(tmp_path):
     assert result.exit_code == 2
     assert "every op is labelled abnormal=False" in " ".join(result.output.split())
     assert not (tmp_path / "h.holmes").exists()
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_train_opens_the_optuna_storage_before_any_work(tmp_path):
+    # The logs named here do not exist: a storage opened only after reading them (or after
+    # building the training data, as before) would fail on them, or minutes later.
+    missing = str(tmp_path / "missing.parquet")
+    out = tmp_path / "m.holmes"
+    for url in ("notaurl", f"sqlite:///{tmp_path}/no/such/dir/study.db"):
+        line = _one_error_line(CliRunner().invoke(app, [
+            "train", missing, "--estimator", "tuned-rf", "--storage", url, "--out", str(out)]))
+        assert line.startswith(f"error: --storage {url!r}: cannot open it as an optuna "
+                               "storage"), line
+        assert "expected a database URL" in line and "sqlite:///" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--storage", "--study"])
+def test_train_refuses_tuning_options_with_an_untuned_estimator(tmp_path, option):
+    line = _one_error_line(CliRunner().invoke(app, [
+        "train", "--preset", "tiny", option, "x", "--out", str(tmp_path / "m.holmes")]))
+    assert line == (f"error: {option} is only used by --estimator tuned-lgbm or tuned-rf (got "
+                    "--estimator lgbm); drop it or pick a tuned estimator")
+    assert not (tmp_path / "m.holmes").exists()
+
+
+def _labelled(seed: int = 11, iterations: int = 10):
+    cfg = SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=iterations, seed=seed,
+                    faults=(FaultSpec.parse("gpu_slow:rank=3,severity=0.8,start=4"),))
+    return simulate(cfg).ops
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    ("maybe", "1 of {n} labels are not a boolean (got 'maybe'; expected true/false/1/0 "
+              "(case-insensitive))"),
+    (2, "1 of {n} labels are not a boolean (got 2; expected true/false/1/0 (case-insensitive))"),
+    (None, "1 of {n} labels are missing (expected true/false/1/0 (case-insensitive) in every "
+           "row)"),
+], ids=["text", "number", "gap"])
+def test_train_refuses_a_label_that_is_not_a_boolean_naming_file_and_value(tmp_path, bad, said):
+    ops = _labelled()
+    good = tmp_path / "good.csv"
+    ops.to_csv(good, index=False)
+    labels = ops["abnormal"].astype(int).astype(object)  # 0/1, as some exporters write them
+    labels.iloc[7] = bad
+    other = _labelled(seed=12).assign(abnormal=labels)  # another run: no duplicate rows
+    path = tmp_path / "bad.csv"
+    other.to_csv(path, index=False)
+    out = tmp_path / "m.holmes"
+    for args, n in (([path], len(ops)), ([good, path], 2 * len(ops))):
+        result = CliRunner().invoke(app, ["train", *map(str, args), "--estimator", "lgbm-small",
+                                          "--out", str(out)])
+        line = _one_error_line(result)
+        assert line == f"error: {path}, column 'abnormal': " + said.format(n=f"{n:,}"), line
+    assert not out.exists()
+    other.assign(abnormal=ops["abnormal"].astype(int)).to_csv(path, index=False)  # 0/1 is fine
+    result = CliRunner().invoke(app, ["train", str(path), "--estimator", "lgbm-small", "--out",
+                                      str(out)])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_bad_label_deep_in_a_large_csv_is_refused_without_a_pandas_warning(tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    # Beyond pandas' first parsing chunk (2**18 rows) the text labels were read as strings
+    # after booleans: a DtypeWarning on the terminal, and every 'false' taken as true.
+    ops = _labelled(iterations=14)
+    copies = 2**18 // len(ops) + 1
+    big = pd.concat([ops.assign(iteration=ops["iteration"] + 14 * k) for k in range(copies)],
+                    ignore_index=True)
+    big["abnormal"] = big["abnormal"].map({True: "true", False: "false"}).astype(object)
+    big.loc[big.index[-1], "abnormal"] = "maybe"
+    path = tmp_path / "big.csv"
+    big.to_csv(path, index=False)
+    proc = subprocess.run([sys.executable, "-c", "from holmes_ml.cli import main; main()",
+                           "train", str(path), "--estimator", "lgbm-small", "--out",
+                           str(tmp_path / "m.holmes")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == (f"error: {path}, column 'abnormal': 1 of {len(big):,} labels "
+                                   "are not a boolean (got 'maybe'; expected true/false/1/0 "
+                                   "(case-insensitive))")

@@ -13,6 +13,7 @@ from rich.table import Table
 from holmes_ml.bench import BENCHMARKS
 from holmes_ml.bench.plugins import load_localizer
 from holmes_ml.bench.record import write_result
+from holmes_ml.cli._checks import check_writable
 
 
 def _run_one(
@@ -105,6 +106,7 @@ def register(app: typer.Typer) -> None:
                 f"unknown benchmark {unknown[0]!r}; expected one of {', '.join(BENCHMARKS)} or 'all'",
                 param_hint="NAME",
             )
+        check_writable(out, "--out", directory=True)
         reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake)
                    for n in names]
         if name == "all":

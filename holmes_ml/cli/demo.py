@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from holmes_ml.cli._checks import check_seed, check_writable
 from holmes_ml.cli._text import spans
 
 DEFAULT_FAULT_KINDS = ("gpu_slow", "nic_slow", "host_stall")
@@ -40,6 +41,8 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.pipeline import analyze
         from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
+        check_seed(seed)
+        check_writable(out, "--out", directory=True)
         console = Console()
         rng = random.Random(seed)
         if not fault:

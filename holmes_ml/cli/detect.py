@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.cli._checks import check_delta, check_writable
 from holmes_ml.io import FORMATS
 
 
@@ -19,13 +20,14 @@ def register(app: typer.Typer) -> None:
             ..., help="Log files or a simulator output directory.", show_default=False
         ),
         model: Path | None = typer.Option(
-            None, "--model", help="Detector file (default: the bundled model)."
+            None, "--model", help="Detector file (default: the bundled model). 'rule' scores "
+            "with the 3-sigma + rule baseline instead (0.5 at its abnormality bar)."
         ),
         format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
         delta: float = typer.Option(
-            1.1, "--delta", min=1.0001,
-            help="Irregularity factor: an iteration this many times longer than its robust "
-            "reference is irregular (below ~1.04 jitter swamps the signal).",
+            1.1, "--delta",
+            help="Irregularity factor (finite, > 1): an iteration this many times longer than "
+            "its robust reference is irregular (below ~1.04 jitter swamps the signal).",
         ),
         threshold: float | None = typer.Option(
             None, "--threshold", min=0.0, max=1.0,
@@ -58,16 +60,21 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.features import IrregularityConfig, detect_irregular
         from holmes_ml.models import default_model, load_model, score_ops
 
-        det = load_model(model) if model is not None else default_model()
+        check_delta(delta)
+        iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
+        check_writable(out, "--out")
+        check_writable(iterations_out, "--iterations-out")
+        # 'rule' as in `holmes localize` and `holmes agent`: the baseline, no detector file
+        rule = model is not None and str(model) == "rule"
+        det = None if rule else load_model(model) if model is not None else default_model()
         files, _ = pipeline.resolve_paths(paths)
         ops = pipeline.read_paths(files, format)
-        scores = score_ops(ops, model=det)
+        scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
         cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
         table = ops.assign(score=scores, predicted=scores >= cut)
         out.parent.mkdir(parents=True, exist_ok=True)
         table.to_parquet(out, index=False)
         its = detect_irregular(ops, IrregularityConfig(delta=delta))
-        iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
         iterations_out.parent.mkdir(parents=True, exist_ok=True)
         its.to_csv(iterations_out)
         report = _report(table, its, cut, out, iterations_out)

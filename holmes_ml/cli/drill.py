@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.cli._checks import check_writable
 from holmes_ml.drill.runner import FAULTS
 
 
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
                               timeout_s=timeout)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
+        check_writable(out, "--out", directory=True)
         try:
             res = run_drill(cfg)
         except ImportError as exc:  # torch missing: say how to install it

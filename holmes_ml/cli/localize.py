@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from holmes_ml.cli._checks import check_delta, check_writable
 from holmes_ml.cli._text import spans
 from holmes_ml.io import FORMATS
 
@@ -33,9 +34,9 @@ def register(app: typer.Typer) -> None:
         ),
         top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),
         delta: float = typer.Option(
-            1.1, "--delta", min=1.0001,
-            help="Irregularity factor: an iteration this many times longer than its robust "
-            "reference is analysed (below ~1.04 jitter swamps the signal).",
+            1.1, "--delta",
+            help="Irregularity factor (finite, > 1): an iteration this many times longer than "
+            "its robust reference is analysed (below ~1.04 jitter swamps the signal).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(
@@ -71,6 +72,11 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.localize import LocalizeConfig
         from holmes_ml.topology import Topology
 
+        check_delta(delta)
+        if plot is not None:
+            check_writable(plot, "--plot", directory=True)
+        if graph is not None:
+            check_writable(graph, "--graph")
         cfg = replace(LocalizeConfig(), top_k=top_k, delta=delta)
         mdl: object = None
         if model is not None:

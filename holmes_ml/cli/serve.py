@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import socket
 from pathlib import Path
 
 import typer
@@ -27,9 +29,10 @@ def register(app: typer.Typer) -> None:
         token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
                                   help="Bearer token required for writes."),
         model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
-                                   "output) used for raw-record jobs."),
-        webhook: str = typer.Option(None, "--webhook", help="URL POSTed when a job's top "
-                                    "candidate device changes."),
+                                   "output) used for raw-record jobs (default: the shipped "
+                                   "model; 'rule' for the rule baseline)."),
+        webhook: str = typer.Option(None, "--webhook", help="http(s):// URL POSTed when a "
+                                    "job's top candidate device changes."),
         max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "
                                           "in MiB (also once gunzipped); at least 0.001."),
         analyze_every: float = typer.Option(2.0, "--analyze-every",
@@ -41,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
         Example: `holmes serve --db /var/lib/holmes/serve.db --token $T --host 0.0.0.0`
         """
-        from holmes_ml.serve.app import ServeSettings, serve
+        from holmes_ml.serve.app import BindError, ServeSettings, base_url, serve
 
         # Checked here, in the unit the user typed: the settings only see bytes.
         if not (math.isfinite(max_body_mb) and max_body_mb >= MIN_BODY_MB):
@@ -57,13 +60,22 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from exc
 
         def ready(url: str) -> None:
-            typer.echo(f"holmes serve: listening on {url} (db {db}; agents POST "
+            also = ""
+            if _all_interfaces(host):
+                # http://0.0.0.0:8787 is no address to give an agent: name this machine
+                url = base_url(socket.gethostname(), port)
+                also = (f"all interfaces, also {base_url('::1' if ':' in host else '127.0.0.1', port)}"
+                        " from this machine; ")
+            typer.echo(f"holmes serve: listening on {url} ({also}db {db}; agents POST "
                        f"{url}/v1/jobs/JOB/batches; API docs {url}/docs, metrics "
                        f"{url}/metrics; Ctrl-C stops)")
 
         # A --db that is not ours raises DatabaseFileError, a ValueError: the CLI prints it
-        # in one line like any other bad input.
-        serve(settings, on_ready=ready)
+        # in one line like any other bad input; so is a port in use, before the db is made.
+        try:
+            serve(settings, on_ready=ready)
+        except BindError as exc:
+            raise ValueError(str(exc)) from exc
 
     @app.command("agent")
     def agent_cmd(
@@ -165,6 +177,14 @@ def register(app: typer.Typer) -> None:
             status = 1
         if status:
             raise typer.Exit(status)
+
+
+def _all_interfaces(host: str) -> bool:
+    """Whether ``host`` (0.0.0.0, ::) binds every address of the machine."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def _read_topology(path: Path) -> dict:

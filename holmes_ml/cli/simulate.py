@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.cli._checks import check_seed, check_writable
+
 _EPILOG = (
     "Examples:\n\n"
     "  holmes simulate --gpus 128 --iterations 30 --fault gpu_slow:rank=5,severity=0.5,start=10 "
@@ -86,6 +88,8 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.simulator import FaultSpec, SimConfig, simulate, simulate_to
 
         console = Console(stderr=False)
+        check_seed(seed)
+        check_writable(out, "--out", directory=True)
         try:
             faults = tuple(FaultSpec.parse(f) for f in fault)
             cfg = SimConfig(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import typer
 
+from holmes_ml.cli._checks import check_seed, check_writable
 from holmes_ml.io import FORMATS
+from holmes_ml.io.schema import SchemaError
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +22,8 @@ def register(app: typer.Typer) -> None:
         paths: list[Path] = typer.Argument(
             None,
             help="Labelled CommOps logs (any format `holmes localize` reads, simulator output "
-            "directories included) with a boolean `abnormal` column. Without PATHs the detector "
+            "directories included) with an `abnormal` column of true/false or 1/0 "
+            "(case-insensitive; anything else is refused). Without PATHs the detector "
             "is trained on the --preset simulator scenarios.",
             show_default=False,
         ),
@@ -45,7 +51,7 @@ def register(app: typer.Typer) -> None:
                                      help="Optuna trials (tuned-* only)."),
         storage: str = typer.Option(
             None, "--storage", help="Optuna RDB URL shared by several processes, "
-            "e.g. sqlite:///study.db (tuned-* only)."
+            "e.g. sqlite:///study.db (tuned-* only; opened before training starts)."
         ),
         study: str = typer.Option(None, "--study", help="Optuna study name (tuned-* only)."),
     ) -> None:
@@ -68,6 +74,8 @@ def register(app: typer.Typer) -> None:
             train_default,
         )
 
+        check_seed(seed)
+        check_writable(out, "--out")
         if preset not in PRESETS:
             raise typer.BadParameter(f"got {preset!r}; expected one of {sorted(PRESETS)}",
                                      param_hint="--preset")
@@ -83,6 +91,8 @@ def register(app: typer.Typer) -> None:
             det = RandomForestDetector(n_estimators=60, max_depth=14, min_samples_leaf=5,
                                        threshold="auto", random_state=seed)
         elif estimator in ("tuned-lgbm", "tuned-rf"):
+            if storage is not None:
+                _check_storage(storage)
             det = TunedDetector(estimator.split("-")[1], n_trials=n_trials, storage=storage,
                                 study_name=study, random_state=seed)
         else:
@@ -91,6 +101,11 @@ def register(app: typer.Typer) -> None:
                 "tuned-lgbm or tuned-rf",
                 param_hint="--estimator",
             )
+        if not estimator.startswith("tuned-") and (storage is not None or study is not None):
+            # Refused rather than ignored: the user expects the trials in a shared study.
+            option = "--storage" if storage is not None else "--study"
+            raise ValueError(f"{option} is only used by --estimator tuned-lgbm or tuned-rf "
+                             f"(got --estimator {estimator}); drop it or pick a tuned estimator")
         if paths:
             metrics = _train_on_logs(paths, det, out, format)
         else:
@@ -101,9 +116,86 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {k}: {v:.4g}")
 
 
+def _check_storage(url: str) -> None:
+    """Open the optuna storage now: a typo, a missing directory or driver, or an unreachable
+    database fails here instead of after the training data was built."""
+    import optuna
+
+    try:
+        optuna.storages.RDBStorage(url).engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many kinds
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage ({why}); "
+                         "expected a database URL that opens, e.g. sqlite:///study.db") from exc
+
+
+#: Spellings of an ``abnormal`` label, compared in lower case.
+TRUE_LABELS, FALSE_LABELS = ("true", "1"), ("false", "0")
+
+
+def _read_quietly(files: list[Path], format: str):  # noqa: ANN202 - a DataFrame
+    """The logs, without pandas' DtypeWarning: a column of mixed types (``abnormal`` holding
+    text among booleans) is checked by :func:`_labels` and the schema, which say which file
+    and value instead."""
+    import warnings
+
+    from holmes_ml import pipeline
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pd.errors.DtypeWarning)
+        return pipeline.read_paths(files, format)
+
+
+def _label_text(value: object) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, numbers.Real) and value in (0, 1):
+        return "1" if value == 1 else "0"  # 1.0 from a column with gaps reads as 1
+    return str(value).strip().lower()
+
+
+def _bad_labels(labels) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001 - a Series
+    """``(y, bad)``: the labels as booleans and where they are not true/false/1/0."""
+    if pd.api.types.is_bool_dtype(labels) and not labels.isna().any():
+        y = labels.to_numpy(dtype=bool)
+        return y, np.zeros(len(y), dtype=bool)
+    if pd.api.types.is_numeric_dtype(labels):
+        v = labels.to_numpy(dtype=np.float64, na_value=np.nan)
+        return v == 1, ~((v == 0) | (v == 1))
+    text = labels.map(_label_text, na_action="ignore").to_numpy(dtype=object)
+    y = np.isin(text, TRUE_LABELS)
+    return y, ~(y | np.isin(text, FALSE_LABELS))
+
+
+def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
+    """The ``abnormal`` column as booleans; a value that is not one (``maybe``, ``2``, a gap)
+    is refused naming the file that holds it, rather than read as ``True``."""
+    y, bad = _bad_labels(ops["abnormal"])
+    if not bad.any():
+        return y
+    source = ", ".join(map(str, files))
+    value = ops["abnormal"].iloc[int(np.flatnonzero(bad)[0])]
+    if len(files) > 1:  # which of them: read them one by one (only on this error path)
+        for f in files:
+            own = _read_quietly([f], format)
+            if "abnormal" not in own.columns:
+                raise SchemaError("missing while other files have it", source=str(f),
+                                  column="abnormal", expected="labels in every file")
+            own_bad = _bad_labels(own["abnormal"])[1]
+            if own_bad.any():
+                source = str(f)
+                value = own["abnormal"].iloc[int(np.flatnonzero(own_bad)[0])]
+                break
+    how_many = f"{int(bad.sum()):,} of {len(bad):,} labels"
+    if pd.isna(value):
+        raise SchemaError(f"{how_many} are missing", source=source, column="abnormal",
+                          expected="true/false/1/0 (case-insensitive) in every row")
+    raise SchemaError(f"{how_many} are not a boolean", source=source, column="abnormal",
+                      value=value, expected="true/false/1/0 (case-insensitive)")
+
+
 def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
     """Fit ``det`` on labelled logs; F1 is measured on the last fifth of the iterations."""
-    import numpy as np
     from sklearn.metrics import f1_score
 
     from holmes_ml import pipeline
@@ -111,7 +203,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
     from holmes_ml.models import save_model
 
     files, _ = pipeline.resolve_paths(paths)
-    ops = pipeline.read_paths(files, format)
+    ops = _read_quietly(files, format)
     if "abnormal" not in ops.columns:
         raise typer.BadParameter(
             f"{', '.join(map(str, paths))}: no 'abnormal' column; training needs op-level labels "
@@ -119,7 +211,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
             "`holmes simulate`",
             param_hint="PATHS",
         )
-    y = ops["abnormal"].to_numpy(dtype=bool)
+    y = _labels(ops, files, format)
     if y.all() or not y.any():
         raise typer.BadParameter(
             f"{', '.join(map(str, paths))}: every op is labelled abnormal={bool(y[0])}; a "

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 import zlib
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -84,7 +86,8 @@ class ServeSettings:
         Bearer token required for writes (``None``: writes are open, loopback only).
     model:
         Detector file, loaded with :func:`holmes_ml.models.load_model` (raw-record jobs only;
-        agents score on their node). ``None``: the pipeline's default model.
+        agents score on their node). ``None``: the pipeline's default model; ``rule``: the
+        rule baseline.
     webhook:
         URL that receives a JSON POST when a job's top candidate device changes.
     max_body_bytes:
@@ -118,6 +121,9 @@ class ServeSettings:
         if not (math.isfinite(self.analyze_interval_s) and self.analyze_interval_s >= 0):
             raise ValueError(f"--analyze-every {self.analyze_interval_s:g}: expected seconds "
                              ">= 0 (0: only on POST /v1/jobs/JOB/analyze)")
+        if self.webhook is not None and not _is_http_url(self.webhook):
+            raise ValueError(f"--webhook {self.webhook!r}: expected an http:// or https:// URL "
+                             "with a host, e.g. https://alerts.example.com/holmes")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServeSettings:
@@ -137,6 +143,15 @@ class ServeSettings:
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def is_loopback(host: str) -> bool:
@@ -353,6 +368,8 @@ class Service:
 def _load_model(path: Path | None) -> Any:
     if path is None:
         return None
+    if str(path) == "rule":  # the pipeline's rule baseline, as `holmes localize --model rule`
+        return "rule"
     from holmes_ml.models import load_model
 
     return load_model(path)
@@ -393,11 +410,13 @@ def create_app(
         An already loaded detector (overrides ``settings.model``).
     """
     settings.check()
+    # The model first: a bad --model must not leave a freshly created database file behind.
+    model = model if model is not None else _load_model(settings.model)
     store = Store(settings.db)
     service = Service(
         store=store,
         analyzers=analyzers if analyzers is not None else _default_analyzers(),
-        model=model if model is not None else _load_model(settings.model),
+        model=model,
         webhook=settings.webhook,
     )
     stop = threading.Event()
@@ -624,18 +643,47 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class BindError(OSError):
+    """The service cannot listen on its host and port (in use, or not an address here)."""
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` as uvicorn binds it, or :class:`BindError` naming them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = base_url(host, port).removeprefix("http://")
+        raise BindError(f"--host/--port {where}: cannot listen there ({exc.strerror or exc}); "
+                        "expected a free port on an address of this machine") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
           log_level: str = "warning", on_ready: Callable[[str], None] | None = None) -> None:
     """Run the service with uvicorn until interrupted.
 
+    The socket is bound before the database is opened: a port in use raises
+    :class:`BindError` and leaves no database file behind.
+
     Parameters
     ----------
     on_ready:
-        Called with the base URL once the socket is bound (not before: a port already in use
-        must not be announced as listening).
+        Called with the base URL once the service listens (not before: a port already in
+        use must not be announced as listening).
     """
     uvicorn = require_extra("uvicorn")
-    app = create_app(settings, analyzers=analyzers)
+    settings.check()
+    sock = listen_socket(settings.host, settings.port)
+    try:
+        app = create_app(settings, analyzers=analyzers)
+    except BaseException:
+        sock.close()
+        raise
 
     base: Any = uvicorn.Server  # a module attribute: mypy cannot see it as a class
 
@@ -647,8 +695,11 @@ def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             access_log=False, timeout_graceful_shutdown=5)
-    _Server(config).run()
+    try:
+        _Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
-__all__ = ["BodyLimit", "ServeSettings", "Service", "base_url", "create_app", "is_loopback",
-           "serve"]
+__all__ = ["BindError", "BodyLimit", "ServeSettings", "Service", "base_url", "create_app",
+           "is_loopback", "listen_socket", "serve"]

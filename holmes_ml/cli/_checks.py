@@ -1,0 +1,65 @@
+"""Checks of the options the commands share, run before any work.
+
+Each raises ``ValueError`` naming the option, the value and what was expected, which the CLI
+prints as one ``error:`` line (exit status 2): a typo fails at once, not after minutes of
+simulation or training.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def check_seed(seed: int) -> None:
+    """``--seed`` must be a non-negative integer (numpy's generators refuse the others).
+
+    >>> check_seed(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: --seed -1: expected an integer >= 0
+    """
+    if seed < 0:
+        raise ValueError(f"--seed {seed}: expected an integer >= 0")
+
+
+def check_delta(delta: float) -> None:
+    """``--delta`` must be a finite factor above 1 (a slow iteration is ``delta`` x longer).
+
+    >>> check_delta(float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: --delta inf: expected a finite factor > 1 (e.g. 1.1)
+    """
+    if not (math.isfinite(delta) and delta > 1.0):
+        raise ValueError(f"--delta {delta:g}: expected a finite factor > 1 (e.g. 1.1)")
+
+
+def check_writable(path: Path, option: str, *, directory: bool = False) -> None:
+    """Refuse an output ``path`` that cannot be written once the work is done.
+
+    Missing parent directories are fine (the commands create them); the nearest one that
+    exists must be a writable directory. A file output must not be an existing directory, a
+    directory output not an existing file.
+    """
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{option} {path}: exists and is not a directory; expected a "
+                             "directory (created when missing)")
+    elif path.is_dir():
+        raise ValueError(f"{option} {path}: is a directory; expected a file name, e.g. "
+                         f"{path / 'NAME'}")
+    elif path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path}: the file is not writable; expected a file this "
+                         "user may replace")
+    # ``exists()`` is False under a file too (/dev/null/x): walk up to what is there.
+    there = path if directory and path.is_dir() else path.parent
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise ValueError(f"{option} {path}: {there} is not a directory; expected a path in a "
+                         "writable directory")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: directory {there} is not writable; expected a path "
+                         "in a writable directory")
