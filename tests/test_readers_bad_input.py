@@ -336,6 +336,20 @@ def test_csv_error_names_the_file_line(tmp_path):
     assert "slow" in gzip.decompress(p.read_bytes()).decode().splitlines()[5]
 
 
+def test_a_bad_value_beyond_the_first_parsing_chunk_is_named_without_a_pandas_warning(
+        tmp_path, recwarn):
+    # pandas parses a large CSV in chunks of 2**18 rows by default, typing each on its own:
+    # a value past the first chunk gave a DtypeWarning and a column of mixed types.
+    df = _ops(n_ranks=8, iters=2**18 // 8 + 2).astype({"duration_us": object})
+    df.loc[len(df) - 1, "duration_us"] = "slow"
+    p = tmp_path / "big.csv"
+    df.to_csv(p, index=False)
+    with pytest.raises(SchemaError) as err:
+        read_ops(p)
+    assert err.value.line == len(df) + 1 and "'slow'" in str(err.value)
+    assert not [w for w in recwarn if issubclass(w.category, pd.errors.DtypeWarning)]
+
+
 def test_jsonl_error_names_the_file_line(tmp_path):
     df = _ops()
     df.loc[1, "op"] = "allfoo"

@@ -133,19 +133,6 @@ def _check_storage(url: str) -> None:
 TRUE_LABELS, FALSE_LABELS = ("true", "1"), ("false", "0")
 
 
-def _read_quietly(files: list[Path], format: str):  # noqa: ANN202 - a DataFrame
-    """The logs, without pandas' DtypeWarning: a column of mixed types (``abnormal`` holding
-    text among booleans) is checked by :func:`_labels` and the schema, which say which file
-    and value instead."""
-    import warnings
-
-    from holmes_ml import pipeline
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pd.errors.DtypeWarning)
-        return pipeline.read_paths(files, format)
-
-
 def _label_text(value: object) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
@@ -176,8 +163,10 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
     source = ", ".join(map(str, files))
     value = ops["abnormal"].iloc[int(np.flatnonzero(bad)[0])]
     if len(files) > 1:  # which of them: read them one by one (only on this error path)
+        from holmes_ml import pipeline
+
         for f in files:
-            own = _read_quietly([f], format)
+            own = pipeline.read_paths([f], format)
             if "abnormal" not in own.columns:
                 raise SchemaError("missing while other files have it", source=str(f),
                                   column="abnormal", expected="labels in every file")
@@ -203,21 +192,18 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
     from holmes_ml.models import save_model
 
     files, _ = pipeline.resolve_paths(paths)
-    ops = _read_quietly(files, format)
+    ops = pipeline.read_paths(files, format)
     if "abnormal" not in ops.columns:
-        raise typer.BadParameter(
-            f"{', '.join(map(str, paths))}: no 'abnormal' column; training needs op-level labels "
-            "(true = a fault prolonged the op beyond its normal spread), e.g. from "
-            "`holmes simulate`",
-            param_hint="PATHS",
-        )
+        raise SchemaError("missing; training needs op-level labels", source=", ".join(map(str, paths)),
+                          column="abnormal",
+                          expected="true where a fault prolonged the op beyond its normal "
+                          "spread, e.g. from `holmes simulate`")
     y = _labels(ops, files, format)
     if y.all() or not y.any():
-        raise typer.BadParameter(
-            f"{', '.join(map(str, paths))}: every op is labelled abnormal={bool(y[0])}; a "
-            "detector learns from both kinds (simulate jobs with a fault, or add healthy logs)",
-            param_hint="PATHS",
-        )
+        raise SchemaError(f"every op is labelled abnormal={bool(y[0])}",
+                          source=", ".join(map(str, paths)), column="abnormal",
+                          expected="healthy and abnormal ops: a detector learns from both; "
+                          "simulate jobs with a fault, or add healthy logs")
     X = build_features(ops)
     cut = np.quantile(ops["iteration"].to_numpy(), 0.8)
     held = ops["iteration"].to_numpy() > cut

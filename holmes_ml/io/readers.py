@@ -140,7 +140,10 @@ def read_native(path: str | Path) -> pd.DataFrame:
         if name.endswith((".jsonl", ".ndjson", ".json")) or head[:1] == b"{":
             rows = [obj for _, obj in iter_jsonl(p)]
             return pd.DataFrame.from_records(rows)
-        return pd.read_csv(p, compression="infer" if p.name.endswith(".gz") else None)
+        # low_memory=False: one dtype per column for the whole file, not per chunk (a chunked
+        # read turns a column with one odd value far down into mixed types, with a DtypeWarning)
+        return pd.read_csv(p, compression="infer" if p.name.endswith(".gz") else None,
+                           low_memory=False)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()  # no header either: the caller says "empty file"
     except SchemaError:
