@@ -87,10 +87,11 @@ def test_train_opens_the_optuna_storage_before_any_work(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("option", ["--storage", "--study"])
-def test_train_refuses_tuning_options_with_an_untuned_estimator(tmp_path, option):
+@pytest.mark.parametrize(("option", "value"), [("--storage", "x"), ("--study", "x"),
+                                               ("--trials", "30")])
+def test_train_refuses_tuning_options_with_an_untuned_estimator(tmp_path, option, value):
     line = _one_error_line(CliRunner().invoke(app, [
-        "train", "--preset", "tiny", option, "x", "--out", str(tmp_path / "m.holmes")]))
+        "train", "--preset", "tiny", option, value, "--out", str(tmp_path / "m.holmes")]))
     assert line == (f"error: {option} is only used by --estimator tuned-lgbm or tuned-rf (got "
                     "--estimator lgbm); drop it or pick a tuned estimator")
     assert not (tmp_path / "m.holmes").exists()

@@ -47,8 +47,8 @@ def register(app: typer.Typer) -> None:
             "alone), rf, or tuned-lgbm / tuned-rf (optuna)."
         ),
         seed: int = typer.Option(0, "--seed", help="Seeds scenarios and estimators."),
-        n_trials: int = typer.Option(10, "--trials", min=1,
-                                     help="Optuna trials (tuned-* only)."),
+        n_trials: int | None = typer.Option(None, "--trials", min=1, show_default=False,
+                                     help="Optuna trials (tuned-* only)  [default: 10]"),
         storage: str = typer.Option(
             None, "--storage", help="Optuna RDB URL shared by several processes, "
             "e.g. sqlite:///study.db (tuned-* only; opened before training starts)."
@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         elif estimator in ("tuned-lgbm", "tuned-rf"):
             if storage is not None:
                 _check_storage(storage)
-            det = TunedDetector(estimator.split("-")[1], n_trials=n_trials, storage=storage,
+            det = TunedDetector(estimator.split("-")[1], n_trials=n_trials or 10, storage=storage,
                                 study_name=study, random_state=seed)
         else:
             raise typer.BadParameter(
@@ -101,9 +101,11 @@ def register(app: typer.Typer) -> None:
                 "tuned-lgbm or tuned-rf",
                 param_hint="--estimator",
             )
-        if not estimator.startswith("tuned-") and (storage is not None or study is not None):
-            # Refused rather than ignored: the user expects the trials in a shared study.
-            option = "--storage" if storage is not None else "--study"
+        given = [name for name, value in (("--trials", n_trials), ("--storage", storage),
+                                           ("--study", study)) if value is not None]
+        if not estimator.startswith("tuned-") and given:
+            # Refused rather than ignored: the user expects trials (in a shared study).
+            option = given[0]
             raise ValueError(f"{option} is only used by --estimator tuned-lgbm or tuned-rf "
                              f"(got --estimator {estimator}); drop it or pick a tuned estimator")
         if paths:
