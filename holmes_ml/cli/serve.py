@@ -48,16 +48,12 @@ def register(app: typer.Typer) -> None:
 
         # Checked here, in the unit the user typed: the settings only see bytes.
         if not (math.isfinite(max_body_mb) and max_body_mb >= MIN_BODY_MB):
-            raise typer.BadParameter(f"{max_body_mb:g}: expected a size in MiB of at least "
-                                     f"{MIN_BODY_MB:g} (and finite)",
-                                     param_hint="'--max-body-mb'")
+            raise ValueError(f"--max-body-mb {max_body_mb:g}: expected a finite size in MiB of "
+                             f"at least {MIN_BODY_MB:g}")
         settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
                                  analyze_interval_s=analyze_every)
-        try:
-            settings.check()
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+        settings.check()  # a ValueError naming the option: one `error:` line
 
         def ready(url: str) -> None:
             also = ""
@@ -121,10 +117,7 @@ def register(app: typer.Typer) -> None:
         cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
                           outbox=outbox, poll_s=poll, once_retry_s=retry_for)
-        try:
-            cfg.check()  # before the model is loaded: a typo fails at once
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+        cfg.check()  # before the model is loaded: a typo fails at once, in one `error:` line
         topo = None
         if topology is not None:
             topo = _read_topology(topology)
