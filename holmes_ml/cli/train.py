@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int = typer.Option(0, "--seed", help="Seeds scenarios and estimators."),
         n_trials: int | None = typer.Option(None, "--trials", min=1, show_default=False,
-                                     help="Optuna trials (tuned-* only)  [default: 10]"),
+                                            help="Optuna trials (tuned-* only)  [default: 10]"),
         storage: str = typer.Option(
             None, "--storage", help="Optuna RDB URL shared by several processes, "
             "e.g. sqlite:///study.db (tuned-* only; opened before training starts)."
@@ -196,8 +196,8 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
     files, _ = pipeline.resolve_paths(paths)
     ops = pipeline.read_paths(files, format)
     if "abnormal" not in ops.columns:
-        raise SchemaError("missing; training needs op-level labels", source=", ".join(map(str, paths)),
-                          column="abnormal",
+        raise SchemaError("missing; training needs op-level labels",
+                          source=", ".join(map(str, paths)), column="abnormal",
                           expected="true where a fault prolonged the op beyond its normal "
                           "spread, e.g. from `holmes simulate`")
     y = _labels(ops, files, format)
