@@ -80,22 +80,26 @@ def test_serve_rejects_impossible_numbers_naming_option_and_value(tmp_path, args
     assert not (tmp_path / "s.db").exists()  # refused before anything was created
 
 
+def _serve_announced(*args: object) -> tuple[subprocess.Popen, str]:
+    """``holmes serve ARGS`` started, and the first line it printed (empty after 30 s)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # read in a thread: a service that never announces itself fails the test, not hangs it
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(30)
+    return proc, got[0] if got else ""
+
+
 def test_serve_announces_its_url_once_listening(tmp_path):
     import httpx
     from test_serve_support import free_port
 
     port = free_port()
     db = tmp_path / "s.db"
-    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(db), "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc, line = _serve_announced("--db", db, "--port", port)
     try:
-        # read in a thread: a service that never announces itself fails the test, not hangs it
-        got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(30)
-        line = got[0] if got else ""
         url = f"http://127.0.0.1:{port}"
         assert line.startswith(f"holmes serve: listening on {url} "), (line, proc.stderr)
         assert str(db) in line and "/v1/jobs/JOB/batches" in line
@@ -170,15 +174,9 @@ def test_serve_on_all_interfaces_announces_an_address_agents_can_use(tmp_path):
     from test_serve_support import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "serve", "--db", str(tmp_path / "s.db"),
-                             "--port", str(port), "--host", "0.0.0.0", "--token", "t"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, line = _serve_announced("--db", tmp_path / "s.db", "--port", port, "--host", "0.0.0.0",
+                                  "--token", "t")
     try:
-        got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(30)
-        line = got[0] if got else ""
         url = f"http://{socket.gethostname()}:{port}"
         assert line.startswith(f"holmes serve: listening on {url} (all interfaces, also "
                                f"http://127.0.0.1:{port} from this machine; "), line

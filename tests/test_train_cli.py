@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from test_cli_errors import _one_error_line
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
@@ -63,14 +64,6 @@ def test_train_reads_a_simulator_directory_and_refuses_one_class(tmp_path):
     assert _one_error_line(result).startswith(
         f"error: {tmp_path / 'ok'}, column 'abnormal': every op is labelled abnormal=False")
     assert not (tmp_path / "h.holmes").exists()
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_train_opens_the_optuna_storage_before_any_work(tmp_path):
