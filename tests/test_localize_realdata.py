@@ -33,3 +33,12 @@ def test_ar_names_the_dp0_pp0_worker(model) -> None:
 def test_workload_imbalance_is_not_blamed_on_a_device(trial: str, model) -> None:
     verdict = analyze(_read(trial), model=model)
     assert verdict.candidates == ()
+
+
+@pytest.mark.parametrize("model", [None, "rule"])
+def test_ar_stages_behind_the_slow_worker_are_not_slow_transfers(model) -> None:
+    # The other stages of dp 0's pipeline wait for the slowed worker, so both ends of their
+    # send/recv pairs communicate long: the delay passed down the pipeline, no NIC slowed it.
+    verdict = analyze(_read("AR"), model=model)
+    network = [c.device for c in verdict.candidates if c.kind.value in ("nic", "link", "switch")]
+    assert network == []

@@ -153,8 +153,10 @@ def localize_records(
         ev = ev.assign(lag_us=ev["weight"],
                        weight=ev["weight"] * ev["iteration"].map(it_weight).fillna(1.0))
         strag = ev[ev["rule"] != "communication"]
-        strag, slow_sends = _drop_echoes(strag, iterations, members, cfg)
-        strag = _backtrack(strag, ab, cfg, 0.5 * med_iter_us * 1e3)
+        strag, echo_sends = _drop_echoes(strag, iterations, members, cfg)
+        lookback_ns = 0.5 * med_iter_us * 1e3
+        strag = _backtrack(strag, ab, cfg, lookback_ns)
+        slow_sends = _slow_transfers(echo_sends, ab, cfg, lookback_ns)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
         # The user asked to hear about steps delta x slower than usual: a rank behind such a
@@ -437,13 +439,18 @@ def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig) -> pd.DataFrame:
 
 
 def _backtrack(
-    strag: pd.DataFrame, ab: pd.DataFrame, cfg: LocalizeConfig, lookback_ns: float
+    strag: pd.DataFrame, ab: pd.DataFrame, cfg: LocalizeConfig, lookback_ns: float,
+    other_flows: bool = False,
 ) -> pd.DataFrame:
     """Drop straggler events whose lateness is explained by the rank's own earlier waiting.
 
     A rank that waited (abnormal copies) before arriving late was itself held up by someone
     else: the search moves on to whoever it waited for, and that origin already carries its
     own straggler evidence in the instances where it arrived last.
+
+    ``other_flows``: count only the rank's waits outside the event's flow (for a send/recv
+    event, the traffic between its two ranks in either direction): the earlier slow copies of
+    a slow flow are that flow's symptom, not a wait upstream of it.
     """
     if len(strag) == 0:
         return strag
@@ -451,29 +458,51 @@ def _backtrack(
     # step makes the rank late at the first collective of the next.
     rows = pd.DataFrame({"rank": ab["rank"].to_numpy(dtype=np.int64),
                          "t": ab["start_ns"].to_numpy(dtype=np.int64),
-                         "excess_us": ab["excess_us"].to_numpy(dtype=np.float64)}
-                        ).sort_values("t")
-    rows = rows.assign(cum=rows.groupby("rank")["excess_us"].cumsum())
-    right = rows[["rank", "t", "cum"]]
+                         "excess_us": ab["excess_us"].to_numpy(dtype=np.float64)})
+    if other_flows:
+        rows = rows.assign(flow=_flow_of(ab))
+    rows = rows.sort_values("t")
     ev = strag.assign(rank=strag["rank"].astype(np.int64), t=strag["t"].astype(np.int64))
+    if other_flows:
+        ev = ev.assign(flow=_flow_of(ev))
     # The late rank's own waits count from ``lookback`` before its partners started waiting
     # (``t``) until it arrived (about ``t + weight``): a pipeline stage held up by its upstream
     # stage waits *while* its downstream partner already waits for it.
     ev = ev.assign(t0=ev["t"], t=ev["t"] + (ev["weight"] * 1e3).astype(np.int64))
     ev = ev.sort_values("t").reset_index(drop=True)
-    now = pd.merge_asof(ev, right, on="t", by="rank", direction="backward",
-                        allow_exact_matches=False)["cum"].fillna(0.0).to_numpy()
     back = ev.assign(t=ev["t0"] - np.int64(lookback_ns)).sort_values("t")
-    then = pd.merge_asof(back, right, on="t", by="rank", direction="backward")
-    then_cum = pd.Series(then["cum"].fillna(0.0).to_numpy(), index=back.index).reindex(
-        ev.index).to_numpy()
-    waited = now - then_cum
-    merged = ev.assign(cum=waited)
+
+    def waited(by: list[str]) -> np.ndarray:
+        right = rows.assign(cum=rows.groupby(by)["excess_us"].cumsum())[by + ["t", "cum"]]
+        now = pd.merge_asof(ev, right, on="t", by=by, direction="backward",
+                            allow_exact_matches=False)["cum"].fillna(0.0).to_numpy()
+        then = pd.merge_asof(back, right, on="t", by=by, direction="backward")
+        then_cum = pd.Series(then["cum"].fillna(0.0).to_numpy(), index=back.index).reindex(
+            ev.index).to_numpy()
+        return now - then_cum
+
+    wait = waited(["rank"])
+    if other_flows:
+        wait = wait - waited(["rank", "flow"])
     # Compare with this event's own lateness: partners that see one late arrival of the rank
     # (its TP peer and its pipeline receiver) each report the same lateness, not a sum of them.
-    keep = waited < cfg.follow_fraction * merged["weight"].to_numpy()
-    out = merged[keep].drop(columns=["cum", "t"]).rename(columns={"t0": "t"})
-    return out.reset_index(drop=True)
+    keep = wait < cfg.follow_fraction * ev["weight"].to_numpy()
+    out = ev[keep].drop(columns=[c for c in ("t", "flow") if c in ev.columns])
+    return out.rename(columns={"t0": "t"}).reset_index(drop=True)
+
+
+def _flow_of(rows: pd.DataFrame) -> np.ndarray:
+    """Per row, its flow: the two ranks of a send/recv (``rank`` and ``peer``, either
+    direction), else the group."""
+    group = rows["group"].astype(str).to_numpy()
+    if "peer" not in rows.columns:
+        return group
+    peer = rows["peer"].fillna(-1).to_numpy(dtype=np.int64)
+    p2p = peer >= 0
+    out = group.astype(object)
+    if p2p.any():
+        out[p2p] = _pair_key(rows["rank"].to_numpy(dtype=np.int64)[p2p], peer[p2p])
+    return out
 
 
 def _drop_echoes(
@@ -499,10 +528,8 @@ def _drop_echoes(
 
     Ranks without a communication time (missing from the summaries) keep their events.
 
-    Returns the kept events and, as communication events, the long sends whose receiver was
-    not late after all: the receiver spent the transfer waiting in its receive (normal for a
-    pipeline receive, so only the send was shipped), and a send that long with nobody late is
-    a slow transfer.
+    Returns the kept events and the dropped p2p-chain events of long sends: their receiver was
+    not late after all, see :func:`_slow_transfers`.
     """
     none = strag.iloc[:0]
     if len(strag) == 0 or len(iterations) == 0 or "comm_us" not in iterations.columns:
@@ -535,9 +562,27 @@ def _drop_echoes(
     deficit = waiting - lookup(strag["iteration"], strag["rank"])
     echo = np.nan_to_num(deficit, nan=np.inf) < cfg.follow_fraction * caused
     sends = strag[echo & chain & (strag["op"] == "send").to_numpy()]
-    slow = none if len(sends) == 0 else sends.assign(
-        op="send/recv", rule="communication", src=sends["peer"], peer=sends["rank"], rank=-1)
-    return strag[~echo].reset_index(drop=True), slow.reset_index(drop=True)
+    return strag[~echo].reset_index(drop=True), sends.reset_index(drop=True)
+
+
+def _slow_transfers(
+    echo_sends: pd.DataFrame, ab: pd.DataFrame, cfg: LocalizeConfig, lookback_ns: float
+) -> pd.DataFrame:
+    """Communication events from long sends whose receiver was not late after all.
+
+    The receiver of such a send communicated as long as the sender in that step
+    (:func:`_drop_echoes`), for one of two reasons. It waited in its receive for the transfer
+    itself (normal for a pipeline receive, so only the send was shipped): a send that long with
+    nobody late is a slow transfer. Or it was held up upstream, waiting in abnormal copies of
+    its other flows just before (a pipeline stage behind a slow stage): then the send waited
+    for a delay passed down the pipeline, and the origin carries that evidence. The second
+    kind is told by the test that backtracks stragglers (:func:`_backtrack`) and dropped.
+    """
+    if len(echo_sends) == 0:
+        return echo_sends
+    sends = _backtrack(echo_sends, ab, cfg, lookback_ns, other_flows=True)
+    return sends.assign(op="send/recv", rule="communication", src=sends["peer"],
+                        peer=sends["rank"], rank=-1)
 
 
 def _rank_candidates(
