@@ -11,7 +11,7 @@ import pytest
 from holmes_ml.io.schema import without_labels
 from holmes_ml.localize import LocalizeConfig
 from holmes_ml.localize.fabric import Fabric
-from holmes_ml.localize.rules import _held_back, _singled_out
+from holmes_ml.localize.rules import _held_back, _released_together, _singled_out
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
@@ -105,6 +105,35 @@ def test_peers_just_below_the_floor_still_share_the_step():
     # other rank is at jitter level (0.3 x), so the late one still stands out
     assert _singled_out(held, 1000.0, fabric, 2, 500.0).tolist() == [False] * 5 + [True] * 2
     assert LocalizeConfig().step_peer_share < 1.0
+
+
+def test_ranks_let_go_at_one_instant_on_different_hosts_are_not_singled_out():
+    topo = simulate(SimConfig(gpus=64, model="llama2-7b", iterations=2, seed=0)).topology
+    fabric = Fabric(topo)
+    a, b, c = sorted({fabric.host(r): r for r in range(64)}.values())[:3]
+    same_host = next(r for r in range(64) if fabric.host(r) == fabric.host(a) and r != a)
+    s = 1_000_000  # ns per ms
+    # step 0: a and b each held a partner back 20 ms, both waits ending at 100 ms (+0.1 ms);
+    # c's 20 ms ended 10 ms later. Step 1: a host pause releases a and a host-mate together.
+    # Steps 2 and 3: b alone, then a alone.
+    ev = pd.DataFrame({
+        "iteration": [0, 0, 0, 1, 1, 2, 3],
+        "rank": [a, b, c, a, same_host, b, a],
+        "t": [80 * s, 80 * s + 100_000, 90 * s, 0, 0, 0, 0],
+        "lag_us": [20_000.0] * 7,
+    })
+    held = _held_back(ev, "rank")
+    together = pd.Series(_released_together(ev, held, fabric, 0.01, 10_000.0), held.index)
+    assert together[(0, a)] and together[(0, b)]
+    assert not together[(0, c)]  # 10 ms apart: 50 % of the lateness, not one instant
+    assert not together[(1, a)] and not together[(1, same_host)]  # one host: a host fault
+    # b was let go with someone in half the steps it was late in: all of them are masked; a in
+    # one of three: only that one
+    assert together[(2, b)]
+    assert not together[(3, a)]
+    assert not _released_together(ev, held, fabric, 0.0, 10_000.0).any()
+    # below the peer floor nobody counts as late
+    assert not _released_together(ev, held, fabric, 0.01, 30_000.0).any()
 
 
 def test_step_peer_share_is_checked():

@@ -73,6 +73,14 @@ class LocalizeConfig:
         peers at 0.97 x (the live agents' one healthy alarm in ``holmes bench agents``, gone
         at 0.5). Every faulty trial of ``holmes bench localize`` gets the same verdict at 0.5
         as with the floor itself. The comm-gap fallback applies the same test to its gaps.
+    together_fraction:
+        Late ranks on different hosts whose lateness in a step ends at the same instant, within
+        this fraction of the shorter lateness, were let go together by one event (a collective
+        or a wait the logs do not show): none of them is singled out in that step. Independent
+        stragglers arrive when their own work is done; 1 % of a lateness that must already
+        reach ``min_step_share`` of the slowdown asked about is far wider than the spread of
+        one release (milliseconds) and far narrower than the chance that two unrelated
+        arrivals meet. 0 turns the test off.
     top_k:
         Candidates returned at most.
     host_concentration:
@@ -116,6 +124,7 @@ class LocalizeConfig:
     min_device_step_share: float = 0.4
     max_step_hosts: int = 2
     step_peer_share: float = 0.5
+    together_fraction: float = 0.01
     top_k: int = 5
     host_concentration: float = 0.7
     workload_min_iterations: int = 4
@@ -132,7 +141,7 @@ class LocalizeConfig:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")
         for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
                      "workload_persistence", "min_step_share", "min_device_step_share",
-                     "step_peer_share"):
+                     "step_peer_share", "together_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")

@@ -650,10 +650,12 @@ def _rank_candidates(
     if step_floor > 0:
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
         # the microbatches of a step; a host pause comes at once), over the steps that single
-        # out a few hosts
+        # out a few hosts, leaving out the ranks that something they shared let go at once
         held = _held_back(strag, "rank")
+        peer_floor = cfg.step_peer_share * step_floor
+        held = held[~_released_together(strag, held, fabric, cfg.together_fraction, peer_floor)]
         worst = held[_singled_out(held, step_floor, fabric, cfg.max_step_hosts,
-                                  cfg.step_peer_share * step_floor)].groupby(
+                                  peer_floor)].groupby(
             level="rank").max().reindex(per_rank.index, fill_value=0.0)
         ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
@@ -706,6 +708,55 @@ def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
     new = np.clip(iv["end"].to_numpy() - begin, 0.0, None) / 1e3
     return pd.Series(new, index=pd.MultiIndex.from_frame(iv[["iteration", by]])).groupby(
         level=["iteration", by]).sum()
+
+
+def _released_together(strag: pd.DataFrame, held: pd.Series, fabric: Fabric, fraction: float,
+                       peer_floor: float) -> np.ndarray:
+    """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_held_back`): True for the late
+    ranks (``held >= peer_floor``) of a step that arrived at the same instant as a late rank on
+    another host.
+
+    Independent stragglers arrive when their own work is done, at instants that have nothing
+    to do with each other. Ranks on different hosts whose longest lateness of the step ends at
+    the same moment (within ``fraction`` of the shorter lateness) were let go together by one
+    event: a collective or a wait the logs do not show (the stages of the healthy replicas
+    idling until a slowed replica catches up). The cause is upstream of all of them, so none
+    of them is the origin. A fault on one host (a host pause) releases its ranks together too;
+    those stay. A rank let go together with others in at least half of the steps it was late
+    in is masked in all of them.
+    """
+    out = np.zeros(len(held), dtype=bool)
+    if fraction <= 0 or len(held) == 0 or len(strag) == 0:
+        return out
+    lag = strag["lag_us"] if "lag_us" in strag.columns else strag["weight"]
+    ev = pd.DataFrame({"iteration": strag["iteration"].to_numpy(),
+                       "rank": strag["rank"].to_numpy(dtype=np.int64),
+                       "lag": lag.to_numpy(dtype=np.float64)})
+    ev["end"] = strag["t"].to_numpy(dtype=np.float64) / 1e3 + ev["lag"]  # microseconds
+    late = held[held.to_numpy() >= peer_floor].index
+    ev = ev.set_index(["iteration", "rank"])
+    ev = ev[ev.index.isin(late)].reset_index()
+    if len(ev) < 2:
+        return out
+    # each late rank's longest lateness in the step, ordered by when it ended
+    big = ev.sort_values("lag").groupby(["iteration", "rank"]).tail(1)
+    big = big.sort_values(["iteration", "end"]).reset_index(drop=True)
+    same_it = big["iteration"].eq(big["iteration"].shift())
+    gap = big["end"].diff()
+    near = fraction * np.minimum(big["lag"], big["lag"].shift())
+    cluster = (~(same_it & (gap <= near))).cumsum()
+    hosts = pd.Series(fabric.hosts(big["rank"].to_numpy()), index=big.index)
+    shared = hosts.groupby(cluster).transform("nunique").to_numpy() > 1
+    together = held.index.isin(pd.MultiIndex.from_frame(big.loc[shared, ["iteration", "rank"]]))
+    # A rank let go with others in most of the steps it was late in is waiting on that shared
+    # cause throughout; the steps where the detector flagged its partners' waits alone (a
+    # persistent wait looks normal in the partners' own history) do not single it out either.
+    rank = held.index.get_level_values("rank")
+    is_late = held.to_numpy() >= peer_floor
+    per_rank = pd.DataFrame({"rank": rank[is_late], "together": together[is_late]}).groupby(
+        "rank")["together"].mean()
+    habitual = per_rank.index[per_rank.to_numpy() >= 0.5]
+    return together | rank.isin(habitual)
 
 
 def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: int,
