@@ -15,7 +15,12 @@ the rules read the *absence* of a participant as a normal copy:
 * **echoes** — a late rank that spent as much of the step communicating as the partners that
   waited for it was itself waiting (the other stages of a slowed replica, every replica's
   pipeline fill after a slow data-parallel sync): its lateness is dropped; a long send whose
-  receiver was not late that way is a slow transfer (communication evidence).
+  receiver was not late that way is a slow transfer (communication evidence), unless the
+  receiver had itself been waiting in its other flows just before (a stage behind the slowed
+  one: the delay passed down the pipeline).
+* **released together** — late ranks on different hosts whose lateness ends at one instant were
+  let go by one shared event (a collective or a wait the logs do not show); none of them is
+  singled out in that step, nor in any step when that is how the rank is late in most.
 * **communication** — every member's copy abnormal: the transfer itself was slow. A *flow* is a
   communicator's ring or the traffic of one rank pair (send/recv); a network device is scored by
   the excess of the slow flows crossing it, times the squared share of slow flows among all the
