@@ -658,10 +658,11 @@ def _rank_candidates(
         # out a few hosts, leaving out the ranks that something they shared let go at once
         held = _held_back(strag, "rank")
         peer_floor = cfg.step_peer_share * step_floor
-        held = held[~_released_together(strag, held, fabric, cfg.together_fraction, peer_floor)]
-        worst = held[_singled_out(held, step_floor, fabric, cfg.max_step_hosts,
-                                  peer_floor)].groupby(
-            level="rank").max().reindex(per_rank.index, fill_value=0.0)
+        # ranks let go together still count toward the hosts late in their step
+        single = _singled_out(held, step_floor, fabric, cfg.max_step_hosts, peer_floor)
+        single &= ~_released_together(strag, held, fabric, cfg.together_fraction, peer_floor)
+        worst = held[single].groupby(level="rank").max().reindex(per_rank.index,
+                                                                  fill_value=0.0)
         ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
