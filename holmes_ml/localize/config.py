@@ -76,7 +76,9 @@ class LocalizeConfig:
     together_fraction:
         Late ranks on different hosts whose lateness in a step ends at the same instant, within
         this fraction of the shorter lateness, were let go together by one event (a collective
-        or a wait the logs do not show): none of them is singled out in that step. Independent
+        or a wait the logs do not show): none of them is singled out in that step (they still
+        count toward the hosts late in it, ``max_step_hosts``), nor in any step when that is how
+        the rank is late in at least half of its late steps. Independent
         stragglers arrive when their own work is done; 1 % of a lateness that must already
         reach ``min_step_share`` of the slowdown asked about is far wider than the spread of
         one release (milliseconds) and far narrower than the chance that two unrelated
