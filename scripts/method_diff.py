@@ -7,7 +7,9 @@ jobs) and every job on which the methods disagree, with the truth and what each 
 ``--debug`` logs the network rules' working (``holmes_ml.localize.rules`` at DEBUG: each
 device's slow flows over the window, its excess and the floor it must reach, and the flows it
 had slow as a whole in each step). Run it with ``PYTHONPATH`` at another checkout to compare
-versions.
+versions, or with ``--undo RULE`` to see what one localization rule changes on the same jobs
+(``hand-down``: a long send whose receiver had itself been waiting counts as a slow transfer
+again; ``released-together``: ranks let go at one instant are singled out again).
 
 Usage:
 ``.venv/bin/python scripts/method_diff.py --sweep noisy`` (the noisy sweep, holmes_ml against
@@ -17,7 +19,8 @@ Usage:
 ``--sweep grid --where sweep=delta --where delta=1.05 --where kind=nic_slow --seeds 11
 --methods holmes "holmes, per node" --debug``;
 ``--sweep noisy --draw 4242 --first-seed 7000 --jobs 120 --where
-kind=nic_slow,link_slow,switch_congested --methods holmes`` (a fresh draw).
+kind=nic_slow,link_slow,switch_congested --methods holmes`` (a fresh draw);
+``--sweep noisy --seeds 3032,3121 --methods holmes --undo hand-down``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,20 @@ def _select(scs: list[dict], where: list[str], seeds: set[int] | None) -> list[d
     return out
 
 
+def _undo(rule: str | None) -> None:
+    """Turn one localization rule off in this process (see the module docstring)."""
+    import numpy as np
+
+    from holmes_ml.localize import rules
+
+    if rule == "hand-down":
+        rules._slow_transfers = lambda sends, ab, cfg, lookback_ns: sends.assign(
+            op="send/recv", rule="communication", src=sends["peer"], peer=sends["rank"],
+            rank=-1)
+    elif rule == "released-together":
+        rules._released_together = lambda strag, held, *_: np.zeros(len(held), dtype=bool)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", choices=("grid", "healthy", "noisy"), default="noisy")
@@ -57,6 +74,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["holmes", "3sigma+rule (no ML)"])
     ap.add_argument("--debug", action="store_true", help="log the network rules' working")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--undo", choices=("hand-down", "released-together"),
+                    help="run with this localization rule turned off")
     args = ap.parse_args()
     if args.debug:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -73,6 +92,7 @@ def main() -> None:
         raise SystemExit("no job matches --where / --seeds")
 
     def run(job: list[dict]) -> list[dict]:
+        _undo(args.undo)  # in each worker process
         return _trials(job, None, only=tuple(args.methods))[0]
 
     workers = 1 if args.debug else args.workers  # one process keeps the log in order

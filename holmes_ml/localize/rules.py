@@ -460,16 +460,18 @@ def _backtrack(
     if len(strag) == 0:
         return strag
     # Waiting is looked up across iteration boundaries: a data-parallel sync at the end of one
-    # step makes the rank late at the first collective of the next.
+    # step makes the rank late at the first collective of the next. Only the copies of the
+    # ranks the events blame are read (each rank's waits are looked up on their own).
+    ab = ab[ab["rank"].isin(strag["rank"].unique())]
     rows = pd.DataFrame({"rank": ab["rank"].to_numpy(dtype=np.int64),
                          "t": ab["start_ns"].to_numpy(dtype=np.int64),
                          "excess_us": ab["excess_us"].to_numpy(dtype=np.float64)})
     if other_flows:
-        rows = rows.assign(flow=_flow_of(ab))
+        rows = rows.assign(flow=pd.array(_flow_of(ab), dtype="string"))
     rows = rows.sort_values("t")
     ev = strag.assign(rank=strag["rank"].astype(np.int64), t=strag["t"].astype(np.int64))
     if other_flows:
-        ev = ev.assign(flow=_flow_of(ev))
+        ev = ev.assign(flow=pd.array(_flow_of(ev), dtype="string"))
     # The late rank's own waits count from ``lookback`` before its partners started waiting
     # (``t``) until it arrived (about ``t + weight``): a pipeline stage held up by its upstream
     # stage waits *while* its downstream partner already waits for it.
@@ -739,9 +741,9 @@ def _released_together(strag: pd.DataFrame, held: pd.Series, fabric: Fabric, fra
                        "rank": strag["rank"].to_numpy(dtype=np.int64),
                        "lag": lag.to_numpy(dtype=np.float64)})
     ev["end"] = strag["t"].to_numpy(dtype=np.float64) / 1e3 + ev["lag"]  # microseconds
-    late = held[held.to_numpy() >= peer_floor].index
+    is_late = held.to_numpy() >= peer_floor
     ev = ev.set_index(["iteration", "rank"])
-    ev = ev[ev.index.isin(late)].reset_index()
+    ev = ev[ev.index.isin(held.index[is_late])].reset_index()
     if len(ev) < 2:
         return out
     # each late rank's longest lateness in the step, ordered by when it ended
@@ -758,7 +760,6 @@ def _released_together(strag: pd.DataFrame, held: pd.Series, fabric: Fabric, fra
     # cause throughout; the steps where the detector flagged its partners' waits alone (a
     # persistent wait looks normal in the partners' own history) do not single it out either.
     rank = held.index.get_level_values("rank")
-    is_late = held.to_numpy() >= peer_floor
     per_rank = pd.DataFrame({"rank": rank[is_late], "together": together[is_late]}).groupby(
         "rank")["together"].mean()
     habitual = per_rank.index[per_rank.to_numpy() >= 0.5]
