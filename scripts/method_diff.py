@@ -54,9 +54,7 @@ def _undo(rule: str | None) -> None:
     from holmes_ml.localize import rules
 
     if rule == "hand-down":
-        rules._slow_transfers = lambda sends, ab, cfg, lookback_ns: sends.assign(
-            op="send/recv", rule="communication", src=sends["peer"], peer=sends["rank"],
-            rank=-1)
+        rules._slow_transfers = lambda sends, *_: rules._as_transfers(sends)
     elif rule == "released-together":
         rules._released_together = lambda strag, held, *_: np.zeros(len(held), dtype=bool)
 

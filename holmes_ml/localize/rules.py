@@ -587,7 +587,12 @@ def _slow_transfers(
     """
     if len(echo_sends) == 0:
         return echo_sends
-    sends = _backtrack(echo_sends, ab, cfg, lookback_ns, other_flows=True)
+    return _as_transfers(_backtrack(echo_sends, ab, cfg, lookback_ns, other_flows=True))
+
+
+def _as_transfers(sends: pd.DataFrame) -> pd.DataFrame:
+    """p2p-chain events of long sends (``rank`` the receiver, ``peer`` the sender) as
+    communication events of their send/recv pair."""
     return sends.assign(op="send/recv", rule="communication", src=sends["peer"],
                         peer=sends["rank"], rank=-1)
 
