@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from holmes_ml.localize import DeviceKind
+from holmes_ml.localize.fabric import Fabric
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
@@ -52,22 +53,39 @@ def test_healthy_job_names_no_network_device() -> None:
 
 
 @pytest.mark.parametrize("seed", [7, 31])
-def test_nics_of_a_pair_with_no_other_traffic_are_reported_tied(seed: int) -> None:
+def test_devices_of_a_pair_with_no_other_traffic_are_reported_tied(seed: int) -> None:
     # GPU 4 of a host is no ring edge (rings leave a host through GPUs 0/1 and 6/7), so its NIC
-    # carries only its pipeline send/recv pair: that pair's two NICs slow the same operators by
-    # the same amount, and the verdict must say they are tied rather than pick one silently.
+    # carries only its pipeline send/recv pair: that pair's two NICs (and any leaf-spine link
+    # on its way that nothing else crosses) slow the same operators by the same amount, and the
+    # verdict must say they are tied rather than pick one silently.
     res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=seed))
     rank = int(res.topology.ranks.query("gpu == 4 and pp == 1")["rank"].iloc[0])
     nic = res.topology.nic_of(rank)
     res, verdict = _verdict(f"nic_slow:severity=10,device={nic},start=2", seed)
     assert res.faults[0].devices == (nic,)
-    top = verdict.candidates[:2]
-    assert len(top) == 2, verdict
-    assert {c.kind for c in top} == {DeviceKind.NIC}
-    assert nic in {c.device for c in top}
-    assert top[0].tied_with == (top[1].device,)
-    assert top[1].tied_with == (top[0].device,)
-    assert verdict.to_dict()["candidates"][0]["tied_with"] == [top[1].device]
+    flows_of = Fabric(res.topology).flows_by_device(res.ops["group_ranks"].astype(str).unique())
+    alike = {d for d, flows in flows_of.items() if flows == flows_of[nic]}
+    assert sum(d.startswith("nic:") for d in alike) == 2  # the pair's two ends
+    top = verdict.candidates[0]
+    assert top.kind == DeviceKind.NIC  # the more specific device first among equals
+    assert {top.device, *top.tied_with} == alike
+    for c in verdict.candidates:
+        if c.device in alike:
+            assert {c.device, *c.tied_with} == alike
+    assert verdict.to_dict()["candidates"][0]["tied_with"] == list(top.tied_with)
+
+
+def test_a_nic_and_the_link_only_its_flows_cross_are_reported_tied() -> None:
+    # A leaf-spine link that carries nothing but the flows of one NIC fails exactly like that
+    # NIC: the verdict names both, with the same score, each tied with the other.
+    res, verdict = _verdict("link_slow:severity=2,start=2", 12)
+    link = res.faults[0].devices[0]
+    flows_of = Fabric(res.topology).flows_by_device(res.ops["group_ranks"].astype(str).unique())
+    alike = {d for d, flows in flows_of.items() if flows == flows_of[link]}
+    named = {c.device: c for c in verdict.candidates}
+    assert link in named
+    assert {link, *named[link].tied_with} == alike
+    assert any(d.startswith("nic:") for d in alike), alike
 
 
 def test_a_slow_nic_on_a_noisy_job_is_named() -> None:

@@ -8,7 +8,7 @@ rings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -72,3 +72,16 @@ class Fabric:
         result = frozenset(out)
         self._ring[key] = result
         return result
+
+    def flows_by_device(self, flows: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Per network device (NIC, leaf-spine link, switch), the flows that cross it.
+
+        ``flows`` are member lists as in the ``group_ranks`` column (``"0 8 16"``: a ring;
+        two ranks: a send/recv pair or a two-member group). Devices crossed by exactly the same
+        flows slow exactly the same operators when they fail: no operator log tells them apart.
+        """
+        out: dict[str, set[str]] = {}
+        for text in dict.fromkeys(str(f) for f in flows):
+            for d in self.devices([int(x) for x in text.split()]):
+                out.setdefault(d, set()).add(text)
+        return {d: frozenset(fl) for d, fl in out.items()}

@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 #: More specific device kinds win ties (a NIC explains what its leaf switch would).
 _SPECIFICITY = {"nic": 4, "link": 3, "switch": 2, "host": 1, "gpu": 1}
+_NETWORK = (DeviceKind.NIC, DeviceKind.LINK, DeviceKind.SWITCH)
 
 
 def parse_members(group_ranks: pd.Series) -> pd.DataFrame:
@@ -182,8 +183,7 @@ def localize_records(
     cands = rank_cands + dev_cands
     # Network devices are alternative explanations of the same slow flows, not shares of them:
     # their part of the slowdown is the excess of the slow flows, each counted once.
-    total = net_total if any(c.kind in (DeviceKind.NIC, DeviceKind.LINK, DeviceKind.SWITCH)
-                             for c in cands) else 0.0
+    total = net_total if any(c.kind in _NETWORK for c in cands) else 0.0
     total += rank_total if any(c.kind in (DeviceKind.GPU, DeviceKind.HOST) for c in cands) else 0.0
     # Devices with identical network evidence (the two NICs of one slow send/recv pair) are
     # ordered by the lateness of the ranks behind them: when only one direction is slow (a
@@ -363,12 +363,14 @@ def _with_score(c: Candidate, score: float) -> Candidate:
 
 
 def _mark_ties(cands: list[Candidate]) -> list[Candidate]:
-    """Fill ``tied_with``: network candidates of one kind with the same score (to 1e-9) are
-    devices the evidence cannot separate; the verdict says so instead of implying an order."""
+    """Fill ``tied_with``: network candidates with the same score (to 1e-9) are devices the
+    evidence cannot separate; the verdict says so instead of implying an order. Kinds mix: a
+    NIC and the leaf-spine link above it that carry exactly the same flows are as tied as two
+    NICs (the order puts the NIC first, a prior, not evidence)."""
     out = []
     for c in cands:
-        net = c.kind in (DeviceKind.NIC, DeviceKind.LINK, DeviceKind.SWITCH)
-        ties = tuple(o.device for o in cands if net and o is not c and o.kind == c.kind
+        net = c.kind in _NETWORK
+        ties = tuple(o.device for o in cands if net and o is not c and o.kind in _NETWORK
                      and abs(o.score - c.score) <= 1e-9 * max(abs(c.score), 1.0))
         out.append(replace(c, tied_with=ties) if ties else c)
     return out

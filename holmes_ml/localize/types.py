@@ -80,9 +80,10 @@ class Candidate:
     ``score`` is the share (0 … 1) of the window's slowdown the candidate explains. Network
     devices crossed by the same slow flows are alternative explanations of that slowdown, each
     with its own share, so the scores of one verdict need not sum to 1. ``tied_with`` lists the
-    other candidates with exactly this score and kind: devices the logs cannot tell apart (the
-    two NICs of a slow send/recv pair with no other traffic, the NICs of one slow ring); their
-    order among themselves carries no information.
+    other network candidates (NIC, link, switch) with exactly this score: devices the logs
+    cannot tell apart (the two NICs of a slow send/recv pair with no other traffic, the NICs of
+    one slow ring, a NIC and the leaf-spine link that only its flows cross); their order among
+    themselves carries no information.
     """
 
     kind: DeviceKind
