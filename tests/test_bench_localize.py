@@ -232,3 +232,18 @@ def test_top1_split_credits_declared_ties_only():
     # a tie with devices the verdict did not list still divides the credit
     assert _top1_split([nic(a, 0, 0.5, (b, c))], {0}) == pytest.approx(1 / 3)
     assert _top1_split([3, 5], {3}) == 1.0 and _top1_split([], {3}) == 0.0
+
+
+def test_a_first_suspect_tied_with_the_faulty_device_counts_for_device_top1_ties_only():
+    # A link that only one NIC's flows cross fails exactly like that NIC; the verdict lists the
+    # NIC first (tied with the link), which the bench scores as a strict device miss but a hit
+    # among the devices no log can tell apart. (The job of test_localize_network's tie test.)
+    job = [_sc(128, "3-D (tp,pp,dp)", "link_slow", "persistent", 12, iterations=8,
+               layout={"tp": 2, "pp": 2}, fault="link_slow:severity=2,start=2")]
+    rows, _ = _trials(job, None, only=("holmes",), model="rule")
+    (row,) = rows
+    first = row["named"].split(",")[0]
+    assert first.startswith("nic:") and row["truth"].startswith("link:")
+    assert row["top1"]  # the NIC's rank sends over the link
+    assert row["device_top1"] is False
+    assert row["device_top1_ties"] is True

@@ -11,7 +11,9 @@ noisy, drifting clusters (:func:`healthy_sweep`: how often a healthy job gets a 
 sweep of faulty jobs drawn the same way (:func:`noisy_sweep`), scored apart from the grid
 (``noisy_*`` columns, table "faulty jobs on noisy clusters").
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
-(for rank-only baselines) — Holmes itself is also scored on the exact device id. Intervals are
+(for rank-only baselines) — Holmes itself is also scored on the exact device id
+(``device_top1``; ``device_top1_ties`` also accepts any network device crossed by exactly the
+same flows as the faulty one, e.g. a NIC and the leaf-spine link only its flows cross). Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a
 NIC that carries exactly the same flows as the faulty NIC: such NICs slow the same operators by
 the same amount, so durations cannot separate them (the NICs of one data-parallel ring in a 2-D
@@ -313,33 +315,27 @@ def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> f
     return hits / (1 + len(tied))
 
 
-def _tied_nic_ranks(ops: pd.DataFrame, topology: Any, nics: set[str]) -> set[int]:
-    """Ranks of every NIC that carries exactly the same flows as one of ``nics``.
-
-    A flow is a communicator's ring or a send/recv pair (the job's ``group_ranks``); two NICs
-    crossed by the same flows slow exactly the same operators when they fail, so no method that
-    reads operator durations can tell them apart (e.g. the NICs of one data-parallel ring in a
-    2-D job, or the two ends of a pipeline pair with no other inter-host traffic).
-    """
+def _flows_by_device(ops: pd.DataFrame, topology: Any) -> dict[str, frozenset[str]]:
+    """Per network device, the job's flows crossing it (communicator rings and send/recv
+    pairs, from ``group_ranks``); empty without that column."""
     from holmes_ml.localize.fabric import Fabric
 
-    if not nics or "group_ranks" not in ops.columns:
-        return set()
-    fabric = Fabric(topology)
-    flows_of: dict[str, set[str]] = {}
-    for text in pd.unique(ops["group_ranks"].astype(str)):
-        members = [int(x) for x in text.split()]
-        for d in fabric.devices(members):
-            if d.startswith("nic:"):
-                flows_of.setdefault(d, set()).add(text)
-    out: set[int] = set()
-    for nic in nics:
-        sig = flows_of.get(nic)
-        if not sig:
-            continue
-        for d, flows in flows_of.items():
-            if flows == sig:
-                out.update(int(r) for r in topology.ranks_on(d))
+    if "group_ranks" not in ops.columns:
+        return {}
+    return Fabric(topology).flows_by_device(pd.unique(ops["group_ranks"].astype(str)))
+
+
+def _alike(flows_of: dict[str, frozenset[str]], devices: set[str]) -> set[str]:
+    """Every network device crossed by exactly the same flows as one of ``devices`` (those
+    included). Such devices slow exactly the same operators when they fail, so no method that
+    reads operator durations can tell them apart (e.g. the NICs of one data-parallel ring in a
+    2-D job, the two ends of a pipeline pair with no other inter-host traffic, or a NIC and the
+    leaf-spine link that only its flows cross)."""
+    out: set[str] = set()
+    for dev in devices:
+        sig = flows_of.get(dev)
+        if sig:
+            out.update(d for d, flows in flows_of.items() if flows == sig)
     return out
 
 
@@ -446,9 +442,13 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
         ops = without_labels(res.ops)
         truth = {int(r) for f in res.faults for r in f.ranks}
         devices = {d for f in res.faults for d in f.devices}
-        # NICs no log can tell from the faulty one (scored apart, as "top1_ties")
-        tied = truth | _tied_nic_ranks(ops, res.topology, {d for d in devices
-                                                           if d.startswith("nic:")})
+        # NICs no log can tell from the faulty one (scored apart, as "top1_ties"), and every
+        # network device no log can tell from the faulty one ("device_top1_ties")
+        flows_of = _flows_by_device(ops, res.topology) if devices else {}
+        tied = truth | {int(r) for d in _alike(flows_of, {d for d in devices
+                                                          if d.startswith("nic:")})
+                        if d.startswith("nic:") for r in res.topology.ranks_on(d)}
+        alike = set(devices) | _alike(flows_of, set(devices))
         cfg = LocalizeConfig(delta=sc["delta"])
         for name, fn in methods.items():
             t0 = time.perf_counter()
@@ -476,6 +476,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 row["top1_bound"] = len(truth) / len(tied)
                 row["tied_nics"] = len(tied - truth)
                 row["device_top1"] = bool(sus) and getattr(sus[0], "device", None) in devices
+                row["device_top1_ties"] = bool(sus) and getattr(sus[0], "device", None) in alike
                 if isinstance(fn, str):
                     row["truth"] = ",".join(sorted(devices))
             else:
@@ -563,6 +564,7 @@ def _accuracy(
                         "top1_split": round(float(sub["top1_split"].mean()), 3),
                         "top1_bound": round(float(sub["top1_bound"].mean()), 3),
                         "device_top1": round(float(sub["device_top1"].mean()), 3),
+                        "device_top1_ties": round(float(sub["device_top1_ties"].mean()), 3),
                         "healthy_trials": len(healthy),
                         "healthy_flagged": round(float(healthy["flagged"].mean()), 3)
                         if len(healthy) else None,
@@ -810,6 +812,8 @@ def run(
             figures[f"{tag}_top1_ties"] = row["top1_ties"]
             figures[f"{tag}_top1_split"] = row["top1_split"]
             figures["top1_bound"] = row["top1_bound"]
+            figures[f"{tag}_device_top1"] = row["device_top1"]
+            figures[f"{tag}_device_top1_ties"] = row["device_top1_ties"]
             if row["healthy_flagged"] is not None:
                 figures[f"{tag}_healthy_flagged"] = row["healthy_flagged"]
             if "noisy_top1" in row:
@@ -888,7 +892,10 @@ def run(
                            "candidate the verdict itself declares tied (tied_with) with k-1 "
                            "others, one of them the truth (the expected top-1 of breaking its "
                            "ties at random); top1_bound is the mean of 1/(NICs tied with the "
-                           "faulty one), the expected top-1 of a perfect log-only method"},
+                           "faulty one), the expected top-1 of a perfect log-only method; "
+                           "device_top1 asks the first candidate for the faulty device itself, "
+                           "device_top1_ties also accepts a network device crossed by exactly "
+                           "the same flows (a NIC and the link only its flows cross)"},
         goals={"holmes_top1": ">= 0.98", "holmes_top2": ">= 0.99",
                "holmes_healthy_flagged": "<= 0.01", "holmes_top1_gpus_8192": ">= 0.95",
                "holmes_top1_dims_6-D": ">= 0.95", "window_localize_seconds": "<= 3",
