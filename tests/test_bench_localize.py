@@ -14,6 +14,7 @@ from holmes_ml.bench.localize import (
     HEALTHY_SWEEP,
     LAYOUTS,
     NOISY_AXES,
+    NOISY_KINDS,
     NOISY_SWEEP,
     NOISY_TARGETS,
     SEVERITY,
@@ -46,6 +47,9 @@ def test_grid_covers_scale_dims_delta_kind_pattern():
         assert (sweep["target"] > sweep["delta"]).all()
         assert {"persistent", "spike", "fluctuation"} <= set(grid["pattern"])
         assert (grid["kind"] == "healthy").any()
+        assert set(SEVERITY) <= set(grid["kind"])  # every root-cause kind, switches included
+    assert {"gpu_slow", "nic_slow", "host_stall", "link_slow", "switch_congested"} == set(SEVERITY)
+    assert set(SEVERITY) <= set(full.loc[full["gpus"] == 8192, "kind"])
     # every job of the full grid is a valid simulator configuration
     for sc in scenarios(False):
         cfg = _sim_config(sc)
@@ -127,7 +131,7 @@ def test_noisy_sweep_spans_layouts_faults_and_noise():
     jobs = noisy_sweep(False)
     sweep = pd.DataFrame(jobs)
     assert len(sweep) == NOISY_SWEEP[0] and (sweep["sweep"] == "noisy").all()
-    assert set(sweep["dims"]) == set(LAYOUTS) and set(sweep["kind"]) == set(SEVERITY)
+    assert set(sweep["dims"]) == set(LAYOUTS) and set(sweep["kind"]) == set(NOISY_KINDS)
     assert set(sweep["pattern"]) == {"persistent", "spike", "fluctuation"}
     assert set(sweep["target"]) == set(NOISY_TARGETS) and set(sweep["jitter"]) == set(
         HEALTHY_JITTER)
