@@ -46,6 +46,17 @@ def test_link_beats_its_leaf_spine_and_the_nics_of_the_ring() -> None:
     assert all(s < top.score for d, s in others.items() if d.startswith("nic:"))
 
 
+@pytest.mark.parametrize(("seed", "leaf"), [(5, "switch:leaf-p1-r0"), (22, "switch:leaf-p2-r7")])
+def test_congested_leaf_switch_beats_the_nics_and_links_below_it(seed: int, leaf: str) -> None:
+    # Every flow through the leaf slows: the rings of several hosts of the pod on that rail.
+    # Each NIC and link below it carries only part of those flows (and healthy ones of its own).
+    res, verdict = _verdict(f"switch_congested:severity=2,device={leaf},start=2", seed)
+    top = verdict.candidates[0]
+    assert (top.kind, top.device) == (DeviceKind.SWITCH, leaf)
+    assert not top.tied_with
+    assert all(c.score < top.score for c in verdict.candidates[1:])
+
+
 def test_healthy_job_names_no_network_device() -> None:
     res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=22))
     verdict = analyze(res.ops.drop(columns=["abnormal", "fault_id"]), res.topology, model="rule")
