@@ -15,7 +15,9 @@ checkout's).
 
 Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores);
 ``--faulty --draw 8001 --first-seed 8000 --jobs 60 --model wide.holmes`` for a model trained
-with ``holmes train --preset wide --out wide.holmes``.
+with ``holmes train --preset wide --out wide.holmes``; ``--faulty --kinds switch_congested
+--draw 8003 --first-seed 8200 --jobs 60`` for congested switches on noisy clusters (a kind the
+bench's noisy sweep does not draw).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from holmes_ml.bench.localize import _trials, _wilson, healthy_sweep, noisy_sweep
+from holmes_ml.bench.localize import NOISY_KINDS, _trials, _wilson, healthy_sweep, noisy_sweep
 from holmes_ml.models import load_model
 
 
@@ -94,13 +96,21 @@ def main() -> None:
                         help="model envelope to localize with (default: the bundled model)")
     parser.add_argument("--faulty", action="store_true",
                         help="draw faulty noisy jobs (the bench's noisy sweep) instead")
+    parser.add_argument("--kinds", default=",".join(NOISY_KINDS),
+                        help="with --faulty: comma-separated fault kinds to draw from (default "
+                             f"the bench's: {','.join(NOISY_KINDS)}; also switch_congested)")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs: got {args.jobs}; expected at least 1")
     model = load_model(args.model) if args.model else None
     if args.faulty:
-        _faulty(noisy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs),
-                model)
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        try:
+            jobs = noisy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs,
+                               kinds=kinds)
+        except ValueError as exc:
+            parser.error(f"--kinds {args.kinds}: {exc}")
+        _faulty(jobs, model)
     else:
         _healthy(healthy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs),
                  model)

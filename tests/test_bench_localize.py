@@ -143,6 +143,14 @@ def test_noisy_sweep_spans_layouts_faults_and_noise():
         assert _sim_config(sc, (spec,)).layout.world == sc["gpus"]
 
 
+def test_noisy_sweep_draws_other_kinds_on_request():
+    jobs = noisy_sweep(False, draw=8003, first_seed=8200, n=12, kinds=("switch_congested",))
+    assert {sc["kind"] for sc in jobs} == {"switch_congested"}
+    assert all(FaultSpec.parse(sc["fault"]).kind == "switch_congested" for sc in jobs)
+    with pytest.raises(ValueError, match="'switch'; expected some of"):
+        noisy_sweep(False, n=2, kinds=("switch",))
+
+
 def test_noisy_trials_are_scored_apart_from_the_grid():
     lay = {"tp": 2, "pp": 2}
     scs = [

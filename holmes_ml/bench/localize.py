@@ -209,15 +209,19 @@ def _draw_noise(rng: np.random.Generator) -> dict[str, float]:
 
 
 def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
-                n: int | None = None) -> list[dict[str, Any]]:
+                n: int | None = None, kinds: tuple[str, ...] = NOISY_KINDS
+                ) -> list[dict[str, Any]]:
     """Seeded faulty jobs drawn like :func:`healthy_sweep` (every layout, 64-256 GPUs, 10-24
-    iterations, jitter, compute and transfer drift), each with one fault: a kind of
-    :data:`NOISY_KINDS`, a pattern, a start in the first half of the run, and a severity scaled so
+    iterations, jitter, compute and transfer drift), each with one fault: one of ``kinds``
+    (default :data:`NOISY_KINDS`; any of :data:`SEVERITY`), a pattern, a start in the first half of the run, and a severity scaled so
     the peak iteration-time ratio against the fault-free twin reaches a target of
     :data:`NOISY_TARGETS`. The grid's faults all run at the simulator's default 3 % jitter
     without drift; these measure accuracy where the healthy sweep measures false alarms."""
+    unknown = sorted(set(kinds) - set(SEVERITY))
+    if unknown or not kinds:
+        raise ValueError(f"kinds: {unknown[0] if unknown else 'none'!r}; expected some of "
+                         f"{sorted(SEVERITY)}")
     rng = np.random.default_rng(draw)
-    kinds = list(NOISY_KINDS)
     out = []
     if n is None:
         n = NOISY_SWEEP[1] if quick else NOISY_SWEEP[0]
