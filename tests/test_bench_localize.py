@@ -97,6 +97,11 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     # the delta axis reads the sweep trials only
     delta_rows = bd[(bd["by"] == "delta") & (bd["method"] == "holmes")]
     assert delta_rows["value"].tolist() == ["1.2"] and delta_rows["trials"].tolist() == [1]
+    # device-level figures for the methods that name devices, none for a rank-mapped plug-in
+    kind_rows = bd[bd["by"] == "kind"].set_index("method")
+    assert kind_rows.loc["holmes", "device_top1"] == 1.0
+    assert kind_rows.loc["holmes", "device_top1_ties"] == 1.0
+    assert pd.isna(kind_rows.loc["device plug-in", "device_top1"])
     assert (trials.loc[trials["kind"] != "healthy", "peak_ratio"] > 1.2).all()
 
 

@@ -596,6 +596,10 @@ def _accuracy(
                               "top2": round(float(sub["top2"].mean()), 3),
                               "top1_ties": round(float(sub["top1_ties"].mean()), 3),
                               "peak_ratio": round(float(sub["peak_ratio"].median()), 3)})
+            if "truth" in sub.columns and sub["truth"].notna().all():  # names devices
+                breakdown[-1].update(
+                    device_top1=round(float(sub["device_top1"].mean()), 3),
+                    device_top1_ties=round(float(sub["device_top1_ties"].mean()), 3))
     if unobservable:
         n_noisy = sum(u.get("sweep") == "noisy" for u in unobservable)
         breakdown.append({"by": "unobservable trials (excluded)", "value": len(unobservable),
