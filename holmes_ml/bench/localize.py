@@ -213,9 +213,9 @@ def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
                 ) -> list[dict[str, Any]]:
     """Seeded faulty jobs drawn like :func:`healthy_sweep` (every layout, 64-256 GPUs, 10-24
     iterations, jitter, compute and transfer drift), each with one fault: one of ``kinds``
-    (default :data:`NOISY_KINDS`; any of :data:`SEVERITY`), a pattern, a start in the first half of the run, and a severity scaled so
-    the peak iteration-time ratio against the fault-free twin reaches a target of
-    :data:`NOISY_TARGETS`. The grid's faults all run at the simulator's default 3 % jitter
+    (default :data:`NOISY_KINDS`; any of :data:`SEVERITY`), a pattern, a start in the first
+    half of the run, and a severity scaled so the peak iteration-time ratio against the
+    fault-free twin reaches a target of :data:`NOISY_TARGETS`. The grid's faults all run at the simulator's default 3 % jitter
     without drift; these measure accuracy where the healthy sweep measures false alarms."""
     unknown = sorted(set(kinds) - set(SEVERITY))
     if unknown or not kinds:
@@ -895,7 +895,7 @@ def run(
                                 "target_peak_ratio": list(NOISY_TARGETS),
                                 "kinds": list(NOISY_KINDS),
                                 "knobs": "as the healthy sweep"},
-                "severity": "gpu/host 0.5; nic/link 2 (bandwidth / 3); delta sweep and >= 2,048 "
+                "severity": "gpu/host 0.5; nic/link/switch 2 (bandwidth / 3); delta sweep and >= 2,048 "
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
                            "the fault-free twin are excluded and counted in the breakdown; "
