@@ -3,6 +3,8 @@ traceback behind it, and the defaults work at any run length."""
 
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
@@ -51,6 +53,17 @@ def test_demo_with_a_short_run_starts_its_fault_inside_the_run(tmp_path):
                                    str(tmp_path / "d")])
     assert out.exit_code == 0, out.output
     assert "top suspect" in out.stdout and (tmp_path / "d" / "verdict.json").exists()
+
+
+def test_demo_says_when_its_first_suspect_is_tied(tmp_path):
+    # In the default demo job one leaf-spine link carries nothing but the slow NIC's flows:
+    # NIC and link fail alike, and the demo must say so rather than show two equal scores.
+    out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["demo", "--out", str(tmp_path / "d")])
+    assert out.exit_code == 0, out.output
+    first = json.loads((tmp_path / "d" / "verdict.json").read_text())["candidates"][0]
+    assert first["tied_with"], first
+    line = next(x for x in out.stdout.splitlines() if x.startswith("tied: suspect #1 and "))
+    assert all(d in line for d in first["tied_with"]), line
 
 
 def test_version_and_short_help():
