@@ -14,6 +14,12 @@ from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
 
+def _alike(res, device: str) -> set[str]:
+    """Network devices crossed by exactly the same flows of the job as ``device``."""
+    flows_of = Fabric(res.topology).flows_by_device(res.ops["group_ranks"].astype(str).unique())
+    return {d for d, flows in flows_of.items() if flows == flows_of[device]}
+
+
 def _verdict(fault: str, seed: int):
     res = simulate(SimConfig(gpus=128, model="llama2-7b", tp=2, pp=2, iterations=8, seed=seed,
                              faults=(FaultSpec.parse(fault),)))
@@ -74,8 +80,7 @@ def test_devices_of_a_pair_with_no_other_traffic_are_reported_tied(seed: int) ->
     nic = res.topology.nic_of(rank)
     res, verdict = _verdict(f"nic_slow:severity=10,device={nic},start=2", seed)
     assert res.faults[0].devices == (nic,)
-    flows_of = Fabric(res.topology).flows_by_device(res.ops["group_ranks"].astype(str).unique())
-    alike = {d for d, flows in flows_of.items() if flows == flows_of[nic]}
+    alike = _alike(res, nic)
     assert sum(d.startswith("nic:") for d in alike) == 2  # the pair's two ends
     top = verdict.candidates[0]
     assert top.kind == DeviceKind.NIC  # the more specific device first among equals
@@ -91,8 +96,7 @@ def test_a_nic_and_the_link_only_its_flows_cross_are_reported_tied() -> None:
     # NIC: the verdict names both, with the same score, each tied with the other.
     res, verdict = _verdict("link_slow:severity=2,start=2", 12)
     link = res.faults[0].devices[0]
-    flows_of = Fabric(res.topology).flows_by_device(res.ops["group_ranks"].astype(str).unique())
-    alike = {d for d, flows in flows_of.items() if flows == flows_of[link]}
+    alike = _alike(res, link)
     named = {c.device: c for c in verdict.candidates}
     assert link in named
     assert {link, *named[link].tied_with} == alike

@@ -454,9 +454,9 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
         # NICs no log can tell from the faulty one (scored apart, as "top1_ties"), and every
         # network device no log can tell from the faulty one ("device_top1_ties")
         flows_of = _flows_by_device(ops, res.topology) if devices else {}
-        tied = truth | {int(r) for d in _alike(flows_of, {d for d in devices
-                                                          if d.startswith("nic:")})
-                        if d.startswith("nic:") for r in res.topology.ranks_on(d)}
+        nics = {d for d in devices if d.startswith("nic:")}
+        tied_nics = {d for d in _alike(flows_of, nics) if d.startswith("nic:")}
+        tied = truth | {int(r) for d in tied_nics for r in res.topology.ranks_on(d)}
         alike = set(devices) | _alike(flows_of, set(devices))
         cfg = LocalizeConfig(delta=sc["delta"])
         for name, fn in methods.items():
