@@ -3,8 +3,10 @@
 Re-simulates one of the bench's ten held-out jobs (``--run`` 0-9, in the order of the bench's
 per-run table: 64, 256, 1,024, 4,096, 8,192 GPUs, a persistent fault then a spike at each),
 scores every op with the bundled model and prints, per communicator kind and op, the abnormal
-copies, the share caught (recall) and the false alarms; then, for the op with the most misses,
-the median features of its caught and missed abnormal copies beside its normal copies. Read it
+copies, the share caught (recall) and the false alarms; then, for the op with the most misses (or ``--op``),
+the median features of its caught and missed abnormal copies beside its normal copies and beside
+the normal copies as far out against their stage's same step (``stage_step_z``) as the median
+missed one: when those look like the missed ones, the features cannot tell them apart. Read it
 to see which waits the features do not tell apart, not as a figure of merit: that is the bench.
 
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
@@ -31,6 +33,8 @@ SHOWN = ("duration_us", "wait_us", "xfer_us", "arrived_last", "hist_ratio", "ste
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=int, default=4, help="held-out job 0-9 (default 4)")
+    parser.add_argument("--op", help="KIND/OP to profile, e.g. tp/all_reduce (default: the op "
+                        "with the most misses)")
     args = parser.parse_args()
     cfgs = heldout_scenarios()
     if not 0 <= args.run < len(cfgs):
@@ -60,15 +64,22 @@ def main() -> None:
     if not (misses > 0).any():
         print("no abnormal copy missed")
         return
-    kind, op = misses.idxmax()
+    kind, op = args.op.split("/", 1) if args.op else misses.idxmax()
     same = (frame["kind"] == kind) & (frame["op"] == op)
-    groups = {"caught": same & frame["caught"],
-              "missed": same & frame["abnormal"] & ~frame["flagged"],
-              "normal": same & ~frame["abnormal"]}
+    missed = same & frame["abnormal"] & ~frame["flagged"]
+    if not missed.any():
+        print(f"no abnormal {kind} {op} copy missed")
+        return
+    # normal copies as far out against their stage's same step as the typical missed one
+    z = feats["stage_step_z"].to_numpy()
+    far = same & ~frame["abnormal"] & (z >= np.median(z[missed.to_numpy()]))
+    groups = {"caught": same & frame["caught"], "missed": missed,
+              "normal": same & ~frame["abnormal"], "normal, as far out": far}
     medians = pd.DataFrame({name: feats.loc[mask.to_numpy(), list(SHOWN)].median()
                             for name, mask in groups.items()})
     print(f"\nmedian features of {kind} {op} copies")
     print(medians.round(3).to_string())
+    print("copies: " + ", ".join(f"{name} {int(mask.sum())}" for name, mask in groups.items()))
 
 
 if __name__ == "__main__":
