@@ -404,3 +404,35 @@ def test_nccl_inspector_error_says_line_once(tmp_path):
         read_ops(p, format="nccl-inspector")
     msg = str(err.value)
     assert "line 1:" in msg and msg.count("line 1") == 1 and "row" not in msg
+
+
+def test_files_that_disagree_name_both_files_and_lines(tmp_path):
+    """Each file is consistent alone; read together, rank 2's file lists other members for
+    dp-0 than rank 0's did, and a later run put rank 1 on another host: the error names the
+    file and line of the contradiction and of what it contradicts."""
+    df = _ops()
+    d = tmp_path / "d"
+    d.mkdir()
+    for r, sub in df.groupby("rank"):
+        if r == 2:
+            sub = sub.assign(group_ranks="0 1 2 7")
+        sub.to_csv(d / f"rank-{r}.csv", index=False)
+    with pytest.raises(SchemaError) as err:
+        read_ops(d)
+    msg = str(err.value)
+    assert "participants of group 'dp-0' disagree on its members at " in msg, msg
+    assert f"{d / 'rank-2.csv'} line 2 (got '0 1 2 7'" in msg, msg
+    assert f"as in {d / 'rank-0.csv'} line 2)" in msg, msg
+
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    df.assign(host="node-a").to_csv(hosts / "run1.csv", index=False)
+    moved = df.assign(host=np.where(df["rank"] == 1, "node-b", "node-a"),
+                      iteration=df["iteration"] + 10)
+    moved.to_parquet(hosts / "run2.parquet")
+    with pytest.raises(SchemaError) as err:
+        read_ops(hosts)
+    msg = str(err.value)
+    assert "rank 1 logged with two hosts at " in msg, msg
+    assert f"{hosts / 'run2.parquet'} row 1 (got 'node-b'; expected one host per rank: " \
+           f"'node-a' as in {hosts / 'run1.csv'} line 3; a restart that moved ranks" in msg, msg

@@ -81,3 +81,41 @@ def test_group_size_disagreement_is_reported():
 def test_not_a_dataframe():
     with pytest.raises(SchemaError, match="DataFrame"):
         validate([1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_group_member_disagreement_is_reported():
+    # same size, different members: the second listing would be dropped downstream
+    t = _table(rank=[0, 1, 0, 2], group_ranks=["0 1", "1 0", "0 2", "0 2"])
+    t.loc[1, "group_ranks"] = "1 3"
+    with pytest.raises(SchemaError, match=r"job\.csv, column 'group_ranks', row 1: participants "
+                       r"of group 'dp-0' disagree on its members \(got '1 3'; expected the "
+                       r"members '0 1' as in row 0\)"):
+        validate(t, source="job.csv")
+    # the same members in another order are the same group
+    t.loc[1, "group_ranks"] = "1 0"
+    assert len(validate(t)) == 4
+
+
+def test_rank_outside_its_group_is_reported():
+    t = _table(rank=[0, 1, 0, 1], group_ranks=["0 1", "0 1", "0 2", "0 2"])
+    with pytest.raises(SchemaError, match=r"row 3: rank 1 is not a member of its group "
+                       r"'pp-0-1' \(got '0 2'; expected the group's global ranks, 1 among them"):
+        validate(t)
+
+
+def test_rank_on_two_hosts_is_reported():
+    t = _table(host=["node-a", "node-b", "node-b", "node-b"])
+    with pytest.raises(SchemaError, match=r"column 'host', row 2: rank 0 logged with two hosts "
+                       r"\(got 'node-b'; expected one host per rank: 'node-a' as in row 0; a "
+                       r"restart that moved ranks to other hosts starts a new run"):
+        validate(t)
+    # a row without a host says nothing against the others
+    t.loc[2, "host"] = None
+    assert validate(t)["host"].tolist() == ["node-a", "node-b", "", "node-b"]
+
+
+def test_group_with_two_kinds_is_reported():
+    t = _table(group_kind=["dp", "tp", "pp", "pp"])
+    with pytest.raises(SchemaError, match=r"column 'group_kind', row 1: group 'dp-0' logged "
+                       r"with two kinds \(got 'tp'; expected one kind per group: 'dp' as in row 0"):
+        validate(t)

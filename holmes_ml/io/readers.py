@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -401,6 +402,30 @@ def _read_native(f: Path) -> pd.DataFrame:
         raise exc.at(line=line) from None
 
 
+def _in_file(
+    exc: SchemaError, files: list[Path], names: list[str], origin: np.ndarray
+) -> SchemaError:
+    """``exc``, raised on the rows of several files read together, with its row (and the
+    earlier row it contradicts, "as in row N") given as file and line."""
+    if exc.row is None:
+        return exc
+
+    def where(row: int) -> str:
+        k = int(origin[row])
+        local = row - int(np.searchsorted(origin, k))
+        line = _line_of(files[k], local)
+        return f"{names[k]} row {local}" if line is None else f"{names[k]} line {line}"
+
+    expected = exc.expected
+    if expected:
+        expected = re.sub(r"as in row (\d+)", lambda m: "as in " + where(int(m.group(1))),
+                          expected)
+    return SchemaError(
+        f"{exc.message} at {where(exc.row)}", source=exc.source, column=exc.column,
+        value=exc.value, expected=expected,
+    )
+
+
 def _short_csv_line(f: Path, table: pd.DataFrame, line: int) -> SchemaError | None:
     """The error to give when CSV line ``line`` has fewer fields than the header (a file cut
     mid-line, most often: pandas fills the missing fields with NaN)."""
@@ -500,9 +525,13 @@ def _read_files(
         frames = [_read_native(f) for f in files]
         if len(frames) == 1:
             return _drop_duplicate_rows(frames[0], source)
-        ops = validate(pd.concat(frames, ignore_index=True), source=source)
         origin = np.repeat(np.arange(len(files)), [len(f) for f in frames])
         names = [_display(str(f), shown or {}) for f in files]
+        try:
+            ops = validate(pd.concat(frames, ignore_index=True), source=source)
+        except SchemaError as exc:
+            # only what files say against each other is left: name the file of the row
+            raise _in_file(exc, files, names, origin) from None
         return _drop_duplicate_rows(ops, source, names, origin)
     return _drop_duplicate_rows(ops, source)
 

@@ -127,7 +127,9 @@ class ValidationOptions:
     Parameters
     ----------
     check_groups:
-        Check that all participants of a group agree on its size (needs ``group_ranks``).
+        Check that all participants of a group list the same members (``group_ranks``), each
+        of them among those members, and the same ``group_kind``; and that a rank has one
+        ``host``.
     allow_negative_duration:
         Accept negative durations (clock glitches); by default they are an error.
     """
@@ -196,8 +198,9 @@ def validate(
     Raises
     ------
     SchemaError
-        Missing column, wrong type, unknown op, negative size/duration, or a group whose
-        participants disagree on its size.
+        Missing column, wrong type, unknown op, negative size/duration, a group whose
+        participants disagree on its members or kind, a rank outside its group's members, or
+        a rank logged on two hosts.
 
     Examples
     --------
@@ -269,34 +272,94 @@ def validate(
     for c in extras:
         result[c] = df[c].to_numpy()
 
-    if opts.check_groups and "group_ranks" in result.columns and len(result):
-        _check_group_sizes(result, source)
+    if opts.check_groups and len(result):
+        _check_agreement(result, source)
     return result
 
 
-def group_size_of(group_ranks: pd.Series) -> pd.Series:
-    """Number of ranks listed in each ``group_ranks`` string (0 where it is empty)."""
-    return group_ranks.str.count(r"\S+").astype(np.int64)
+def _check_agreement(df: pd.DataFrame, source: str | None) -> None:
+    """Facts that every row of a group or of a rank must agree on.
+
+    Downstream keeps one value per group (its members and kind) and per rank (its host): a
+    second spelling further down would be dropped without a word and the verdict would name
+    the wrong ranks or host. The first row that contradicts an earlier one is reported.
+    """
+    if "group_ranks" in df.columns:
+        _check_groups(df, source)
+    for column, owner, what in (("host", "rank", "host"), ("group_kind", "group", "kind")):
+        if column in df.columns:
+            _check_one_value(df, source, column, owner, what)
 
 
-def _check_group_sizes(df: pd.DataFrame, source: str | None) -> None:
-    listed = df["group_ranks"].str.len() > 0
+def _check_groups(df: pd.DataFrame, source: str | None) -> None:
+    """Participants of a group list the same members, and each is one of them."""
+    listed = (df["group_ranks"].str.len() > 0).to_numpy()
     if not listed.any():
         return
-    sub = df.loc[listed, ["group", "group_ranks"]]
-    sizes = group_size_of(sub["group_ranks"])
-    per_group = sizes.groupby(sub["group"]).agg(["min", "max"])
-    bad = per_group[per_group["min"] != per_group["max"]]
-    if len(bad):
-        g = bad.index[0]
-        rows = sub.index[(sub["group"] == g).to_numpy()]
-        first = int(rows[0])
-        odd = rows[(sizes.loc[rows] != sizes.loc[first]).to_numpy()]
+    sub = df.loc[listed]
+    gcode, _ = pd.factorize(sub["group"])
+    mcode, lists = pd.factorize(sub["group_ranks"])
+    # one row per distinct (group, member list, rank), at its first row: a few per rank
+    trip = pd.DataFrame({"g": gcode, "m": mcode, "rank": sub["rank"].to_numpy()},
+                        index=sub.index).drop_duplicates()
+    members = [frozenset(s.split()) for s in lists]
+    size = np.array([len(s.split()) for s in lists], dtype=np.int64)
+    firsts = trip.drop_duplicates("g")
+    first_m = pd.Series(firsts["m"].to_numpy(), index=firsts["g"].to_numpy())
+    first_row = pd.Series(firsts.index.to_numpy(), index=firsts["g"].to_numpy())
+    ref = first_m.loc[trip["g"]].to_numpy()
+    m = trip["m"].to_numpy()
+    odd = np.array([members[a] != members[b] for a, b in zip(m, ref, strict=True)], dtype=bool)
+    if odd.any():
+        i = _first_bad(odd)
+        row, g = int(trip.index[i]), str(sub.at[trip.index[i], "group"])
+        first = int(first_row.loc[trip["g"].iloc[i]])
+        if size[m[i]] != size[ref[i]]:
+            raise SchemaError(
+                f"participants of group {g!r} disagree on its size", source=source,
+                column="group_ranks", row=row, value=f"{int(size[m[i]])} ranks",
+                expected=f"{int(size[ref[i]])} ranks as in row {first}",
+            )
         raise SchemaError(
-            f"participants of group {g!r} disagree on its size",
-            source=source,
-            column="group_ranks",
-            row=int(odd[0]),
-            value=f"{int(sizes.loc[odd[0]])} ranks",
-            expected=f"{int(sizes.loc[first])} ranks as in row {first}",
+            f"participants of group {g!r} disagree on its members", source=source,
+            column="group_ranks", row=row, value=str(lists[m[i]]),
+            expected=f"the members {lists[ref[i]]!r} as in row {first}",
+        )
+    rank = trip["rank"].to_numpy()
+    outside = np.array([str(r) not in members[k] for r, k in zip(rank, m, strict=True)],
+                       dtype=bool)
+    if outside.any():
+        i = _first_bad(outside)
+        row = int(trip.index[i])
+        raise SchemaError(
+            f"rank {int(rank[i])} is not a member of its group "
+            f"{str(sub.at[row, 'group'])!r}", source=source, column="group_ranks", row=row,
+            value=str(lists[m[i]]),
+            expected=f"the group's global ranks, {int(rank[i])} among them",
+        )
+
+
+def _check_one_value(
+    df: pd.DataFrame, source: str | None, column: str, owner: str, what: str
+) -> None:
+    """One non-empty ``column`` value per ``owner`` (a rank's host, a group's kind)."""
+    known = (df[column].str.len() > 0).to_numpy()
+    if not known.any():
+        return
+    sub = df.loc[known]
+    code, values = pd.factorize(sub[column])
+    pairs = pd.DataFrame({"o": sub[owner].to_numpy(), "v": code},
+                         index=sub.index).drop_duplicates()
+    again = pairs["o"].duplicated().to_numpy()
+    if again.any():
+        i = _first_bad(again)
+        o = pairs["o"].iloc[i]
+        first = pairs[pairs["o"] == o].iloc[0]
+        label = f"{owner} {o}" if owner == "rank" else f"{owner} {str(o)!r}"
+        raise SchemaError(
+            f"{label} logged with two {what}s", source=source, column=column,
+            row=int(pairs.index[i]), value=str(values[pairs["v"].iloc[i]]),
+            expected=f"one {what} per {owner}: {str(values[first['v']])!r} as in row "
+            f"{int(first.name)}" + ("; a restart that moved ranks to other hosts starts a new "
+                                    "run, to be read on its own" if owner == "rank" else ""),
         )
