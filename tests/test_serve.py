@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import threading
 
 import httpx
@@ -63,6 +64,46 @@ def test_gzip_agent_batch_roundtrip(server):
     assert r.json()["records"] == 6
     v = httpx.post(server.url + "/v1/jobs/jobG/analyze", headers=auth()).json()
     assert v["candidates"][0]["ranks"] == [1]
+
+
+def _agent_batch(source: str, seq: int, ranks: list[int], host: str, group: list[int],
+                 iteration: int = 0) -> dict:
+    n = len(ranks)
+    return {"source": source, "batch_id": f"{source}-{seq}", "seq": seq,
+            "ranks": {"rank": ranks, "host": [host] * n, "gpu": list(range(n))},
+            "groups": [{"name": "dp-0", "kind": "dp", "ranks": group}],
+            "iterations": {"iteration": [iteration] * n, "rank": ranks,
+                           "start_ns": [0] * n, "end_ns": [100] * n, "comm_us": [0.1] * n,
+                           "n_ops": [3] * n}}
+
+
+def test_a_rank_sent_by_two_agents_is_refused_and_nothing_accepted_is_lost(server):
+    """A second agent following the same logs would overwrite the first one's rows (they are
+    keyed by rank and iteration): its batch is refused with 409 naming the rank and both
+    sources, and the job keeps what it had. Agents that each saw part of a communicator
+    (logs without its member list) add up to the whole of it."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    r = c.post("/v1/jobs/jobO/batches", json=_agent_batch("n1", 0, [0, 1], "h1", [0, 1]))
+    assert r.status_code == 200, r.text
+    r = c.post("/v1/jobs/jobO/batches", json=_agent_batch("n2", 0, [2, 3], "h2", [2, 3]))
+    assert r.status_code == 200, r.text
+    before = c.get("/v1/jobs/jobO").json()
+    clash = _agent_batch("n3", 0, [1, 2, 9], "h3", [1, 2, 9])
+    r = c.post("/v1/jobs/jobO/batches", json=clash)
+    assert r.status_code == 409 and r.json()["field"] == "ranks", r.text
+    detail = r.json()["detail"]
+    assert "rank 1 of job 'jobO' is sent by source 'n1'; source 'n3' sent it too (and 1 " \
+           "more" in detail, detail
+    after = c.get("/v1/jobs/jobO").json()
+    assert (after["records"], after["batches"]) == (before["records"], before["batches"])
+    # a later batch of the first agent still lands; rank 9 was not taken by the refused one
+    assert c.post("/v1/jobs/jobO/batches",
+                  json=_agent_batch("n1", 1, [0, 1], "h1", [0, 1], 1)).status_code == 200
+    assert c.post("/v1/jobs/jobO/batches",
+                  json=_agent_batch("n3", 1, [9], "h3", [9], 1)).status_code == 200
+    with sqlite3.connect(f"file:{server.db}?mode=ro", uri=True) as db:
+        members = db.execute("SELECT ranks FROM groups WHERE job='jobO' AND name='dp-0'")
+        assert members.fetchone()[0] == "0 1 2 3 9"
 
 
 @pytest.mark.parametrize(

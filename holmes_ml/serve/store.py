@@ -61,6 +61,8 @@ CREATE TABLE IF NOT EXISTS abnormal (
     duration_us REAL NOT NULL, score REAL NOT NULL, peer INTEGER NOT NULL DEFAULT -1,
     host TEXT NOT NULL DEFAULT '', group_kind TEXT NOT NULL DEFAULT '',
     excess_us REAL NOT NULL DEFAULT 0, PRIMARY KEY (job, iteration, rank, grp, seq, peer));
+CREATE TABLE IF NOT EXISTS owners (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, source TEXT NOT NULL, PRIMARY KEY (job, rank));
 CREATE TABLE IF NOT EXISTS raw (
     job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, n INTEGER NOT NULL,
     payload BLOB NOT NULL, PRIMARY KEY (job, source, batch_id));
@@ -283,6 +285,7 @@ class Store:
             dup = self._check_batch(db, job, source, batch_id, seq, digest, "agent")
             if dup is not None:
                 return dup
+            self._claim(db, job, source, batch)
             n = 0
             newest = None
             if batch.get("ranks"):
@@ -297,7 +300,7 @@ class Store:
             for g in batch.get("groups") or ():
                 db.execute(
                     "INSERT OR REPLACE INTO groups VALUES (?,?,?,?)",
-                    (job, g["name"], g["kind"], " ".join(map(str, g["ranks"]))),
+                    (job, g["name"], g["kind"], self._members(db, job, g)),
                 )
             it = batch.get("iterations")
             if it and it["iteration"]:
@@ -335,6 +338,49 @@ class Store:
                     [(job, *row) for row in zip(*cols, strict=True)],
                 )
             return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest)
+
+    @staticmethod
+    def _claim(db: sqlite3.Connection, job: str, source: str, batch: dict[str, Any]) -> None:
+        """Each rank of an agent-mode job is sent by one source (the agent of its host): the
+        ranks of ``batch`` that another source sent before refuse it, the new ones become
+        ``source``'s.
+
+        Rows are keyed by rank and iteration, so a second agent following the same logs (a
+        shared log directory) or configured with another host's ranks would overwrite the
+        first one's rows without a word.
+        """
+        ranks: set[int] = set()
+        for part in ("ranks", "iterations", "abnormal"):
+            if batch.get(part):
+                ranks.update(int(r) for r in batch[part]["rank"])
+        if not ranks:
+            return
+        owner = dict(db.execute("SELECT rank, source FROM owners WHERE job=?", (job,)))
+        theirs = sorted(r for r in ranks if owner.get(r, source) != source)
+        if theirs:
+            more = f" (and {len(theirs) - 1} more of this batch's ranks)" if len(theirs) > 1 else ""
+            raise ConflictError(
+                f"rank {theirs[0]} of job {job!r} is sent by source {owner[theirs[0]]!r}; "
+                f"source {source!r} sent it too{more}. Expected each rank from one agent: two "
+                "agents following the same logs? (a job restarted on other hosts goes under a "
+                "new job name)",
+                field="ranks",
+            )
+        db.executemany("INSERT INTO owners VALUES (?,?,?)",
+                       [(job, r, source) for r in sorted(ranks) if r not in owner])
+
+    @staticmethod
+    def _members(db: sqlite3.Connection, job: str, group: dict[str, Any]) -> str:
+        """The members of ``group`` to store: as sent, or, when agents list the communicator
+        differently (each the ranks it saw, when the logs do not say), the union of the
+        lists, as :func:`holmes_ml.pipeline.localize_summaries` merges them."""
+        sent = " ".join(map(str, group["ranks"]))
+        row = db.execute("SELECT ranks FROM groups WHERE job=? AND name=?",
+                         (job, group["name"])).fetchone()
+        if row is None or row[0] == sent:
+            return sent
+        union = {int(x) for x in row[0].split()} | {int(x) for x in group["ranks"]}
+        return " ".join(map(str, sorted(union)))
 
     def ingest_raw(
         self,
