@@ -92,8 +92,8 @@ def test_a_rank_sent_by_two_agents_is_refused_and_nothing_accepted_is_lost(serve
     r = c.post("/v1/jobs/jobO/batches", json=clash)
     assert r.status_code == 409 and r.json()["field"] == "ranks", r.text
     detail = r.json()["detail"]
-    assert "rank 1 of job 'jobO' is sent by source 'n1'; source 'n3' sent it too (and 1 " \
-           "more" in detail, detail
+    assert "the agent sending rank 1 of job 'jobO': 'n1' since batch 'n1-0' of source 'n1'; " \
+           "batch 'n3-0' of source 'n3' says 'n3' (and 1 more in this batch)" in detail, detail
     after = c.get("/v1/jobs/jobO").json()
     assert (after["records"], after["batches"]) == (before["records"], before["batches"])
     # a later batch of the first agent still lands; rank 9 was not taken by the refused one
@@ -104,6 +104,38 @@ def test_a_rank_sent_by_two_agents_is_refused_and_nothing_accepted_is_lost(serve
     with sqlite3.connect(f"file:{server.db}?mode=ro", uri=True) as db:
         members = db.execute("SELECT ranks FROM groups WHERE job='jobO' AND name='dp-0'")
         assert members.fetchone()[0] == "0 1 2 3 9"
+
+
+def test_raw_batches_that_contradict_earlier_ones_are_refused(server):
+    """Raw records carry each rank's host and each communicator's members and kind: a batch
+    saying otherwise than an accepted one is refused (409 naming both batches), not read as if
+    it agreed; members in another order agree."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    ops = make_ops(seed=5, iterations=4)
+    cols = ["host", "group_ranks", "group_kind"]
+
+    def body(part, batch_id, source="logger"):
+        b = raw_body(part, batch_id, source=source)
+        b["columns"].update({k: part[k].tolist() for k in cols})
+        return b
+
+    assert c.post("/v1/jobs/jobF/raw", json=body(ops[ops["iteration"] == 0], "b0")).status_code \
+        == 200
+    before = c.get("/v1/jobs/jobF").json()
+    moved = ops[ops["iteration"] == 1].assign(host=lambda d: d["host"].where(d["rank"] != 5, "h9"))
+    r = c.post("/v1/jobs/jobF/raw", json=body(moved, "b1", source="other"))
+    assert r.status_code == 409 and r.json()["field"] == "host", r.text
+    assert "the host of rank 5 of job 'jobF': 'h1' since batch 'b0' of source 'logger'; batch " \
+           "'b1' of source 'other' says 'h9'" in r.json()["detail"], r.text
+    one = ops[ops["iteration"] == 1]
+    renamed = one[one["rank"] != 7].assign(group_ranks="0 1 2 3 4 5 6 9")
+    r = c.post("/v1/jobs/jobF/raw", json=body(renamed, "b2"))
+    assert r.status_code == 409 and r.json()["field"] == "group_ranks", r.text
+    assert "the members of communicator 'dp-0' of job 'jobF': '0 1 2 3 4 5 6 7'" \
+        in r.json()["detail"], r.text
+    assert c.get("/v1/jobs/jobF").json()["records"] == before["records"]
+    shuffled = ops[ops["iteration"] == 1].assign(group_ranks="7 6 5 4 3 2 1 0")
+    assert c.post("/v1/jobs/jobF/raw", json=body(shuffled, "b3")).status_code == 200
 
 
 @pytest.mark.parametrize(

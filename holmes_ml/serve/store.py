@@ -61,8 +61,9 @@ CREATE TABLE IF NOT EXISTS abnormal (
     duration_us REAL NOT NULL, score REAL NOT NULL, peer INTEGER NOT NULL DEFAULT -1,
     host TEXT NOT NULL DEFAULT '', group_kind TEXT NOT NULL DEFAULT '',
     excess_us REAL NOT NULL DEFAULT 0, PRIMARY KEY (job, iteration, rank, grp, seq, peer));
-CREATE TABLE IF NOT EXISTS owners (
-    job TEXT NOT NULL, rank INTEGER NOT NULL, source TEXT NOT NULL, PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS facts (
+    job TEXT NOT NULL, fact TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+    source TEXT NOT NULL, batch_id TEXT NOT NULL, PRIMARY KEY (job, fact, key));
 CREATE TABLE IF NOT EXISTS raw (
     job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, n INTEGER NOT NULL,
     payload BLOB NOT NULL, PRIMARY KEY (job, source, batch_id));
@@ -130,6 +131,35 @@ class ConflictError(StoreError):
 
 class UnknownJobError(StoreError):
     status = 404
+
+
+#: What one batch may not contradict in an earlier one: fact -> (its subject, what is
+#: expected). A rank's agent (agent mode); a rank's host, a communicator's members and kind
+#: (raw mode; agents send each communicator once, as far as they saw it, and lists add up).
+_FACTS: dict[str, tuple[str, str]] = {
+    "ranks": ("the agent sending rank {key}",
+              "each rank from one agent: two agents following the same logs? (a job restarted "
+              "on other hosts goes under a new job name)"),
+    "host": ("the host of rank {key}",
+             "one host per rank (a job restarted on other hosts goes under a new job name)"),
+    "group_ranks": ("the members of communicator {key!r}", "one member list per communicator"),
+    "group_kind": ("the kind of communicator {key!r}", "one kind per communicator"),
+}
+
+
+def _raw_facts(table: pa.Table) -> dict[str, dict[str, str]]:
+    """The :data:`_FACTS` of a validated raw batch (one value each: ``validate`` checked)."""
+    out: dict[str, dict[str, str]] = {}
+    for fact, owner in (("host", "rank"), ("group_ranks", "group"), ("group_kind", "group")):
+        if fact not in table.column_names:
+            continue
+        pairs = table.select([owner, fact]).to_pandas().drop_duplicates()
+        pairs = pairs[pairs[fact].astype(str).str.len() > 0]
+        values = pairs[fact].astype(str)
+        if fact == "group_ranks":  # a set of ranks: the same in any order
+            values = values.map(lambda t: " ".join(sorted(t.split(), key=int)))
+        out[fact] = dict(zip(pairs[owner].astype(str), values, strict=True))
+    return out
 
 
 class Store:
@@ -285,7 +315,13 @@ class Store:
             dup = self._check_batch(db, job, source, batch_id, seq, digest, "agent")
             if dup is not None:
                 return dup
-            self._claim(db, job, source, batch)
+            ranks: set[int] = set()
+            for part in ("ranks", "iterations", "abnormal"):
+                if batch.get(part):
+                    ranks.update(int(r) for r in batch[part]["rank"])
+            # rows are keyed by rank and iteration: a second agent following the same logs
+            # (a shared directory) would overwrite the first one's
+            self._settle(db, job, source, batch_id, "ranks", {str(r): source for r in ranks})
             n = 0
             newest = None
             if batch.get("ranks"):
@@ -340,34 +376,40 @@ class Store:
             return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest)
 
     @staticmethod
-    def _claim(db: sqlite3.Connection, job: str, source: str, batch: dict[str, Any]) -> None:
-        """Each rank of an agent-mode job is sent by one source (the agent of its host): the
-        ranks of ``batch`` that another source sent before refuse it, the new ones become
-        ``source``'s.
+    def _settle(db: sqlite3.Connection, job: str, source: str, batch_id: str, fact: str,
+                values: dict[str, str]) -> None:
+        """Check ``values`` (key -> value) of one kind of :data:`_FACTS` against what earlier
+        batches of ``job`` said, and keep the new ones; :class:`ConflictError` (nothing of the
+        batch stored) at the first that differs.
 
-        Rows are keyed by rank and iteration, so a second agent following the same logs (a
-        shared log directory) or configured with another host's ranks would overwrite the
-        first one's rows without a word.
+        The job's tables keep one value per rank or communicator: a batch saying otherwise
+        would either overwrite rows of another agent or be read as if it agreed.
         """
-        ranks: set[int] = set()
-        for part in ("ranks", "iterations", "abnormal"):
-            if batch.get(part):
-                ranks.update(int(r) for r in batch[part]["rank"])
-        if not ranks:
+        if not values:
             return
-        owner = dict(db.execute("SELECT rank, source FROM owners WHERE job=?", (job,)))
-        theirs = sorted(r for r in ranks if owner.get(r, source) != source)
-        if theirs:
-            more = f" (and {len(theirs) - 1} more of this batch's ranks)" if len(theirs) > 1 else ""
+        keys = sorted(values)
+        known: dict[str, tuple[str, str, str]] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i:i + 500]
+            rows = db.execute(
+                "SELECT key, value, source, batch_id FROM facts WHERE job=? AND fact=? AND key IN"
+                f" ({','.join('?' * len(chunk))})", (job, fact, *chunk))
+            known.update((k, (v, s, b)) for k, v, s, b in rows)
+        clash = [k for k in keys if k in known and known[k][0] != values[k]]
+        if clash:
+            k = clash[0]
+            was, by, first = known[k]
+            subject, expected = _FACTS[fact]
+            more = f" (and {len(clash) - 1} more in this batch)" if len(clash) > 1 else ""
             raise ConflictError(
-                f"rank {theirs[0]} of job {job!r} is sent by source {owner[theirs[0]]!r}; "
-                f"source {source!r} sent it too{more}. Expected each rank from one agent: two "
-                "agents following the same logs? (a job restarted on other hosts goes under a "
-                "new job name)",
-                field="ranks",
+                f"{subject.format(key=k)} of job {job!r}: {was!r} since batch {first!r} of "
+                f"source {by!r}; batch {batch_id!r} of source {source!r} says "
+                f"{values[k]!r}{more}. Expected {expected}",
+                field=fact,
             )
-        db.executemany("INSERT INTO owners VALUES (?,?,?)",
-                       [(job, r, source) for r in sorted(ranks) if r not in owner])
+        db.executemany("INSERT INTO facts VALUES (?,?,?,?,?,?)",
+                       [(job, fact, k, values[k], source, batch_id) for k in keys
+                        if k not in known])
 
     @staticmethod
     def _members(db: sqlite3.Connection, job: str, group: dict[str, Any]) -> str:
@@ -399,10 +441,13 @@ class Store:
         newest = None
         if table.num_rows and "start_ns" in table.column_names:
             newest = int(pa.compute.max(table.column("start_ns")).as_py())
+        facts = _raw_facts(table)
         with self._tx() as db:
             dup = self._check_batch(db, job, source, batch_id, seq, digest, "raw")
             if dup is not None:
                 return dup
+            for fact, values in facts.items():
+                self._settle(db, job, source, batch_id, fact, values)
             db.execute(
                 "INSERT INTO raw VALUES (?,?,?,?,?)",
                 (job, source, batch_id, table.num_rows, sqlite3.Binary(payload)),
