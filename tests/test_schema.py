@@ -119,3 +119,13 @@ def test_group_with_two_kinds_is_reported():
     with pytest.raises(SchemaError, match=r"column 'group_kind', row 1: group 'dp-0' logged "
                        r"with two kinds \(got 'tp'; expected one kind per group: 'dp' as in row 0"):
         validate(t)
+
+
+def test_group_ranks_that_are_not_ranks_are_reported():
+    t = _table(group_ranks=["0 1", "0 1", "0 1", "0 ²"])
+    with pytest.raises(SchemaError, match=r"column 'group_ranks', row 3: not a list of ranks "
+                       r"\(got '0 ²'; expected global ranks \(integers >= 0\) separated by "
+                       r"spaces\)"):
+        validate(t)
+    # written another way, the same ranks are the same group
+    assert len(validate(_table(group_ranks=["0 1", "00 1", "0 1", "1 0"]))) == 4

@@ -148,6 +148,8 @@ def test_raw_batches_that_contradict_earlier_ones_are_refused(server):
         (lambda b: b.update(extra=1), 422, "extra"),
         (lambda b: b["columns"].update(duration_us=[-1.0] * len(b["columns"]["rank"])), 422,
          "duration_us"),
+        (lambda b: b["columns"].update(group_ranks=["0 1 x"] * len(b["columns"]["rank"])), 422,
+         "not a list of ranks"),
     ],
 )
 def test_bad_bodies_get_4xx_naming_the_field(server, mutate, status, needle):

@@ -302,8 +302,16 @@ def _check_groups(df: pd.DataFrame, source: str | None) -> None:
     # one row per distinct (group, member list, rank), at its first row: a few per rank
     trip = pd.DataFrame({"g": gcode, "m": mcode, "rank": sub["rank"].to_numpy()},
                         index=sub.index).drop_duplicates()
-    members = [frozenset(s.split()) for s in lists]
-    size = np.array([len(s.split()) for s in lists], dtype=np.int64)
+    parsed = [s.split() for s in lists]
+    for k, tokens in enumerate(parsed):
+        if not all(t.isascii() and t.isdigit() for t in tokens):
+            row = int(trip.index[_first_bad((trip["m"] == k).to_numpy())])
+            raise SchemaError(
+                "not a list of ranks", source=source, column="group_ranks", row=row,
+                value=str(lists[k]), expected="global ranks (integers >= 0) separated by spaces",
+            )
+    members = [frozenset(int(t) for t in tokens) for tokens in parsed]
+    size = np.array([len(tokens) for tokens in parsed], dtype=np.int64)
     firsts = trip.drop_duplicates("g")
     first_m = pd.Series(firsts["m"].to_numpy(), index=firsts["g"].to_numpy())
     first_row = pd.Series(firsts.index.to_numpy(), index=firsts["g"].to_numpy())
@@ -326,7 +334,7 @@ def _check_groups(df: pd.DataFrame, source: str | None) -> None:
             expected=f"the members {lists[ref[i]]!r} as in row {first}",
         )
     rank = trip["rank"].to_numpy()
-    outside = np.array([str(r) not in members[k] for r, k in zip(rank, m, strict=True)],
+    outside = np.array([int(r) not in members[k] for r, k in zip(rank, m, strict=True)],
                        dtype=bool)
     if outside.any():
         i = _first_bad(outside)
