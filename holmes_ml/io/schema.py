@@ -53,6 +53,15 @@ LABEL_COLUMNS: tuple[str, ...] = ("abnormal", "fault_id", "affected")
 
 _NUMPY_DTYPES = {"int": np.int64, "float": np.float64}
 
+#: Facts that every row of one rank or one communicator shares (:func:`validate` checks them
+#: within a table, :func:`facts_of` lists them to check tables read later): the column ->
+#: (its owner column, how a message names it).
+FACTS: dict[str, tuple[str, str]] = {
+    "host": ("rank", "the host of rank {key}"),
+    "group_ranks": ("group", "the members of communicator {key!r}"),
+    "group_kind": ("group", "the kind of communicator {key!r}"),
+}
+
 
 def without_labels(ops: pd.DataFrame) -> pd.DataFrame:
     """``ops`` without the simulator's :data:`LABEL_COLUMNS` (what a real log would hold)."""
@@ -275,6 +284,32 @@ def validate(
     if opts.check_groups and len(result):
         _check_agreement(result, source)
     return result
+
+
+def facts_of(ops: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """What a validated table says of each rank and communicator: per :data:`FACTS` column it
+    has, owner -> value as text (members as their ranks in increasing order, so that one set
+    written in two orders is one value); empty values left out.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"rank": [0, 1], "group": ["dp-0", "dp-0"], "host": ["a", "b"],
+    ...                   "group_ranks": ["1 0", "1 0"]})
+    >>> facts_of(t)
+    {'host': {'0': 'a', '1': 'b'}, 'group_ranks': {'dp-0': '0 1'}}
+    """
+    out: dict[str, dict[str, str]] = {}
+    for fact, (owner, _) in FACTS.items():
+        if fact not in ops.columns:
+            continue
+        pairs = ops[[owner, fact]].drop_duplicates()
+        values = pairs[fact].astype(str)
+        keep = (values.str.len() > 0).to_numpy()
+        values = values[keep]
+        if fact == "group_ranks":
+            values = values.map(lambda t: " ".join(sorted(t.split(), key=int)))
+        out[fact] = dict(zip(pairs[owner][keep].astype(str), values, strict=True))
+    return out
 
 
 def _check_agreement(df: pd.DataFrame, source: str | None) -> None:

@@ -25,6 +25,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from holmes_ml.io.schema import FACTS, facts_of
+
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -140,26 +142,17 @@ _FACTS: dict[str, tuple[str, str]] = {
     "ranks": ("the agent sending rank {key}",
               "each rank from one agent: two agents following the same logs? (a job restarted "
               "on other hosts goes under a new job name)"),
-    "host": ("the host of rank {key}",
+    "host": (FACTS["host"][1],
              "one host per rank (a job restarted on other hosts goes under a new job name)"),
-    "group_ranks": ("the members of communicator {key!r}", "one member list per communicator"),
-    "group_kind": ("the kind of communicator {key!r}", "one kind per communicator"),
+    "group_ranks": (FACTS["group_ranks"][1], "one member list per communicator"),
+    "group_kind": (FACTS["group_kind"][1], "one kind per communicator"),
 }
 
 
 def _raw_facts(table: pa.Table) -> dict[str, dict[str, str]]:
-    """The :data:`_FACTS` of a validated raw batch (one value each: ``validate`` checked)."""
-    out: dict[str, dict[str, str]] = {}
-    for fact, owner in (("host", "rank"), ("group_ranks", "group"), ("group_kind", "group")):
-        if fact not in table.column_names:
-            continue
-        pairs = table.select([owner, fact]).to_pandas().drop_duplicates()
-        pairs = pairs[pairs[fact].astype(str).str.len() > 0]
-        values = pairs[fact].astype(str)
-        if fact == "group_ranks":  # a set of ranks: the same in any order
-            values = values.map(lambda t: " ".join(sorted(t.split(), key=int)))
-        out[fact] = dict(zip(pairs[owner].astype(str), values, strict=True))
-    return out
+    """:func:`~holmes_ml.io.schema.facts_of` a validated raw batch."""
+    cols = [c for c in ("rank", "group", *FACTS) if c in table.column_names]
+    return facts_of(table.select(cols).to_pandas())
 
 
 class Store:
