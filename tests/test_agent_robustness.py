@@ -216,3 +216,38 @@ def test_a_bad_value_is_named_by_its_file_line_and_the_file_once(tmp_path, suffi
     error = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert error == [f"error: {path}: column 'nbytes', line {line}: not a number (got 'lots'; "
                      "expected a finite int)"], proc.stderr
+
+
+def test_rows_that_contradict_earlier_files_are_set_aside_naming_both(tmp_path, caplog):
+    """Each file is validated alone as it grows; a rank that a later run appended under another
+    host (or that another file puts elsewhere) would be shipped on the first host. The rows
+    saying so are set aside, naming the file and line and the file that said otherwise;
+    what was accepted stays, the other files keep being read."""
+    ops = make_ops(seed=27, ranks=8, iterations=3)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, sub in ops.groupby("rank"):
+        sub.to_csv(logs / f"rank{r}.csv", index=False)
+    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j", source="n1")
+    agent = Agent(cfg, summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == len(ops)
+        later = make_ops(seed=28, ranks=8, iterations=4)
+        later = later[later["iteration"] == 3]
+        moved = later[later["rank"] == 5].assign(host="h9")
+        with (logs / "rank5.csv").open("a") as fh:
+            moved.to_csv(fh, index=False, header=False)
+        later[later["rank"] == 6].to_csv(logs / "rank6.csv", mode="a", index=False,
+                                         header=False)
+        with caplog.at_level(logging.ERROR, logger="holmes_ml.serve.agent"):
+            assert agent.read_new() == len(later[later["rank"] == 6])
+        assert set(agent.bad_files) == {logs / "rank5.csv"}
+        why = agent.bad_files[logs / "rank5.csv"]
+        assert why == (f"column 'host', line {len(ops[ops['rank'] == 5]) + 2}: the host of "
+                       f"rank 5 is 'h1' in {logs / 'rank5.csv'} (got 'h9'; expected one value "
+                       "per rank (a job restarted on other hosts: another --job, and a --follow "
+                       "of its own logs))"), why
+        assert sum(str(logs / "rank5.csv") in r.getMessage() for r in caplog.records) == 1
+        assert len(agent._ops) == len(ops) + len(later[later["rank"] == 6])
+    finally:
+        agent.close()

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io.schema import REQUIRED_COLUMNS, SchemaError, validate
+from holmes_ml.io.schema import FACTS, REQUIRED_COLUMNS, SchemaError, facts_of, validate
 from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
@@ -382,6 +382,9 @@ class Agent:
         self._empty_said = False
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
+        #: what the rows read so far say of each rank's host and each communicator's members
+        #: and kind (:data:`~holmes_ml.io.schema.FACTS`): fact -> key -> (value, file)
+        self._facts: dict[str, dict[str, tuple[str, str]]] = {}
         #: why the service could not be reached at the last attempt (None once it answered)
         self.last_error: str | None = None
 
@@ -410,8 +413,10 @@ class Agent:
                 trial = replace(state, bad=None, chunk_line=None)
                 try:
                     df = _read_increment(path, trial)
+                    facts: dict[str, dict[str, str]] = {}
                     if df is not None and not df.empty:
                         df = validate(df, source=str(path))
+                        facts = self._new_facts(df, path)
                 except SchemaError as exc:
                     if exc.row is not None and trial.chunk_line is not None and exc.line is None:
                         exc = exc.at(line=trial.chunk_line + exc.row)  # the file's line
@@ -423,6 +428,7 @@ class Agent:
                     state.bad = stamp
                     continue
                 self._files[path] = state = trial
+                self._keep_facts(facts, path)
                 self._set_good(path)
                 if df is None or df.empty:
                     continue
@@ -464,6 +470,7 @@ class Agent:
             return 0
         try:
             df = read_ops([str(p) for p in paths])
+            facts = self._new_facts(df, root / _WHOLE)
         except (SchemaError, ValueError, OSError) as exc:
             # A trace still being written, or a bad file: say which, keep what was accepted,
             # try again when one of the files changes.
@@ -471,6 +478,7 @@ class Agent:
             state.bad = stamp
             return 0
         self._set_good(root / _WHOLE)
+        self._keep_facts(facts, root / _WHOLE)
         state.stamp = stamp
         df = df.assign(_file=_WHOLE)
         if len(self._ops) and "_file" in self._ops.columns:
@@ -478,6 +486,35 @@ class Agent:
         self.stats.raw_bytes += sum(st.st_size for st in stats)
         self._buffer.append(df)
         return len(df)
+
+    def _new_facts(self, df: pd.DataFrame, path: Path) -> dict[str, dict[str, str]]:
+        """The facts of ``df``, rows new from ``path``; :class:`SchemaError` at the first
+        row that contradicts what rows read before said (a rank on another host, a
+        communicator with other members or another kind).
+
+        Each file is validated alone as it grows; without this a rank that two files (or two
+        runs in one file) put on two hosts would be shipped on the first one.
+        """
+        new = facts_of(df)
+        for fact, values in new.items():
+            seen = self._facts.get(fact, {})
+            for key, value in values.items():
+                if key in seen and seen[key][0] != value:
+                    owner, subject = FACTS[fact]
+                    row = int(np.flatnonzero((df[owner].astype(str) == key).to_numpy())[0])
+                    raise SchemaError(
+                        f"{subject.format(key=key)} is {seen[key][0]!r} in {seen[key][1]}",
+                        source=str(path), column=fact, row=row, value=value,
+                        expected=f"one value per {owner} (a job restarted on other hosts: "
+                        "another --job, and a --follow of its own logs)",
+                    )
+        return new
+
+    def _keep_facts(self, facts: dict[str, dict[str, str]], path: Path) -> None:
+        for fact, values in facts.items():
+            seen = self._facts.setdefault(fact, {})
+            for key, value in values.items():
+                seen.setdefault(key, (value, str(path)))
 
     @staticmethod
     def _not_a_log(path: Path, state: _FileState) -> bool:
