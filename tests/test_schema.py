@@ -129,3 +129,17 @@ def test_group_ranks_that_are_not_ranks_are_reported():
         validate(t)
     # written another way, the same ranks are the same group
     assert len(validate(_table(group_ranks=["0 1", "00 1", "0 1", "1 0"]))) == 4
+
+
+def test_a_peer_that_cannot_be_is_reported():
+    # the base table's send/recv pair is rank 0 -> rank 1 in pp-0-1
+    with pytest.raises(SchemaError, match=r"column 'peer', row 2: a send/recv with itself \(got "
+                       r"0; expected the global rank at the other end"):
+        validate(_table(peer=[-1, -1, 0, 0]))
+    with pytest.raises(SchemaError, match=r"column 'peer', row 0: negative value \(got -3"):
+        validate(_table(peer=[-3, -1, 1, 0]))
+    with pytest.raises(SchemaError, match=r"column 'peer', row 3: peer 5 is not a member of the "
+                       r"group 'pp-0-1' \(got 5; expected one of its members '0 1'\)"):
+        validate(_table(peer=[-1, -1, 1, 5], group_ranks=["0 1", "0 1", "0 1", "0 1"]))
+    assert validate(_table(peer=[-1, -1, 1, 0], group_ranks=["0 1"] * 4))["peer"].tolist() == \
+        [-1, -1, 1, 0]

@@ -275,6 +275,16 @@ def validate(
         )
     if "peer" not in out:
         out["peer"] = pd.Series(np.full(len(df), -1, dtype=np.int64))
+    peer = out["peer"].to_numpy()
+    odd = (peer < -1) | (peer == out["rank"].to_numpy())
+    if odd.any():
+        i = _first_bad(odd)
+        raise SchemaError(
+            "a send/recv with itself" if peer[i] >= 0 else "negative value", source=source,
+            column="peer", row=i, value=int(peer[i]),
+            expected="the global rank at the other end, another than the row's rank (-1: "
+            "none, a collective)",
+        )
 
     result = pd.DataFrame(out)
     extras = [c for c in df.columns if c not in result.columns]
@@ -368,6 +378,20 @@ def _check_groups(df: pd.DataFrame, source: str | None) -> None:
             column="group_ranks", row=row, value=str(lists[m[i]]),
             expected=f"the members {lists[ref[i]]!r} as in row {first}",
         )
+    if "peer" in sub.columns and (sub["peer"].to_numpy() >= 0).any():
+        p2p = sub["peer"].to_numpy() >= 0
+        ends = pd.DataFrame({"m": mcode[p2p], "peer": sub["peer"].to_numpy()[p2p]},
+                            index=sub.index[p2p]).drop_duplicates()
+        away = np.array([int(q) not in members[k] for q, k in
+                         zip(ends["peer"], ends["m"], strict=True)], dtype=bool)
+        if away.any():
+            i = _first_bad(away)
+            row, q = int(ends.index[i]), int(ends["peer"].iloc[i])
+            raise SchemaError(
+                f"peer {q} is not a member of the group {str(sub.at[row, 'group'])!r}",
+                source=source, column="peer", row=row, value=q,
+                expected=f"one of its members {lists[int(ends['m'].iloc[i])]!r}",
+            )
     rank = trip["rank"].to_numpy()
     outside = np.array([int(r) not in members[k] for r, k in zip(rank, m, strict=True)],
                        dtype=bool)
