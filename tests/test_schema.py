@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -143,3 +144,28 @@ def test_a_peer_that_cannot_be_is_reported():
         validate(_table(peer=[-1, -1, 1, 5], group_ranks=["0 1", "0 1", "0 1", "0 1"]))
     assert validate(_table(peer=[-1, -1, 1, 0], group_ranks=["0 1"] * 4))["peer"].tolist() == \
         [-1, -1, 1, 0]
+
+
+def test_copies_of_one_collective_naming_two_ops_are_reported():
+    t = _table(op=["all_reduce", "all_gather", "send", "recv"])
+    with pytest.raises(SchemaError, match=r"column 'op', row 1: copies of collective 'dp-0' seq "
+                       r"0 \(iteration 0\) name two ops \(got 'all_gather'; expected "
+                       r"'all_reduce' as in row 0 \(rank 0\)"):
+        validate(t)
+    # the same seq in another iteration is another instance (logs that number per iteration)
+    assert len(validate(_table(op=["all_reduce", "all_gather", "send", "recv"],
+                               iteration=[0, 1, 0, 0]))) == 4
+
+
+def test_codes_tell_combinations_apart_at_any_magnitude():
+    from holmes_ml.io.schema import _codes
+
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 1 << 62, 50)
+    cols = [np.repeat(big, 4), np.tile(np.array([0, 1 << 40, 5, 5]), 50),
+            np.array(list("abab") * 50, dtype=object), rng.integers(0, 3, 200)]
+    code = _codes(*cols)
+    keys = list(zip(*cols, strict=True))
+    same = code[:, None] == code[None, :]
+    expect = np.array([[a == b for b in keys] for a in keys])
+    assert (same == expect).all()

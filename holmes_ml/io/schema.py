@@ -329,104 +329,156 @@ def _check_agreement(df: pd.DataFrame, source: str | None) -> None:
     second spelling further down would be dropped without a word and the verdict would name
     the wrong ranks or host. The first row that contradicts an earlier one is reported.
     """
+    group = pd.factorize(df["group"])[0]
+    rank = df["rank"].to_numpy()
+    _check_instances(df, group, source)
     if "group_ranks" in df.columns:
-        _check_groups(df, source)
-    for column, owner, what in (("host", "rank", "host"), ("group_kind", "group", "kind")):
+        _check_groups(df, group, source)
+    for column, owner, what in (("host", rank, "host"), ("group_kind", group, "kind")):
         if column in df.columns:
-            _check_one_value(df, source, column, owner, what)
+            _check_one_value(df, owner, source, column, what)
 
 
-def _check_groups(df: pd.DataFrame, source: str | None) -> None:
-    """Participants of a group list the same members, and each is one of them."""
-    listed = (df["group_ranks"].str.len() > 0).to_numpy()
-    if not listed.any():
+def _codes(*columns: np.ndarray) -> np.ndarray:
+    """One int64 per row, equal for two rows exactly when all the row-aligned ``columns`` are
+    (integer columns spanning less than 2**31 are offset, not hashed; the code is re-densified
+    before it could overflow)."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    span = 1
+    for column in columns:
+        c = np.asarray(column)
+        lo = int(c.min()) if c.dtype.kind in "iu" and len(c) else 0
+        if c.dtype.kind in "iu" and len(c) and int(c.max()) - lo < 1 << 31:
+            width = int(c.max()) - lo + 1
+            c = c.astype(np.int64) - lo
+        else:
+            c, uniques = pd.factorize(c)
+            width = max(len(uniques), 1)
+        if span * width >= 1 << 62:
+            code = pd.factorize(code)[0].astype(np.int64)
+            span = int(code.max()) + 1
+        code = code * width + c
+        span *= width
+    return code
+
+
+def _first_rows(*columns: np.ndarray) -> np.ndarray:
+    """Positions of the first row of each distinct combination of ``columns``, in row order."""
+    return np.flatnonzero(~pd.Series(_codes(*columns)).duplicated().to_numpy())
+
+
+def _contradiction(owner: np.ndarray, value: np.ndarray) -> tuple[int, int] | None:
+    """``(row, earlier)``: the first row whose ``value`` differs from the one an earlier row
+    gave the same ``owner``, and the first row of that owner (positions); None if none."""
+    first = _first_rows(owner, value)
+    owners = owner[first]
+    again = pd.Series(owners).duplicated().to_numpy()
+    if not again.any():
+        return None
+    i = _first_bad(again)
+    return int(first[i]), int(first[_first_bad(owners == owners[i])])
+
+
+def _check_instances(df: pd.DataFrame, group: np.ndarray, source: str | None) -> None:
+    """The copies of one collective instance (iteration, group, seq) name the same op.
+
+    Every member of a communicator runs its collectives in the same order, so a copy naming
+    another op means the logs do not line up (a rank whose sequence numbers restarted, or
+    logs of two jobs): its peers would be compared with another operation's.
+    """
+    coll = np.flatnonzero((~df["op"].isin(P2P_OPS)).to_numpy())
+    if not len(coll):
         return
-    sub = df.loc[listed]
-    gcode, _ = pd.factorize(sub["group"])
-    mcode, lists = pd.factorize(sub["group_ranks"])
-    # one row per distinct (group, member list, rank), at its first row: a few per rank
-    trip = pd.DataFrame({"g": gcode, "m": mcode, "rank": sub["rank"].to_numpy()},
-                        index=sub.index).drop_duplicates()
-    parsed = [s.split() for s in lists]
+    instance = _codes(df["iteration"].to_numpy()[coll], group[coll], df["seq"].to_numpy()[coll])
+    # factorized whole: a string column's Arrow codes are fast, its numpy objects are not
+    found = _contradiction(instance, pd.factorize(df["op"])[0][coll])
+    if found is None:
+        return
+    row, first = (int(coll[k]) for k in found)
+    raise SchemaError(
+        f"copies of collective {df.at[row, 'group']!r} seq {int(df.at[row, 'seq'])} "
+        f"(iteration {int(df.at[row, 'iteration'])}) name two ops", source=source, column="op",
+        row=row, value=str(df.at[row, "op"]),
+        expected=f"{df.at[first, 'op']!r} as in row {first} (rank {int(df.at[first, 'rank'])}): "
+        "every member runs a communicator's collectives in one order; a rank whose sequence "
+        "numbers restarted?",
+    )
+
+
+def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> None:
+    """Participants of a group list the same members, each of them among those members, and
+    a send/recv's peer too."""
+    listed = np.flatnonzero((df["group_ranks"].str.len() > 0).to_numpy())
+    if not len(listed):
+        return
+    codes, lists = pd.factorize(df["group_ranks"])
+    mcode = codes[listed]
+    parsed = [str(t).split() for t in lists]
     for k, tokens in enumerate(parsed):
-        if not all(t.isascii() and t.isdigit() for t in tokens):
-            row = int(trip.index[_first_bad((trip["m"] == k).to_numpy())])
+        if tokens and not all(t.isascii() and t.isdigit() for t in tokens):
             raise SchemaError(
-                "not a list of ranks", source=source, column="group_ranks", row=row,
-                value=str(lists[k]), expected="global ranks (integers >= 0) separated by spaces",
+                "not a list of ranks", source=source, column="group_ranks",
+                row=int(listed[_first_bad(mcode == k)]), value=str(lists[k]),
+                expected="global ranks (integers >= 0) separated by spaces",
             )
     members = [frozenset(int(t) for t in tokens) for tokens in parsed]
-    size = np.array([len(tokens) for tokens in parsed], dtype=np.int64)
-    firsts = trip.drop_duplicates("g")
-    first_m = pd.Series(firsts["m"].to_numpy(), index=firsts["g"].to_numpy())
-    first_row = pd.Series(firsts.index.to_numpy(), index=firsts["g"].to_numpy())
-    ref = first_m.loc[trip["g"]].to_numpy()
-    m = trip["m"].to_numpy()
-    odd = np.array([members[a] != members[b] for a, b in zip(m, ref, strict=True)], dtype=bool)
-    if odd.any():
-        i = _first_bad(odd)
-        row, g = int(trip.index[i]), str(sub.at[trip.index[i], "group"])
-        first = int(first_row.loc[trip["g"].iloc[i]])
-        if size[m[i]] != size[ref[i]]:
+    same = pd.factorize(np.array([" ".join(map(str, sorted(m))) for m in members],
+                                 dtype=object))[0]
+    found = _contradiction(group[listed], same[mcode])
+    if found is not None:
+        row, first = (int(listed[k]) for k in found)
+        g, now, was = str(df.at[row, "group"]), str(df.at[row, "group_ranks"]), \
+            str(df.at[first, "group_ranks"])
+        if len(now.split()) != len(was.split()):
             raise SchemaError(
                 f"participants of group {g!r} disagree on its size", source=source,
-                column="group_ranks", row=row, value=f"{int(size[m[i]])} ranks",
-                expected=f"{int(size[ref[i]])} ranks as in row {first}",
+                column="group_ranks", row=row, value=f"{len(now.split())} ranks",
+                expected=f"{len(was.split())} ranks as in row {first}",
             )
         raise SchemaError(
             f"participants of group {g!r} disagree on its members", source=source,
-            column="group_ranks", row=row, value=str(lists[m[i]]),
-            expected=f"the members {lists[ref[i]]!r} as in row {first}",
+            column="group_ranks", row=row, value=now,
+            expected=f"the members {was!r} as in row {first}",
         )
-    if "peer" in sub.columns and (sub["peer"].to_numpy() >= 0).any():
-        p2p = sub["peer"].to_numpy() >= 0
-        ends = pd.DataFrame({"m": mcode[p2p], "peer": sub["peer"].to_numpy()[p2p]},
-                            index=sub.index[p2p]).drop_duplicates()
-        away = np.array([int(q) not in members[k] for q, k in
-                         zip(ends["peer"], ends["m"], strict=True)], dtype=bool)
+    checks = [("rank", "rank {q} is not a member of its group {g!r}",
+               "the group's global ranks, {q} among them")]
+    if "peer" in df.columns:
+        checks.append(("peer", "peer {q} is not a member of the group {g!r}",
+                       "one of its members {m!r}"))
+    for column, message, expected in checks:
+        who = df[column].to_numpy()[listed]
+        heads = _first_rows(mcode, who)
+        away = np.array([q >= 0 and int(q) not in members[k]
+                         for q, k in zip(who[heads], mcode[heads], strict=True)], dtype=bool)
         if away.any():
             i = _first_bad(away)
-            row, q = int(ends.index[i]), int(ends["peer"].iloc[i])
+            row, q = int(listed[heads[i]]), int(who[heads[i]])
+            g, m = str(df.at[row, "group"]), str(df.at[row, "group_ranks"])
             raise SchemaError(
-                f"peer {q} is not a member of the group {str(sub.at[row, 'group'])!r}",
-                source=source, column="peer", row=row, value=q,
-                expected=f"one of its members {lists[int(ends['m'].iloc[i])]!r}",
+                message.format(q=q, g=g), source=source, column=column if column == "peer"
+                else "group_ranks", row=row, value=q if column == "peer" else m,
+                expected=expected.format(q=q, m=m),
             )
-    rank = trip["rank"].to_numpy()
-    outside = np.array([int(r) not in members[k] for r, k in zip(rank, m, strict=True)],
-                       dtype=bool)
-    if outside.any():
-        i = _first_bad(outside)
-        row = int(trip.index[i])
-        raise SchemaError(
-            f"rank {int(rank[i])} is not a member of its group "
-            f"{str(sub.at[row, 'group'])!r}", source=source, column="group_ranks", row=row,
-            value=str(lists[m[i]]),
-            expected=f"the group's global ranks, {int(rank[i])} among them",
-        )
 
 
 def _check_one_value(
-    df: pd.DataFrame, source: str | None, column: str, owner: str, what: str
+    df: pd.DataFrame, owner: np.ndarray, source: str | None, column: str, what: str
 ) -> None:
-    """One non-empty ``column`` value per ``owner`` (a rank's host, a group's kind)."""
-    known = (df[column].str.len() > 0).to_numpy()
-    if not known.any():
+    """One non-empty ``column`` value per owner (a rank's host, a group's kind)."""
+    known = np.flatnonzero((df[column].str.len() > 0).to_numpy())
+    if not len(known):
         return
-    sub = df.loc[known]
-    code, values = pd.factorize(sub[column])
-    pairs = pd.DataFrame({"o": sub[owner].to_numpy(), "v": code},
-                         index=sub.index).drop_duplicates()
-    again = pairs["o"].duplicated().to_numpy()
-    if again.any():
-        i = _first_bad(again)
-        o = pairs["o"].iloc[i]
-        first = pairs[pairs["o"] == o].iloc[0]
-        label = f"{owner} {o}" if owner == "rank" else f"{owner} {str(o)!r}"
-        raise SchemaError(
-            f"{label} logged with two {what}s", source=source, column=column,
-            row=int(pairs.index[i]), value=str(values[pairs["v"].iloc[i]]),
-            expected=f"one {what} per {owner}: {str(values[first['v']])!r} as in row "
-            f"{int(first.name)}" + ("; a restart that moved ranks to other hosts starts a new "
-                                    "run, to be read on its own" if owner == "rank" else ""),
-        )
+    found = _contradiction(owner[known], pd.factorize(df[column])[0][known])
+    if found is None:
+        return
+    row, first = (int(known[k]) for k in found)
+    name, _ = FACTS[column]
+    label = "rank" if name == "rank" else "group"
+    o = df.at[row, label]
+    raise SchemaError(
+        f"{label} {o if label == 'rank' else repr(str(o))} logged with two {what}s",
+        source=source, column=column, row=row, value=str(df.at[row, column]),
+        expected=f"one {what} per {label}: {str(df.at[first, column])!r} as in row {first}"
+        + ("; a restart that moved ranks to other hosts starts a new run, to be read on its own"
+           if label == "rank" else ""),
+    )
