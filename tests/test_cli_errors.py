@@ -4,7 +4,10 @@ traceback behind it, and the defaults work at any run length."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
@@ -136,3 +139,28 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
         assert line.startswith(f"error: {expected}"), (args, line)
         assert "expected a" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f"]
+
+
+def _unwritable_dir(tmp_path):
+    """A directory this user cannot write into: a read-only one, or (as root, who may write
+    into any mode 0500 directory) a read-only mount such as /proc/sys; skip when none."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if not os.access(ro, os.W_OK):
+        return ro
+    if os.path.isdir("/proc/sys") and not os.access("/proc/sys", os.W_OK):
+        return Path("/proc/sys")
+    pytest.skip("no unwritable directory: root, and no read-only mount at /proc/sys")
+
+
+def test_an_output_in_an_unwritable_directory_is_refused_before_the_work(tmp_path):
+    ro = _unwritable_dir(tmp_path)
+    missing = str(tmp_path / "missing.parquet")
+    for args, option in ((["detect", missing, "--out", str(ro / "s.parquet")], "--out"),
+                         (["train", missing, "--out", str(ro / "new" / "m.holmes")], "--out"),
+                         (["localize", missing, "--plot", str(ro / "plots")], "--plot")):
+        line = _one_error_line(CliRunner().invoke(app, args))
+        assert line.startswith(f"error: {option} {ro}/"), (args, line)
+        assert f"directory {ro} is not writable; expected a path in a writable directory" \
+            in line, (args, line)
