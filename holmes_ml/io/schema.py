@@ -323,7 +323,8 @@ def facts_of(ops: pd.DataFrame) -> dict[str, dict[str, str]]:
 
 
 def _check_agreement(df: pd.DataFrame, source: str | None) -> None:
-    """Facts that every row of a group or of a rank must agree on.
+    """Facts that every row of a group or of a rank must agree on, and the copies of one
+    collective instance on its op.
 
     Downstream keeps one value per group (its members and kind) and per rank (its host): a
     second spelling further down would be dropped without a word and the verdict would name
@@ -472,8 +473,7 @@ def _check_one_value(
     if found is None:
         return
     row, first = (int(known[k]) for k in found)
-    name, _ = FACTS[column]
-    label = "rank" if name == "rank" else "group"
+    label = FACTS[column][0]  # the owner column: rank or group
     o = df.at[row, label]
     raise SchemaError(
         f"{label} {o if label == 'rank' else repr(str(o))} logged with two {what}s",
