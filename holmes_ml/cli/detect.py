@@ -108,7 +108,7 @@ def _print(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from holmes_ml.cli._text import spans
+    from holmes_ml._text import spans
 
     console = Console()
     console.print(f"scored {report['ops']} ops ({report['abnormal_ops']} abnormal at threshold "

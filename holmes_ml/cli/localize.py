@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from holmes_ml._text import spans
 from holmes_ml.cli._checks import check_delta, check_writable
-from holmes_ml.cli._text import spans
 from holmes_ml.io import FORMATS
 
 

@@ -1,4 +1,4 @@
-"""Small text helpers shared by the commands' printed output."""
+"""Small text helpers shared by printed output and reports."""
 
 from __future__ import annotations
 
