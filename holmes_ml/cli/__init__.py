@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "holmes_ml.cli.train",
     "holmes_ml.cli.detect",
     "holmes_ml.cli.localize",
+    "holmes_ml.cli.check",
     "holmes_ml.cli.drill",
     "holmes_ml.cli.serve",
     "holmes_ml.cli.bench",

@@ -1,0 +1,132 @@
+"""What a set of CommOps logs holds, and what localization can make of it (``holmes check``).
+
+A new log source (another logger, a profiler export, a sampled job) is worth checking before
+agents are wired to it: whether every rank logged, whether communicator members and hosts are
+known, how many iterations there are to compare. :func:`inventory` answers from the validated
+table alone, without a model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml._text import spans
+from holmes_ml.io.schema import P2P_OPS
+
+if TYPE_CHECKING:
+    from holmes_ml.topology import Topology
+
+#: Parallel coordinates a reader may supply as columns.
+_COORDS = ("dp", "pp", "tp", "cp", "ep")
+
+
+def inventory(ops: pd.DataFrame, topology: Topology | None = None,
+              min_history: int | None = None) -> dict[str, Any]:
+    """Counts of a validated CommOps table and checks of what localization can use.
+
+    Parameters
+    ----------
+    ops:
+        Canonical CommOps table (:func:`holmes_ml.io.read_ops`).
+    topology:
+        The job's topology, when one is known (``topology.json``).
+    min_history:
+        Iterations the irregularity monitor needs before it flags one (default: that of
+        :class:`holmes_ml.features.IrregularityConfig`).
+
+    Returns
+    -------
+    dict
+        Plain JSON values: ``ops``, ``ranks`` and ``rank_list`` (runs such as ``"0-15"``),
+        ``listed_not_logged`` (ranks that communicator member lists name but that logged
+        nothing), ``iterations``, ``iteration_list``, ``median_iteration_s``, ``hosts`` and
+        ``hosts_from`` (``topology``, ``logs`` or ``assumed``), ``communicators`` (by kind,
+        and how many list their members), ``op_types``, ``send_recv_without_peer``,
+        ``coordinates``, ``reused_key_rows`` and ``checks``: one ``{"ok", "what"}`` per thing
+        localization relies on.
+    """
+    from holmes_ml.features import IrregularityConfig, iteration_table
+    from holmes_ml.topology import kind_from_group_name
+
+    history = min_history if min_history is not None else IrregularityConfig().min_history
+    ranks = np.sort(ops["rank"].unique()).astype(np.int64)
+    groups = ops.groupby(ops["group"].astype(str), sort=True)
+    listed = groups["group_ranks"].first().astype(str) if "group_ranks" in ops.columns else \
+        pd.Series("", index=groups.size().index)
+    has_list = listed.str.len() > 0
+    named = {int(r) for text in listed[has_list] for r in text.split()}
+    missing = sorted(named - set(ranks.tolist()))
+    if "group_kind" in ops.columns:
+        kinds = groups["group_kind"].first().astype(str)
+        kinds = kinds.where(kinds.str.len() > 0, kinds.index.map(kind_from_group_name))
+    else:
+        kinds = pd.Series(listed.index.map(kind_from_group_name), index=listed.index)
+    its = iteration_table(ops)
+    p2p = ops["op"].isin(P2P_OPS).to_numpy()
+    no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
+        int(p2p.sum())
+    if topology is not None:
+        hosts, hosts_from = int(topology.ranks["host"].nunique()), "topology"
+    elif "host" in ops.columns and (ops["host"].astype(str).str.len() > 0).all():
+        hosts, hosts_from = int(ops["host"].nunique()), "logs"
+    else:
+        hosts, hosts_from = int(len(np.unique(ranks // 8))), "assumed"
+    fabric = topology is not None and topology.spines > 0
+    out: dict[str, Any] = {
+        "ops": len(ops),
+        "ranks": len(ranks),
+        "rank_list": spans(ranks),
+        "listed_not_logged": len(missing),
+        "listed_not_logged_list": spans(missing),
+        "iterations": len(its),
+        "iteration_list": spans(its.index),
+        "median_iteration_s": round(float(its["duration_s"].median()), 6) if len(its) else None,
+        "hosts": hosts,
+        "hosts_from": hosts_from,
+        "communicators": int(len(listed)),
+        "communicators_by_kind": {str(k): int(n) for k, n in kinds.value_counts().items()},
+        "communicators_with_members": int(has_list.sum()),
+        "op_types": {str(k): int(n) for k, n in ops["op"].value_counts().items()},
+        "send_recv_without_peer": no_peer,
+        "coordinates": [c for c in _COORDS if c in ops.columns],
+        "reused_key_rows": int(ops.attrs.get("reused_key_rows", 0)),
+    }
+    checks = [
+        (len(ranks) > 1,
+         f"{len(ranks)} ranks logged: peers can be compared" if len(ranks) > 1 else
+         "one rank logged: there are no peers to compare it with, so a slow device may go "
+         "unnamed"),
+        (not missing,
+         "every rank the member lists name logged" if not missing else
+         f"{len(missing)} ranks named by member lists logged nothing ({spans(missing)}): "
+         "a slow device among them can only show through its peers"),
+        (bool(has_list.all()),
+         "every communicator lists its members (group_ranks): rings and pairs are known"
+         if has_list.all() else
+         f"{int((~has_list).sum())} of {len(listed)} communicators list no members: taken "
+         "from the ranks that logged them"),
+        (hosts_from != "assumed",
+         f"{hosts} hosts, from the {hosts_from}" if hosts_from != "assumed" else
+         "no host column and no topology.json: each 8 consecutive ranks are assumed to share "
+         "a host"),
+        (fabric,
+         "the topology places NICs under leaf and spine switches: links and switches can be "
+         "named too" if fabric else
+         "no topology.json with switches: GPUs, NICs and hosts can be named, not links or "
+         "switches"),
+        (len(its) > history,
+         f"{len(its)} iterations: enough for the irregularity monitor" if len(its) > history
+         else f"{len(its)} iteration{'s' * (len(its) != 1)}: the irregularity monitor flags "
+         f"none before {history} regular ones; findings come from abnormal operators alone"),
+        (no_peer == 0,
+         "every send/recv names its peer" if no_peer == 0 else
+         f"{no_peer} send/recv rows name no peer: paired by communicator and seq alone"),
+    ]
+    if out["reused_key_rows"]:
+        checks.append((False, f"{out['reused_key_rows']} rows share an operator's identity with "
+                       "another row: logs of two runs (or a restarted job) read together?"))
+    out["checks"] = [{"ok": bool(ok), "what": what} for ok, what in checks]
+    return out

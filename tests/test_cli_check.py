@@ -1,0 +1,77 @@
+"""`holmes check`: what a set of logs holds and what localization can use, without a model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_cli_errors import _one_error_line
+from typer.testing import CliRunner
+
+from holmes_ml.cli import app
+from holmes_ml.simulator import SimConfig, simulate_to
+
+REALDATA = Path("/work/shared/realdata/bytedance-whatif/trace-AR.parquet")
+
+
+def _check(*args: str) -> dict:
+    out = CliRunner().invoke(app, ["check", *args, "--json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.stdout)
+
+
+def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
+    simulate_to(SimConfig(gpus=32, tp=2, pp=2, dp=8, iterations=6, seed=4), tmp_path / "sim")
+    ops = pd.read_parquet(tmp_path / "sim" / "ops.parquet")
+    report = _check(str(tmp_path / "sim"))
+    assert report["ops"] == len(ops)
+    assert (report["ranks"], report["rank_list"]) == (32, "0-31")
+    assert (report["iterations"], report["iteration_list"]) == (6, "0-5")
+    assert (report["hosts"], report["hosts_from"]) == (4, "topology")
+    assert report["communicators"] == ops["group"].nunique()
+    assert report["communicators_by_kind"] == ops.groupby("group")["group_kind"].first() \
+        .astype(str).value_counts().to_dict()
+    assert report["op_types"] == ops["op"].astype(str).value_counts().to_dict()
+    assert [c["ok"] for c in report["checks"]] == [True] * 7, report["checks"]
+    # the readable form says the same
+    text = CliRunner().invoke(app, ["check", str(tmp_path / "sim")]).stdout
+    assert f"read {len(ops):,} ops of 32 rank(s) (0-31) over 6 iteration(s) (0-5;" in text
+
+
+def test_what_a_thin_log_lacks_is_said(tmp_path):
+    # one rank, no member lists, no host, a send without its peer, two iterations
+    rows = [{"iteration": it, "rank": 3, "op": op, "group": g, "seq": it, "nbytes": 64,
+             "start_ns": 10**18 + it * 10**9 + k, "duration_us": 10.0}
+            for it in range(2) for k, (op, g) in enumerate([("all_reduce", "dp-0"),
+                                                            ("send", "pp-0-1")])]
+    pd.DataFrame(rows).to_csv(tmp_path / "rank3.csv", index=False)
+    report = _check(str(tmp_path / "rank3.csv"))
+    assert (report["ranks"], report["hosts"], report["hosts_from"]) == (1, 1, "assumed")
+    assert report["send_recv_without_peer"] == 2
+    assert report["communicators_with_members"] == 0
+    failed = [c["what"] for c in report["checks"] if not c["ok"]]
+    assert [w.split(":")[0] for w in failed] == [
+        "one rank logged", "2 of 2 communicators list no members",
+        "no host column and no topology.json", "no topology.json with switches",
+        "2 iterations", "2 send/recv rows name no peer"], failed
+
+
+@pytest.mark.skipif(not REALDATA.exists(), reason="real traces not available")
+def test_the_real_trace_says_which_workers_were_not_recorded():
+    """trace-AR records 16 of its 64 workers (its README): the other 48 are named."""
+    report = _check(str(REALDATA), "--format", "bytedance")
+    assert (report["ranks"], report["listed_not_logged"]) == (16, 48)
+    assert report["coordinates"] == ["dp", "pp", "tp"]
+    lacking = [c["what"] for c in report["checks"] if not c["ok"]]
+    assert lacking[0].startswith("48 ranks named by member lists logged nothing (1-3 5-7 9-11")
+
+
+def test_logs_that_contradict_each_other_are_one_error_line(tmp_path):
+    rows = pd.DataFrame({"iteration": [0, 0], "rank": [0, 1], "op": ["all_reduce", "barrier"],
+                         "group": ["dp-0", "dp-0"], "seq": [0, 0], "nbytes": [8, 8],
+                         "start_ns": [1, 2], "duration_us": [1.0, 1.0]})
+    rows.to_csv(tmp_path / "ops.csv", index=False)
+    line = _one_error_line(CliRunner().invoke(app, ["check", str(tmp_path / "ops.csv")]))
+    assert "copies of collective 'dp-0' seq 0 (iteration 0) name two ops" in line, line
