@@ -230,6 +230,23 @@ def _time_inference(
     goals["ops_per_cpu_s_with_inference"] = ">= 1e6"
 
 
+def _time_validation(ops: pd.DataFrame, figures: dict[str, float]) -> None:
+    """Time :func:`holmes_ml.io.validate` of the same table (what every reader, the agent and
+    the service's raw ingest run on what they accept): coercion to the canonical dtypes and
+    the checks that rows agree with each other. Best of three."""
+    from holmes_ml.io.schema import validate
+
+    cpus, walls = [], []
+    for _ in range(3):
+        t0, c0 = time.perf_counter(), os.times()
+        validate(ops)
+        t1, c1 = time.perf_counter(), os.times()
+        walls.append(t1 - t0)
+        cpus.append((c1.user - c0.user) + (c1.system - c0.system))
+    figures["validate_seconds"] = float(min(walls))
+    figures["validate_ops_per_cpu_s"] = float(len(ops) / max(min(cpus), 1e-9))
+
+
 def run(quick: bool = False, model=None) -> BenchResult:
     """Measure ``build_features`` throughput (ops/s, single process) and peak memory.
 
@@ -278,6 +295,7 @@ def run(quick: bool = False, model=None) -> BenchResult:
         "ops_per_s_first_call": float(len(ops) / walls[0]),
     }
     goals = {"ops_per_s": ">= 1e6", "ops_per_cpu_s": ">= 1e6"}
+    _time_validation(ops, figures)
     _time_inference(ops, cfg, figures, goals, model)
     # Memory of feature extraction itself (numpy reports its buffers to tracemalloc); the
     # process peak RSS below also includes generating the job.
