@@ -296,10 +296,20 @@ def validate(
     return result
 
 
+def members_key(group_ranks: str) -> str:
+    """A member list as its distinct ranks in increasing order: the one spelling of a set
+    (``"1 00 1"`` -> ``"0 1"``) by which lists are compared.
+
+    >>> members_key("8 0 08")
+    '0 8'
+    """
+    return " ".join(map(str, sorted({int(t) for t in str(group_ranks).split()})))
+
+
 def facts_of(ops: pd.DataFrame) -> dict[str, dict[str, str]]:
     """What a validated table says of each rank and communicator: per :data:`FACTS` column it
-    has, owner -> value as text (members as their ranks in increasing order, so that one set
-    written in two orders is one value); empty values left out.
+    has, owner -> value as text (members as :func:`members_key`, so that one set written two
+    ways is one value); empty values left out.
 
     Examples
     --------
@@ -317,7 +327,7 @@ def facts_of(ops: pd.DataFrame) -> dict[str, dict[str, str]]:
         keep = (values.str.len() > 0).to_numpy()
         values = values[keep]
         if fact == "group_ranks":
-            values = values.map(lambda t: " ".join(sorted(t.split(), key=int)))
+            values = values.map(members_key)
         out[fact] = dict(zip(pairs[owner][keep].astype(str), values, strict=True))
     return out
 
@@ -423,8 +433,7 @@ def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> No
                 expected="global ranks (integers >= 0) separated by spaces",
             )
     members = [frozenset(int(t) for t in tokens) for tokens in parsed]
-    same = pd.factorize(np.array([" ".join(map(str, sorted(m))) for m in members],
-                                 dtype=object))[0]
+    same = pd.factorize(np.array([members_key(t) for t in lists], dtype=object))[0]
     found = _contradiction(group[listed], same[mcode])
     if found is not None:
         row, first = (int(listed[k]) for k in found)
