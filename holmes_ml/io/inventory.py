@@ -49,31 +49,27 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         localization relies on.
     """
     from holmes_ml.features import IrregularityConfig, iteration_table
-    from holmes_ml.topology import kind_from_group_name
+    from holmes_ml.topology import Topology
 
     history = min_history if min_history is not None else IrregularityConfig().min_history
     ranks = np.sort(ops["rank"].unique()).astype(np.int64)
-    groups = ops.groupby(ops["group"].astype(str), sort=True)
-    listed = groups["group_ranks"].first().astype(str) if "group_ranks" in ops.columns else \
-        pd.Series("", index=groups.size().index)
-    has_list = listed.str.len() > 0
-    named = {int(r) for text in listed[has_list] for r in text.split()}
-    missing = sorted(named - set(ranks.tolist()))
-    if "group_kind" in ops.columns:
-        kinds = groups["group_kind"].first().astype(str)
-        kinds = kinds.where(kinds.str.len() > 0, kinds.index.map(kind_from_group_name))
-    else:
-        kinds = pd.Series(listed.index.map(kind_from_group_name), index=listed.index)
+    # what localization itself would derive from these logs: communicators (members listed,
+    # or the ranks that logged them), their kinds, and hosts (logged, or assumed)
+    logs = Topology.from_ops(ops)
+    with_members = int(ops.loc[ops["group_ranks"].str.len() > 0, "group"].nunique()) \
+        if "group_ranks" in ops.columns else 0
+    missing = sorted({r for g in logs.groups.values() for r in g.ranks} - set(ranks.tolist()))
+    kinds = pd.Series([g.kind for g in logs.groups.values()], dtype=object)
     its = iteration_table(ops)
     p2p = ops["op"].isin(P2P_OPS).to_numpy()
     no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
         int(p2p.sum())
     if topology is not None:
         hosts, hosts_from = int(topology.ranks["host"].nunique()), "topology"
-    elif "host" in ops.columns and (ops["host"].astype(str).str.len() > 0).all():
-        hosts, hosts_from = int(ops["host"].nunique()), "logs"
     else:
-        hosts, hosts_from = int(len(np.unique(ranks // 8))), "assumed"
+        hosts = int(logs.ranks["host"].nunique())
+        logged = "host" in ops.columns and bool((ops["host"].astype(str).str.len() > 0).all())
+        hosts_from = "logs" if logged else "assumed"
     fabric = topology is not None and topology.spines > 0
     out: dict[str, Any] = {
         "ops": len(ops),
@@ -86,9 +82,9 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "median_iteration_s": round(float(its["duration_s"].median()), 6) if len(its) else None,
         "hosts": hosts,
         "hosts_from": hosts_from,
-        "communicators": int(len(listed)),
+        "communicators": len(logs.groups),
         "communicators_by_kind": {str(k): int(n) for k, n in kinds.value_counts().items()},
-        "communicators_with_members": int(has_list.sum()),
+        "communicators_with_members": with_members,
         "op_types": {str(k): int(n) for k, n in ops["op"].value_counts().items()},
         "send_recv_without_peer": no_peer,
         "coordinates": [c for c in _COORDS if c in ops.columns],
@@ -103,15 +99,15 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          "every rank the member lists name logged" if not missing else
          f"{len(missing)} ranks named by member lists logged nothing ({spans(missing)}): "
          "a slow device among them can only show through its peers"),
-        (bool(has_list.all()),
+        (with_members == len(logs.groups),
          "every communicator lists its members (group_ranks): rings and pairs are known"
-         if has_list.all() else
-         f"{int((~has_list).sum())} of {len(listed)} communicators list no members: taken "
-         "from the ranks that logged them"),
+         if with_members == len(logs.groups) else
+         f"{len(logs.groups) - with_members} of {len(logs.groups)} communicators list no "
+         "members: taken from the ranks that logged them"),
         (hosts_from != "assumed",
          f"{hosts} hosts, from the {hosts_from}" if hosts_from != "assumed" else
-         "no host column and no topology.json: each 8 consecutive ranks are assumed to share "
-         "a host"),
+         f"no host column and no topology.json: each {logs.gpus_per_host} consecutive ranks "
+         "are assumed to share a host"),
         (fabric,
          "the topology places NICs under leaf and spine switches: links and switches can be "
          "named too" if fabric else
