@@ -13,6 +13,7 @@ import logging
 import os
 import time
 import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -230,19 +231,29 @@ def _time_inference(
     goals["ops_per_cpu_s_with_inference"] = ">= 1e6"
 
 
+def _timings(work: Callable[[], object], repeats: int = 3
+             ) -> tuple[list[float], list[float], list[float]]:
+    """Wall seconds, CPU seconds (user + system) and system seconds of ``repeats`` calls of
+    ``work``, whose result is dropped before the next call (it must not still hold its memory
+    then)."""
+    walls, cpus, systems = [], [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), os.times()
+        work()
+        t1, c1 = time.perf_counter(), os.times()
+        walls.append(t1 - t0)
+        cpus.append((c1.user - c0.user) + (c1.system - c0.system))
+        systems.append(c1.system - c0.system)
+    return walls, cpus, systems
+
+
 def _time_validation(ops: pd.DataFrame, figures: dict[str, float]) -> None:
     """Time :func:`holmes_ml.io.validate` of the same table (what every reader, the agent and
     the service's raw ingest run on what they accept): coercion to the canonical dtypes and
     the checks that rows agree with each other. Best of three."""
     from holmes_ml.io.schema import validate
 
-    cpus, walls = [], []
-    for _ in range(3):
-        t0, c0 = time.perf_counter(), os.times()
-        validate(ops)
-        t1, c1 = time.perf_counter(), os.times()
-        walls.append(t1 - t0)
-        cpus.append((c1.user - c0.user) + (c1.system - c0.system))
+    walls, cpus, _ = _timings(lambda: validate(ops))
     figures["validate_seconds"] = float(min(walls))
     figures["validate_ops_per_cpu_s"] = float(len(ops) / max(min(cpus), 1e-9))
 
@@ -266,21 +277,9 @@ def run(quick: bool = False, model=None) -> BenchResult:
     ops, source = _simulated_ops(target, seed=0)
     ops = ops.reset_index(drop=True)
     cfg = FeatureConfig()
-    build_features(ops.head(5000), cfg)  # warm caches and imports outside the timing
-    repeats = 3
-    walls: list[float] = []
-    cpus: list[float] = []
-    systems: list[float] = []
-    n_features = 0
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), os.times()
-        feats = build_features(ops, cfg)
-        t1, c1 = time.perf_counter(), os.times()
-        n_features = feats.shape[1]
-        del feats  # the next call must not find this result still holding its memory
-        walls.append(t1 - t0)
-        cpus.append((c1.user - c0.user) + (c1.system - c0.system))
-        systems.append(c1.system - c0.system)
+    # warm caches and imports outside the timing
+    n_features = build_features(ops.head(5000), cfg).shape[1]
+    walls, cpus, systems = _timings(lambda: build_features(ops, cfg))
     best = min(walls)
     figures: dict[str, float] = {
         "n_ops": float(len(ops)),
