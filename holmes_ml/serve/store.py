@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from holmes_ml.io.schema import FACTS, facts_of
+from holmes_ml.io.schema import FACTS, facts_of, members_key
 
 logger = logging.getLogger(__name__)
 
@@ -414,8 +414,7 @@ class Store:
                          (job, group["name"])).fetchone()
         if row is None or row[0] == sent:
             return sent
-        union = {int(x) for x in row[0].split()} | {int(x) for x in group["ranks"]}
-        return " ".join(map(str, sorted(union)))
+        return members_key(f"{row[0]} {sent}")
 
     def ingest_raw(
         self,
