@@ -67,11 +67,11 @@ def test_gzip_agent_batch_roundtrip(server):
 
 
 def _agent_batch(source: str, seq: int, ranks: list[int], host: str, group: list[int],
-                 iteration: int = 0) -> dict:
+                 iteration: int = 0, kind: str = "dp") -> dict:
     n = len(ranks)
     return {"source": source, "batch_id": f"{source}-{seq}", "seq": seq,
             "ranks": {"rank": ranks, "host": [host] * n, "gpu": list(range(n))},
-            "groups": [{"name": "dp-0", "kind": "dp", "ranks": group}],
+            "groups": [{"name": "dp-0", "kind": kind, "ranks": group}],
             "iterations": {"iteration": [iteration] * n, "rank": ranks,
                            "start_ns": [0] * n, "end_ns": [100] * n, "comm_us": [0.1] * n,
                            "n_ops": [3] * n}}
@@ -104,6 +104,25 @@ def test_a_rank_sent_by_two_agents_is_refused_and_nothing_accepted_is_lost(serve
     with sqlite3.connect(f"file:{server.db}?mode=ro", uri=True) as db:
         members = db.execute("SELECT ranks FROM groups WHERE job='jobO' AND name='dp-0'")
         assert members.fetchone()[0] == "0 1 2 3 9"
+
+
+def test_agents_disagreeing_on_a_communicators_kind_are_refused(server):
+    """Member lists of a communicator add up across agents; its kind is one: an agent calling
+    it otherwise gets 409 naming the communicator, both kinds and ``groups.kind``, and the
+    stored kind stays."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    assert c.post("/v1/jobs/jobK/batches",
+                  json=_agent_batch("n1", 0, [0, 1], "h1", [0, 1])).status_code == 200
+    r = c.post("/v1/jobs/jobK/batches", json=_agent_batch("n2", 0, [2, 3], "h2", [2, 3],
+                                                          kind="tp"))
+    assert r.status_code == 409 and r.json()["field"] == "groups.kind", r.text
+    assert "the kind of communicator 'dp-0' of job 'jobK': 'dp' since batch 'n1-0' of source " \
+           "'n1'; batch 'n2-0' of source 'n2' says 'tp'" in r.json()["detail"], r.text
+    assert c.post("/v1/jobs/jobK/batches",
+                  json=_agent_batch("n2", 0, [2, 3], "h2", [2, 3])).status_code == 200
+    with sqlite3.connect(f"file:{server.db}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT kind, ranks FROM groups WHERE job='jobK' AND name='dp-0'")
+        assert row.fetchone() == ("dp", "0 1 2 3")
 
 
 def test_raw_batches_that_contradict_earlier_ones_are_refused(server):

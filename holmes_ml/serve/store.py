@@ -136,8 +136,9 @@ class UnknownJobError(StoreError):
 
 
 #: What one batch may not contradict in an earlier one: fact -> (its subject, what is
-#: expected). A rank's agent (agent mode); a rank's host, a communicator's members and kind
-#: (raw mode; agents send each communicator once, as far as they saw it, and lists add up).
+#: expected). A rank's agent and a communicator's kind (agent mode; agents send each
+#: communicator once, as far as they saw it, and member lists add up); a rank's host, a
+#: communicator's members and kind (raw mode).
 _FACTS: dict[str, tuple[str, str]] = {
     "ranks": ("the agent sending rank {key}",
               "each rank from one agent: two agents following the same logs? (a job restarted "
@@ -315,6 +316,11 @@ class Store:
             # rows are keyed by rank and iteration: a second agent following the same logs
             # (a shared directory) would overwrite the first one's
             self._settle(db, job, source, batch_id, "ranks", {str(r): source for r in ranks})
+            # agents send a communicator each as far as they saw it: the member lists add up
+            # (_members), its kind must be the same
+            self._settle(db, job, source, batch_id, "group_kind",
+                         {str(g["name"]): str(g["kind"]) for g in batch.get("groups") or ()},
+                         field="groups.kind")
             n = 0
             newest = None
             if batch.get("ranks"):
@@ -370,10 +376,10 @@ class Store:
 
     @staticmethod
     def _settle(db: sqlite3.Connection, job: str, source: str, batch_id: str, fact: str,
-                values: dict[str, str]) -> None:
+                values: dict[str, str], field: str | None = None) -> None:
         """Check ``values`` (key -> value) of one kind of :data:`_FACTS` against what earlier
         batches of ``job`` said, and keep the new ones; :class:`ConflictError` (nothing of the
-        batch stored) at the first that differs.
+        batch stored, naming ``field``, by default ``fact``) at the first that differs.
 
         The job's tables keep one value per rank or communicator: a batch saying otherwise
         would either overwrite rows of another agent or be read as if it agreed.
@@ -398,7 +404,7 @@ class Store:
                 f"{subject.format(key=k)} of job {job!r}: {was!r} since batch {first!r} of "
                 f"source {by!r}; batch {batch_id!r} of source {source!r} says "
                 f"{values[k]!r}{more}. Expected {expected}",
-                field=fact,
+                field=field or fact,
             )
         db.executemany("INSERT INTO facts VALUES (?,?,?,?,?,?)",
                        [(job, fact, k, values[k], source, batch_id) for k in keys
