@@ -33,6 +33,22 @@ def test_valid_table_is_coerced_to_canonical_dtypes():
     assert (out["peer"] == -1).all()
 
 
+def test_categorical_columns_read_as_their_text():
+    """Parquet dictionary columns come back categorical: they validate to the same table as
+    plain text, a missing optional value as "" (categoricals refuse fillna with a new
+    value), a missing required one as an error naming the row."""
+    plain = _table(host=["h0", None, "h0", "h1"], group_kind=["dp", "dp", "pp", "pp"])
+    cat = plain.astype({"op": "category", "group": "category", "host": "category",
+                        "group_kind": "category"})
+    out = validate(cat)
+    pd.testing.assert_frame_equal(out, validate(plain))
+    assert out["host"].tolist() == ["h0", "", "h0", "h1"]
+    cat.loc[2, "group"] = None
+    with pytest.raises(SchemaError, match="missing value") as e:
+        validate(cat)
+    assert (e.value.column, e.value.row) == ("group", 2)
+
+
 def test_extra_columns_are_kept():
     out = validate(_table(abnormal=[True, False, False, False]))
     assert out["abnormal"].tolist() == [True, False, False, False]

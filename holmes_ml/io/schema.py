@@ -151,6 +151,24 @@ def _first_bad(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _text(col: pd.Series) -> pd.Series:
+    """``col`` as ``str``, a missing value as ``""``.
+
+    A categorical column (what Parquet dictionary columns read back as) is converted through
+    its categories, once each, rather than row by row; ``fillna("")`` would refuse it anyway
+    when ``""`` is not one of its categories.
+    """
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return col.fillna("").astype(str)
+    cats = col.cat.categories.astype(str)
+    codes = col.cat.codes.to_numpy()
+    missing = codes < 0
+    if missing.any():
+        codes = np.where(missing, len(cats), codes)
+        cats = cats.append(pd.Index([""], dtype=cats.dtype))
+    return pd.Series(cats.take(codes), index=col.index)
+
+
 def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.Series:
     col = df[column]
     if kind == "str":
@@ -160,7 +178,7 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
                 "missing value", source=source, column=column, row=i, value=None,
                 expected="a non-empty string",
             )
-        return col.astype(str)
+        return _text(col)
     numeric = pd.to_numeric(col, errors="coerce")
     bad = numeric.isna().to_numpy() | ~np.isfinite(numeric.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
@@ -237,7 +255,7 @@ def validate(
     for column, kind in {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}.items():
         if column in df.columns:
             if column in OPTIONAL_COLUMNS and column != "peer" and kind == "str":
-                out[column] = df[column].fillna("").astype(str)
+                out[column] = _text(df[column])
             else:
                 out[column] = _coerce(df, column, kind, source)
 
