@@ -5,6 +5,7 @@ a warning naming what was skipped or dropped; nothing is read twice and nothing 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import tarfile
@@ -436,3 +437,160 @@ def test_files_that_disagree_name_both_files_and_lines(tmp_path):
     assert "rank 1 logged with two hosts at " in msg, msg
     assert f"{hosts / 'run2.parquet'} row 1 (got 'node-b'; expected one host per rank: " \
            f"'node-a' as in {hosts / 'run1.csv'} line 3; a restart that moved ranks" in msg, msg
+
+
+# 9. Found by fuzzing the readers ------------------------------------------------------------
+
+def _csv_text(tmp_path, name="ops.csv"):
+    p = tmp_path / name
+    _ops().to_csv(p, index=False)
+    return p, p.read_text().splitlines()
+
+
+def _corrupt_gzip(tmp_path):
+    data = bytearray(gzip.compress(_ops().to_csv(index=False).encode() * 10))
+    for i in range(200, 208):
+        data[i] ^= 0x55  # inside the deflate stream: zlib.error, not OSError
+    p = tmp_path / "ops.csv.gz"
+    p.write_bytes(bytes(data))
+    return p
+
+
+def _jsonl(tmp_path, edit):
+    rows = json.loads(_ops().to_json(orient="records"))
+    edit(rows)
+    p = tmp_path / "ops.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def _deep_json(tmp_path):
+    p = tmp_path / "ops.jsonl"
+    p.write_text('{"rank": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    return p
+
+
+def _huge_int(rows):
+    rows[1]["nbytes"] = 10 ** 400
+
+
+def _bool_bytes(rows):
+    rows[0]["nbytes"] = True
+
+
+def _csv_edit(tmp_path, edit):
+    p, lines = _csv_text(tmp_path)
+    p.write_text("\n".join(edit(lines)) + "\n")
+    return p
+
+
+def _start_ns_2p70(lines):
+    fields = lines[4].split(",")
+    col = lines[0].split(",").index("start_ns")
+    fields[col] = str(2 ** 70)
+    return lines[:4] + [",".join(fields)] + lines[5:]
+
+
+def _uint64_parquet(tmp_path):
+    p = tmp_path / "ops.parquet"
+    df = _ops()
+    df["start_ns"] = df["start_ns"].astype(np.uint64)
+    df.loc[3, "start_ns"] = np.uint64(2 ** 63 + 5)
+    df.to_parquet(p)
+    return p
+
+
+def _two_level_columns(tmp_path):
+    p = tmp_path / "ops.parquet"
+    df = _ops()
+    df.columns = pd.MultiIndex.from_arrays([df.columns, ["x"] * len(df.columns)])
+    df.to_parquet(p)
+    return p
+
+
+def _hardlink_to_nothing(tmp_path):
+    p = tmp_path / "logs.tar.gz"
+    with tarfile.open(p, "w:gz") as tf:
+        info = tarfile.TarInfo("ops.csv")
+        info.type = tarfile.LNKTYPE
+        info.linkname = "missing.csv"
+        tf.addfile(info)
+    return p
+
+
+def _corrupt_xz(tmp_path):
+    rng = np.random.default_rng(0)
+    text = pd.DataFrame({"a": rng.integers(0, 1 << 40, 3000), "b": rng.random(3000)}).to_csv()
+    p = tmp_path / "logs.tar.xz"
+    with tarfile.open(p, "w:xz") as tf:
+        for i in range(3):  # fixed headers (no mtime): the same bytes on every run
+            info = tarfile.TarInfo(f"r{i}/ops.csv")
+            info.size = len(text)
+            tf.addfile(info, io.BytesIO(text.encode()))
+    data = bytearray(p.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+        data[i] ^= 0x5A  # inside the xz stream: LZMAError, not tarfile.ReadError
+    p.write_bytes(bytes(data))
+    return p
+
+
+FUZZ_FINDINGS = {
+    "corrupt gzip": (_corrupt_gzip, r"ops\.csv\.gz: corrupt or truncated gzip data"),
+    "nesting": (_deep_json, r"ops\.jsonl, line 1: JSON nested too deeply"),
+    "huge int": (lambda t: _jsonl(t, _huge_int),
+                 r"column 'nbytes', line 2: out of range \(got '1000.*\(401 digits\)'"),
+    "bool": (lambda t: _jsonl(t, _bool_bytes),
+             r"column 'nbytes', line 1: a boolean, not a number \(got True"),
+    "2**70": (lambda t: _csv_edit(t, _start_ns_2p70),
+              r"column 'start_ns', line 5: out of range \(got 1180591620717411303424"),
+    "uint64": (_uint64_parquet, r"column 'start_ns', row 3: out of range"),
+    "two levels": (_two_level_columns, r"columns with several levels"),
+    "dup header": (lambda t: _csv_edit(t, lambda ls: [ls[0] + ",rank"] +
+                                       [x + ",9" for x in ls[1:]]),
+                   r"ops\.csv, line 1: column named twice in the header \(got 'rank'"),
+    "extra field": (lambda t: _csv_edit(t, lambda ls: ls[:5] + [ls[5] + ",7"] + ls[6:]),
+                    r"ops\.csv, line 6: has 10 fields, the header 9"),
+    "trailing delimiter": (lambda t: _csv_edit(t, lambda ls: [ls[0]] + [x + "," for x in ls[1:]]),
+                           r"ops\.csv, line 2: has more fields than the header's 9 .*"
+                           r"delimiter at the end"),
+    "hard link": (_hardlink_to_nothing, r"logs\.tar\.gz: cannot unpack archive: missing member"),
+    "corrupt xz": (_corrupt_xz, r"logs\.tar\.xz: cannot unpack archive"),
+}
+
+
+@pytest.mark.parametrize("case", FUZZ_FINDINGS)
+def test_fuzzed_inputs_get_one_clear_error(tmp_path, case):
+    """Each used to end in a traceback (zlib.error, RecursionError, OverflowError, TypeError,
+    KeyError, LZMAError) or in wrong data (a value wrapped to a negative int64, a boolean read
+    as 1, a column shifted or read twice)."""
+    make, message = FUZZ_FINDINGS[case]
+    with pytest.raises(SchemaError, match=message):
+        read_ops(make(tmp_path))
+
+
+def test_json_with_a_byte_order_mark_reads_like_without(tmp_path):
+    plain = _jsonl(tmp_path, lambda rows: None)
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    pd.testing.assert_frame_equal(read_ops(marked), read_ops(plain))
+
+
+def test_an_empty_path_is_not_the_current_directory(tmp_path):
+    with pytest.raises(SchemaError, match="paths: empty path"):
+        read_ops("")
+    with pytest.raises(TypeError, match="paths: got NoneType"):
+        read_ops(None)  # type: ignore[arg-type]
+
+
+def test_a_converter_slip_names_the_format_and_file(tmp_path, monkeypatch):
+    """Whatever a converter's own checks miss is reported as unreadable input, not a crash."""
+    import holmes_ml.io.kineto as kineto
+
+    def broken(files):
+        return {}["traceEvents"]
+
+    monkeypatch.setattr(kineto, "read_kineto", broken)
+    p = tmp_path / "rank-0.json"
+    p.write_text(json.dumps({"traceEvents": [], "distributedInfo": {"rank": 0}}))
+    with pytest.raises(SchemaError, match=r"rank-0\.json: cannot read as kineto: KeyError"):
+        read_ops(p, format="kineto")

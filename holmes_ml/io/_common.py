@@ -8,7 +8,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -142,7 +144,7 @@ def open_bytes(path: str | Path) -> bytes:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise SchemaError(f"corrupt or truncated gzip data: {exc}", source=str(p),
                               expected="a complete gzip file") from exc
     return raw
@@ -159,7 +161,7 @@ def head_bytes(path: str | Path, n: int = 1 << 20) -> bytes:
     try:
         with gzip.open(p, "rb") as fh:
             return fh.read(n)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         # A gzip stream that ends (or breaks) within the sniffed head: sniffing nothing would
         # end in "cannot tell the format", which hides the real problem.
         raise SchemaError(f"corrupt or truncated gzip data: {exc}", source=str(p),
@@ -201,7 +203,11 @@ def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
     """
     raw = open_bytes(path)
     try:
-        return json.loads(raw.decode("utf-8", errors="replace"))
+        # utf-8-sig: editors on Windows save JSON with a byte-order mark
+        return json.loads(raw.decode("utf-8-sig", errors="replace"))
+    except RecursionError:
+        raise SchemaError("JSON nested too deeply", source=str(path),
+                          expected="a valid JSON document") from None
     except json.JSONDecodeError as exc:
         kind = content_kind(raw)
         if kind is not None:
@@ -221,7 +227,7 @@ def iter_jsonl(
     ``what`` names the expected input in the error when the file is not JSON at all.
     """
     raw = open_bytes(path)
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8-sig", errors="replace")
     first = True
     for lineno, line in enumerate(io.StringIO(text), start=1):
         line = line.strip()
@@ -229,6 +235,9 @@ def iter_jsonl(
             continue
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise SchemaError("JSON nested too deeply", source=str(path), row=lineno - 1,
+                              line=lineno, expected="one JSON object per line") from None
         except json.JSONDecodeError as exc:
             kind = content_kind(raw) if first else None
             if kind is not None:
@@ -242,9 +251,116 @@ def iter_jsonl(
         if not isinstance(obj, dict):
             raise SchemaError(
                 "not a JSON object", source=str(path), row=lineno - 1, line=lineno,
-                value=type(obj).__name__, expected="one JSON object per line",
+                value=_kind_name(obj), expected="one JSON object per line",
             )
         yield lineno, obj
+
+
+#: Largest world size (and so rank + 1) a log may claim: far above any real job, small
+#: enough that lists sized by it fit in memory.
+MAX_WORLD = 1 << 20
+
+_MISSING = object()
+
+
+def _kind_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def as_int(value: Any, field: str, source: str | None, *, lo: int | None = None,
+           hi: int | None = None, default: Any = _MISSING) -> int:
+    """``value`` of JSON field ``field`` as an int in ``[lo, hi]``, or a :class:`SchemaError`
+    naming the file, the field and the value.
+
+    Integral floats (``3.0``) and decimal strings (``"3"``) are ints; booleans, fractions,
+    NaN and numbers beyond int64 are not. ``default`` stands in for a missing (None) value.
+
+    >>> as_int("7", "rank", "t.json"), as_int(2.0, "seq", None)
+    (7, 2)
+    >>> as_int(1.5, "rank", "t.json")
+    Traceback (most recent call last):
+    ...
+    holmes_ml.io.schema.SchemaError: t.json, rank: not an integer (got 1.5; expected an integer)
+    """
+    if value is None and default is not _MISSING:
+        return default  # type: ignore[no-any-return]
+    bounds = "an integer" + (f" >= {lo}" if lo is not None and hi is None else "") + (
+        f" in [{lo}, {hi}]" if lo is not None and hi is not None else "")
+    out: int | None = None
+    if isinstance(value, bool) or value is None:
+        out = None
+    elif isinstance(value, int):
+        out = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        out = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,19}\s*", value):
+        out = int(value)
+    if out is None or not -(1 << 63) <= out < (1 << 63):
+        shown = value if isinstance(value, (int, float, str)) and not isinstance(value, bool) \
+            else _kind_name(value)
+        if isinstance(shown, str) and len(shown) > 40:
+            shown = shown[:40] + "..."
+        raise SchemaError("not an integer", source=source, parameter=field, value=shown,
+                          expected=bounds)
+    if (lo is not None and out < lo) or (hi is not None and out > hi):
+        raise SchemaError("out of range", source=source, parameter=field, value=out,
+                          expected=bounds)
+    return out
+
+
+def as_float(value: Any, field: str, source: str | None, *, lo: float | None = None,
+             default: Any = _MISSING) -> float:
+    """``value`` of JSON field ``field`` as a finite float (``>= lo``), or a
+    :class:`SchemaError` naming the file, the field and the value. Numeric strings count;
+    booleans do not.
+
+    >>> as_float("2.5", "dur", None)
+    2.5
+    """
+    if value is None and default is not _MISSING:
+        return default  # type: ignore[no-any-return]
+    expected = "a finite number" + (f" >= {lo}" if lo is not None else "")
+    out: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            out = float(value)
+        except OverflowError:
+            out = None
+    elif isinstance(value, str):
+        try:
+            out = float(value)
+        except ValueError:
+            out = None
+    if out is None or not math.isfinite(out):
+        shown = value if isinstance(value, (float, str)) and len(str(value)) <= 40 \
+            else _kind_name(value)
+        raise SchemaError("not a number", source=source, parameter=field, value=shown,
+                          expected=expected)
+    if lo is not None and out < lo:
+        raise SchemaError("out of range", source=source, parameter=field, value=out,
+                          expected=expected)
+    return out
+
+
+def as_obj(value: Any, field: str, source: str | None, kind: type = dict,
+           default: Any = _MISSING) -> Any:
+    """``value`` of JSON field ``field`` when it is a ``kind`` (dict, list or str), else a
+    :class:`SchemaError` naming the file, the field and what it was. ``default`` stands in
+    for a missing (None) value.
+
+    >>> as_obj([], "args", "t.json")
+    Traceback (most recent call last):
+    ...
+    holmes_ml.io.schema.SchemaError: t.json, args: wrong type (got 'list'; expected a JSON object)
+    """
+    if value is None and default is not _MISSING:
+        return default
+    if isinstance(value, kind):
+        return value
+    names: dict[type, str] = {dict: "a JSON object", list: "a JSON list", str: "a string"}
+    expected = names.get(kind, kind.__name__)
+    raise SchemaError("wrong type", source=source, parameter=field, value=_kind_name(value),
+                      expected=expected)
 
 
 def parse_rank_list(value: Any) -> list[int] | None:

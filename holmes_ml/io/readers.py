@@ -19,10 +19,12 @@ import csv
 import io
 import json
 import logging
+import lzma
 import os
 import re
 import tempfile
 import warnings
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +81,7 @@ def detect_format(path: str | Path) -> str:
         return "bytedance" if looks_like_bytedance(p) else "native"
     if name.endswith((".pkl", ".pickle")) or head[:1] == b"\x80":
         return "flight-recorder"
-    text = head.decode("utf-8", errors="replace").lstrip()
+    text = head.decode("utf-8-sig", errors="replace").lstrip()
     if text.startswith("{"):
         first = text.split("\n", 1)[0]
         if '"traceEvents"' in text or '"schemaVersion"' in first or '"deviceProperties"' in text:
@@ -117,7 +119,7 @@ def looks_like_native_log(path: str | Path) -> bool:
     if not name.endswith((".csv", ".jsonl", ".ndjson")):
         return True
     try:
-        first = head_bytes(p, 1 << 16).decode("utf-8", errors="replace").lstrip()
+        first = head_bytes(p, 1 << 16).decode("utf-8-sig", errors="replace").lstrip()
     except SchemaError:
         return True  # a corrupt file: let the reader say so
     first = first.split("\n", 1)[0]
@@ -147,8 +149,21 @@ def read_native(path: str | Path) -> pd.DataFrame:
         return pd.DataFrame()  # no header either: the caller says "empty file"
     except SchemaError:
         raise
-    except (ValueError, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SchemaError(f"cannot parse file: {exc}", source=str(p),
+    except pd.errors.ParserError as exc:
+        m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
+        if m is None:
+            raise SchemaError(f"cannot parse file: {exc}", source=str(p),
+                              expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
+        header, line, saw = map(int, m.groups())
+        raise SchemaError(f"has {saw} fields, the header {header}", source=str(p), line=line,
+                          expected="one value per header column on every line") from None
+    except (ValueError, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, KeyError,
+            TypeError, zlib.error) as exc:
+        # KeyError/TypeError: pyarrow/pandas reading a Parquet file whose pandas metadata is
+        # broken; zlib.error: a gzip stream corrupt past the sniffed head
+        text = f"{type(exc).__name__}: {exc}" if isinstance(exc, (KeyError, TypeError)) \
+            else str(exc)
+        raise SchemaError(f"cannot parse file: {text}", source=str(p),
                           expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
 
 
@@ -158,13 +173,28 @@ def _read_csv(p: Path) -> pd.DataFrame:
     file is read again as one piece, so the schema check names that value like any other. The
     second read costs 3-5x the first and about 20 % more memory, so only those files pay it."""
     compression = "infer" if p.name.endswith(".gz") else None
+    header = next(csv.reader([head_bytes(p, 1 << 16).decode("utf-8-sig", errors="replace")
+                              .split("\n", 1)[0]]), [])
+    twice = sorted({c.strip() for c in header if header.count(c) > 1})
+    if twice:
+        # pandas would rename the second one 'rank.1' and read the first as if alone
+        raise SchemaError("column named twice in the header", source=str(p), line=1,
+                          value=twice[0], expected="each column once")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.DtypeWarning)
         df = pd.read_csv(p, compression=compression)
     if any(issubclass(w.category, pd.errors.DtypeWarning) for w in caught):
-        return pd.read_csv(p, compression=compression, low_memory=False)
-    for w in caught:  # anything else pandas had to say still reaches the user
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        df = pd.read_csv(p, compression=compression, low_memory=False)
+    else:
+        for w in caught:  # anything else pandas had to say still reaches the user
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not isinstance(df.index, pd.RangeIndex):
+        # Every line has more fields than the header: pandas takes the first ones as the
+        # index and shifts every column by one
+        raise SchemaError(f"has more fields than the header's {len(df.columns)}",
+                          source=str(p), line=2,
+                          expected="one value per header column on every line (a "
+                          "delimiter at the end of each line?)")
     return df
 
 
@@ -179,8 +209,10 @@ def _unpack(archive: Path, into: Path) -> Path:
     try:
         with tarfile.open(archive) as tf:
             tf.extractall(into, filter="data")
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SchemaError(f"cannot unpack archive: {exc}", source=str(archive),
+    except (tarfile.TarError, OSError, EOFError, KeyError, lzma.LZMAError, zlib.error) as exc:
+        # KeyError: a hard link to a member the archive does not hold
+        text = f"missing member {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise SchemaError(f"cannot unpack archive: {text}", source=str(archive),
                           expected="a readable tar archive of trace files") from exc
     return into
 
@@ -216,8 +248,11 @@ def _expand(
     shown: dict[str, str] | None = None,
 ) -> list[_Input]:
     """Files to read, each path once. ``shown`` collects scratch directory -> archive name."""
-    if isinstance(paths, (str, Path)):
+    if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    elif not isinstance(paths, Sequence) or isinstance(paths, bytes):
+        raise TypeError(f"paths: got {type(paths).__name__}; expected a path (str or "
+                        "os.PathLike) or a list of them")
     out: list[_Input] = []
     read: dict[Path, str] = {}
     repeats: dict[str, int] = {}
@@ -247,6 +282,13 @@ def _expand(
         return [_Input(f, str(archive)) for f in files]
 
     for item in paths:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"paths: got {type(item).__name__} {item!r}; expected a path (str "
+                            "or os.PathLike) or a list of them")
+        if str(item).strip() == "":
+            # Path("") is the current directory: reading the whole tree by accident
+            raise SchemaError("empty path", parameter="paths", value=str(item),
+                              expected="a file or directory name")
         p = Path(item)
         if is_archive(p):
             if once(p, str(p)):
@@ -356,7 +398,7 @@ def _line_of(path: Path, row: int) -> int | None:
     """
     if head_bytes(path, 4)[:4] == b"PAR1":
         return None
-    text = open_bytes(path).decode("utf-8", errors="replace")
+    text = open_bytes(path).decode("utf-8-sig", errors="replace")
     name = _strip_gz(path.name.lower())
     if name.endswith((".jsonl", ".ndjson", ".json")) or text[:1] == "{":
         # iter_jsonl skips blank lines.
@@ -431,7 +473,7 @@ def _short_csv_line(f: Path, table: pd.DataFrame, line: int) -> SchemaError | No
     mid-line, most often: pandas fills the missing fields with NaN)."""
     if head_bytes(f, 1)[:1] == b"{":
         return None
-    text = open_bytes(f).decode("utf-8", errors="replace")
+    text = open_bytes(f).decode("utf-8-sig", errors="replace")
     lines = text.splitlines()
     if not 0 < line <= len(lines):
         return None
@@ -500,26 +542,12 @@ def _read_files(
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
     source = _display(source, shown or {})
 
-    if format == "kineto":
-        from holmes_ml.io.kineto import read_kineto
-
-        ops = validate(read_kineto(files), source=source)
-    elif format == "flight-recorder":
-        from holmes_ml.io.flight_recorder import read_flight_recorder
-
-        ops = validate(read_flight_recorder(files, trust_pickle=trust_pickle), source=source)
-    elif format == "nccl-inspector":
-        from holmes_ml.io.nccl_inspector import read_nccl_inspector
-
-        ops = validate(read_nccl_inspector(files), source=source)
-    elif format == "bytedance":
-        from holmes_ml.io.bytedance import read_bytedance
-
-        if len(files) != 1:
+    if format != "native":
+        if format == "bytedance" and len(files) != 1:
             # Several what-if traces are several jobs: read them one at a time.
             raise SchemaError("one what-if trace per call", source=source,
                               value=len(files), expected="a single trace-*.parquet")
-        ops = validate(read_bytedance(files[0]), source=source)
+        ops = validate(_converted(format, files, trust_pickle, source), source=source)
     else:
         # Native: validate each file so errors name it, then concatenate.
         frames = [_read_native(f) for f in files]
@@ -534,6 +562,42 @@ def _read_files(
             raise _in_file(exc, files, names, origin) from None
         return _drop_duplicate_rows(ops, source, names, origin)
     return _drop_duplicate_rows(ops, source)
+
+
+#: What a converter may raise on input its own checks let through (a field of an unexpected
+#: type or size): reported as an input error naming the files, not as a crash.
+_CONVERTER_SLIPS = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError,
+                    RecursionError, UnicodeError, zlib.error, lzma.LZMAError)
+
+
+def _converted(format: str, files: list[Path], trust_pickle: bool, source: str) -> pd.DataFrame:
+    """``files`` turned into a (not yet validated) CommOps table by the ``format`` converter.
+
+    The converters check the fields they read and name file, field and value; anything that
+    still slips through is reported as unreadable input naming the files, with the original
+    exception chained (``holmes -v`` shows it), so a malformed log never ends in a traceback.
+    """
+    try:
+        if format == "kineto":
+            from holmes_ml.io.kineto import read_kineto
+
+            return read_kineto(files)
+        if format == "flight-recorder":
+            from holmes_ml.io.flight_recorder import read_flight_recorder
+
+            return read_flight_recorder(files, trust_pickle=trust_pickle)
+        if format == "nccl-inspector":
+            from holmes_ml.io.nccl_inspector import read_nccl_inspector
+
+            return read_nccl_inspector(files)
+        from holmes_ml.io.bytedance import read_bytedance
+
+        return read_bytedance(files[0])
+    except SchemaError:
+        raise
+    except _CONVERTER_SLIPS as exc:
+        raise SchemaError(f"cannot read as {format}: {type(exc).__name__}: {exc}",
+                          source=source, expected=f"well-formed {format} logs") from exc
 
 
 # Odd 64-bit multipliers (golden-ratio and splitmix constants) that spread the key columns

@@ -179,25 +179,78 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
                 expected="a non-empty string",
             )
         return _text(col)
-    numeric = pd.to_numeric(col, errors="coerce")
+    flags = _booleans(col)
+    if flags.any():
+        # true/false would read as 1/0: a column of flags in the place of a number
+        i = _first_bad(flags)
+        raise SchemaError("a boolean, not a number", source=source, column=column, row=i,
+                          value=col.iloc[i], expected=f"a finite {kind}")
+    try:
+        numeric = pd.to_numeric(col, errors="coerce")
+    except (OverflowError, TypeError, ValueError):
+        # Python ints beyond 64 bits (JSON allows any) in an object column
+        huge = np.fromiter((isinstance(v, int) and abs(v) >= 1 << 63 for v in col), bool,
+                           len(col))
+        if huge.any():
+            i = _first_bad(huge)
+            raise SchemaError("out of range", source=source, column=column, row=i,
+                              value=_shown(col.iloc[i]),
+                              expected="a number within 64 bits (|x| < 2**63)") from None
+        numeric = pd.Series([_number(v) for v in col], index=col.index, dtype=np.float64)
     bad = numeric.isna().to_numpy() | ~np.isfinite(numeric.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = _first_bad(bad)
         raise SchemaError(
-            "not a number", source=source, column=column, row=i, value=col.iloc[i],
+            "not a number", source=source, column=column, row=i, value=_shown(col.iloc[i]),
             expected=f"a finite {kind}",
         )
     if kind == "int":
-        values = numeric.to_numpy(dtype=float)
-        frac = values != np.round(values)
-        if frac.any():
-            i = _first_bad(frac)
+        if numeric.dtype.kind in "iu":
+            # int64 as it is; a uint64 column may hold values beyond int64
+            huge = numeric.to_numpy() > np.iinfo(np.int64).max if numeric.dtype.kind == "u" \
+                else np.zeros(len(numeric), bool)
+        else:
+            values = numeric.to_numpy(dtype=float)
+            frac = values != np.round(values)
+            if frac.any():
+                i = _first_bad(frac)
+                raise SchemaError(
+                    "not an integer", source=source, column=column, row=i, value=col.iloc[i],
+                    expected="an integer",
+                )
+            huge = np.abs(values) >= 2.0 ** 63
+        if huge.any():
+            # astype would wrap it around to a negative number
+            i = _first_bad(huge)
             raise SchemaError(
-                "not an integer", source=source, column=column, row=i, value=col.iloc[i],
-                expected="an integer",
+                "out of range", source=source, column=column, row=i, value=_shown(col.iloc[i]),
+                expected="an integer within 64 bits (|x| < 2**63)",
             )
         return numeric.astype(np.int64)
     return numeric.astype(np.float64)
+
+
+def _booleans(col: pd.Series) -> np.ndarray:
+    """Which values of ``col`` are booleans (a bool column, or bools in an object column)."""
+    if col.dtype == bool or isinstance(col.dtype, pd.BooleanDtype):
+        return np.ones(len(col), bool)
+    if col.dtype == object:
+        return np.fromiter((isinstance(v, (bool, np.bool_)) for v in col), bool, len(col))
+    return np.zeros(len(col), bool)
+
+
+def _number(value: object) -> float:
+    """``value`` as a float; NaN when it is none (or too large for one)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return np.nan
+
+
+def _shown(value: object) -> object:
+    """``value`` for an error message: a number of hundreds of digits cut to its start."""
+    text = str(value)
+    return text[:24] + f"... ({len(text)} digits)" if len(text) > 40 else value
 
 
 def validate(
@@ -242,6 +295,13 @@ def validate(
         raise SchemaError(
             "not a table", source=source, value=type(df).__name__, expected="a pandas DataFrame"
         )
+    if isinstance(df.columns, pd.MultiIndex):
+        raise SchemaError("columns with several levels", source=source,
+                          value=str(df.columns[0]), expected="one name per column")
+    twice = df.columns[df.columns.duplicated()]
+    if len(twice):
+        raise SchemaError("column named twice", source=source, column=str(twice[0]),
+                          expected="each column once")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise SchemaError(
