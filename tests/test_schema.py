@@ -49,6 +49,15 @@ def test_categorical_columns_read_as_their_text():
     assert (e.value.column, e.value.row) == ("group", 2)
 
 
+@pytest.mark.parametrize("value", [["dp-0"], {"name": "dp-0"}, b"dp-0"])
+def test_a_list_object_or_bytes_is_not_a_name(value):
+    """JSON lists/objects and Arrow list/struct/binary columns: refused, not printed."""
+    t = _table(group=pd.Series(["dp-0", value, "pp-0-1", "pp-0-1"], dtype=object))
+    with pytest.raises(SchemaError, match="not a string") as e:
+        validate(t)
+    assert (e.value.column, e.value.row, e.value.value) == ("group", 1, type(value).__name__)
+
+
 def test_extra_columns_are_kept():
     out = validate(_table(abnormal=[True, False, False, False]))
     assert out["abnormal"].tolist() == [True, False, False, False]

@@ -356,4 +356,20 @@ def test_arrow_ingest_fast_path(server):
     r = httpx.post(server.url + "/v1/jobs/jobArrow/raw.arrow", content=sink.getvalue().to_pybytes(),
                    params={**q, "batch_id": "a2", "seq": 2}, headers=h)
     assert r.status_code == 422 and "seq" in r.json()["detail"]
+    # columns of another Arrow type than the API says, with or without pandas metadata that
+    # claims otherwise: 422 naming the column, never a 500
+    n = table.num_rows
+    for k, (column, array) in enumerate([("op", pa.array([["x"]] * n)),
+                                         ("host", pa.array([{"a": 1}] * n)),
+                                         ("group", pa.array([b"\xff"] * n))]):
+        for t in (table, table.replace_schema_metadata(None)):
+            odd = t.set_column(t.column_names.index(column), column, array)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, odd.schema) as w:
+                w.write_table(odd)
+            r = httpx.post(server.url + "/v1/jobs/jobArrow/raw.arrow",
+                           content=sink.getvalue().to_pybytes(),
+                           params={**q, "batch_id": f"b{k}", "seq": 3}, headers=h)
+            assert r.status_code == 422 and r.json()["field"] == f"columns.{column}", r.text
+            assert "not a string" in r.json()["detail"], r.text
     assert httpx.get(server.url + "/v1/jobs/jobArrow").json()["records"] == len(ops)

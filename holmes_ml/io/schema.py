@@ -151,13 +151,21 @@ def _first_bad(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _text(col: pd.Series) -> pd.Series:
-    """``col`` as ``str``, a missing value as ``""``.
+def _text(col: pd.Series, column: str, source: str | None) -> pd.Series:
+    """``col`` as ``str``, a missing value as ``""``; a list, object or bytes in it (JSON,
+    Arrow list/struct/binary columns) is a :class:`SchemaError`, not its printed form.
 
     A categorical column (what Parquet dictionary columns read back as) is converted through
     its categories, once each, rather than row by row; ``fillna("")`` would refuse it anyway
     when ``""`` is not one of its categories.
     """
+    if col.dtype == object:
+        odd = np.fromiter((isinstance(v, (list, tuple, dict, set, np.ndarray, bytes, bytearray))
+                           for v in col), bool, len(col))
+        if odd.any():
+            i = _first_bad(odd)
+            raise SchemaError("not a string", source=source, column=column, row=i,
+                              value=type(col.iloc[i]).__name__, expected="a string")
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return col.fillna("").astype(str)
     cats = col.cat.categories.astype(str)
@@ -178,7 +186,7 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
                 "missing value", source=source, column=column, row=i, value=None,
                 expected="a non-empty string",
             )
-        return _text(col)
+        return _text(col, column, source)
     flags = _booleans(col)
     if flags.any():
         # true/false would read as 1/0: a column of flags in the place of a number
@@ -315,7 +323,7 @@ def validate(
     for column, kind in {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}.items():
         if column in df.columns:
             if column in OPTIONAL_COLUMNS and column != "peer" and kind == "str":
-                out[column] = _text(df[column])
+                out[column] = _text(df[column], column, source)
             else:
                 out[column] = _coerce(df, column, kind, source)
 

@@ -561,8 +561,11 @@ def create_app(
 
         body = await request.body()
         try:
-            df = pa.ipc.open_stream(pa.py_buffer(body)).read_all().to_pandas()
-        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            # ignore_metadata: the pandas dtypes a client's table claims are not trusted (a
+            # list column claimed to be text would fail the conversion itself)
+            df = pa.ipc.open_stream(pa.py_buffer(body)).read_all().to_pandas(
+                ignore_metadata=True)
+        except (pa.ArrowException, OSError, ValueError) as exc:
             raise StoreError(f"body: not an Arrow IPC stream ({exc})", field="body",
                              status=422) from exc
         digest = hashlib.sha256(body).hexdigest()
