@@ -84,6 +84,18 @@ def kind_from_group_name(name: str) -> str:
     return head if head in COORD_KINDS or head in {"world", "mp", "emb", "pos"} else "other"
 
 
+def _ints(values: list, field: str, source: str, lo: int, hi: int) -> list[int]:
+    """A JSON list of ints in ``[lo, hi]``; :class:`SchemaError` naming ``field[i]`` and the
+    value at the first that is not one."""
+    from holmes_ml.io._common import as_int
+
+    # Python ints (not bools) within bounds, checked in bulk: topologies list 10^5 ranks
+    if all(type(v) is int for v in values) and (not values or lo <= min(values)
+                                                 and max(values) <= hi):
+        return values
+    return [as_int(v, f"{field}[{i}]", source, lo=lo, hi=hi) for i, v in enumerate(values)]
+
+
 @dataclass(frozen=True)
 class Topology:
     """Placement of ranks on hosts/GPUs/NICs/switches, and the job's communicators.
@@ -208,39 +220,100 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "topology") -> Topology:
+        """The topology :meth:`to_dict` wrote; a :class:`SchemaError` naming ``source``, the
+        key and the value for anything else (a hand-edited or foreign file).
+
+        Examples
+        --------
+        >>> t = Topology.from_dict({"ranks": {"rank": [0, 1], "host": ["a", "a"],
+        ...                                   "gpu": [0, 1], "pod": [0, 0]}})
+        >>> t.world_size
+        2
+        >>> Topology.from_dict({"ranks": {"rank": [0, 0], "host": ["a", "a"], "gpu": [0, 1],
+        ...                               "pod": [0, 0]}})
+        Traceback (most recent call last):
+        ...
+        holmes_ml.io.schema.SchemaError: topology, ranks.rank: rank listed twice (got 0; expected each rank once)
+        """
+        from holmes_ml.io._common import MAX_WORLD, as_int, as_obj
+
         if not isinstance(data, dict):
             raise SchemaError(
                 f"not a holmes_ml topology (a JSON {type(data).__name__}, not an object)",
                 source=source, expected="an object with keys 'ranks' and 'groups'",
             )
-        try:
-            ranks = pd.DataFrame(data["ranks"])
-            groups = {
-                g["name"]: Group(str(g["name"]), str(g["kind"]), tuple(int(x) for x in g["ranks"]))
-                for g in data.get("groups", [])
-            }
-            for col in ("rank", "host", "gpu", "pod"):
-                if col not in ranks.columns:
-                    raise KeyError(f"ranks.{col}")
-        except (KeyError, TypeError) as exc:
-            raise SchemaError(
-                f"not a holmes_ml topology (missing {exc})", source=source,
-                expected="keys 'ranks' (with rank, host, gpu, pod) and 'groups'",
-            ) from exc
+        columns = as_obj(data.get("ranks"), "ranks", source)
+        missing = [c for c in ("rank", "host", "gpu", "pod") if c not in columns]
+        if missing:
+            raise SchemaError(f"not a holmes_ml topology (missing ranks.{missing[0]})",
+                              source=source, parameter="ranks",
+                              expected="keys 'ranks' (with rank, host, gpu, pod) and 'groups'")
+        n = len(as_obj(columns["rank"], "ranks.rank", source, list))
+        ranks = pd.DataFrame(index=range(n))
+        for col, values in columns.items():
+            values = as_obj(values, f"ranks.{col}", source, list)
+            if len(values) != n:
+                raise SchemaError("columns of unequal length", source=source,
+                                  parameter=f"ranks.{col}", value=len(values),
+                                  expected=f"{n} values, one per rank (as ranks.rank)")
+            if col == "host":
+                bad = [i for i, v in enumerate(values) if not isinstance(v, str) or not v]
+                if bad:
+                    raise SchemaError("not a host name", source=source,
+                                      parameter=f"ranks.host[{bad[0]}]", value=values[bad[0]],
+                                      expected="a non-empty string")
+                ranks[col] = values
+            elif col in ("rank", "gpu", "pod", *COORD_KINDS):
+                lo = -1 if col in COORD_KINDS else 0
+                hi = MAX_WORLD - 1
+                ranks[col] = np.array(_ints(values, f"ranks.{col}", source, lo, hi),
+                                      dtype=np.int64)
+            else:
+                ranks[col] = values  # an extra column of a newer writer: kept as it is
+        twice = ranks["rank"].duplicated().to_numpy()
+        if twice.any():
+            raise SchemaError("rank listed twice", source=source, parameter="ranks.rank",
+                              value=int(ranks["rank"].to_numpy()[twice][0]),
+                              expected="each rank once")
+        known = set(ranks["rank"].tolist())
+        groups: dict[str, Group] = {}
+        for k, g in enumerate(as_obj(data.get("groups"), "groups", source, list, default=[])):
+            where = f"groups[{k}]"
+            g = as_obj(g, where, source)
+            name = as_obj(g.get("name"), f"{where}.name", source, str)
+            kind = as_obj(g.get("kind"), f"{where}.kind", source, str, default="other")
+            members = tuple(_ints(as_obj(g.get("ranks"), f"{where}.ranks", source, list),
+                                  f"{where}.ranks", source, 0, MAX_WORLD - 1))
+            if not known.issuperset(members):
+                outside = [r for r in members if r not in known]
+                raise SchemaError("a member that is not a rank of the topology", source=source,
+                                  parameter=f"{where}.ranks", value=outside[0],
+                                  expected="ranks listed in ranks.rank")
+            if name in groups:
+                raise SchemaError("communicator listed twice", source=source,
+                                  parameter=f"{where}.name", value=name,
+                                  expected="each communicator once")
+            groups[name] = Group(name, kind, members)
+        parallel = as_obj(data.get("parallel"), "parallel", source, default={})
         return cls(
             ranks=ranks,
             groups=groups,
-            spines=int(data.get("spines", 0)),
-            parallel={k: int(v) for k, v in data.get("parallel", {}).items()},
-            gpus_per_host=int(data.get("gpus_per_host", 8)),
+            spines=as_int(data.get("spines"), "spines", source, lo=0, hi=MAX_WORLD, default=0),
+            parallel={str(k): as_int(v, f"parallel.{k}", source, lo=1, hi=MAX_WORLD)
+                      for k, v in parallel.items()},
+            gpus_per_host=as_int(data.get("gpus_per_host"), "gpus_per_host", source, lo=1,
+                                 hi=MAX_WORLD, default=8),
         )
 
     @classmethod
     def from_json(cls, path: str | Path) -> Topology:
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
+        except RecursionError:
+            raise SchemaError("JSON nested too deeply", source=str(path),
+                              expected="a topology.json as holmes simulate writes it") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SchemaError(f"not valid JSON ({exc})", source=str(path),
                               expected="a topology.json as holmes simulate writes it") from exc
         return cls.from_dict(data, source=str(path))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
+from holmes_ml.io.schema import SchemaError
 from holmes_ml.topology import Group, Topology, device_kind, kind_from_group_name
 
 
@@ -61,6 +64,49 @@ def test_bad_topology_file_names_the_problem(tmp_path):
     p.write_text('{"ranks": {"rank": [0]}}')
     with pytest.raises(ValueError, match=r"t.json.*ranks.host"):
         Topology.from_json(p)
+
+
+def _edited(edit) -> dict:
+    data = json.loads(json.dumps(_two_pods().to_dict()))
+    edit(data)
+    return data
+
+
+BAD_TOPOLOGIES = {
+    "ranks a list": (lambda d: d.update(ranks=[0, 1]), r"ranks: wrong type \(got 'list'"),
+    "rank text": (lambda d: d["ranks"]["rank"].__setitem__(3, "x"),
+                  r"ranks\.rank\[3\]: not an integer \(got 'x'"),
+    "rank twice": (lambda d: d["ranks"]["rank"].__setitem__(3, 2),
+                   r"ranks\.rank: rank listed twice \(got 2"),
+    "gpu negative": (lambda d: d["ranks"]["gpu"].__setitem__(0, -1),
+                     r"ranks\.gpu\[0\]: out of range \(got -1"),
+    "ragged": (lambda d: d["ranks"]["host"].pop(), r"ranks\.host: columns of unequal length"),
+    "host empty": (lambda d: d["ranks"]["host"].__setitem__(5, ""),
+                   r"ranks\.host\[5\]: not a host name"),
+    "groups an object": (lambda d: d.update(groups={"dp-0": [0, 8]}),
+                         r"groups: wrong type \(got 'dict'"),
+    "member unknown": (lambda d: d["groups"][0]["ranks"].append(999),
+                       r"groups\[0\]\.ranks: a member that is not a rank .*got 999"),
+    "member bool": (lambda d: d["groups"][0]["ranks"].__setitem__(1, True),
+                    r"groups\[0\]\.ranks\[1\]: not an integer"),
+    "group twice": (lambda d: d["groups"].append(d["groups"][0]),
+                    r"groups\[1\]\.name: communicator listed twice"),
+    "gpus_per_host": (lambda d: d.update(gpus_per_host="eight"),
+                      r"gpus_per_host: not an integer \(got 'eight'"),
+    "parallel zero": (lambda d: d.update(parallel={"tp": 0}), r"parallel\.tp: out of range"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TOPOLOGIES)
+def test_a_hand_edited_topology_is_refused_naming_key_and_value(tmp_path, case):
+    """Each was a raw pandas/Python error, a misleading "missing" message, or read as is
+    (a duplicated rank, a member outside the job, a boolean rank)."""
+    edit, message = BAD_TOPOLOGIES[case]
+    p = tmp_path / "topology.json"
+    p.write_text(json.dumps(_edited(edit)))
+    with pytest.raises(SchemaError, match=message) as e:
+        Topology.from_json(p)
+    assert str(p) in str(e.value)
 
 
 def test_from_ops_uses_group_ranks_and_hosts():
