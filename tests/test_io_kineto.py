@@ -9,6 +9,7 @@ import pytest
 
 from holmes_ml.io import SchemaError, detect_format, read_ops
 from holmes_ml.io._common import canonical_op
+from holmes_ml.io.kineto import read_kineto
 
 BASE_NS = 1_716_000_000_000_000_000
 
@@ -158,3 +159,157 @@ def test_order_matching_tolerates_interleaving(tmp_path, caplog):
     assert (per["ops"] == 1).all() and (per["size"] == 1).all()
     assert list(per["n"]) == [3, 3, 2]
     assert "missing on some ranks" in caplog.text
+
+
+# --- Malformed traces: each is refused with a SchemaError naming file, field path and problem.
+# _trace(0, OPS) holds ProfilerStep#7/#8 at traceEvents[0]/[1], then per op i the
+# record_param_comms span at [2 + 3i], its cudaLaunchKernel at [3 + 3i] and its NCCL kernel
+# at [4 + 3i].
+
+
+def _set(*keys, value):
+    """A mutation setting ``doc[keys[0]][keys[1]]... = value``."""
+    def mutate(doc):
+        obj = doc
+        for k in keys[:-1]:
+            obj = obj[k]
+        obj[keys[-1]] = value
+    return mutate
+
+
+def _drop(*keys):
+    """A mutation deleting ``doc[keys[0]]...[keys[-1]]``."""
+    def mutate(doc):
+        obj = doc
+        for k in keys[:-1]:
+            obj = obj[k]
+        del obj[keys[-1]]
+    return mutate
+
+
+def _old_style_dims(doc):
+    """The first op sized by old-style Input Dims with a non-numeric dimension."""
+    args = doc["traceEvents"][2]["args"]
+    del args["In msg nelems"], args["Out msg nelems"]
+    args.update({"Input Dims": [["a", 4]], "Input type": ["float"]})
+
+
+EV = "traceEvents"
+MALFORMED = [
+    pytest.param(_set("distributedInfo", value=[0]),
+                 r"distributedInfo: wrong type \(got 'list'; expected a JSON object",
+                 id="distinfo-list"),
+    pytest.param(_set(EV, 2, "args", value=[1]),
+                 r"traceEvents\[2\]\.args: wrong type \(got 'list'", id="args-list"),
+    pytest.param(_set(EV, 0, "name", value=7),
+                 r"traceEvents\[0\]\.name: wrong type \(got 'int'; expected a string",
+                 id="name-int"),
+    pytest.param(_set(EV, 0, "ts", value=None), r"traceEvents\[0\]\.ts: missing",
+                 id="step-ts-null"),
+    pytest.param(_set(EV, 4, "ts", value=float("nan")),
+                 r"traceEvents\[4\]\.ts: not a number \(got nan", id="kernel-ts-nan"),
+    pytest.param(_set(EV, 4, "ts", value=10**400), r"traceEvents\[4\]\.ts: not a number",
+                 id="kernel-ts-huge-int"),
+    pytest.param(_set(EV, 4, "ts", value=1e300),
+                 r"traceEvents\[4\]\.ts: start time out of range \(got 1e\+300",
+                 id="kernel-ts-1e300"),
+    pytest.param(_set(EV, 2, "tid", value=[1]),
+                 r"traceEvents\[2\]\.tid: wrong type \(got 'list'", id="cpu-tid-list"),
+    pytest.param(_set(EV, 3, "tid", value={"a": 1}),
+                 r"traceEvents\[3\]\.tid: wrong type \(got 'dict'", id="launch-tid-dict"),
+    pytest.param(_set(EV, 3, "args", "correlation", value=[1]),
+                 r"traceEvents\[3\]\.args\.correlation: not an integer", id="correlation-list"),
+    pytest.param(_set("distributedInfo", "rank", value="abc"),
+                 r"distributedInfo\.rank: not an integer \(got 'abc'", id="rank-str"),
+    pytest.param(_set("distributedInfo", "rank", value=1.7),
+                 r"distributedInfo\.rank: not an integer \(got 1\.7", id="rank-float"),
+    pytest.param(_set("distributedInfo", "rank", value=True),
+                 r"distributedInfo\.rank: not an integer \(got True", id="rank-bool"),
+    pytest.param(_set("distributedInfo", "rank", value=5),
+                 r"distributedInfo\.rank: rank not below the world size \(got 5; expected a rank "
+                 r"in \[0, 2\]", id="rank-beyond-world"),
+    pytest.param(_set("distributedInfo", "world_size", value=0),
+                 r"distributedInfo\.world_size: out of range \(got 0", id="world-0"),
+    # Far too large to be real (a list of that many ranks is built for ops on the default
+    # group); 2**20 + 1 keeps the test fast even before the bound existed.
+    pytest.param(_set("distributedInfo", "world_size", value=(1 << 20) + 1),
+                 r"distributedInfo\.world_size: out of range \(got 1048577; expected an integer "
+                 r"in \[1, 1048576\]", id="world-huge"),
+    pytest.param(_set("distributedInfo", "pg_config", value=5),
+                 r"distributedInfo\.pg_config: wrong type \(got 'int'; expected a JSON list",
+                 id="pg-config-int"),
+    pytest.param(_set("baseTimeNanoseconds", value="abc"),
+                 r"baseTimeNanoseconds: not an integer \(got 'abc'", id="base-str"),
+    pytest.param(_set(EV, 2, "args", "Seq", value="abc"),
+                 r"traceEvents\[2\]\.args\.Seq: not an integer \(got 'abc'", id="seq-str"),
+    pytest.param(_set(EV, 2, "args", "In msg nelems", value=-5),
+                 r"traceEvents\[2\]\.args\['In msg nelems'\]: out of range \(got -5",
+                 id="nelems-negative"),
+    pytest.param(_set(EV, 2, "args", "dtype", value=["BFloat16"]),
+                 r"traceEvents\[2\]\.args\.dtype: wrong type \(got 'list'", id="dtype-list"),
+    pytest.param(_set(EV, 2, "args", "Process Group Ranks", value="[0, 1, 7]"),
+                 r"traceEvents\[2\]\.args\['Process Group Ranks'\]: rank out of range \(got 7",
+                 id="group-rank-beyond-world"),
+    pytest.param(_set(EV, 2, "args", "Process Group Name", value={"x": 1}),
+                 r"traceEvents\[2\]\.args\['Process Group Name'\]: wrong type \(got 'dict'",
+                 id="group-name-dict"),
+    pytest.param(_old_style_dims,
+                 r"traceEvents\[2\]\.args\['Input Dims'\]\[0\]\[0\]: not an integer \(got 'a'",
+                 id="input-dims-str"),
+    pytest.param(_set(EV, 0, "name", value="ProfilerStep#" + "9" * 30),
+                 r"traceEvents\[0\]\.name: step number too large", id="step-number-huge"),
+    pytest.param(lambda doc: doc[EV].append(5),
+                 r"traceEvents\[11\]: wrong type \(got 'int'; expected a JSON object",
+                 id="event-not-object"),
+    # Formerly accepted silently: clamped to 0, or the event dropped / its duration read as 0.
+    pytest.param(_set(EV, 4, "dur", value=-500.0),
+                 r"traceEvents\[4\]\.dur: negative duration \(got -500\.0",
+                 id="kernel-dur-negative"),
+    pytest.param(_drop(EV, 4, "ts"), r"traceEvents\[4\]\.ts: missing", id="kernel-ts-missing"),
+    pytest.param(_drop(EV, 4, "dur"), r"traceEvents\[4\]\.dur: missing", id="kernel-dur-missing"),
+    pytest.param(_drop(EV, 2, "ts"), r"traceEvents\[2\]\.ts: missing", id="cpu-ts-missing"),
+    pytest.param(_drop(EV, 2, "dur"), r"traceEvents\[2\]\.dur: missing", id="cpu-dur-missing"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "match"), MALFORMED)
+def test_malformed_trace_refused(tmp_path, mutate, match):
+    doc = _trace(0, OPS)
+    mutate(doc)
+    p = _write(tmp_path / "rank0.json", doc)
+    with pytest.raises(SchemaError, match=r"rank0\.json, " + match):
+        read_kineto([p])
+
+
+def test_ignored_events_are_not_checked(tmp_path):
+    """Events the reader does not use may be odd: a compute op without ts, a memcpy with list
+    args, a counter event."""
+    doc = _trace(0, OPS)
+    doc[EV] += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": [1], "args": [2]},
+                {"ph": "X", "cat": "gpu_memcpy", "name": 3, "ts": None},
+                {"ph": "C", "name": "mem", "ts": "x", "args": {"bytes": 1}}]
+    ops = read_kineto([_write(tmp_path / "rank0.json", doc)])
+    assert len(ops) == 3
+
+
+def test_world_sizes_disagree(tmp_path):
+    sizes = {0: 3, 1: 7}
+    for r, size in sizes.items():
+        doc = _trace(r, OPS)
+        doc["distributedInfo"]["world_size"] = size
+        _write(tmp_path / f"rank{r}.json", doc)
+    with pytest.raises(SchemaError, match=r"rank1\.json, distributedInfo\.world_size: world size "
+                       r"disagrees with .*rank0\.json \(got 7; expected the same world_size "
+                       r"in every trace of one job \(3 in .*rank0\.json"):
+        read_kineto(sorted(tmp_path.glob("*.json")))
+
+
+def test_rank_beyond_world_of_another_trace(tmp_path):
+    """A trace without world_size still has to fit the world the other traces state."""
+    _write(tmp_path / "rank0.json", _trace(0, OPS))
+    doc = _trace(5, OPS)
+    del doc["distributedInfo"]["world_size"]
+    _write(tmp_path / "rank5.json", doc)
+    with pytest.raises(SchemaError, match=r"rank5\.json, rank: rank not below the world size "
+                       r"\(got 5; expected a rank in \[0, 2\] \(world_size 3 in .*rank0\.json"):
+        read_kineto(sorted(tmp_path.glob("*.json")))

@@ -267,6 +267,16 @@ def _kind_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _huge_shown(value: Any) -> str:
+    """A number too large for int64, for a message: its start and its size (``str()`` of an
+    int of more than 4,300 digits is itself an error)."""
+    if isinstance(value, int):
+        digits = int(value.bit_length() * 0.30103) + 1
+        return str(value) if digits <= 40 else f"an integer of about {digits} digits"
+    text = str(value).strip()
+    return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} characters)"
+
+
 def as_int(value: Any, field: str, source: str | None, *, lo: int | None = None,
            hi: int | None = None, default: Any = _MISSING) -> int:
     """``value`` of JSON field ``field`` as an int in ``[lo, hi]``, or a :class:`SchemaError`
@@ -293,11 +303,15 @@ def as_int(value: Any, field: str, source: str | None, *, lo: int | None = None,
         out = value
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         out = int(value)
-    elif isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,19}\s*", value):
-        out = int(value)
-    if out is None or not -(1 << 63) <= out < (1 << 63):
-        shown = value if isinstance(value, (int, float, str)) and not isinstance(value, bool) \
-            else _kind_name(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        text = value.strip()
+        # int() of thousands of digits is refused by Python itself (and slow before that)
+        out = int(text) if len(text.lstrip("-")) <= 19 else (1 << 64)
+    if out is not None and not -(1 << 63) <= out < (1 << 63):
+        raise SchemaError("out of range", source=source, parameter=field,
+                          value=_huge_shown(value), expected=bounds + " within 64 bits")
+    if out is None:
+        shown = value if isinstance(value, (bool, float, str)) else _kind_name(value)
         if isinstance(shown, str) and len(shown) > 40:
             shown = shown[:40] + "..."
         raise SchemaError("not an integer", source=source, parameter=field, value=shown,

@@ -24,12 +24,20 @@ else from the file name.
 Matching across ranks: ``seq`` is the "Seq" argument when every op of a group has one, else
 the instance (iteration, op, k-th of that op type in the group) numbered by median start time
 (see :func:`assign_seq`). Instances missing on some ranks are reported in a warning.
+
+Checks: every field the reader uses is checked where it is read, and a bad one raises
+:class:`~holmes_ml.io.schema.SchemaError` naming the file, the field path
+(``traceEvents[12].args.Seq``), the value and what was expected. Communication events need a
+finite ``ts`` and a ``dur`` >= 0; ranks and group members must be below ``world_size``
+(at most ``MAX_WORLD``), and all traces of one job must state the same ``world_size``. Events
+the reader ignores (compute kernels, other CPU ops, launches of non-NCCL kernels) are not checked.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +48,10 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.io._common import (
+    MAX_WORLD,
+    as_float,
+    as_int,
+    as_obj,
     canonical_op,
     dtype_bytes,
     load_json,
@@ -58,6 +70,19 @@ _CPU_PREFIXES = ("nccl:", "gloo:", "c10d::")
 _NOT_COMM = frozenset({"wait", "waittensor", "coalesced", "init", "split", "commsplit",
                        "startcoalescing", "endcoalescing", "abort", "shrink"})
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_INT64_MAX = (1 << 63) - 1
+
+
+@dataclass(slots=True)
+class _Event:
+    """A trace event the reader uses, with the fields it reads already checked."""
+
+    index: int  # position in traceEvents: names the event in error messages
+    name: str
+    ts: float
+    dur: float
+    tid: int | str | None
+    args: dict
 
 
 @dataclass
@@ -67,12 +92,114 @@ class _Instance:
     tid: Any
     ts: float
     end: float
-    events: list[dict] = field(default_factory=list)
-    kernels: list[dict] = field(default_factory=list)
+    events: list[_Event] = field(default_factory=list)
+    kernels: list[_Event] = field(default_factory=list)
 
 
-def _is_comm_cpu(e: dict) -> bool:
-    name = e.get("name", "")
+def _at(i: int, key: str) -> str:
+    """Field path of ``key`` of event ``i``.
+
+    >>> _at(3, "ts")
+    'traceEvents[3].ts'
+    """
+    return f"traceEvents[{i}].{key}"
+
+
+def _arg_at(i: int, key: str) -> str:
+    """Field path of argument ``key`` of event ``i``.
+
+    >>> _arg_at(3, "Seq"), _arg_at(3, "In msg nelems")
+    ('traceEvents[3].args.Seq', "traceEvents[3].args['In msg nelems']")
+    """
+    return f"traceEvents[{i}].args" + (f".{key}" if key.isidentifier() else f"[{key!r}]")
+
+
+def _name(e: dict, i: int, source: str) -> str:
+    """``name`` of event ``i``, which must be a string."""
+    name = e.get("name")
+    if isinstance(name, str):  # the common case, without a call
+        return name
+    return as_obj(name, _at(i, "name"), source, str)  # type: ignore[no-any-return]
+
+
+def _args(e: dict, i: int, source: str) -> dict:
+    """``args`` of event ``i``: a JSON object, ``{}`` when absent."""
+    args = e.get("args")
+    if isinstance(args, dict):
+        return args
+    return as_obj(args, _at(i, "args"), source, dict, default={})  # type: ignore[no-any-return]
+
+
+def _time(e: dict, key: str, i: int, source: str) -> float:
+    """``ts`` or ``dur`` (µs) of event ``i``: present and finite, a duration also >= 0.
+
+    A missing one is refused rather than skipped or read as 0: the event would silently vanish
+    from the table or get a wrong duration.
+    """
+    what = "the start time in µs" if key == "ts" else "the duration in µs, a number >= 0"
+    value = e.get(key)
+    if value is None:
+        raise SchemaError("missing", source=source, parameter=_at(i, key), expected=what)
+    out = as_float(value, _at(i, key), source)
+    if key == "dur" and out < 0:
+        raise SchemaError("negative duration", source=source, parameter=_at(i, key), value=out,
+                          expected=what)
+    return out
+
+
+def _tid(e: dict, i: int, source: str) -> int | str:
+    """``tid`` of event ``i``: spans are grouped by it, so it must be an integer or a string."""
+    tid = e.get("tid")
+    if isinstance(tid, (int, str)) and not isinstance(tid, bool):
+        return tid
+    raise SchemaError("missing" if tid is None else "wrong type", source=source,
+                      parameter=_at(i, "tid"), value=None if tid is None else type(tid).__name__,
+                      expected="a thread id (an integer or a string)")
+
+
+def _event(e: dict, i: int, source: str, name: str, with_tid: bool = True) -> _Event:
+    """Event ``i`` with the fields the reader uses checked (kernels need no ``tid``)."""
+    return _Event(i, name, _time(e, "ts", i, source), _time(e, "dur", i, source),
+                  _tid(e, i, source) if with_tid else None, _args(e, i, source))
+
+
+def _correlation(args: dict, i: int, source: str) -> int | None:
+    """``args.correlation`` of event ``i`` (links a kernel to its launch), None when absent."""
+    corr = args.get("correlation")
+    if corr is None or (isinstance(corr, int) and not isinstance(corr, bool)):
+        return corr
+    return as_int(corr, _arg_at(i, "correlation"), source)
+
+
+def _ranks(value: Any, where: str, source: str, world: int | None) -> list[int] | None:
+    """Global ranks of a process group from a list or its string form (``"[0, 1]"``); None when
+    empty. Every rank must be below the world size (``MAX_WORLD`` when it is unknown).
+
+    >>> _ranks("[0, 2]", "ranks", "t.json", 4), _ranks([], "ranks", "t.json", None)
+    ([0, 2], None)
+    """
+    if isinstance(value, list):
+        ranks = [as_int(r, f"{where}[{j}]", source) for j, r in enumerate(value)]
+    elif isinstance(value, str):
+        # PyTorch writes the list as text; "[]" (and "") mean "not recorded".
+        ranks = parse_rank_list(value) or []
+        if not ranks and value.strip() not in ("", "[]"):
+            raise SchemaError("not a list of ranks", source=source, parameter=where,
+                              value=value[:40], expected="a list of ranks such as '[0, 1, 2]'")
+    else:
+        raise SchemaError("wrong type", source=source, parameter=where,
+                          value=type(value).__name__, expected="a list of ranks")
+    limit = world if world is not None else MAX_WORLD
+    bad = [r for r in ranks if not 0 <= r < limit]
+    if bad:
+        raise SchemaError(
+            "rank out of range", source=source, parameter=where, value=bad[0],
+            expected=f"ranks in [0, {limit - 1}]" + (
+                f" (distributedInfo.world_size is {world})" if world is not None else ""))
+    return ranks or None
+
+
+def _is_comm_cpu(name: str) -> bool:
     if name == "record_param_comms":
         return True
     if not name.startswith(_CPU_PREFIXES):
@@ -81,22 +208,30 @@ def _is_comm_cpu(e: dict) -> bool:
     return name.startswith(("nccl:", "gloo:")) or canonical_op(name) is not None
 
 
-def _instances_by_tid(cpu: list[dict]) -> dict[Any, list[_Instance]]:
+def _instances_by_tid(cpu: list[_Event]) -> dict[Any, list[_Instance]]:
     out: dict[Any, list[_Instance]] = {}
-    cpu = sorted(cpu, key=lambda e: (str(e.get("tid")), float(e["ts"]), -float(e.get("dur", 0))))
+    cpu = sorted(cpu, key=lambda e: (str(e.tid), e.ts, -e.dur))
     for e in cpu:
-        ts, dur = float(e["ts"]), float(e.get("dur", 0) or 0)
-        lst = out.setdefault(e.get("tid"), [])
+        lst = out.setdefault(e.tid, [])
         # Nested spans (c10d::allreduce_ > record_param_comms > nccl:all_reduce) share a parent.
-        if lst and lst[-1].ts <= ts and ts + dur <= lst[-1].end + 1e-3:
+        if lst and lst[-1].ts <= e.ts and e.ts + e.dur <= lst[-1].end + 1e-3:
             lst[-1].events.append(e)
         else:
-            lst.append(_Instance(tid=e.get("tid"), ts=ts, end=ts + dur, events=[e]))
+            lst.append(_Instance(tid=e.tid, ts=e.ts, end=e.ts + e.dur, events=[e]))
     return out
 
 
-def _size_from_dims(args: dict) -> int | None:
-    dims, types = args.get("Input Dims"), args.get("Input type")
+def _nbytes(n: int, where: str, source: str) -> int:
+    """A message size that fits the int64 ``nbytes`` column."""
+    if n > _INT64_MAX:
+        raise SchemaError("message size too large", source=source, parameter=where, value=n,
+                          expected="a size below 2**63 bytes")
+    return n
+
+
+def _size_from_dims(e: _Event, source: str) -> int | None:
+    """Bytes of the first input from old-style ``Input Dims``/``Input type``; None when absent."""
+    dims, types = e.args.get("Input Dims"), e.args.get("Input type")
     if not dims or not types or not isinstance(dims, list) or not isinstance(types, list):
         return None
     first = dims[0]
@@ -105,66 +240,120 @@ def _size_from_dims(args: dict) -> int | None:
     size = dtype_bytes(types[0])
     if size is None:
         return None
-    return int(np.prod([int(d) for d in first])) * size
+    where = _arg_at(e.index, "Input Dims")
+    # math.prod on Python ints: numpy's product would wrap around silently past 2**63.
+    n = math.prod(as_int(d, f"{where}[0][{j}]", source, lo=0) for j, d in enumerate(first))
+    return _nbytes(n * size, where, source)
 
 
-def _describe(inst: _Instance, source: str) -> dict | None:
-    """Op name, size, group and seq of one instance from its CPU spans and kernel args."""
+def _describe(inst: _Instance, source: str, world: int | None) -> dict | None:
+    """Op name, size, group and seq of one instance from its CPU spans and kernel args;
+    ``world`` bounds the group's ranks."""
     meta: dict[str, Any] = {}
+    origin: dict[str, int] = {}  # argument -> index of the event it was taken from
     for e in [*inst.events, *inst.kernels]:
-        for k, v in (e.get("args") or {}).items():
+        for k, v in e.args.items():
             if k not in meta and v not in (None, "", "[]"):
                 meta[k] = v
+                origin[k] = e.index
+
+    def at(key: str) -> str:
+        return _arg_at(origin[key], key)
+
     op: str | None = None
     where = ""
     if meta.get("Collective name"):
-        op, where = str(meta["Collective name"]), "args['Collective name']"
+        op, where = str(meta["Collective name"]), at("Collective name")
     else:
         for e in inst.events:
-            if e["name"].startswith(("nccl:", "gloo:")):
-                op, where = e["name"], "event name"
+            if e.name.startswith(("nccl:", "gloo:")):
+                op, where = e.name, _at(e.index, "name")
                 break
         if op is None:
             for e in inst.events:
-                if e["name"].startswith("c10d::"):
-                    op, where = e["name"], "event name"
+                if e.name.startswith("c10d::"):
+                    op, where = e.name, _at(e.index, "name")
                     break
     if op is None and inst.kernels:
-        m = _KERNEL_RE.match(inst.kernels[0]["name"])
+        m = _KERNEL_RE.match(inst.kernels[0].name)
         if m:
-            op, where = m.group(1), "kernel name"
+            op, where = m.group(1), _at(inst.kernels[0].index, "name")
     if op is None or re.sub(r"[^a-z]", "", op.lower().split(":")[-1]) in _NOT_COMM:
         # e.g. an old-style record_param_comms with only scalars, or a work.wait(): no transfer.
         return None
     if op.startswith("nccl:") and canonical_op(op) is None and inst.kernels:
-        op = _KERNEL_RE.match(inst.kernels[0]["name"]).group(1)  # type: ignore[union-attr]
+        op = _KERNEL_RE.match(inst.kernels[0].name).group(1)  # type: ignore[union-attr]
     canonical = require_op(op, source, where)
 
+    dtype = meta.get("dtype")
+    if dtype is not None and not isinstance(dtype, str):
+        as_obj(dtype, at("dtype"), source, str)  # raises: a dtype is a name
+    counts = [(as_int(meta[k], at(k), source, lo=0), k)
+              for k in ("In msg nelems", "Out msg nelems") if k in meta]
     nbytes = None
     # The full buffer is the larger side: the output of all_gather, the input of reduce_scatter.
-    counts = [int(meta[k]) for k in ("In msg nelems", "Out msg nelems")
-              if str(meta.get(k, "")).lstrip("-").isdigit()]
-    if counts and dtype_bytes(meta.get("dtype")):
-        nbytes = max(counts) * int(dtype_bytes(meta.get("dtype")) or 0)
+    if counts and dtype_bytes(dtype):
+        n, k = max(counts)
+        nbytes = _nbytes(n * int(dtype_bytes(dtype) or 0), at(k), source)
     if nbytes is None:
         for e in inst.events:
-            nbytes = _size_from_dims(e.get("args") or {})
+            nbytes = _size_from_dims(e, source)
             if nbytes is not None:
                 break
-    ranks = parse_rank_list(meta.get("Process Group Ranks"))
+    ranks = (_ranks(meta["Process Group Ranks"], at("Process Group Ranks"), source, world)
+             if "Process Group Ranks" in meta else None)
     pg = meta.get("Process Group Name")
-    seq = meta.get("Seq")
+    if pg is not None and (isinstance(pg, bool) or not isinstance(pg, (str, int))):
+        raise SchemaError("wrong type", source=source, parameter=at("Process Group Name"),
+                          value=type(pg).__name__, expected="a process group name (a string)")
     return {
         "op": canonical,
         "nbytes": int(nbytes or 0),
-        "pg": None if pg in (None, "") else str(pg),
+        "pg": None if pg is None else str(pg),
         "pg_desc": meta.get("Process Group Description"),
         "ranks": ranks,
-        "seq_arg": None if seq in (None, "") else int(seq),
+        "seq_arg": as_int(meta["Seq"], at("Seq"), source, lo=0) if "Seq" in meta else None,
     }
 
 
-def _read_one(path: Path) -> tuple[pd.DataFrame, int]:
+def _rank(info: dict, path: Path, source: str, world: int | None) -> int:
+    """The trace's rank: ``distributedInfo.rank``, else from the file name; below the world."""
+    if info.get("rank") is not None:
+        where = "distributedInfo.rank"
+        rank = as_int(info["rank"], where, source, lo=0, hi=MAX_WORLD - 1)
+    else:
+        guess = rank_from_name(path)
+        if guess is None:
+            raise SchemaError(
+                "cannot tell which rank this trace belongs to", source=source,
+                column="distributedInfo.rank",
+                expected="distributedInfo.rank in the trace or a file name like rank-3.json",
+            )
+        where = "rank in the file name"
+        rank = as_int(guess, where, source, lo=0, hi=MAX_WORLD - 1)
+    if world is not None and rank >= world:
+        raise SchemaError("rank not below the world size", source=source, parameter=where,
+                          value=rank, expected=f"a rank in [0, {world - 1}] "
+                          f"(distributedInfo.world_size is {world})")
+    return rank
+
+
+def _pg_config(info: dict, source: str, world: int | None) -> dict[str, list[int] | None]:
+    """Members of each process group named in ``distributedInfo.pg_config`` (PyTorch 2.2+)."""
+    configs = as_obj(info.get("pg_config"), "distributedInfo.pg_config", source, list,
+                     default=[])
+    out: dict[str, list[int] | None] = {}
+    for j, c in enumerate(configs):
+        where = f"distributedInfo.pg_config[{j}]"
+        c = as_obj(c, where, source, dict)
+        ranks = c.get("ranks")
+        out[str(c.get("pg_name"))] = (None if ranks is None
+                                      else _ranks(ranks, f"{where}.ranks", source, world))
+    return out
+
+
+def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
+    """One rank's trace: its CommOps rows, its rank and its world size (None when unknown)."""
     source = str(path)
     doc = load_json(path, what="a PyTorch profiler (Kineto) JSON trace")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -172,77 +361,95 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int]:
             "not a Kineto trace", source=source, column="traceEvents",
             expected="a JSON object with a 'traceEvents' list (PyTorch profiler export)",
         )
-    info = doc.get("distributedInfo") or {}
-    rank = info.get("rank")
-    if rank is None:
-        rank = rank_from_name(path)
-    if rank is None:
-        raise SchemaError(
-            "cannot tell which rank this trace belongs to", source=source,
-            column="distributedInfo.rank",
-            expected="distributedInfo.rank in the trace or a file name like rank-3.json",
-        )
-    rank = int(rank)
-    world = info.get("world_size")
-    # Ops with no process-group metadata ran on the default group, which spans the whole world.
-    world_ranks = list(range(int(str(world)))) if str(world or "").isdigit() else None
-    base_ns = int(doc.get("baseTimeNanoseconds", 0) or 0)
-    pg_ranks = {
-        str(c.get("pg_name")): parse_rank_list(c.get("ranks"))
-        for c in info.get("pg_config", []) or []
-        if isinstance(c, dict)
-    }
+    info = as_obj(doc.get("distributedInfo"), "distributedInfo", source, dict, default={})
+    # Bounded: ops with no process-group metadata span range(world_size).
+    world = as_int(info.get("world_size"), "distributedInfo.world_size", source, lo=1,
+                   hi=MAX_WORLD, default=None)
+    rank = _rank(info, path, source, world)
+    base_ns = as_int(doc.get("baseTimeNanoseconds"), "baseTimeNanoseconds", source, lo=0,
+                     default=0)
+    pg_ranks = _pg_config(info, source, world)
 
-    cpu, kernels, steps = [], [], []
-    runtime: dict[Any, dict] = {}
-    for e in doc["traceEvents"]:
-        if not isinstance(e, dict) or e.get("ph") != "X" or "ts" not in e:
+    cpu: list[_Event] = []
+    kernels: list[_Event] = []
+    steps: list[tuple[float, float, int]] = []
+    # Launches by correlation id, checked only when an NCCL kernel refers to one: most
+    # launches are of compute kernels, which the reader ignores.
+    runtime: dict[int, tuple[int, dict]] = {}
+    for i, e in enumerate(doc["traceEvents"]):
+        if not isinstance(e, dict):
+            as_obj(e, f"traceEvents[{i}]", source, dict)  # raises
+        if e.get("ph") != "X":
             continue
-        name, cat = e.get("name", ""), e.get("cat", "")
+        cat = e.get("cat")
         if cat == "kernel":
+            name = _name(e, i, source)
             if _KERNEL_RE.match(name):
-                kernels.append(e)
+                kernels.append(_event(e, i, source, name, with_tid=False))
         elif cat in ("cuda_runtime", "cuda_driver"):
-            corr = (e.get("args") or {}).get("correlation")
+            corr = _correlation(_args(e, i, source), i, source)
             if corr is not None:
-                runtime[corr] = e
+                runtime[corr] = (i, e)
         elif cat in ("cpu_op", "user_annotation"):
+            name = _name(e, i, source)
             m = _STEP_RE.match(name)
             if m:
-                steps.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)),
-                              int(m.group(1))))
-            elif _is_comm_cpu(e):
-                cpu.append(e)
+                ts = _time(e, "ts", i, source)
+                dur = as_float(e.get("dur"), _at(i, "dur"), source, default=0.0)
+                step = int(m.group(1))
+                if step > _INT64_MAX:
+                    raise SchemaError("step number too large", source=source,
+                                      parameter=_at(i, "name"), value=name[:40] + "...",
+                                      expected="ProfilerStep#N with N below 2**63")
+                steps.append((ts, ts + dur, step))
+            elif _is_comm_cpu(name):
+                cpu.append(_event(e, i, source, name))
 
     by_tid = _instances_by_tid(cpu)
     starts = {tid: [i.ts for i in lst] for tid, lst in by_tid.items()}
     orphans: list[_Instance] = []
     for k in kernels:
-        launch = runtime.get((k.get("args") or {}).get("correlation"))
+        launch = runtime.get(_correlation(k.args, k.index, source))  # type: ignore[arg-type]
         inst = None
-        if launch is not None and launch.get("tid") in by_tid:
-            lst = by_tid[launch["tid"]]
-            j = bisect.bisect_right(starts[launch["tid"]], float(launch["ts"])) - 1
-            if j >= 0 and lst[j].ts <= float(launch["ts"]) <= lst[j].end + 1e-3:
-                inst = lst[j]
+        if launch is not None:
+            li, le = launch
+            ltid = _tid(le, li, source)
+            if ltid in by_tid:
+                lts = _time(le, "ts", li, source)
+                lst = by_tid[ltid]
+                j = bisect.bisect_right(starts[ltid], lts) - 1
+                if j >= 0 and lst[j].ts <= lts <= lst[j].end + 1e-3:
+                    inst = lst[j]
         if inst is None:
-            orphans.append(_Instance(tid=None, ts=float(k["ts"]), end=float(k["ts"]), kernels=[k]))
+            orphans.append(_Instance(tid=None, ts=k.ts, end=k.ts, kernels=[k]))
         else:
             inst.kernels.append(k)
 
     steps.sort()
     step_starts = [s[0] for s in steps]
+    # group_ranks text per process group (None: the default group, the whole world), built
+    # once: the text of a 2**20-rank world is 7 MB.
+    members: dict[str | None, str] = {}
     rows = []
     for inst in [i for lst in by_tid.values() for i in lst] + orphans:
-        d = _describe(inst, source)
+        d = _describe(inst, source, world)
         if d is None:
             continue
         if inst.kernels:
-            t0 = min(float(k["ts"]) for k in inst.kernels)
-            t1 = max(float(k["ts"]) + float(k.get("dur", 0) or 0) for k in inst.kernels)
+            first = min(inst.kernels, key=lambda k: k.ts)
+            t0 = first.ts
+            t1 = max(k.ts + k.dur for k in inst.kernels)
             clock = "gpu"
         else:
+            first = inst.events[0]
             t0, t1, clock = inst.ts, inst.end, "cpu"
+        # Epoch ns exceed float64's exact range: convert the integral µs part exactly.
+        start_ns = base_ns + int(t0) * 1000 + int(round((t0 - int(t0)) * 1000.0))
+        if not 0 <= start_ns <= _INT64_MAX:
+            raise SchemaError(
+                "start time out of range", source=source, parameter=_at(first.index, "ts"),
+                value=t0, expected="a time that, with baseTimeNanoseconds, falls within "
+                "[0, 2**63) epoch ns")
         # The CPU issue time decides the step: the GPU may run a step's last kernels after
         # the ProfilerStep span has closed.
         cpu_t = inst.ts if inst.events else t0
@@ -250,7 +457,15 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int]:
         if steps:
             j = max(bisect.bisect_right(step_starts, cpu_t) - 1, 0)
             iteration = steps[j][2]
-        ranks = d["ranks"] or (pg_ranks.get(d["pg"]) if d["pg"] is not None else world_ranks)
+        if d["ranks"]:
+            group_ranks = ranks_str(d["ranks"])
+        else:
+            if d["pg"] not in members:
+                # Ops with no process-group metadata ran on the default group: the world.
+                ranks = (pg_ranks.get(d["pg"]) if d["pg"] is not None
+                         else range(world) if world is not None else None)
+                members[d["pg"]] = ranks_str(ranks)
+            group_ranks = members[d["pg"]]
         rows.append({
             "iteration": iteration,
             "rank": rank,
@@ -258,10 +473,10 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int]:
             "group": d["pg"] if d["pg"] is not None else "default",
             "seq_arg": d["seq_arg"],
             "nbytes": d["nbytes"],
-            # Epoch ns exceed float64's exact range: convert the integral µs part exactly.
-            "start_ns": base_ns + int(t0) * 1000 + int(round((t0 - int(t0)) * 1000.0)),
-            "duration_us": max(t1 - t0, 0.0),
-            "group_ranks": ranks_str(ranks),
+            "start_ns": start_ns,
+            # >= 0: durations are checked, and the kernels' end is at or after their start.
+            "duration_us": t1 - t0,
+            "group_ranks": group_ranks,
             "peer": -1,
             "clock": clock,
         })
@@ -270,7 +485,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int]:
         "group_ranks", "peer", "clock",
     ])
     logger.debug("%s: rank %d, %d comm ops (%d kernels)", source, rank, len(df), len(kernels))
-    return df, rank
+    return df, rank, world
 
 
 def assign_seq(df: pd.DataFrame) -> pd.DataFrame:
@@ -329,15 +544,35 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
         paths = [paths]
     frames: list[pd.DataFrame] = []
     seen: dict[int, str] = {}
+    world: tuple[int, str] | None = None  # the job's world size and the first file giving it
     for p in paths:
-        df, rank = _read_one(Path(p))
+        df, rank, size = _read_one(Path(p))
         if rank in seen:
             raise SchemaError(
                 f"two traces claim rank {rank} (also {seen[rank]})", source=str(p),
                 column="distributedInfo.rank", value=rank, expected="one trace per rank",
             )
+        if size is not None:
+            if world is None:
+                world = (size, str(p))
+            elif size != world[0]:
+                raise SchemaError(
+                    f"world size disagrees with {world[1]}", source=str(p),
+                    parameter="distributedInfo.world_size", value=size,
+                    expected=f"the same world_size in every trace of one job ({world[0]} in "
+                    f"{world[1]})",
+                )
         seen[rank] = str(p)
         frames.append(df)
     if not frames:
         raise SchemaError("no Kineto trace given", expected="at least one trace file")
+    if world is not None:
+        # A trace without world_size of its own must still fit the job's world.
+        for rank, p in seen.items():
+            if rank >= world[0]:
+                raise SchemaError(
+                    "rank not below the world size", source=p, parameter="rank", value=rank,
+                    expected=f"a rank in [0, {world[0] - 1}] (world_size {world[0]} in "
+                    f"{world[1]})",
+                )
     return assign_seq(pd.concat(frames, ignore_index=True))
