@@ -242,7 +242,13 @@ class Topology:
                 f"not a holmes_ml topology (a JSON {type(data).__name__}, not an object)",
                 source=source, expected="an object with keys 'ranks' and 'groups'",
             )
-        columns = as_obj(data.get("ranks"), "ranks", source)
+        raw = data.get("ranks")
+        if isinstance(raw, list):
+            # one object per rank (hand-written) rather than one list per column
+            rows = [as_obj(r, f"ranks[{i}]", source) for i, r in enumerate(raw)]
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            raw = {k: [r.get(k) for r in rows] for k in keys}
+        columns = as_obj(raw, "ranks", source)
         missing = [c for c in ("rank", "host", "gpu", "pod") if c not in columns]
         if missing:
             raise SchemaError(f"not a holmes_ml topology (missing ranks.{missing[0]})",

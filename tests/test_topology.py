@@ -73,7 +73,10 @@ def _edited(edit) -> dict:
 
 
 BAD_TOPOLOGIES = {
-    "ranks a list": (lambda d: d.update(ranks=[0, 1]), r"ranks: wrong type \(got 'list'"),
+    "ranks a list": (lambda d: d.update(ranks=[0, 1]), r"ranks\[0\]: wrong type \(got 'int'"),
+    "record short": (lambda d: d.update(ranks=[{"rank": 0, "host": "a", "gpu": 0, "pod": 0},
+                                               {"rank": 1, "host": "a", "pod": 0}]),
+                     r"ranks\.gpu\[1\]: not an integer \(got 'null'"),
     "rank text": (lambda d: d["ranks"]["rank"].__setitem__(3, "x"),
                   r"ranks\.rank\[3\]: not an integer \(got 'x'"),
     "rank twice": (lambda d: d["ranks"]["rank"].__setitem__(3, 2),
@@ -107,6 +110,13 @@ def test_a_hand_edited_topology_is_refused_naming_key_and_value(tmp_path, case):
     with pytest.raises(SchemaError, match=message) as e:
         Topology.from_json(p)
     assert str(p) in str(e.value)
+
+
+def test_ranks_may_be_listed_one_object_per_rank():
+    columns = _two_pods().to_dict()
+    rows = pd.DataFrame(columns["ranks"]).to_dict("records")
+    back = Topology.from_dict({**columns, "ranks": rows})
+    pd.testing.assert_frame_equal(back.ranks, Topology.from_dict(columns).ranks)
 
 
 def test_from_ops_uses_group_ranks_and_hosts():
