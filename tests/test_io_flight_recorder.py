@@ -128,3 +128,91 @@ def test_unknown_op_in_dump(tmp_path):
         read_ops(p)
     assert "fr_0.json" in str(err.value) and "teleport" in str(err.value)
     assert "entries[2]" in str(err.value)
+
+
+# Malformed dumps: each is one SchemaError naming the file, the field and the problem ----------
+
+def _entry0(**fields):
+    """Mutation setting ``fields`` on entry 0 of rank 0's dump."""
+    return lambda dumps: dumps[0]["entries"][0].update(fields)
+
+
+def _untimed(started, completed):
+    """Mutation giving entry 0 discovery times but no ``duration_ms``."""
+    def mutate(dumps):
+        e = dumps[0]["entries"][0]
+        del e["duration_ms"]
+        e.update(time_discovered_started_ns=started, time_discovered_completed_ns=completed)
+    return mutate
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d[0].update(rank="abc"), r"rank: not an integer \(got 'abc'"),
+    (lambda d: d[0].update(rank=1.5), r"rank: not an integer \(got 1\.5"),
+    (lambda d: d[0].update(rank=-2), r"rank: out of range \(got -2"),
+    (lambda d: d[0].update(pg_config=[1]), r"pg_config: wrong type \(got 'list'"),
+    (lambda d: d[0]["pg_config"].update({"0": "x"}), r"pg_config\['0'\]: wrong type"),
+    (lambda d: d[0]["pg_config"]["0"].update(ranks=["a"]),
+     r"pg_config\['0'\]\.ranks: not an integer \(got 'a'"),
+    (_entry0(input_sizes=5),
+     r"entries\[0\]\.input_sizes: wrong type \(got 'int'; expected a JSON list\)"),
+    (_entry0(input_sizes=[["a"]]), r"entries\[0\]\.input_sizes\[0\]\[0\]: not an integer"),
+    (_entry0(input_sizes=[[-4]]), r"entries\[0\]\.input_sizes\[0\]\[0\]: out of range"),
+    (_entry0(input_sizes=[[2**40, 2**40]]),
+     r"entries\[0\]\.input_sizes: tensors larger than 2\*\*63 bytes"),
+    (_entry0(input_dtypes=[1]), r"entries\[0\]\.input_dtypes\[0\]: wrong type"),
+    (_untimed("abc", "xyz"),
+     r"entries\[0\]\.time_discovered_started_ns: not an integer \(got 'abc'"),
+    (_entry0(time_discovered_started_ns="abc"),
+     r"entries\[0\]\.time_discovered_started_ns: not an integer \(got 'abc'"),
+    (_entry0(time_discovered_started_ns=-5),
+     r"entries\[0\]\.time_discovered_started_ns: out of range \(got -5"),
+    (_entry0(time_discovered_started_ns=2**70),
+     r"entries\[0\]\.time_discovered_started_ns: out of range"),
+    (_entry0(duration_ms="abc"), r"entries\[0\]\.duration_ms: not a number \(got 'abc'"),
+    (_entry0(collective_seq_id=None), r"entries\[0\]\.collective_seq_id: not an integer"),
+    (_entry0(is_p2p="false"), r"entries\[0\]\.is_p2p: wrong type"),
+    (_entry0(process_group={"a": 1}), r"entries\[0\]\.process_group: wrong type"),
+    (_entry0(state="done\ud800"), r"entries\[0\]\.state: not valid Unicode text"),
+    (lambda d: d[0]["entries"][-1].update(profiling_name="nccl:send 0->" + "9" * 30),
+     r"entries\[5\]\.profiling_name: rank in the operator name out of range"),
+])
+def test_malformed_dump_names_file_field_and_problem(tmp_path, mutate, match):
+    dumps = {0: _dump(0)}
+    mutate(dumps)
+    p = _write(tmp_path, dumps) / "nccl_trace_rank_0"
+    with pytest.raises(SchemaError, match=match) as err:
+        read_flight_recorder([p])
+    assert str(err.value).startswith(str(p))
+
+
+def test_two_dumps_of_one_rank_are_refused(tmp_path):
+    dumps = {r: _dump(r) for r in range(4)}
+    dumps[2]["rank"] = 1  # a stray copy of rank 1's dump, or a mislabelled one
+    d = _write(tmp_path, dumps)
+    for read in (read_ops, lambda d: hang_report(sorted(d.iterdir()))):
+        with pytest.raises(SchemaError, match="two dumps claim rank 1") as err:
+            read(d)
+        assert "nccl_trace_rank_1" in str(err.value) and "nccl_trace_rank_2" in str(err.value)
+
+
+def test_hang_report_checks_entries(tmp_path):
+    dumps = {r: _dump(r) for r in range(2)}
+    dumps[1]["entries"][3]["collective_seq_id"] = "x"
+    d = _write(tmp_path, dumps)
+    with pytest.raises(SchemaError, match=r"rank_1, entries\[3\]\.collective_seq_id: not an"):
+        hang_report(sorted(d.iterdir()))
+
+
+def test_long_profiling_name_is_parsed_in_linear_time(tmp_path):
+    """The peer pattern once backtracked quadratically over a run of digits (80,000 digits:
+    76 s); at 200,000 digits this test would hang instead of taking milliseconds."""
+    doc = _dump(0)
+    send = doc["entries"][-1]
+    p = tmp_path / "nccl_trace_rank_0"
+    for name, peer in (("nccl:send " + "1" * 200_000 + " 0->1", 1),
+                       ("nccl:send " + "1" * 200_000, -1)):
+        send["profiling_name"] = name
+        p.write_text(json.dumps(doc))
+        ops = read_flight_recorder([p])
+        assert ops.loc[ops["op"] == "send", "peer"].tolist() == [peer]

@@ -27,15 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from holmes_ml.io._common import (
+    MAX_WORLD,
+    as_float,
+    as_int,
+    as_obj,
     dtype_bytes,
     head_bytes,
     load_json,
     open_bytes,
-    parse_rank_list,
     rank_from_name,
     ranks_str,
     require_op,
@@ -44,7 +46,11 @@ from holmes_ml.io.schema import P2P_OPS, SchemaError
 
 logger = logging.getLogger(__name__)
 
-_PEER_RE = re.compile(r"(\d+)\s*(->|<-)\s*(\d+)")
+# "send 0->1" / "recv 1<-0". The look-behind lets a match start only at the first digit of a
+# run: without it search() retries at every digit of a long run and backtracks over the rest
+# each time (quadratic: a name with 80,000 digits took 76 s).
+_PEER_RE = re.compile(r"(?<!\d)(\d+)\s*(->|<-)\s*(\d+)")
+_I64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,10 @@ class HangFinding:
 
 
 def load_dump(path: str | Path, trust_pickle: bool = False) -> dict:
-    """Load one Flight Recorder dump (JSON; pickle only when ``trust_pickle``)."""
+    """Load one Flight Recorder dump (JSON; pickle only when ``trust_pickle``).
+
+    Its ``rank`` is a checked int, taken from the file name when the dump has none.
+    """
     p = Path(path)
     if head_bytes(p, 1)[:1] == b"\x80":
         if not trust_pickle:
@@ -98,78 +107,195 @@ def load_dump(path: str | Path, trust_pickle: bool = False) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise SchemaError("not a Flight Recorder dump", source=str(p), column="entries",
                           expected="an object with an 'entries' list")
-    if doc.get("rank") is None:
-        rank = rank_from_name(p)
+    rank, field = doc.get("rank"), "rank"
+    if rank is None:
+        rank, field = rank_from_name(p), "rank (from the file name)"
         if rank is None:
             m = re.search(r"(\d+)$", p.name)
             rank = int(m.group(1)) if m else None
         if rank is None:
             raise SchemaError("cannot tell which rank this dump belongs to", source=str(p),
                               column="rank", expected="a 'rank' field or a file name ending in it")
-        doc = {**doc, "rank": rank}
-    return doc
+    return {**doc, "rank": as_int(rank, field, str(p), lo=0, hi=MAX_WORLD - 1)}
 
 
-def _group_of(entry: dict) -> str:
+def _claim(seen: dict[int, str], rank: int, source: str) -> None:
+    """Note that ``source`` is the dump of ``rank``; a second dump of one rank is refused
+    (merging them would mix two ranks' operators under one rank)."""
+    if rank in seen:
+        raise SchemaError(f"two dumps claim rank {rank} (also {seen[rank]})", source=source,
+                          parameter="rank", value=rank, expected="one dump per rank")
+    seen[rank] = source
+
+
+def _short(text: str) -> str:
+    """``text`` cut for an error message."""
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _text(value: Any, field: str, source: str) -> str:
+    """``value`` as text a table can hold: JSON escapes such as ``\\ud800`` make lone
+    surrogates, which the (Arrow) string columns refuse with a UnicodeEncodeError."""
+    text = str(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SchemaError("not valid Unicode text (a lone surrogate)", source=source,
+                              parameter=field, value=_short(text),
+                              expected="UTF-8 text") from None
+    return text
+
+
+def _members(value: Any, field: str, source: str) -> list[int] | None:
+    """Global ranks of a process group from its ``ranks`` (``"[0, 1]"`` as torch writes it, or
+    a list); None when none are given (``"[]"``, ``"all ranks"``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = re.findall(r"-?\d+", value)
+    ranks = [as_int(r, field, source, lo=0, hi=MAX_WORLD - 1)
+             for r in as_obj(value, field, source, list)]
+    return ranks or None
+
+
+def _pg_members(doc: dict, source: str) -> dict[str, list[int] | None]:
+    """Members of each process group of a dump's ``pg_config``, by group name."""
+    config = as_obj(doc.get("pg_config"), "pg_config", source, dict, default={})
+    members = {}
+    for name, pg in config.items():
+        where = f"pg_config[{_short(str(name))!r}]"
+        members[str(name)] = _members(as_obj(pg, where, source, dict).get("ranks"),
+                                      f"{where}.ranks", source)
+    return members
+
+
+def _group_of(entry: dict, at: str, source: str) -> str:
+    """Name of an entry's process group: ``process_group`` is ``[name, desc]`` (else the
+    ``pg_id``); a name that is not text or a number is refused."""
     pg = entry.get("process_group")
     if isinstance(pg, (list, tuple)) and pg:
-        return str(pg[0])
-    return str(pg if pg is not None else entry.get("pg_id", "default"))
+        name, field = pg[0], "process_group[0]"
+    elif pg is not None:
+        name, field = pg, "process_group"
+    else:
+        name, field = entry.get("pg_id", "default"), "pg_id"
+    if isinstance(name, (list, tuple, dict, bool)):
+        raise SchemaError("wrong type", source=source, parameter=f"{at}.{field}",
+                          value=type(name).__name__, expected="a process group name")
+    return _text(name, f"{at}.{field}", source)
 
 
-def _nbytes(entry: dict) -> int:
+def _op_of(entry: Any, at: str, source: str) -> tuple[str, str]:
+    """An entry's ``profiling_name`` and the schema op it names."""
+    as_obj(entry, at, source, dict)
+    name = as_obj(entry.get("profiling_name"), f"{at}.profiling_name", source, str)
+    return name, require_op(name.split(" ")[0], source, f"{at}.profiling_name")
+
+
+def _uint(value: Any, at: str, key: str, source: str, nullable: bool = True) -> int | None:
+    """Entry field ``key`` as an int in [0, 2**63); None when it is null and ``nullable``."""
+    if type(value) is int and 0 <= value <= _I64_MAX:  # the common case, no message built
+        return value
+    if value is None and nullable:
+        return None
+    return as_int(value, f"{at}.{key}", source, lo=0, hi=_I64_MAX)
+
+
+def _flag(entry: dict, at: str, source: str) -> bool:
+    """The entry's ``is_p2p`` (absent: false)."""
+    value = entry.get("is_p2p")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise SchemaError("wrong type", source=source, parameter=f"{at}.is_p2p",
+                      value=_short(repr(value)), expected="true or false")
+
+
+def _nbytes(entry: dict, at: str, source: str) -> int:
+    """Bytes an entry moves: the larger of its inputs and its outputs (shape x dtype width)."""
     best = 0
     for sizes_key, types_key in (("input_sizes", "input_dtypes"), ("output_sizes", "output_dtypes")):
-        sizes, types = entry.get(sizes_key) or [], entry.get(types_key) or []
+        sizes = as_obj(entry.get(sizes_key), f"{at}.{sizes_key}", source, list, default=[])
+        types = as_obj(entry.get(types_key), f"{at}.{types_key}", source, list, default=[])
         total = 0
-        for shape, dt in zip(sizes, types, strict=False):
-            width = dtype_bytes(dt) or 0
-            total += int(np.prod(shape)) * width if isinstance(shape, list) else 0
+        for j, (shape, dt) in enumerate(zip(sizes, types, strict=False)):
+            if not isinstance(shape, list):
+                as_obj(shape, f"{at}.{sizes_key}[{j}]", source, list)  # raises
+            n = 1
+            for k, d in enumerate(shape):
+                if type(d) is not int or not 0 <= d <= _I64_MAX:
+                    d = as_int(d, f"{at}.{sizes_key}[{j}][{k}]", source, lo=0, hi=_I64_MAX)
+                n *= d
+            if not isinstance(dt, str):
+                as_obj(dt, f"{at}.{types_key}[{j}]", source, str)  # raises
+            total += n * (dtype_bytes(dt) or 0)
+        if total > _I64_MAX:
+            raise SchemaError("tensors larger than 2**63 bytes", source=source,
+                              parameter=f"{at}.{sizes_key}", value=_short(str(sizes)),
+                              expected="the shapes of real tensors")
         best = max(best, total)
     return best
 
 
+def _peer(name: str, rank: int, field: str, source: str) -> int:
+    """Peer of a P2P entry from its name, ``nccl:send 0->1`` / ``nccl:recv 1<-0``: the number
+    that is not this rank; -1 when the name has no ranks."""
+    m = _PEER_RE.search(name)
+    if m is None:
+        return -1
+    # Compare lengths before int(): a name may hold more digits than int() converts.
+    a, b = (int(g) if len(g.lstrip("0")) <= 7 else MAX_WORLD for g in (m.group(1), m.group(3)))
+    if max(a, b) >= MAX_WORLD:
+        raise SchemaError("rank in the operator name out of range", source=source,
+                          parameter=field, value=_short(m.group(0)),
+                          expected=f"ranks in [0, {MAX_WORLD - 1}] as in 'nccl:send 0->1'")
+    return b if a == rank else a
+
+
 def _rows(doc: dict, source: str) -> list[dict[str, Any]]:
-    rank = int(doc["rank"])
-    pg_ranks = {str(k): parse_rank_list((v or {}).get("ranks")) if isinstance(v, dict) else None
-                for k, v in (doc.get("pg_config") or {}).items()}
+    """Ops-table rows of one loaded dump (entries without a duration are left out)."""
+    rank = doc["rank"]  # checked by load_dump
+    pg_ranks = _pg_members(doc, source)
     rows = []
     skipped = 0
     for i, e in enumerate(doc["entries"]):
-        if not isinstance(e, dict):
-            raise SchemaError("entry is not an object", source=source, row=i, column="entries",
-                              value=type(e).__name__, expected="a JSON object")
-        name = str(e.get("profiling_name", ""))
-        op = require_op(name.split(" ")[0], source, f"entries[{i}].profiling_name")
-        start = e.get("time_discovered_started_ns") or e.get("time_created_ns")
+        at = f"entries[{i}]"
+        name, op = _op_of(e, at, source)
+        # Every field is checked, also in entries left out below: a broken one means a broken
+        # dump whether or not it has a duration.
+        started = _uint(e.get("time_discovered_started_ns"), at, "time_discovered_started_ns",
+                        source)
+        completed = _uint(e.get("time_discovered_completed_ns"), at,
+                          "time_discovered_completed_ns", source)
+        created = _uint(e.get("time_created_ns"), at, "time_created_ns", source)
         dur_ms = e.get("duration_ms")
-        if dur_ms is None and e.get("time_discovered_completed_ns") and e.get(
-                "time_discovered_started_ns"):
-            dur_ms = (e["time_discovered_completed_ns"] - e["time_discovered_started_ns"]) / 1e6
+        if dur_ms is not None:
+            # Not bounded below: validate() refuses negative durations unless told to allow them.
+            dur_ms = as_float(dur_ms, f"{at}.duration_ms", source)
+        elif completed and started:
+            dur_ms = (completed - started) / 1e6
+        start = started or created
+        is_p2p = op in P2P_OPS or _flag(e, at, source)
+        seq_key = "p2p_seq_id" if is_p2p else "collective_seq_id"
+        seq = _uint(e.get(seq_key, 0), at, seq_key, source, nullable=False)
+        group = _group_of(e, at, source)
+        state = _text(e.get("state", ""), f"{at}.state", source)
+        nbytes = _nbytes(e, at, source)
         if dur_ms is None or start is None:
             skipped += 1
             continue
-        group = _group_of(e)
-        peer = -1
-        if op in P2P_OPS:
-            m = _PEER_RE.search(name)
-            if m:
-                a, b = int(m.group(1)), int(m.group(3))
-                # "send 0->1" / "recv 1<-0": the peer is the number that is not this rank.
-                peer = b if a == rank else a
-        is_p2p = op in P2P_OPS or bool(e.get("is_p2p"))
         rows.append({
             "iteration": 0,
             "rank": rank,
             "op": op,
             "group": group,
-            "seq": e.get("p2p_seq_id" if is_p2p else "collective_seq_id", 0),
-            "nbytes": _nbytes(e),
-            "start_ns": int(start),
+            "seq": seq,
+            "nbytes": nbytes,
+            "start_ns": start,
             "duration_us": float(dur_ms) * 1000.0,
             "group_ranks": ranks_str(pg_ranks.get(group)),
-            "peer": peer,
-            "state": str(e.get("state", "")),
+            "peer": _peer(name, rank, f"{at}.profiling_name", source) if op in P2P_OPS else -1,
+            "state": state,
         })
     if skipped:
         logger.warning("%s: %d of %d entries have no duration (gloo or unfinished) and are "
@@ -185,7 +311,9 @@ def read_flight_recorder(
     Raises
     ------
     SchemaError
-        Pickle without ``trust_pickle``, malformed dump, unknown op, or no timed entry at all.
+        Pickle without ``trust_pickle``, malformed dump (the message names the file and the
+        field, such as ``entries[3].input_sizes``), unknown op, two dumps of one rank, or no
+        timed entry at all.
 
     Examples
     --------
@@ -194,8 +322,11 @@ def read_flight_recorder(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows: list[dict] = []
+    seen: dict[int, str] = {}
     for p in paths:
-        rows.extend(_rows(load_dump(p, trust_pickle), str(p)))
+        doc = load_dump(p, trust_pickle)
+        _claim(seen, doc["rank"], str(p))
+        rows.extend(_rows(doc, str(p)))
     if not rows:
         raise SchemaError(
             "no entry has a duration", source=str(paths[0]) if paths else None,
@@ -231,25 +362,30 @@ def hang_report(
     >>> hang_report({0: [e(1), e(2)], 1: [e(1)]})[0].missing_ranks
     (1,)
     """
+    pg_ranks: dict[str, list[int] | None] = {}
+    sources: dict[int, str] = {}
     if isinstance(dumps, Mapping):
         per_rank = {int(r): list(v) for r, v in dumps.items()}
-        pg_ranks: dict[str, list[int] | None] = {}
+        sources = {r: f"rank {r}" for r in per_rank}
     else:
-        per_rank, pg_ranks = {}, {}
+        per_rank = {}
         for p in dumps:
             doc = load_dump(p, trust_pickle)
-            per_rank[int(doc["rank"])] = doc["entries"]
-            for k, v in (doc.get("pg_config") or {}).items():
-                if isinstance(v, dict):
-                    pg_ranks[str(k)] = parse_rank_list(v.get("ranks"))
+            _claim(sources, doc["rank"], str(p))
+            per_rank[doc["rank"]] = doc["entries"]
+            pg_ranks.update(_pg_members(doc, str(p)))
     rows = []
     for rank, entries in per_rank.items():
-        for e in entries:
-            name = str(e.get("profiling_name", ""))
-            if e.get("is_p2p") or require_op(name.split(" ")[0], f"rank {rank}",
-                                             "profiling_name") in P2P_OPS:
+        source = sources[rank]
+        for i, e in enumerate(entries):
+            at = f"entries[{i}]"
+            name, op = _op_of(e, at, source)
+            if op in P2P_OPS or _flag(e, at, source):
                 continue
-            rows.append((rank, _group_of(e), int(e.get("collective_seq_id", 0)), name))
+            seq = _uint(e.get("collective_seq_id", 0), at, "collective_seq_id", source,
+                        nullable=False)
+            rows.append((rank, _group_of(e, at, source), seq,
+                         _text(name, f"{at}.profiling_name", source)))
     if not rows:
         return []
     df = pd.DataFrame(rows, columns=["rank", "group", "seq", "name"])
