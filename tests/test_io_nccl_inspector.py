@@ -257,3 +257,104 @@ def test_malformed_line_names_file_line_and_field(tmp_path, mutate, field):
         read_ops(p, format="nccl-inspector")
     msg = str(err.value)
     assert "z.log" in msg and "line 2" in msg and field in msg
+
+
+# Malformed lines and files that contradict each other ----------------------------------------
+
+def _perf(**fields):
+    return lambda o: o["coll_perf"].update(fields)
+
+
+def _head(**fields):
+    return lambda o: o["header"].update(fields)
+
+
+def _as_p2p(**fields):
+    def mutate(o):
+        del o["coll_perf"]
+        o["header"]["n_ranks"] = 2
+        o["p2p_perf"] = {**_p2p("Send", 0, 1, 90), **fields}
+    return mutate
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (_perf(coll_exec_time_us=2**70), r"coll_perf\.coll_exec_time_us, line 2: out of range"),
+    (_perf(coll_exec_time_us=T0_US + 1),
+     r"coll_perf\.coll_exec_time_us, line 2: operation longer than the time from the epoch"),
+    (_perf(coll_sn=2**70), r"coll_perf\.coll_sn, line 2: out of range"),
+    (_perf(coll="Send"), r"coll_perf\.coll, line 2: Send in coll_perf"),
+    (_perf(coll_algo={}), r"coll_perf\.coll_algo, line 2: wrong type \(got 'dict'"),
+    (_perf(event_trace_ts={"kernel_events": 5}),
+     r"coll_perf\.event_trace_ts\.kernel_events, line 2: wrong type \(got 'int'"),
+    (_perf(event_trace_ts={"kernel_events": [{"kernel_start_ts": "x"}]}),
+     r"kernel_events\[0\]\.kernel_start_ts, line 2: bad or missing field \(got 'x'"),
+    (_as_p2p(p2p_peer=2**70), r"p2p_perf\.p2p_peer, line 2: out of range"),
+    (_as_p2p(p2p_peer=2), r"p2p_perf\.p2p_peer, line 2: out of range \(got 2; expected an "
+     r"integer in \[0, 1\]"),
+    (_head(rank=2**70), r"header\.rank, line 2: out of range"),
+    (_head(rank=-2), r"header\.rank, line 2: out of range \(got -2"),
+    (_head(rank=7, n_ranks=4), r"header\.rank, line 2: out of range \(got 7; expected an "
+     r"integer in \[0, 3\]"),
+    (_head(n_ranks=2**70), r"header\.n_ranks, line 2: out of range"),
+    (_head(n_ranks=-4), r"header\.n_ranks, line 2: out of range \(got -4"),
+    (_head(nnodes="x"), r"header\.nnodes, line 2: bad or missing field \(got 'x'"),
+    (_head(nnodes=1.5), r"header\.nnodes, line 2: bad or missing field \(got 1\.5"),
+    (_head(id="0x\ud800"), r"header\.id, line 2: not valid Unicode text"),
+    (lambda o: o["metadata"].update(dump_timestamp_us=2**70),
+     r"metadata\.dump_timestamp_us, line 2: out of range"),
+    (lambda o: o["metadata"].update(hostname={}), r"metadata\.hostname, line 2: wrong type"),
+])
+def test_malformed_field_names_file_line_field_and_problem(tmp_path, mutate, match):
+    good = {"header": _header(WORLD, 0, 1), "metadata": _meta("v4.0", T0_US, 1),
+            "coll_perf": _coll("AllReduce", 0, 10)}
+    bad = json.loads(json.dumps(good))
+    mutate(bad)
+    p = tmp_path / "z.log"
+    p.write_text(_line(good) + "\n" + _line(bad) + "\n")
+    with pytest.raises(SchemaError, match=match) as err:
+        read_ops(p, format="nccl-inspector")
+    assert str(err.value).startswith(str(p))
+
+
+def test_format_version_with_thousands_of_digits(tmp_path):
+    p = tmp_path / "h-pid1.log"
+    lines = _v43_dump(0, 1, T0_US, [_coll("AllReduce", 0, 10)])
+    marker = json.loads(lines[0])
+    marker["metadata"]["inspector_output_format_version"] = "4." + "9" * 5000
+    p.write_text("\n".join([_line(marker)] + lines[1:]) + "\n")
+    with pytest.raises(SchemaError, match=r"inspector_output_format_version, line 1: format "
+                       r"version out of range"):
+        read_ops(p, format="nccl-inspector")
+
+
+def _world_files(d, change):
+    """4 processes of the 4-rank world communicator; ``change(rank, header)`` edits headers."""
+    for r in range(4):
+        lines = []
+        for sn in range(2):
+            header = _header(WORLD, r, 4)
+            change(r, header)
+            lines.append(_line({"header": header, "metadata": _meta("v4.0", T0_US + sn, 100 + r),
+                                "coll_perf": _coll("AllReduce", sn, 10)}))
+        (d / f"n-pid{100 + r}.log").write_text("\n".join(lines) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("change,match", [
+    # One process says the world has 8 ranks: every other process would be renumbered.
+    (lambda r, h: h.update(n_ranks=8) if r == 2 else None,
+     r"n-pid102\.log, header\.n_ranks, line 1: processes disagree on the size of "
+     r"communicator 0xe62dedaa97644a: 8 here, 4 in .*n-pid100\.log line 1"),
+    # Two processes claim comm rank 0: they would be merged into one rank.
+    (lambda r, h: h.update(rank=0) if r == 1 else None,
+     r"n-pid101\.log, header\.rank, line 1: two processes claim rank 0 of communicator "
+     r"0xe62dedaa97644a: node-0/101 here, node-0/100 in .*n-pid100\.log line 1"),
+])
+def test_processes_that_contradict_each_other_are_refused(tmp_path, change, match):
+    bad, good = tmp_path / "bad", tmp_path / "good"
+    bad.mkdir()
+    good.mkdir()
+    with pytest.raises(SchemaError, match=match):
+        read_ops(_world_files(bad, change), format="nccl-inspector")
+    ops = read_ops(_world_files(good, lambda r, h: None))  # without the contradiction
+    assert sorted(set(ops["rank"])) == [0, 1, 2, 3]

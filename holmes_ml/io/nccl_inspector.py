@@ -44,6 +44,7 @@ column ``start_exact`` is False). Iteration is 0 (the plugin does not know train
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,8 +53,8 @@ from typing import Any, TypeGuard
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io._common import iter_jsonl, require_op
-from holmes_ml.io.schema import OP_TYPES, SchemaError
+from holmes_ml.io._common import MAX_WORLD, iter_jsonl, require_op
+from holmes_ml.io.schema import OP_TYPES, P2P_OPS, SchemaError
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +68,11 @@ _COUNT_KEYS: dict[str, str] = {"coll_perf": "coll_records", "p2p_perf": "p2p_rec
 #: Multiplier of the per-type NCCL sequence number in the canonical ``seq``.
 SEQ_STRIDE = 16
 _OP_CODE = {op: i for i, op in enumerate(OP_TYPES)}
-
-
-def _version(metadata: dict) -> tuple[int, int]:
-    m = re.match(r"v?(\d+)\.(\d+)", str(metadata.get("inspector_output_format_version", "")))
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+_I64_MAX = (1 << 63) - 1
+#: Largest µs time or duration whose value in ns fits an int64 (``start_ns``).
+_MAX_US = _I64_MAX // 1000 - 1
+#: Largest NCCL sequence number whose ``seq`` (``sn * SEQ_STRIDE + op code``) fits an int64.
+_MAX_SN = _I64_MAX // SEQ_STRIDE - 1
 
 
 def _is_int(v: Any) -> TypeGuard[int]:
@@ -79,7 +80,17 @@ def _is_int(v: Any) -> TypeGuard[int]:
 
 
 def _is_num(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+    # An int is finite at any size; math.isfinite(int) would overflow converting it to float.
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _shown(value: Any) -> Any:
+    """``value`` as an error message shows it: long text cut, JSON containers by kind."""
+    if isinstance(value, str):
+        return value if len(value) <= 40 else value[:40] + "..."
+    if isinstance(value, (dict, list)):
+        return "object" if isinstance(value, dict) else "list"
+    return value
 
 
 class _File:
@@ -88,15 +99,65 @@ class _File:
     def __init__(self, path: Path) -> None:
         self.source = str(path)
         self.marker_line = 0
-        self.header: dict | None = None
-        self.metadata: dict | None = None
+        #: (header, metadata) of the open v4.3 dump, which its records take.
+        self.open: tuple[dict, dict] | None = None
         self.remaining: dict[str, int] = {}
         self.dropped: dict[tuple, int] = {}
 
     def fail(self, message: str, lineno: int, field: str, value: Any = None,
              expected: str | None = None) -> SchemaError:
         return SchemaError(message, source=self.source, row=lineno - 1, line=lineno,
-                           column=field, value=value, expected=expected)
+                           parameter=field, value=value, expected=expected)
+
+    def integer(self, value: Any, lineno: int, field: str, lo: int = 0,
+                hi: int = _I64_MAX) -> int:
+        """``value`` of ``field`` as an integer in ``[lo, hi]``. The plugin writes JSON
+        integers: a string or a float there means a broken file, not a spelling to accept."""
+        if not _is_int(value):
+            raise self.fail("bad or missing field", lineno, field, _shown(value),
+                            f"an integer in [{lo}, {hi}]")
+        if not lo <= value <= hi:
+            raise self.fail("out of range", lineno, field, value, f"an integer in [{lo}, {hi}]")
+        return value
+
+    def number(self, value: Any, lineno: int, field: str) -> int | float:
+        """``value`` of ``field`` as a finite number in ``[0, _MAX_US]`` (µs)."""
+        if not _is_num(value):
+            raise self.fail("bad or missing field", lineno, field, _shown(value),
+                            "a finite number >= 0 (µs)")
+        if not 0 <= value <= _MAX_US:
+            raise self.fail("out of range", lineno, field, value,
+                            f"a number of µs in [0, {_MAX_US}]")
+        return value
+
+    def text(self, value: Any, lineno: int, field: str) -> str:
+        """String field ``field`` ("" when null) as text a table can hold: JSON escapes such as
+        ``\\ud800`` make lone surrogates, which (Arrow) string columns refuse with a
+        UnicodeEncodeError."""
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise self.fail("wrong type", lineno, field, _kind(value), "a string")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise self.fail("not valid Unicode text (a lone surrogate)", lineno, field,
+                                _shown(value), "UTF-8 text") from None
+        return value
+
+    def version(self, metadata: dict, lineno: int) -> tuple[int, int]:
+        """``inspector_output_format_version`` as (major, minor); (0, 0) when it has none."""
+        text = str(metadata.get("inspector_output_format_version", ""))
+        m = re.match(r"v?(\d+)\.(\d+)", text)
+        if m is None:
+            return (0, 0)
+        # int() refuses more than 4,300 digits (ValueError); no real version comes close.
+        if max(len(m.group(1)), len(m.group(2))) > 6:
+            raise self.fail("format version out of range", lineno,
+                            "metadata.inspector_output_format_version", _shown(text),
+                            "a version such as v4.3")
+        return int(m.group(1)), int(m.group(2))
 
     def check_closed(self, lineno: int) -> None:
         left = {k: n for k, n in self.remaining.items() if n}
@@ -109,20 +170,32 @@ class _File:
     def context(self, obj: dict, lineno: int) -> tuple[dict, dict]:
         header, metadata = obj.get("header"), obj.get("metadata")
         if not isinstance(header, dict):
-            raise self.fail("no header object", lineno, "header", type(header).__name__,
+            raise self.fail("no header object", lineno, "header", _kind(header),
                             "a JSON object with id, rank, n_ranks")
         if not isinstance(metadata, dict):
-            raise self.fail("no metadata object", lineno, "metadata", type(metadata).__name__,
+            raise self.fail("no metadata object", lineno, "metadata", _kind(metadata),
                             "a JSON object with dump_timestamp_us, hostname, pid")
-        for key, ok, what in (("id", lambda v: isinstance(v, str) and v, "a hash string"),
-                              ("rank", _is_int, "an integer"), ("n_ranks", _is_int, "an integer")):
-            if not ok(header.get(key)):
-                raise self.fail("bad or missing header field", lineno, f"header.{key}",
-                                header.get(key), what)
-        if not _is_int(metadata.get("dump_timestamp_us")):
-            raise self.fail("bad or missing metadata field", lineno,
-                            "metadata.dump_timestamp_us", metadata.get("dump_timestamp_us"),
-                            "an integer (µs since the epoch)")
+        comm = header.get("id")
+        if not isinstance(comm, str) or not comm:
+            raise self.fail("bad or missing header field", lineno, "header.id", _shown(comm),
+                            "a hash string")
+        self.text(comm, lineno, "header.id")
+        n = self.integer(header.get("n_ranks"), lineno, "header.n_ranks", lo=1, hi=MAX_WORLD)
+        # rank is the rank inside the communicator: below its n_ranks.
+        self.integer(header.get("rank"), lineno, "header.rank", hi=n - 1)
+        if header.get("nnodes") is not None:
+            self.integer(header["nnodes"], lineno, "header.nnodes", lo=1, hi=n)
+        self.text(header.get("comm_name"), lineno, "header.comm_name")
+        self.integer(metadata.get("dump_timestamp_us"), lineno, "metadata.dump_timestamp_us",
+                     hi=_MAX_US)
+        # hostname and pid name the process (several files, one rank): keys, so no containers.
+        self.text(metadata.get("hostname"), lineno, "metadata.hostname")
+        pid = metadata.get("pid")
+        if isinstance(pid, str):
+            self.text(pid, lineno, "metadata.pid")
+        elif pid is not None and not _is_int(pid):
+            raise self.fail("wrong type", lineno, "metadata.pid", _kind(pid),
+                            "an integer (process id)")
         return header, metadata
 
     def marker(self, obj: dict, lineno: int) -> None:
@@ -131,23 +204,23 @@ class _File:
         stats = obj["dump_stats"]
         if not isinstance(stats, dict):
             raise self.fail("dump_stats is not an object", lineno, "dump_stats",
-                            type(stats).__name__, "a JSON object of record counts")
+                            _kind(stats), "a JSON object of record counts")
         key = (metadata.get("hostname"), metadata.get("pid"), header["id"], header["rank"])
         for name in ("coll_dropped_total", "p2p_dropped_total"):
             if _is_int(stats.get(name)):
                 self.dropped[key + (name,)] = max(self.dropped.get(key + (name,), 0),
                                                   stats[name])
-        self.header = self.metadata = None
+        self.open = None
         self.remaining = {}
-        if _version(metadata) >= (4, 3):
+        if self.version(metadata, lineno) >= (4, 3):
             counts: dict[str, int] = {}
             for body, count_key in _COUNT_KEYS.items():
                 n = stats.get(count_key, 0 if body == "proxy_trace" else None)
                 if not _is_int(n) or n < 0:
-                    raise self.fail("bad record count", lineno, f"dump_stats.{count_key}", n,
-                                    "a non-negative integer")
+                    raise self.fail("bad record count", lineno, f"dump_stats.{count_key}",
+                                    _shown(n), "a non-negative integer")
                 counts[body] = n
-            self.header, self.metadata, self.remaining = header, metadata, counts
+            self.open, self.remaining = (header, metadata), counts
             self.marker_line = lineno
 
     def record(self, obj: dict, lineno: int) -> tuple[str, dict, dict, dict] | None:
@@ -159,9 +232,9 @@ class _File:
         body = bodies[0]
         if "header" in obj or "metadata" in obj:  # v4.0 - v4.2: self-contained line
             self.check_closed(lineno)
-            self.header = self.metadata = None
+            self.open = None
             header, metadata = self.context(obj, lineno)
-        elif self.header is None:
+        elif self.open is None:
             raise self.fail("record without header or metadata", lineno, "header",
                             expected="a header on the line or a preceding v4.3 dump_stats "
                             "marker")
@@ -174,28 +247,46 @@ class _File:
                                 "dump_stats." + _COUNT_KEYS[body],
                                 expected=f"the marker on line {self.marker_line} to count it")
             self.remaining[body] -= 1
-            assert self.metadata is not None  # set together with self.header
-            header, metadata = self.header, self.metadata
+            header, metadata = self.open
         if body == "proxy_trace":
             return None
         perf = obj[body]
         if not isinstance(perf, dict):
-            raise self.fail(f"{body} is not an object", lineno, body, type(perf).__name__,
+            raise self.fail(f"{body} is not an object", lineno, body, _kind(perf),
                             "a JSON object")
         return body, perf, header, metadata
 
+    def start_us(self, perf: dict, body: str, lineno: int) -> int | float | None:
+        """Start of an operation in the verbose trace: its first kernel, else its start event;
+        None without a trace. A 0 timestamp is one the plugin did not record."""
+        trace = perf.get("event_trace_ts")
+        if trace is None:
+            return None
+        where = f"{body}.event_trace_ts"
+        if not isinstance(trace, dict):
+            raise self.fail("wrong type", lineno, where, _kind(trace), "a JSON object")
+        events = trace.get("kernel_events")
+        if events is not None and not isinstance(events, list):
+            raise self.fail("wrong type", lineno, f"{where}.kernel_events", _kind(events),
+                            "a JSON list")
+        starts = []
+        for j, event in enumerate(events or ()):
+            if not isinstance(event, dict):
+                raise self.fail("wrong type", lineno, f"{where}.kernel_events[{j}]",
+                                _kind(event), "a JSON object")
+            s = event.get("kernel_start_ts")
+            if s is not None and self.number(
+                    s, lineno, f"{where}.kernel_events[{j}].kernel_start_ts") > 0:
+                starts.append(s)
+        if starts:
+            return min(starts)
+        key = _PAYLOADS[body] + "_start_ts"
+        s = trace.get(key)
+        return s if s is not None and self.number(s, lineno, f"{where}.{key}") > 0 else None
 
-def _start_us(perf: dict, prefix: str) -> int | float | None:
-    trace = perf.get("event_trace_ts")
-    if not isinstance(trace, dict):
-        return None
-    kernels = [k.get("kernel_start_ts") for k in trace.get("kernel_events") or []
-               if isinstance(k, dict)]
-    starts = [s for s in kernels if _is_num(s) and s > 0]
-    if starts:
-        return min(starts)
-    s = trace.get(f"{prefix}_start_ts")
-    return s if _is_num(s) and s > 0 else None
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 def _us_to_ns(us: Any) -> int:
@@ -204,7 +295,9 @@ def _us_to_ns(us: Any) -> int:
     return whole * 1000 + int(round((float(us) - whole) * 1000.0))
 
 
-def _read_one(path: Path) -> list[dict[str, Any]]:
+def _read_one(path: Path, file: int) -> list[dict[str, Any]]:
+    """Rows of one file; ``file`` (its index among the inputs) and ``line`` locate each row
+    for errors found across files."""
     state = _File(path)
     rows: list[dict[str, Any]] = []
     lineno = 0
@@ -219,49 +312,56 @@ def _read_one(path: Path) -> list[dict[str, Any]]:
         p = _PAYLOADS[body]
         name = perf.get(p)
         if not isinstance(name, str):
-            raise state.fail("bad or missing field", lineno, f"{body}.{p}", name,
+            raise state.fail("bad or missing field", lineno, f"{body}.{p}", _shown(name),
                              "an NCCL function name such as AllReduce")
         op = require_op(name, state.source, f"{body}.{p} (line {lineno})")
-        fields = {"sn": f"{p}_sn", "size": f"{p}_msg_size_bytes", "exec": f"{p}_exec_time_us"}
-        for what, key in fields.items():
-            v = perf.get(key)
-            ok = _is_num(v) if what == "exec" else _is_int(v)
-            if not ok or not isinstance(v, (int, float)) or v < 0:
-                raise state.fail("bad or missing field", lineno, f"{body}.{key}", v,
-                                 "a non-negative number (µs)" if what == "exec"
-                                 else "a non-negative integer")
+        if (op in P2P_OPS) != (body == "p2p_perf"):
+            raise state.fail(f"{name} in {body}", lineno, f"{body}.{p}", name,
+                             "Send or Recv in p2p_perf, a collective in coll_perf")
+        sn = state.integer(perf.get(f"{p}_sn"), lineno, f"{body}.{p}_sn", hi=_MAX_SN)
+        size = state.integer(perf.get(f"{p}_msg_size_bytes"), lineno,
+                             f"{body}.{p}_msg_size_bytes")
+        exec_us = state.number(perf.get(f"{p}_exec_time_us"), lineno,
+                               f"{body}.{p}_exec_time_us")
         peer = -1
         if body == "p2p_perf":
-            got = perf.get("p2p_peer")
-            if not _is_int(got) or got < 0:
-                raise state.fail("bad or missing field", lineno, "p2p_perf.p2p_peer", got,
-                                 "a rank inside the communicator")
-            peer = got
-        exec_us = perf[fields["exec"]]
-        start = _start_us(perf, p)
+            peer = state.integer(perf.get("p2p_peer"), lineno, "p2p_perf.p2p_peer",
+                                 hi=header["n_ranks"] - 1)
+        start = state.start_us(perf, body, lineno)
         exact = start is not None
-        start_ns = (_us_to_ns(start) if exact else
-                    metadata["dump_timestamp_us"] * 1000 - int(round(float(exec_us) * 1000)))
+        if start is not None:
+            start_ns = _us_to_ns(start)
+        else:
+            start_ns = metadata["dump_timestamp_us"] * 1000 - int(round(float(exec_us) * 1000))
+            if start_ns < 0:
+                raise state.fail("operation longer than the time from the epoch to its dump",
+                                 lineno, f"{body}.{p}_exec_time_us", exec_us,
+                                 "at most metadata.dump_timestamp_us "
+                                 f"({metadata['dump_timestamp_us']} µs)")
         host, pid = metadata.get("hostname"), metadata.get("pid")
         rows.append({
             "op": op,
             "comm_id": header["id"],
             "comm_rank": header["rank"],
             "group_size": header["n_ranks"],
-            "nnodes": header.get("nnodes", -1),
-            "comm_name": str(header.get("comm_name", "")),
-            "nccl_sn": perf[fields["sn"]],
-            "nbytes": perf[fields["size"]],
+            "nnodes": header["nnodes"] if header.get("nnodes") is not None else -1,
+            "comm_name": header.get("comm_name") or "",
+            "nccl_sn": sn,
+            "nbytes": size,
             "duration_us": float(exec_us),
             "start_ns": start_ns,
             "start_exact": exact,
             "comm_peer": peer,
-            "timing_source": str(perf.get(f"{p}_timing_source", "")),
-            "algo": str(perf.get("coll_algo", "")),
-            "proto": str(perf.get("coll_proto", "")),
+            "timing_source": state.text(perf.get(f"{p}_timing_source"), lineno,
+                                        f"{body}.{p}_timing_source"),
+            "algo": state.text(perf.get("coll_algo"), lineno, f"{body}.coll_algo"),
+            "proto": state.text(perf.get("coll_proto"), lineno, f"{body}.coll_proto"),
             "host": str(host if host is not None else ""),
+            # Without host and pid the file stands for the process (one file per process).
             "process": f"{host}/{pid}" if host is not None and pid is not None
-            else state.source,
+            else f"{_NO_HOST_PID} {file}",
+            "file": file,
+            "line": lineno,
         })
     state.check_closed(lineno + 1)
     lost = sum(state.dropped.values())
@@ -269,6 +369,46 @@ def _read_one(path: Path) -> list[dict[str, Any]]:
         logger.warning("%s: the plugin dropped %d records (ring buffer overrun, see dump_stats);"
                        " raise NCCL_INSPECTOR_DUMP_COLL_RING_SIZE or dump more often", path, lost)
     return rows
+
+
+#: ``process`` of a line whose metadata lacks hostname or pid: this text and the file index.
+_NO_HOST_PID = "no hostname/pid, file"
+
+
+def _check_communicators(df: pd.DataFrame, sources: list[str]) -> None:
+    """Refuse processes that disagree about a communicator: on its size (one wrong n_ranks
+    would renumber every process) or on who holds one of its ranks (two processes claiming a
+    rank would be merged into one)."""
+    file, line = df["file"].to_numpy(), df["line"].to_numpy()
+    comm, size = df["comm_id"].to_numpy(), df["group_size"].to_numpy()
+    rank, proc = df["comm_rank"].to_numpy(), df["process"].to_numpy()
+
+    def where(i: int) -> str:
+        return f"{sources[file[i]]} line {line[i]}"
+
+    def who(i: int) -> str:
+        return "a line without hostname/pid" if proc[i].startswith(_NO_HOST_PID) else proc[i]
+
+    # Each row against the first row of its communicator (of its comm rank): vectorized.
+    odd = size != df.groupby("comm_id", sort=False)["group_size"].transform("first").to_numpy()
+    if odd.any():
+        i = int(odd.argmax())
+        j = int((comm == comm[i]).argmax())
+        raise SchemaError(
+            f"processes disagree on the size of communicator {comm[i]}: {size[i]} here, "
+            f"{size[j]} in {where(j)}", source=sources[file[i]], line=int(line[i]),
+            parameter="header.n_ranks", value=int(size[i]),
+            expected="one n_ranks per communicator in every file")
+    holder = df.groupby(["comm_id", "comm_rank"], sort=False)["process"].transform("first")
+    odd = proc != holder.to_numpy()
+    if odd.any():
+        i = int(odd.argmax())
+        j = int(((comm == comm[i]) & (rank == rank[i])).argmax())
+        raise SchemaError(
+            f"two processes claim rank {rank[i]} of communicator {comm[i]}: {who(i)} here, "
+            f"{who(j)} in {where(j)}", source=sources[file[i]], line=int(line[i]),
+            parameter="header.rank", value=int(rank[i]),
+            expected="one process per rank of a communicator")
 
 
 def _global_ranks(df: pd.DataFrame) -> np.ndarray:
@@ -293,9 +433,10 @@ def _global_ranks(df: pd.DataFrame) -> np.ndarray:
 def _membership(df: pd.DataFrame) -> tuple[pd.Series, dict[str, np.ndarray]]:
     """``group_ranks`` per row and, per complete communicator, global rank by comm rank."""
     members = df.groupby(["comm_id", "comm_rank"])["rank"].unique()
+    sizes = df.groupby("comm_id")["group_size"].first()  # one per comm: _check_communicators
     complete: dict[str, np.ndarray] = {}
     for comm, sub in members.groupby(level=0):
-        size = int(df.loc[df["comm_id"] == comm, "group_size"].iloc[0])
+        size = int(sizes[comm])
         local = sub.index.get_level_values(1).to_numpy()
         if len(sub) == size and sub.map(len).eq(1).all() and set(local) == set(range(size)):
             order = np.argsort(local)
@@ -322,9 +463,10 @@ def read_nccl_inspector(paths: Sequence[str | Path] | str | Path) -> pd.DataFram
     Raises
     ------
     SchemaError
-        A line that is not an Inspector record, a missing or mistyped field (named with file
-        and line), an unknown operation name, or a v4.3 dump whose record count does not
-        match its marker.
+        A line that is not an Inspector record, a missing, mistyped or out-of-range field
+        (named with file and line), an unknown operation name, a v4.3 dump whose record count
+        does not match its marker, or files that disagree on a communicator's size or on which
+        process holds one of its ranks.
 
     Examples
     --------
@@ -332,12 +474,14 @@ def read_nccl_inspector(paths: Sequence[str | Path] | str | Path) -> pd.DataFram
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    rows = [r for p in paths for r in _read_one(Path(p))]
+    sources = [str(p) for p in paths]
+    rows = [r for i, p in enumerate(paths) for r in _read_one(Path(p), i)]
     if not rows:
         raise SchemaError("no coll_perf or p2p_perf records",
-                          source=str(paths[0]) if paths else None,
+                          source=sources[0] if sources else None,
                           expected="NCCL Inspector JSON Lines with operation records")
     df = pd.DataFrame.from_records(rows)
+    _check_communicators(df, sources)
     df["rank"] = _global_ranks(df)
     df["group_ranks"], complete = _membership(df)
     codes = df["op"].map(_OP_CODE).to_numpy(np.int64)
@@ -357,4 +501,4 @@ def read_nccl_inspector(paths: Sequence[str | Path] | str | Path) -> pd.DataFram
     df["peer"] = peer
     for col in ("group_size", "comm_rank", "nccl_sn", "nnodes", "comm_peer"):
         df[col] = df[col].astype(np.int64)
-    return df.drop(columns=["comm_id", "process"])
+    return df.drop(columns=["comm_id", "process", "file", "line"])
