@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import logging
+import os
 import tarfile
 
 import numpy as np
@@ -551,8 +552,15 @@ FUZZ_FINDINGS = {
     "extra field": (lambda t: _csv_edit(t, lambda ls: ls[:5] + [ls[5] + ",7"] + ls[6:]),
                     r"ops\.csv, line 6: has 10 fields, the header 9"),
     "trailing delimiter": (lambda t: _csv_edit(t, lambda ls: [ls[0]] + [x + "," for x in ls[1:]]),
-                           r"ops\.csv, line 2: has more fields than the header's 9 .*"
+                           r"ops\.csv, line 2: has 10 fields, the header 9 .*"
                            r"delimiter at the end"),
+    "a line of 10**5 fields": (lambda t: _csv_edit(t, lambda ls: [ls[0], "1," * 100_000]),
+                               r"ops\.csv, line 2: has over \d{5} fields, the header 9"),
+    "carriage returns": (lambda t: _csv_edit(t, lambda ls: ["\r".join(ls[:3] + ["x"])]),
+                         r"ops\.csv, line 4: has 1 of the header's 9 fields"),
+    "quote never closed": (lambda t: _csv_edit(t, lambda ls: ls[:3] + ['"' + ls[3]] + ls[4:]),
+                           r"ops\.csv, line 4: a quoted field starting on this line is never "
+                           r"closed"),
     "hard link": (_hardlink_to_nothing, r"logs\.tar\.gz: cannot unpack archive: missing member"),
     "corrupt xz": (_corrupt_xz, r"logs\.tar\.xz: cannot unpack archive"),
 }
@@ -573,6 +581,13 @@ def test_json_with_a_byte_order_mark_reads_like_without(tmp_path):
     marked = tmp_path / "marked.jsonl"
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     pd.testing.assert_frame_equal(read_ops(marked), read_ops(plain))
+
+
+def test_a_fifo_is_refused_not_read_forever(tmp_path):
+    fifo = tmp_path / "ops.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(SchemaError, match=r"ops\.csv: not a regular file"):
+        read_ops(fifo, format="native")
 
 
 def test_an_empty_path_is_not_the_current_directory(tmp_path):

@@ -150,6 +150,11 @@ def read_native(path: str | Path) -> pd.DataFrame:
     except SchemaError:
         raise
     except pd.errors.ParserError as exc:
+        m = re.search(r"EOF inside string starting at row (\d+)", str(exc))
+        if m is not None:  # pandas counts rows from 0, header included
+            raise SchemaError("a quoted field starting on this line is never closed",
+                              source=str(p), line=int(m.group(1)) + 1,
+                              expected='a closing " for every opening one') from None
         m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
         if m is None:
             raise SchemaError(f"cannot parse file: {exc}", source=str(p),
@@ -167,19 +172,39 @@ def read_native(path: str | Path) -> pd.DataFrame:
                           expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
 
 
+def _head_records(p: Path) -> tuple[list[str], list[str], bool]:
+    """The header and the first data record of a CSV, from its first 64 KiB, and whether
+    that record ends there (a long one is cut); empty lists when the head does not parse."""
+    text = head_bytes(p, 1 << 16).decode("utf-8-sig", errors="replace")
+    try:
+        # newline=None: files with \r line ends (old Mac) read like any other
+        records = csv.reader(io.StringIO(text, newline=None))
+        header, first = next(records, []), next(records, [])
+        complete = next(records, None) is not None or text.endswith(("\n", "\r"))
+    except csv.Error:
+        return [], [], True  # pandas names the problem
+    return header, first, complete
+
+
 def _read_csv(p: Path) -> pd.DataFrame:
     """A CSV with one dtype per column. pandas types a large file chunk by chunk (2**18 rows)
     and warns (``DtypeWarning``) when the chunks disagree, e.g. one odd value far down; such a
     file is read again as one piece, so the schema check names that value like any other. The
     second read costs 3-5x the first and about 20 % more memory, so only those files pay it."""
     compression = "infer" if p.name.endswith(".gz") else None
-    header = next(csv.reader([head_bytes(p, 1 << 16).decode("utf-8-sig", errors="replace")
-                              .split("\n", 1)[0]]), [])
+    header, first, complete = _head_records(p)
     twice = sorted({c.strip() for c in header if header.count(c) > 1})
     if twice:
         # pandas would rename the second one 'rank.1' and read the first as if alone
         raise SchemaError("column named twice in the header", source=str(p), line=1,
                           value=twice[0], expected="each column once")
+    if header and len(first) > len(header):
+        # pandas would take the first fields as an index and shift every column (and take
+        # minutes over a line of 10^5 fields): say so before reading
+        count = f"{len(first)}" if complete else f"over {len(first) - 1}"
+        raise SchemaError(f"has {count} fields, the header {len(header)}", source=str(p),
+                          line=2, expected="one value per header column on every line (a "
+                          "delimiter at the end of each line?)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.DtypeWarning)
         df = pd.read_csv(p, compression=compression)
@@ -305,9 +330,13 @@ def _expand(
                 # A directory holding the archive of its traces (as published datasets do)
                 # reads like the archive.
                 out.extend(unpacked(f) if is_archive(f) else [_Input(f, str(p))])
-        elif p.exists():
+        elif p.is_file():
             if once(p, str(p)):
                 out.append(_Input(p))
+        elif p.exists():
+            # a fifo would block the read forever, /dev/zero never end it
+            raise SchemaError("not a regular file", source=str(p),
+                              expected="a log file, a directory or an archive")
         else:
             raise SchemaError("file not found", source=str(p), expected="an existing file or dir")
     for label, times in repeats.items():
@@ -410,14 +439,17 @@ def _line_of(path: Path, row: int) -> int | None:
         return None
     # pandas skips blank lines and the first record is the header; the csv module counts
     # physical lines, so quoted fields spanning lines are counted right too.
-    reader = csv.reader(io.StringIO(text))
+    reader = csv.reader(io.StringIO(text, newline=None))  # \r line ends count as lines too
     n, before = -2, 0
-    for record in reader:
-        if record:
-            n += 1
-            if n == row:
-                return before + 1
-        before = reader.line_num
+    try:
+        for record in reader:
+            if record:
+                n += 1
+                if n == row:
+                    return before + 1
+            before = reader.line_num
+    except csv.Error:
+        pass  # a quote never closed: the row keeps its number
     return None
 
 
