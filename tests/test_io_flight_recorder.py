@@ -61,6 +61,25 @@ def _write(tmp_path, dumps, name="nccl_trace_rank_{r}"):
     return d
 
 
+def test_p2p_ranks_in_a_subgroup_are_mapped_to_global_ranks(tmp_path):
+    """ProcessGroupNCCL names a send/recv with ranks in its process group
+    ("nccl:send 1->0" on global rank 3 of a pipeline group [1, 3]): the peer is global rank 1,
+    not 0 or 3's own number."""
+    pp = {"name": "5", "desc": "pp", "ranks": "[1, 3]"}
+    dumps = {}
+    for rank, name in ((1, "nccl:recv 0<-1"), (3, "nccl:send 1->0")):
+        doc = _dump(rank)
+        doc["pg_config"]["5"] = pp
+        doc["entries"].append(_entry(len(doc["entries"]), 0, op=name, pg=("5", "pp"), p2p=1,
+                                     start=9 * 10**8, dur_ms=0.5))
+        dumps[rank] = doc
+    ops = read_ops(_write(tmp_path, dumps))
+    p2p = ops[ops["group"] == "5"].set_index("rank")
+    assert p2p.loc[3, "op"] == "send" and p2p.loc[3, "peer"] == 1
+    assert p2p.loc[1, "op"] == "recv" and p2p.loc[1, "peer"] == 3
+    assert set(p2p["group_ranks"]) == {"1 3"}
+
+
 def test_read_dumps_into_ops(tmp_path):
     d = _write(tmp_path, {r: _dump(r, slow_rank=2) for r in range(4)})
     assert detect_format(next(d.iterdir())) == "flight-recorder"

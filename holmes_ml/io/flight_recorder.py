@@ -237,9 +237,17 @@ def _nbytes(entry: dict, at: str, source: str) -> int:
     return best
 
 
-def _peer(name: str, rank: int, field: str, source: str) -> int:
-    """Peer of a P2P entry from its name, ``nccl:send 0->1`` / ``nccl:recv 1<-0``: the number
-    that is not this rank; -1 when the name has no ranks."""
+def _peer(name: str, rank: int, members: list[int] | None, field: str, source: str) -> int:
+    """Global rank of the peer of a P2P entry, from its name: ``nccl:send 0->1`` /
+    ``nccl:recv 1<-0``, this process first and its peer last, both as ranks *in the process
+    group* (ProcessGroupNCCL writes ``rank_`` and the group rank it was given). ``members``
+    (the group's global ranks, from ``pg_config``) maps them to global ranks; without them, or
+    when they do not put this process first, the names are read as global ranks. -1 when the
+    name has no ranks.
+
+    >>> _peer("nccl:send 1->0", 12, [4, 12], "f", "d.json"), _peer("nccl:recv 1<-0", 1, None, "f", "d.json")
+    (4, 0)
+    """
     m = _PEER_RE.search(name)
     if m is None:
         return -1
@@ -249,6 +257,8 @@ def _peer(name: str, rank: int, field: str, source: str) -> int:
         raise SchemaError("rank in the operator name out of range", source=source,
                           parameter=field, value=_short(m.group(0)),
                           expected=f"ranks in [0, {MAX_WORLD - 1}] as in 'nccl:send 0->1'")
+    if members and a < len(members) and b < len(members) and members[a] == rank:
+        return members[b]
     return b if a == rank else a
 
 
@@ -294,7 +304,8 @@ def _rows(doc: dict, source: str) -> list[dict[str, Any]]:
             "start_ns": start,
             "duration_us": float(dur_ms) * 1000.0,
             "group_ranks": ranks_str(pg_ranks.get(group)),
-            "peer": _peer(name, rank, f"{at}.profiling_name", source) if op in P2P_OPS else -1,
+            "peer": (_peer(name, rank, pg_ranks.get(group), f"{at}.profiling_name", source)
+                     if op in P2P_OPS else -1),
             "state": state,
         })
     if skipped:
