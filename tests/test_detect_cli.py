@@ -128,3 +128,23 @@ def test_detect_takes_the_rule_baseline_like_localize_and_the_agent(tmp_path):
     assert report["abnormal_ops"] == int((scored["score"] >= 0.5).sum()) > 0
     r = CliRunner().invoke(app, ["localize", str(log), "--model", "rule", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_an_output_that_would_replace_an_input_is_refused(tmp_path):
+    """`--out sim/ops.parquet` with `sim/` as input used to overwrite the logs with the
+    scores table; now nothing is written and the error names both."""
+    from holmes_ml.simulator import SimConfig, simulate
+
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    log = sim / "ops.parquet"
+    simulate(SimConfig(gpus=16, iterations=4, seed=2)).ops.to_parquet(log, index=False)
+    before = log.read_bytes()
+    for given in (sim, log):
+        r = CliRunner().invoke(app, ["detect", str(given), "--out", str(log)])
+        assert r.exit_code == 2, r.output
+        assert f"--out {log}: would replace a file read from the input {given}" in r.stderr
+    r = CliRunner().invoke(app, ["train", str(sim), "--out", str(log)])
+    assert r.exit_code == 2 and "would replace a file read from the input" in r.stderr
+    assert log.read_bytes() == before
+    assert sorted(p.name for p in sim.iterdir()) == ["ops.parquet"]

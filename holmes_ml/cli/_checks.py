@@ -63,3 +63,21 @@ def check_writable(path: Path, option: str, *, directory: bool = False) -> None:
     if not os.access(there, os.W_OK | os.X_OK):
         raise ValueError(f"{option} {path}: directory {there} is not writable; expected a path "
                          "in a writable directory")
+
+
+def check_not_input(path: Path, option: str, inputs: list[Path] | list[str]) -> None:
+    """Refuse an output ``path`` that would replace one of the inputs: a file given as input,
+    or a file that exists inside an input directory (the logs read from it).
+
+    >>> check_not_input(Path(__file__), "--out", [Path(__file__).parent])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --out ...: would replace a file read from the input ...
+    """
+    target = path.resolve()
+    for given in map(Path, inputs):
+        where = given.resolve()
+        if target == where or (where.is_dir() and target.is_file()
+                               and target.is_relative_to(where)):
+            raise ValueError(f"{option} {path}: would replace a file read from the input "
+                             f"{given}; expected a path outside the inputs")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_delta, check_writable
+from holmes_ml.cli._checks import check_delta, check_not_input, check_writable
 from holmes_ml.io import FORMATS
 
 
@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
         iterations_out = iterations_out or out.with_name(out.stem + ".iterations.csv")
         check_writable(out, "--out")
         check_writable(iterations_out, "--iterations-out")
+        check_not_input(out, "--out", paths)
+        check_not_input(iterations_out, "--iterations-out", paths)
         # 'rule' as in `holmes localize` and `holmes agent`: the baseline, no detector file
         rule = model is not None and str(model) == "rule"
         det = None if rule else load_model(model) if model is not None else default_model()

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import typer
 
-from holmes_ml.cli._checks import check_seed, check_writable
+from holmes_ml.cli._checks import check_not_input, check_seed, check_writable
 from holmes_ml.io import FORMATS
 from holmes_ml.io.schema import SchemaError
 
@@ -76,6 +76,7 @@ def register(app: typer.Typer) -> None:
 
         check_seed(seed)
         check_writable(out, "--out")
+        check_not_input(out, "--out", paths or [])
         if preset not in PRESETS:
             raise typer.BadParameter(f"got {preset!r}; expected one of {sorted(PRESETS)}",
                                      param_hint="--preset")
