@@ -75,6 +75,28 @@ def test_new_style_timing_seq_and_steps(tmp_path):
         "all_reduce", "all_gather", "reduce_scatter"]
 
 
+def test_a_rank_list_cut_by_the_profiler_is_not_taken_for_the_group(tmp_path):
+    """PyTorch writes at most 30 members ("[0, 1, ..., 29, ...]"): a 40-rank group's list is
+    not its members (rank 35 would be outside them); pg_config's full list is used instead,
+    and without it the members are left unknown (the ranks seen logging the group)."""
+    cut = "[" + ", ".join(map(str, range(30))) + ", ...]"
+    for with_config in (True, False):
+        doc = _trace(35, OPS[:1])
+        doc["distributedInfo"]["world_size"] = 40
+        doc["traceEvents"][2]["args"]["Process Group Ranks"] = cut
+        if with_config:
+            doc["distributedInfo"]["pg_config"] = [{"pg_name": "3", "ranks": list(range(40))}]
+        ops = read_ops(_write(tmp_path / f"rank35-{with_config}.json", doc))
+        want = " ".join(map(str, range(40))) if with_config else ""
+        assert ops["group_ranks"].tolist() == [want]
+    # a rank whose trace cannot tell takes the members another rank's trace gives
+    doc = _trace(0, OPS[:1])
+    doc["distributedInfo"]["world_size"] = 40
+    doc["traceEvents"][2]["args"]["Process Group Ranks"] = cut
+    ops = read_ops([tmp_path / "rank35-True.json", _write(tmp_path / "rank0.json", doc)])
+    assert set(ops["group_ranks"]) == {" ".join(map(str, range(40)))}
+
+
 def test_old_style_order_matching_and_rank_from_name(tmp_path):
     d = tmp_path / "t"
     d.mkdir()

@@ -70,6 +70,9 @@ _CPU_PREFIXES = ("nccl:", "gloo:", "c10d::")
 _NOT_COMM = frozenset({"wait", "waittensor", "coalesced", "init", "split", "commsplit",
                        "startcoalescing", "endcoalescing", "abort", "shrink"})
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+#: How the profiler ends a list it cut (``"[0, 1, ..., 29, ...]"``, see format_list in
+#: torch's ParamCommsUtils: at most 30 entries).
+_TRUNCATED = re.compile(r"\.\.\.\s*\]?\s*$")
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -177,10 +180,16 @@ def _ranks(value: Any, where: str, source: str, world: int | None) -> list[int] 
 
     >>> _ranks("[0, 2]", "ranks", "t.json", 4), _ranks([], "ranks", "t.json", None)
     ([0, 2], None)
+    >>> _ranks("[0, 1, 2, ...]", "ranks", "t.json", None) is None  # cut by the profiler
+    True
     """
     if isinstance(value, list):
         ranks = [as_int(r, f"{where}[{j}]", source) for j, r in enumerate(value)]
     elif isinstance(value, str):
+        if _TRUNCATED.search(value):
+            # PyTorch writes at most 30 members, then ", ...": the rest is unknown here (the
+            # caller falls back to pg_config, else to the ranks seen logging the group)
+            return None
         # PyTorch writes the list as text; "[]" (and "") mean "not recorded".
         ranks = parse_rank_list(value) or []
         if not ranks and value.strip() not in ("", "[]"):
@@ -575,4 +584,15 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
                     expected=f"a rank in [0, {world[0] - 1}] (world_size {world[0]} in "
                     f"{world[1]})",
                 )
-    return assign_seq(pd.concat(frames, ignore_index=True))
+    return assign_seq(_shared_members(pd.concat(frames, ignore_index=True)))
+
+
+def _shared_members(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose group's members this trace could not tell (a list the profiler cut, no
+    pg_config) take them from another rank's trace that could."""
+    known = df.loc[df["group_ranks"] != "", ["group", "group_ranks"]].drop_duplicates("group")
+    blank = (df["group_ranks"] == "").to_numpy()
+    if blank.any() and len(known):
+        fill = df.loc[blank, "group"].map(known.set_index("group")["group_ranks"]).fillna("")
+        df.loc[blank, "group_ranks"] = fill.to_numpy()
+    return df
