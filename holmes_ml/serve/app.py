@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ require_extra("prometheus_client")
 import prometheus_client as prom  # noqa: E402
 from fastapi import Depends, FastAPI, Header, Query, Request  # noqa: E402
 from fastapi import Path as PathParam  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 
@@ -164,6 +165,28 @@ def is_loopback(host: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- body limits
+def validation_detail(errors: Sequence[Any]) -> tuple[str, str, list[dict[str, Any]]]:
+    """A request that does not match the API's schema, as the service's other errors say it:
+    one line naming the fields and what was wrong, the first field, and each error's location,
+    message and type. The offending values are not echoed: a body may be megabytes, and JSON's
+    out-of-range floats (``Infinity``, which Python's parser accepts) cannot be written back.
+
+    >>> validation_detail([{"loc": ("body", "columns", "rank", 2), "msg": "Input should be a valid integer",
+    ...                     "type": "int_parsing", "input": float("inf")}])[:2]
+    ('body.columns.rank.2: Input should be a valid integer', 'columns.rank')
+    """
+    listed = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
+               "type": str(e.get("type", ""))} for e in errors]
+    if not listed:
+        return "the request does not match the API", "body", []
+    shown = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in listed[:3])
+    if len(listed) > 3:
+        shown += f" (and {len(listed) - 3} more)"
+    # the field as the other errors name it: within the body, without list positions
+    path = [p for p in listed[0]["loc"][1:] if not p.isdigit()]
+    return shown, ".".join(path) or listed[0]["loc"][0], listed
+
+
 class BodyLimit:
     """ASGI middleware: refuse bodies over ``limit`` bytes (413) and inflate gzip bodies.
 
@@ -459,8 +482,14 @@ def create_app(
 
     @app.exception_handler(StoreError)
     async def _store_error(_request: Request, exc: StoreError) -> JSONResponse:
-        service.rejected.labels(str(exc.status)).inc()
+        # counted in holmes_requests_rejected by _timing, with every other 4xx
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail, field, errors = validation_detail(exc.errors())
+        return JSONResponse({"detail": detail, "field": field, "errors": errors},
+                            status_code=422)
 
     @app.middleware("http")
     async def _timing(request: Request, call_next: Callable) -> Response:
