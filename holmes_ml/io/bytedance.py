@@ -244,34 +244,26 @@ def _int_column(df: pd.DataFrame, column: str, source: str, *, lo: int | None = 
             i = int(np.argmax(s.to_numpy()))
             raise SchemaError("out of range", source=source, column=column, row=i,
                               value=_shown(s.iloc[i]), expected=expected)
-        out = s.to_numpy(dtype=np.int64)
-        bad = np.zeros(len(out), dtype=bool)
-        if lo is not None:
-            bad |= out < lo
-        if hi is not None:
-            bad |= out > hi
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise SchemaError("out of range", source=source, column=column, row=i,
-                              value=int(out[i]), expected=expected)
-        return out
-    f = _numbers(s)
-    with np.errstate(invalid="ignore"):
-        notint = ~np.isfinite(f) | (f != np.floor(f)) | (np.abs(f) >= 2.0 ** 63)
-    if notint.any():
-        i = int(np.flatnonzero(notint)[0])
-        raise SchemaError("not an integer", source=source, column=column, row=i,
-                          value=_shown(s.iloc[i]), expected=expected)
-    bad = np.zeros(len(f), dtype=bool)
+        values: np.ndarray = s.to_numpy(dtype=np.int64)
+    else:
+        values = _numbers(s)
+        with np.errstate(invalid="ignore"):
+            notint = ~np.isfinite(values) | (values != np.floor(values)) | (
+                np.abs(values) >= 2.0 ** 63)
+        if notint.any():
+            i = int(np.flatnonzero(notint)[0])
+            raise SchemaError("not an integer", source=source, column=column, row=i,
+                              value=_shown(s.iloc[i]), expected=expected)
+    bad = np.zeros(len(values), dtype=bool)
     if lo is not None:
-        bad |= f < lo
+        bad |= values < lo
     if hi is not None:
-        bad |= f > hi
+        bad |= values > hi
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise SchemaError("out of range", source=source, column=column, row=i,
-                          value=int(f[i]), expected=expected)
-    return f.astype(np.int64)
+                          value=int(values[i]), expected=expected)
+    return values.astype(np.int64, copy=False)
 
 
 def _seconds_column(df: pd.DataFrame, column: str, source: str) -> np.ndarray:
