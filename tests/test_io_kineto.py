@@ -97,6 +97,23 @@ def test_a_rank_list_cut_by_the_profiler_is_not_taken_for_the_group(tmp_path):
     assert set(ops["group_ranks"]) == {" ".join(map(str, range(40)))}
 
 
+def test_send_recv_peers_come_from_the_profilers_src_and_dst_rank(tmp_path):
+    """torch records the other end of a send/recv as "Dst Rank"/"Src Rank" (a global rank):
+    it becomes the peer, so pipeline chains can be followed in Kineto traces too."""
+    d = tmp_path / "t"
+    d.mkdir()
+    for rank, op, key, other in ((0, "send", "Dst Rank", 2), (2, "recv", "Src Rank", 0)):
+        doc = _trace(rank, OPS[:1], seq=False)
+        args = doc["traceEvents"][2]["args"]
+        args.update({"Collective name": op, key: other, "Process Group Ranks": "[0, 2]",
+                     "Process Group Name": "pp-0", "Group size": 2})
+        doc["traceEvents"][4]["name"] = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+        _write(d / f"rank{rank}.json", doc)
+    ops = read_ops(d).set_index("rank")
+    assert (ops.loc[0, "op"], ops.loc[0, "peer"]) == ("send", 2)
+    assert (ops.loc[2, "op"], ops.loc[2, "peer"]) == ("recv", 0)
+
+
 def test_old_style_order_matching_and_rank_from_name(tmp_path):
     d = tmp_path / "t"
     d.mkdir()

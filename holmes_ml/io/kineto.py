@@ -7,7 +7,9 @@ What a trace holds and how it is used
   includes waiting for the slowest peer, which is exactly the canonical ``start_ns`` /
   ``duration_us``. They are linked to their CPU context through the launch's ``correlation`` id.
 * **CPU context**: ``record_param_comms`` ops (2024+ traces carry "Collective name", "Process
-  Group Name", "Process Group Ranks", "In msg nelems", "dtype", "Group size", sometimes "Seq"),
+  Group Name", "Process Group Ranks", "In msg nelems", "dtype", "Group size", sometimes "Seq",
+  and for a send/recv the global rank at the other end, "Dst Rank"/"Src Rank": the ``peer``;
+  member lists longer than 30 are cut by the profiler and then taken from ``pg_config``),
   ``nccl:<op>`` / ``gloo:<op>`` user annotations (older traces carry "Input Dims"/"Input type")
   and ``c10d::<op>_`` ops. Nested spans on one thread form one operator instance. The CPU
   context names the operator even when kernel names were anonymized (every kernel a
@@ -322,7 +324,23 @@ def _describe(inst: _Instance, source: str, world: int | None) -> dict | None:
         "pg_desc": meta.get("Process Group Description"),
         "ranks": ranks,
         "seq_arg": as_int(meta["Seq"], at("Seq"), source, lo=0) if "Seq" in meta else None,
+        "peer": _peer_of(canonical, meta, at, source, world),
     }
+
+
+#: Where the profiler puts the other end of a send/recv, as a global rank (torch writes
+#: ``groupRanks[rank]`` of the op's process group).
+_PEER_KEYS = {"send": "Dst Rank", "recv": "Src Rank"}
+
+
+def _peer_of(op: str, meta: dict, at: Any, source: str, world: int | None) -> int:
+    """The global rank at the other end of a send/recv (-1: a collective, or not recorded:
+    older profiles do not have it)."""
+    key = _PEER_KEYS.get(op)
+    if key is None or meta.get(key) is None:
+        return -1
+    limit = (world or MAX_WORLD) - 1
+    return as_int(meta[key], at(key), source, lo=0, hi=limit)
 
 
 def _rank(info: dict, path: Path, source: str, world: int | None) -> int:
@@ -486,7 +504,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
             # >= 0: durations are checked, and the kernels' end is at or after their start.
             "duration_us": t1 - t0,
             "group_ranks": group_ranks,
-            "peer": -1,
+            "peer": d["peer"],
             "clock": clock,
         })
     df = pd.DataFrame(rows, columns=[
