@@ -263,11 +263,12 @@ class Topology:
                                   parameter=f"ranks.{col}", value=len(values),
                                   expected=f"{n} values, one per rank (as ranks.rank)")
             if col == "host":
-                bad = [i for i, v in enumerate(values) if not isinstance(v, str) or not v]
+                bad = [i for i, v in enumerate(values)
+                       if not isinstance(v, str) or not v or not v.isprintable()]
                 if bad:
                     raise SchemaError("not a host name", source=source,
                                       parameter=f"ranks.host[{bad[0]}]", value=values[bad[0]],
-                                      expected="a non-empty string")
+                                      expected="a non-empty printable string")
                 ranks[col] = values
             elif col in ("rank", "gpu", "pod", *COORD_KINDS):
                 lo = -1 if col in COORD_KINDS else 0

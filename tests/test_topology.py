@@ -86,6 +86,8 @@ BAD_TOPOLOGIES = {
     "ragged": (lambda d: d["ranks"]["host"].pop(), r"ranks\.host: columns of unequal length"),
     "host empty": (lambda d: d["ranks"]["host"].__setitem__(5, ""),
                    r"ranks\.host\[5\]: not a host name"),
+    "host surrogate": (lambda d: d["ranks"]["host"].__setitem__(2, "n\ud800"),
+                       r"ranks\.host\[2\]: not a host name"),
     "groups an object": (lambda d: d.update(groups={"dp-0": [0, 8]}),
                          r"groups: wrong type \(got 'dict'"),
     "member unknown": (lambda d: d["groups"][0]["ranks"].append(999),
