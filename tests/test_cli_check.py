@@ -55,7 +55,20 @@ def test_what_a_thin_log_lacks_is_said(tmp_path):
     assert [w.split(":")[0] for w in failed] == [
         "one rank logged", "2 of 2 communicators list no members",
         "no host column and no topology.json", "no topology.json with switches",
-        "2 iterations", "2 send/recv rows name no peer"], failed
+        "2 iterations", "2 of 2 send/recv rows name no peer"], failed
+
+
+def test_checks_say_nothing_about_what_the_log_has_none_of(tmp_path):
+    """No send/recv: no line about their peers (an "ok" there would be vacuous); one rank
+    missing is "1 rank", not "1 ranks"."""
+    rows = [{"iteration": it, "rank": r, "op": "all_reduce", "group": "dp-0", "seq": it,
+             "nbytes": 64, "start_ns": 10**18 + it * 10**9 + r, "duration_us": 10.0,
+             "group_ranks": "0 1 2"} for it in range(2) for r in range(2)]
+    pd.DataFrame(rows).to_csv(tmp_path / "ops.csv", index=False)
+    report = _check(str(tmp_path / "ops.csv"))
+    said = [c["what"] for c in report["checks"]]
+    assert not [w for w in said if "send/recv" in w], said
+    assert any(w.startswith("1 rank named by member lists logged nothing (2)") for w in said)
 
 
 @pytest.mark.skipif(not REALDATA.exists(), reason="real traces not available")

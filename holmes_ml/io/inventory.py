@@ -97,8 +97,9 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          "unnamed"),
         (not missing,
          "every rank the member lists name logged" if not missing else
-         f"{len(missing)} ranks named by member lists logged nothing ({spans(missing)}): "
-         "a slow device among them can only show through its peers"),
+         f"{len(missing)} rank{'s' * (len(missing) != 1)} named by member lists logged "
+         f"nothing ({spans(missing)}): a slow device among them can only show through its "
+         "peers"),
         (with_members == len(logs.groups),
          "every communicator lists its members (group_ranks): rings and pairs are known"
          if with_members == len(logs.groups) else
@@ -117,10 +118,13 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          f"{len(its)} iterations: enough for the irregularity monitor" if len(its) > history
          else f"{len(its)} iteration{'s' * (len(its) != 1)}: the irregularity monitor flags "
          f"none before {history} regular ones; findings come from abnormal operators alone"),
-        (no_peer == 0,
-         "every send/recv names its peer" if no_peer == 0 else
-         f"{no_peer} send/recv rows name no peer: paired by communicator and seq alone"),
     ]
+    if p2p.any():
+        checks.append((
+            no_peer == 0,
+            "every send/recv names its peer" if no_peer == 0 else
+            f"{no_peer} of {int(p2p.sum())} send/recv rows name no peer: paired by "
+            "communicator and seq alone"))
     if out["reused_key_rows"]:
         checks.append((False, f"{out['reused_key_rows']} rows share an operator's identity with "
                        "another row: logs of two runs (or a restarted job) read together?"))
