@@ -609,3 +609,17 @@ def test_a_converter_slip_names_the_format_and_file(tmp_path, monkeypatch):
     p.write_text(json.dumps({"traceEvents": [], "distributedInfo": {"rank": 0}}))
     with pytest.raises(SchemaError, match=r"rank-0\.json: cannot read as kineto: KeyError"):
         read_ops(p, format="kineto")
+
+
+def test_logs_of_two_jobs_in_one_directory_name_both_files(tmp_path):
+    df = _ops()
+    d = tmp_path / "logs"
+    d.mkdir()
+    df.assign(job="pretrain-7").to_csv(d / "a.csv", index=False)
+    df.assign(job="finetune-2", iteration=df["iteration"] + 100).to_csv(d / "b.csv",
+                                                                        index=False)
+    with pytest.raises(SchemaError) as err:
+        read_ops(d)
+    msg = str(err.value)
+    assert f"logs of a second job at {d / 'b.csv'} line 2 (got 'finetune-2'" in msg, msg
+    assert f"'pretrain-7' as in {d / 'a.csv'} line 2; read each job's logs" in msg, msg

@@ -58,6 +58,14 @@ def test_a_list_object_or_bytes_is_not_a_name(value):
     assert (e.value.column, e.value.row, e.value.value) == ("group", 1, type(value).__name__)
 
 
+def test_logs_of_two_jobs_are_refused():
+    """Two jobs read together would be compared as if their ranks were one job's."""
+    with pytest.raises(SchemaError, match=r"column 'job', row 2: logs of a second job "
+                       r"\(got 'b'; expected one job per input: 'a' as in row 1"):
+        validate(_table(job=["", "a", "b", "a"]))
+    assert validate(_table(job=["a", "a", "", "a"]))["job"].tolist() == ["a", "a", "", "a"]
+
+
 def test_extra_columns_are_kept():
     out = validate(_table(abnormal=[True, False, False, False]))
     assert out["abnormal"].tolist() == [True, False, False, False]

@@ -434,6 +434,26 @@ def _check_agreement(df: pd.DataFrame, source: str | None) -> None:
     for column, owner, what in (("host", rank, "host"), ("group_kind", group, "kind")):
         if column in df.columns:
             _check_one_value(df, owner, source, column, what)
+    if "job" in df.columns:
+        _check_one_job(df, source)
+
+
+def _check_one_job(df: pd.DataFrame, source: str | None) -> None:
+    """One non-empty ``job`` name in the table: the logs of two jobs read together would be
+    compared operator by operator as if they were one job's ranks."""
+    names = df["job"]
+    known = (names.str.len() > 0).to_numpy()
+    if not known.any():
+        return
+    first = _first_bad(known)
+    other = known & (names != names.iat[first]).to_numpy()
+    if other.any():
+        row = _first_bad(other)
+        raise SchemaError(
+            "logs of a second job", source=source, column="job", row=row,
+            value=str(names.iat[row]),
+            expected=f"one job per input: {str(names.iat[first])!r} as in row {first}; read "
+            "each job's logs on their own")
 
 
 def _codes(*columns: np.ndarray) -> np.ndarray:
