@@ -251,3 +251,25 @@ def test_rows_that_contradict_earlier_files_are_set_aside_naming_both(tmp_path, 
         assert len(agent._ops) == len(ops) + len(later[later["rank"] == 6])
     finally:
         agent.close()
+
+
+def test_logs_of_a_second_job_are_set_aside(tmp_path):
+    """Each file names one job; a file of another job in the followed directory would be
+    shipped as this job's ranks: it is set aside, naming the file that named the first."""
+    ops = make_ops(seed=29, ranks=4, iterations=3)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ops.assign(job="pretrain").to_csv(logs / "a.csv", index=False)
+    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j", source="n1")
+    agent = Agent(cfg, summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == len(ops)
+        ops.assign(job="eval", iteration=ops["iteration"] + 10).to_csv(logs / "b.csv",
+                                                                       index=False)
+        assert agent.read_new() == 0
+        assert set(agent.bad_files) == {logs / "b.csv"}
+        why = agent.bad_files[logs / "b.csv"]
+        assert why.startswith(f"column 'job', line 2: logs of a second job: 'pretrain' in "
+                              f"{logs / 'a.csv'} (got 'eval'"), why
+    finally:
+        agent.close()

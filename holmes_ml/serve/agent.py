@@ -496,7 +496,12 @@ class Agent:
         runs in one file) put on two hosts would be shipped on the first one.
         """
         new = facts_of(df)
+        job = self._job_of(df, path)
+        if job is not None:
+            new["job"] = {"": job}
         for fact, values in new.items():
+            if fact == "job":
+                continue
             seen = self._facts.get(fact, {})
             for key, value in values.items():
                 if key in seen and seen[key][0] != value:
@@ -509,6 +514,26 @@ class Agent:
                         "another --job, and a --follow of its own logs)",
                     )
         return new
+
+    def _job_of(self, df: pd.DataFrame, path: Path) -> str | None:
+        """The job ``df`` names (validated: one at most), None when it names none;
+        :class:`SchemaError` when rows read before named another (the logs of two jobs in
+        the followed directory would be shipped as one job's)."""
+        if "job" not in df.columns:
+            return None
+        named = np.flatnonzero((df["job"].str.len() > 0).to_numpy())
+        if not len(named):
+            return None
+        row = int(named[0])
+        job = str(df["job"].iat[row])
+        seen = self._facts.get("job", {}).get("")
+        if seen is not None and seen[0] != job:
+            raise SchemaError(
+                f"logs of a second job: {seen[0]!r} in {seen[1]}", source=str(path),
+                column="job", row=row, value=job,
+                expected="one job per agent (another job: another --job, and a --follow of "
+                "its own logs)")
+        return job
 
     def _keep_facts(self, facts: dict[str, dict[str, str]], path: Path) -> None:
         for fact, values in facts.items():
