@@ -155,6 +155,25 @@ def test_raw_batches_that_contradict_earlier_ones_are_refused(server):
     assert c.get("/v1/jobs/jobF").json()["records"] == before["records"]
     shuffled = ops[ops["iteration"] == 1].assign(group_ranks="7 6 5 4 3 2 1 0")
     assert c.post("/v1/jobs/jobF/raw", json=body(shuffled, "b3")).status_code == 200
+    # Arrow records naming a job (the logger writes a job column): one per service job
+    import pyarrow as pa
+
+    def arrow(job, batch_id):
+        t = pa.Table.from_pandas(ops[ops["iteration"] == 2].assign(job=job),
+                                 preserve_index=False)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        return c.post("/v1/jobs/jobF/raw.arrow", content=sink.getvalue().to_pybytes(),
+                      params={"source": "logger", "batch_id": batch_id},
+                      headers={"Content-Type": "application/vnd.apache.arrow.stream"})
+
+    assert arrow("pretrain", "b4").status_code == 200
+    r = arrow("eval", "b5")
+    assert r.status_code == 409 and r.json()["field"] == "job", r.text
+    assert "the job named in the records of job 'jobF': 'pretrain' since batch 'b4' of " \
+        "source 'logger'; batch 'b5' of source 'logger' says 'eval'" in r.json()["detail"], r.text
+    assert arrow("pretrain", "b6").status_code == 200
 
 
 @pytest.mark.parametrize(

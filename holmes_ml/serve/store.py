@@ -147,13 +147,21 @@ _FACTS: dict[str, tuple[str, str]] = {
              "one host per rank (a job restarted on other hosts goes under a new job name)"),
     "group_ranks": (FACTS["group_ranks"][1], "one member list per communicator"),
     "group_kind": (FACTS["group_kind"][1], "one kind per communicator"),
+    "job": ("the job named in the records",
+            "one job per service job: post another job's records under its own name"),
 }
 
 
 def _raw_facts(table: pa.Table) -> dict[str, dict[str, str]]:
-    """:func:`~holmes_ml.io.schema.facts_of` a validated raw batch."""
+    """:func:`~holmes_ml.io.schema.facts_of` a validated raw batch, and the job its
+    ``job`` column names (one at most: validated)."""
     cols = [c for c in ("rank", "group", *FACTS) if c in table.column_names]
-    return facts_of(table.select(cols).to_pandas())
+    facts = facts_of(table.select(cols).to_pandas())
+    if "job" in table.column_names:
+        named = [j for j in pa.compute.unique(table.column("job")).to_pylist() if j]
+        if named:
+            facts["job"] = {"": str(named[0])}
+    return facts
 
 
 class Store:
