@@ -58,6 +58,14 @@ def test_a_list_object_or_bytes_is_not_a_name(value):
     assert (e.value.column, e.value.row, e.value.value) == ("group", 1, type(value).__name__)
 
 
+def test_a_start_before_the_epoch_is_refused():
+    """start_ns is ns since the epoch: every converter keeps it >= 0, and so must a native log
+    (a negative one is a clock that was never set, or an overflow)."""
+    with pytest.raises(SchemaError, match=r"column 'start_ns', row 1: negative value \(got -3; "
+                       r"expected a time >= 0 \(ns since the epoch\)\)"):
+        validate(_table(start_ns=[10, -3, 20, 21]))
+
+
 def test_logs_of_two_jobs_are_refused():
     """Two jobs read together would be compared as if their ranks were one job's."""
     with pytest.raises(SchemaError, match=r"column 'job', row 2: logs of a second job "

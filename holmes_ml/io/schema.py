@@ -286,7 +286,7 @@ def validate(
     Raises
     ------
     SchemaError
-        Missing column, wrong type, unknown op, negative size/duration, a group whose
+        Missing column, wrong type, unknown op, negative size/duration/start time, a group whose
         participants disagree on its members or kind, a rank outside its group's members, or
         a rank logged on two hosts.
 
@@ -336,13 +336,14 @@ def validate(
             expected="one of " + ", ".join(OP_TYPES),
         )
     out["op"] = op
-    for column in ("nbytes", "seq", "rank", "iteration"):
+    for column in ("nbytes", "seq", "rank", "iteration", "start_ns"):
         neg = (out[column] < 0).to_numpy()
         if neg.any():
             i = _first_bad(neg)
             raise SchemaError(
                 "negative value", source=source, column=column, row=i, value=out[column].iloc[i],
-                expected="a value >= 0",
+                expected="a time >= 0 (ns since the epoch)" if column == "start_ns"
+                else "a value >= 0",
             )
     if not opts.allow_negative_duration:
         neg = (out["duration_us"] < 0).to_numpy()
