@@ -80,6 +80,34 @@ def test_p2p_ranks_in_a_subgroup_are_mapped_to_global_ranks(tmp_path):
     assert set(p2p["group_ranks"]) == {"1 3"}
 
 
+def test_barriers_and_coalesced_groups_of_real_dumps(tmp_path):
+    """ProcessGroupNCCL records dist.barrier() as "nccl:all_reduce_barrier", and closes each
+    coalesced group (batch_isend_irecv) with a "nccl:coalesced" entry that times the group
+    while its sends and recvs carry no timing of their own. Both used to refuse the dump
+    ("unknown communication operator")."""
+    dumps = {}
+    for rank in (0, 1):
+        doc = _dump(rank, n_coll=2)
+        entries = doc["entries"]
+        entries.insert(0, _entry(len(entries), 0, op="nccl:all_reduce_barrier", start=10**7,
+                                 dur_ms=0.2, nelems=1))
+        peer = 1 - rank
+        for name in (f"nccl:send {rank}->{peer}", f"nccl:recv {rank}<-{peer}"):
+            entries.append(_entry(len(entries), 0, op=name, p2p=7, dur_ms=None,
+                                  start=20 * 10**8))
+        closing = _entry(len(entries), 0, op="nccl:coalesced", p2p=7, start=20 * 10**8,
+                         dur_ms=3.0 + rank)
+        entries.append(closing)
+        dumps[rank] = doc
+    ops = read_ops(_write(tmp_path, dumps))
+    assert set(ops["op"]) == {"barrier", "all_reduce", "send", "recv"}
+    p2p = ops[(ops["seq"] == 7) & ops["op"].isin(["send", "recv"])]
+    assert len(p2p) == 4 and set(p2p["peer"] + p2p["rank"]) == {1}
+    # each member gets its group's timing
+    assert p2p.groupby("rank")["duration_us"].unique().map(list).to_dict() == {
+        0: [3000.0], 1: [4000.0]}
+
+
 def test_read_dumps_into_ops(tmp_path):
     d = _write(tmp_path, {r: _dump(r, slow_rank=2) for r in range(4)})
     assert detect_format(next(d.iterdir())) == "flight-recorder"

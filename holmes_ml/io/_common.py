@@ -58,6 +58,11 @@ _OP_ALIASES: dict[str, str] = {
     # (many-to-one / one-to-many rooted trees), which is what the detector cares about.
     "gather": "reduce",
     "scatter": "broadcast",
+    # ProcessGroupNCCL's names for a barrier (an all-reduce of one element) and for
+    # out-of-place broadcast / reduce
+    "allreducebarrier": "barrier",
+    "broadcastoop": "broadcast",
+    "reduceoop": "reduce",
 }
 _SUFFIXES = ("coalesced", "tensor", "base", "single", "into")
 
@@ -88,6 +93,8 @@ def canonical_op(name: str) -> str | None:
     --------
     >>> canonical_op("nccl:_all_gather_base"), canonical_op("all_to_allv"), canonical_op("Foo")
     ('all_gather', 'all_to_all', None)
+    >>> canonical_op("nccl:all_reduce_barrier"), canonical_op("nccl:_broadcast_oop")
+    ('barrier', 'broadcast')
     """
     key = _op_key(name)
     if key in _OP_ALIASES:

@@ -186,10 +186,18 @@ def _group_of(entry: dict, at: str, source: str) -> str:
     return _text(name, f"{at}.{field}", source)
 
 
+#: ``profiling_name`` of the entry ProcessGroupNCCL records after the operations of one
+#: coalesced group (``batch_isend_irecv``, ``*_coalesced`` collectives): no operation itself.
+COALESCED = "nccl:coalesced"
+
+
 def _op_of(entry: Any, at: str, source: str) -> tuple[str, str]:
-    """An entry's ``profiling_name`` and the schema op it names."""
+    """An entry's ``profiling_name`` and the schema op it names (``""`` for the entry closing a
+    coalesced group)."""
     as_obj(entry, at, source, dict)
     name = as_obj(entry.get("profiling_name"), f"{at}.profiling_name", source, str)
+    if name.strip() == COALESCED:
+        return name, ""
     return name, require_op(name.split(" ")[0], source, f"{at}.profiling_name")
 
 
@@ -262,35 +270,58 @@ def _peer(name: str, rank: int, members: list[int] | None, field: str, source: s
     return b if a == rank else a
 
 
+def _timing(e: dict, at: str, source: str) -> tuple[int | None, float | None]:
+    """An entry's start (epoch ns) and duration (ms); None where the dump has none."""
+    started = _uint(e.get("time_discovered_started_ns"), at, "time_discovered_started_ns",
+                    source)
+    completed = _uint(e.get("time_discovered_completed_ns"), at, "time_discovered_completed_ns",
+                      source)
+    created = _uint(e.get("time_created_ns"), at, "time_created_ns", source)
+    dur_ms = e.get("duration_ms")
+    if dur_ms is not None:
+        # Not bounded below: validate() refuses negative durations unless told to allow them.
+        dur_ms = as_float(dur_ms, f"{at}.duration_ms", source)
+    elif completed and started:
+        dur_ms = (completed - started) / 1e6
+    return started or created, dur_ms
+
+
+def _identity(e: dict, op: str, at: str, source: str) -> tuple[bool, str, int]:
+    """``(is_p2p, group, seq)`` of an entry: P2P entries count ``p2p_seq_id``, collectives
+    ``collective_seq_id`` (the entry closing a coalesced group says which by ``is_p2p``)."""
+    is_p2p = op in P2P_OPS or _flag(e, at, source)
+    seq_key = "p2p_seq_id" if is_p2p else "collective_seq_id"
+    seq = _uint(e.get(seq_key, 0), at, seq_key, source, nullable=False) or 0
+    return is_p2p, _group_of(e, at, source), seq
+
+
 def _rows(doc: dict, source: str) -> list[dict[str, Any]]:
     """Ops-table rows of one loaded dump (entries without a duration are left out)."""
     rank = doc["rank"]  # checked by load_dump
     pg_ranks = _pg_members(doc, source)
     rows = []
     skipped = 0
+    # The operations of a coalesced group share its seq id and may carry no timing of their
+    # own: the entry closing the group (recorded after them) times the whole group.
+    group_times: dict[tuple[bool, str, int], tuple[int | None, float | None]] = {}
     for i, e in enumerate(doc["entries"]):
         at = f"entries[{i}]"
         name, op = _op_of(e, at, source)
+        if op == "":
+            group_times[_identity(e, op, at, source)] = _timing(e, at, source)
+    for i, e in enumerate(doc["entries"]):
+        at = f"entries[{i}]"
+        name, op = _op_of(e, at, source)
+        if op == "":
+            continue
         # Every field is checked, also in entries left out below: a broken one means a broken
         # dump whether or not it has a duration.
-        started = _uint(e.get("time_discovered_started_ns"), at, "time_discovered_started_ns",
-                        source)
-        completed = _uint(e.get("time_discovered_completed_ns"), at,
-                          "time_discovered_completed_ns", source)
-        created = _uint(e.get("time_created_ns"), at, "time_created_ns", source)
-        dur_ms = e.get("duration_ms")
-        if dur_ms is not None:
-            # Not bounded below: validate() refuses negative durations unless told to allow them.
-            dur_ms = as_float(dur_ms, f"{at}.duration_ms", source)
-        elif completed and started:
-            dur_ms = (completed - started) / 1e6
-        start = started or created
-        is_p2p = op in P2P_OPS or _flag(e, at, source)
-        seq_key = "p2p_seq_id" if is_p2p else "collective_seq_id"
-        seq = _uint(e.get(seq_key, 0), at, seq_key, source, nullable=False)
-        group = _group_of(e, at, source)
+        start, dur_ms = _timing(e, at, source)
+        is_p2p, group, seq = _identity(e, op, at, source)
         state = _text(e.get("state", ""), f"{at}.state", source)
         nbytes = _nbytes(e, at, source)
+        if dur_ms is None or start is None:
+            start, dur_ms = group_times.get((is_p2p, group, seq), (start, dur_ms))
         if dur_ms is None or start is None:
             skipped += 1
             continue
