@@ -180,6 +180,11 @@ def test_canonical_op_spellings():
     assert canonical_op("gloo:all_reduce") == "all_reduce"
     assert canonical_op("c10d::alltoall_base_") == "all_to_all"
     assert canonical_op("not_a_collective") is None
+    # ProcessGroupNCCL / gloo spellings seen in real profiles and dumps
+    assert [canonical_op(n) for n in ("nccl:all_reduce_barrier", "nccl:_broadcast_oop",
+                                      "nccl:_reduce_oop", "reduce_scatter_v", "allgather_v",
+                                      "monitored_barrier")] == [
+        "barrier", "broadcast", "reduce", "reduce_scatter", "all_gather", "barrier"]
 
 
 def test_order_matching_tolerates_interleaving(tmp_path, caplog):

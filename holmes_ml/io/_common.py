@@ -63,6 +63,10 @@ _OP_ALIASES: dict[str, str] = {
     "allreducebarrier": "barrier",
     "broadcastoop": "broadcast",
     "reduceoop": "reduce",
+    # uneven ("v") variants, and gloo's barrier that names the rank that did not arrive
+    "allgatherv": "all_gather",
+    "reducescatterv": "reduce_scatter",
+    "monitoredbarrier": "barrier",
 }
 _SUFFIXES = ("coalesced", "tensor", "base", "single", "into")
 
