@@ -15,7 +15,8 @@ What a trace holds and how it is used
   context names the operator even when kernel names were anonymized (every kernel a
   ``SendRecv``).
 * **gloo** collectives have no kernel: the ``gloo:<op>`` annotation runs on the gloo worker
-  thread and its ``dur`` includes waiting for peers, so the CPU span is used (``clock='cpu'``).
+  thread and its ``dur`` includes waiting for peers, so the CPU span is used (``clock='cpu'``);
+  the main thread's ``c10d::<op>_`` dispatch span of the same operation is not a second one.
   NCCL annotations whose kernels are absent from the trace also fall back to the CPU span.
 
 Time: old traces have epoch microseconds in ``ts``; newer ones add ``baseTimeNanoseconds`` to
@@ -24,8 +25,9 @@ the header (absolute µs = baseTimeNanoseconds/1000 + ts). Iterations come from
 else from the file name.
 
 Matching across ranks: ``seq`` is the "Seq" argument when every op of a group has one, else
-the instance (iteration, op, k-th of that op type in the group) numbered by median start time
-(see :func:`assign_seq`). Instances missing on some ranks are reported in a warning.
+the instance (iteration, op, k-th of that op type in the group; the k-th recv goes with the
+k-th send) numbered by median start time (see :func:`assign_seq`). Collective instances
+missing on some ranks are reported in a warning.
 
 Checks: every field the reader uses is checked where it is read, and a bad one raises
 :class:`~holmes_ml.io.schema.SchemaError` naming the file, the field path
@@ -62,7 +64,7 @@ from holmes_ml.io._common import (
     ranks_str,
     require_op,
 )
-from holmes_ml.io.schema import SchemaError
+from holmes_ml.io.schema import P2P_OPS, SchemaError
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +219,23 @@ def _is_comm_cpu(name: str) -> bool:
         return False
     # c10d::<op>_ ops that are not communication (e.g. c10d::wait) are dropped here.
     return name.startswith(("nccl:", "gloo:")) or canonical_op(name) is not None
+
+
+def _drop_gloo_dispatch(by_tid: dict[Any, list[_Instance]]) -> None:
+    """Drop the dispatcher side of gloo operations, which would count each one twice.
+
+    With gloo the main thread records the dispatch (``c10d::allreduce_``, returning at once)
+    and the gloo worker thread the operation itself (``gloo:all_reduce``, waiting for the
+    peers): two instances on two threads. An instance made of ``c10d::`` spans alone, with no
+    kernel, is such a dispatch when the trace has ``gloo:`` spans at all (NCCL dispatches hold
+    their ``nccl:``/``record_param_comms`` spans and kernels, and stay).
+    """
+    if not any(e.name.startswith("gloo:") for lst in by_tid.values() for i in lst
+               for e in i.events):
+        return
+    for tid, lst in by_tid.items():
+        by_tid[tid] = [i for i in lst if i.kernels or
+                       not all(e.name.startswith("c10d::") for e in i.events)]
 
 
 def _instances_by_tid(cpu: list[_Event]) -> dict[Any, list[_Instance]]:
@@ -452,6 +471,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
         else:
             inst.kernels.append(k)
 
+    _drop_gloo_dispatch(by_tid)
     steps.sort()
     step_starts = [s[0] for s in steps]
     # group_ranks text per process group (None: the default group, the whole world), built
@@ -526,8 +546,10 @@ def assign_seq(df: pd.DataFrame) -> pd.DataFrame:
     of their median start time. Warns when instances are missing on some ranks.
     """
     df = df.sort_values(["rank", "group", "start_ns"], kind="stable").reset_index(drop=True)
-    k = df.groupby(["rank", "group", "iteration", "op"], sort=False).cumcount()
-    keyed = df[["group", "iteration", "op", "start_ns"]].assign(k=k.to_numpy())
+    # The k-th recv of a group matches the k-th send: the two ends of one transfer
+    op = df["op"].replace({"recv": "send"})
+    k = df.assign(op=op).groupby(["rank", "group", "iteration", "op"], sort=False).cumcount()
+    keyed = df[["group", "iteration", "start_ns"]].assign(op=op.to_numpy(), k=k.to_numpy())
     inst = keyed.groupby(["group", "iteration", "op", "k"], sort=False)["start_ns"].median()
     inst = inst.rename("t").reset_index().sort_values(["group", "iteration", "t"], kind="stable")
     inst["ordinal"] = inst.groupby("group", sort=False).cumcount().astype(np.int64)
@@ -536,7 +558,9 @@ def assign_seq(df: pd.DataFrame) -> pd.DataFrame:
     seq = np.where(has_arg, df["seq_arg"].fillna(-1).astype("int64"), ordinal.to_numpy())
     df = df.drop(columns=["seq_arg"]).assign(seq=seq.astype(np.int64))
     members = df.groupby("group")["rank"].nunique()
-    per = df.groupby(["group", "seq"])["rank"].nunique()
+    # a send/recv involves two ranks of its group, not all of them
+    coll = df[~df["op"].isin(P2P_OPS)]
+    per = coll.groupby(["group", "seq"])["rank"].nunique()
     short = per[per.to_numpy() < members.reindex(per.index.get_level_values(0)).to_numpy()]
     if len(short):
         g, s_ = short.index[0]
