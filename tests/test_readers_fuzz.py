@@ -57,28 +57,26 @@ def _replaced(doc: Any, path: tuple, value: Any) -> Any:
     return doc
 
 
-def _kineto(tmp: Path, pick) -> list[Path]:
-    docs = {r: kineto_trace(r, KINETO_OPS) for r in range(3)}
+def _json_files(tmp: Path, pick, docs: dict[int, Any], name: str) -> list[Path]:
+    """``docs`` (rank -> JSON document) written as ``name.format(r=rank)``, one value of one of
+    them replaced by an odd one."""
     victim = pick(st.sampled_from(sorted(docs)))
     path = pick(st.sampled_from(_paths(docs[victim])))
     docs[victim] = _replaced(docs[victim], path, pick(ODD_VALUES))
     files = []
     for r, doc in docs.items():
-        files.append(tmp / f"rank{r}.pt.trace.json")
+        files.append(tmp / name.format(r=r))
         files[-1].write_text(json.dumps(doc))
     return files
+
+
+def _kineto(tmp: Path, pick) -> list[Path]:
+    return _json_files(tmp, pick, {r: kineto_trace(r, KINETO_OPS) for r in range(3)},
+                       "rank{r}.pt.trace.json")
 
 
 def _flight_recorder(tmp: Path, pick) -> list[Path]:
-    docs = {r: fr_dump(r) for r in range(4)}
-    victim = pick(st.sampled_from(sorted(docs)))
-    path = pick(st.sampled_from(_paths(docs[victim])))
-    docs[victim] = _replaced(docs[victim], path, pick(ODD_VALUES))
-    files = []
-    for r, doc in docs.items():
-        files.append(tmp / f"nccl_trace_rank_{r}")
-        files[-1].write_text(json.dumps(doc))
-    return files
+    return _json_files(tmp, pick, {r: fr_dump(r) for r in range(4)}, "nccl_trace_rank_{r}")
 
 
 def _nccl_inspector(tmp: Path, pick) -> list[Path]:
