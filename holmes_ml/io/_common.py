@@ -262,7 +262,7 @@ def iter_jsonl(
         if not isinstance(obj, dict):
             raise SchemaError(
                 "not a JSON object", source=str(path), row=lineno - 1, line=lineno,
-                value=_kind_name(obj), expected="one JSON object per line",
+                value=kind_name(obj), expected="one JSON object per line",
             )
         yield lineno, obj
 
@@ -274,8 +274,32 @@ MAX_WORLD = 1 << 20
 _MISSING = object()
 
 
-def _kind_name(value: Any) -> str:
+def kind_name(value: Any) -> str:
+    """A JSON value's type as a message names it (``null`` for None)."""
     return "null" if value is None else type(value).__name__
+
+
+def cut(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters for an error message.
+
+    >>> cut("x" * 50)[-5:]
+    'xx...'
+    """
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_unicode(text: str, field: str, source: str | None, line: int | None = None) -> str:
+    """``text`` when a table can hold it: JSON escapes such as ``\\ud800`` make lone
+    surrogates, which (Arrow) string columns refuse with a UnicodeEncodeError; a
+    :class:`SchemaError` naming ``field`` (and ``line``) otherwise."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SchemaError("not valid Unicode text (a lone surrogate)", source=source,
+                              parameter=field, value=cut(text), expected="UTF-8 text",
+                              row=None if line is None else line - 1, line=line) from None
+    return text
 
 
 def _huge_shown(value: Any) -> str:
@@ -322,9 +346,9 @@ def as_int(value: Any, field: str, source: str | None, *, lo: int | None = None,
         raise SchemaError("out of range", source=source, parameter=field,
                           value=_huge_shown(value), expected=bounds + " within 64 bits")
     if out is None:
-        shown = value if isinstance(value, (bool, float, str)) else _kind_name(value)
-        if isinstance(shown, str) and len(shown) > 40:
-            shown = shown[:40] + "..."
+        shown = value if isinstance(value, (bool, float, str)) else kind_name(value)
+        if isinstance(shown, str):
+            shown = cut(shown)
         raise SchemaError("not an integer", source=source, parameter=field, value=shown,
                           expected=bounds)
     if (lo is not None and out < lo) or (hi is not None and out > hi):
@@ -358,7 +382,7 @@ def as_float(value: Any, field: str, source: str | None, *, lo: float | None = N
             out = None
     if out is None or not math.isfinite(out):
         shown = value if isinstance(value, (float, str)) and len(str(value)) <= 40 \
-            else _kind_name(value)
+            else kind_name(value)
         raise SchemaError("not a number", source=source, parameter=field, value=shown,
                           expected=expected)
     if lo is not None and out < lo:
@@ -384,7 +408,7 @@ def as_obj(value: Any, field: str, source: str | None, kind: type = dict,
         return value
     names: dict[type, str] = {dict: "a JSON object", list: "a JSON list", str: "a string"}
     expected = names.get(kind, kind.__name__)
-    raise SchemaError("wrong type", source=source, parameter=field, value=_kind_name(value),
+    raise SchemaError("wrong type", source=source, parameter=field, value=kind_name(value),
                       expected=expected)
 
 

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io._common import MAX_WORLD, as_int, head_bytes
+from holmes_ml.io._common import MAX_WORLD, as_int, cut, head_bytes
 from holmes_ml.io.schema import REQUIRED_COLUMNS, SchemaError
 
 logger = logging.getLogger(__name__)
@@ -214,9 +214,7 @@ def _shown(value: Any) -> Any:
     """A cell value for a message: plain Python scalars, long text cut."""
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, str) and len(value) > 40:
-        value = value[:40] + "..."
-    return value
+    return cut(value) if isinstance(value, str) else value
 
 
 def _numbers(s: pd.Series) -> np.ndarray:

@@ -34,6 +34,8 @@ from holmes_ml.io._common import (
     as_float,
     as_int,
     as_obj,
+    check_unicode,
+    cut,
     dtype_bytes,
     head_bytes,
     load_json,
@@ -128,23 +130,9 @@ def _claim(seen: dict[int, str], rank: int, source: str) -> None:
     seen[rank] = source
 
 
-def _short(text: str) -> str:
-    """``text`` cut for an error message."""
-    return text if len(text) <= 40 else text[:40] + "..."
-
-
 def _text(value: Any, field: str, source: str) -> str:
-    """``value`` as text a table can hold: JSON escapes such as ``\\ud800`` make lone
-    surrogates, which the (Arrow) string columns refuse with a UnicodeEncodeError."""
-    text = str(value)
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise SchemaError("not valid Unicode text (a lone surrogate)", source=source,
-                              parameter=field, value=_short(text),
-                              expected="UTF-8 text") from None
-    return text
+    """``value`` as text a table can hold (see :func:`~holmes_ml.io._common.check_unicode`)."""
+    return check_unicode(str(value), field, source)
 
 
 def _members(value: Any, field: str, source: str) -> list[int] | None:
@@ -164,7 +152,7 @@ def _pg_members(doc: dict, source: str) -> dict[str, list[int] | None]:
     config = as_obj(doc.get("pg_config"), "pg_config", source, dict, default={})
     members = {}
     for name, pg in config.items():
-        where = f"pg_config[{_short(str(name))!r}]"
+        where = f"pg_config[{cut(str(name))!r}]"
         members[str(name)] = _members(as_obj(pg, where, source, dict).get("ranks"),
                                       f"{where}.ranks", source)
     return members
@@ -216,7 +204,7 @@ def _flag(entry: dict, at: str, source: str) -> bool:
     if value is None or isinstance(value, bool):
         return bool(value)
     raise SchemaError("wrong type", source=source, parameter=f"{at}.is_p2p",
-                      value=_short(repr(value)), expected="true or false")
+                      value=cut(repr(value)), expected="true or false")
 
 
 def _nbytes(entry: dict, at: str, source: str) -> int:
@@ -239,7 +227,7 @@ def _nbytes(entry: dict, at: str, source: str) -> int:
             total += n * (dtype_bytes(dt) or 0)
         if total > _I64_MAX:
             raise SchemaError("tensors larger than 2**63 bytes", source=source,
-                              parameter=f"{at}.{sizes_key}", value=_short(str(sizes)),
+                              parameter=f"{at}.{sizes_key}", value=cut(str(sizes)),
                               expected="the shapes of real tensors")
         best = max(best, total)
     return best
@@ -263,7 +251,7 @@ def _peer(name: str, rank: int, members: list[int] | None, field: str, source: s
     a, b = (int(g) if len(g.lstrip("0")) <= 7 else MAX_WORLD for g in (m.group(1), m.group(3)))
     if max(a, b) >= MAX_WORLD:
         raise SchemaError("rank in the operator name out of range", source=source,
-                          parameter=field, value=_short(m.group(0)),
+                          parameter=field, value=cut(m.group(0)),
                           expected=f"ranks in [0, {MAX_WORLD - 1}] as in 'nccl:send 0->1'")
     if members and a < len(members) and b < len(members) and members[a] == rank:
         return members[b]
@@ -303,15 +291,11 @@ def _rows(doc: dict, source: str) -> list[dict[str, Any]]:
     skipped = 0
     # The operations of a coalesced group share its seq id and may carry no timing of their
     # own: the entry closing the group (recorded after them) times the whole group.
-    group_times: dict[tuple[bool, str, int], tuple[int | None, float | None]] = {}
-    for i, e in enumerate(doc["entries"]):
-        at = f"entries[{i}]"
-        name, op = _op_of(e, at, source)
-        if op == "":
-            group_times[_identity(e, op, at, source)] = _timing(e, at, source)
-    for i, e in enumerate(doc["entries"]):
-        at = f"entries[{i}]"
-        name, op = _op_of(e, at, source)
+    named = [(f"entries[{i}]", e, *_op_of(e, f"entries[{i}]", source))
+             for i, e in enumerate(doc["entries"])]
+    group_times = {_identity(e, op, at, source): _timing(e, at, source)
+                   for at, e, _, op in named if op == ""}
+    for at, e, name, op in named:
         if op == "":
             continue
         # Every field is checked, also in entries left out below: a broken one means a broken

@@ -53,7 +53,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io._common import MAX_WORLD, iter_jsonl, require_op
+from holmes_ml.io._common import MAX_WORLD, check_unicode, cut, iter_jsonl, kind_name, require_op
 from holmes_ml.io.schema import OP_TYPES, P2P_OPS, SchemaError
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _is_num(v: Any) -> TypeGuard[int | float]:
 def _shown(value: Any) -> Any:
     """``value`` as an error message shows it: long text cut, JSON containers by kind."""
     if isinstance(value, str):
-        return value if len(value) <= 40 else value[:40] + "..."
+        return cut(value)
     if isinstance(value, (dict, list)):
         return "object" if isinstance(value, dict) else "list"
     return value
@@ -137,14 +137,8 @@ class _File:
         if value is None:
             return ""
         if not isinstance(value, str):
-            raise self.fail("wrong type", lineno, field, _kind(value), "a string")
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise self.fail("not valid Unicode text (a lone surrogate)", lineno, field,
-                                _shown(value), "UTF-8 text") from None
-        return value
+            raise self.fail("wrong type", lineno, field, kind_name(value), "a string")
+        return check_unicode(value, field, self.source, lineno)
 
     def version(self, metadata: dict, lineno: int) -> tuple[int, int]:
         """``inspector_output_format_version`` as (major, minor); (0, 0) when it has none."""
@@ -170,10 +164,10 @@ class _File:
     def context(self, obj: dict, lineno: int) -> tuple[dict, dict]:
         header, metadata = obj.get("header"), obj.get("metadata")
         if not isinstance(header, dict):
-            raise self.fail("no header object", lineno, "header", _kind(header),
+            raise self.fail("no header object", lineno, "header", kind_name(header),
                             "a JSON object with id, rank, n_ranks")
         if not isinstance(metadata, dict):
-            raise self.fail("no metadata object", lineno, "metadata", _kind(metadata),
+            raise self.fail("no metadata object", lineno, "metadata", kind_name(metadata),
                             "a JSON object with dump_timestamp_us, hostname, pid")
         comm = header.get("id")
         if not isinstance(comm, str) or not comm:
@@ -194,7 +188,7 @@ class _File:
         if isinstance(pid, str):
             self.text(pid, lineno, "metadata.pid")
         elif pid is not None and not _is_int(pid):
-            raise self.fail("wrong type", lineno, "metadata.pid", _kind(pid),
+            raise self.fail("wrong type", lineno, "metadata.pid", kind_name(pid),
                             "an integer (process id)")
         return header, metadata
 
@@ -204,7 +198,7 @@ class _File:
         stats = obj["dump_stats"]
         if not isinstance(stats, dict):
             raise self.fail("dump_stats is not an object", lineno, "dump_stats",
-                            _kind(stats), "a JSON object of record counts")
+                            kind_name(stats), "a JSON object of record counts")
         key = (metadata.get("hostname"), metadata.get("pid"), header["id"], header["rank"])
         for name in ("coll_dropped_total", "p2p_dropped_total"):
             if _is_int(stats.get(name)):
@@ -252,7 +246,7 @@ class _File:
             return None
         perf = obj[body]
         if not isinstance(perf, dict):
-            raise self.fail(f"{body} is not an object", lineno, body, _kind(perf),
+            raise self.fail(f"{body} is not an object", lineno, body, kind_name(perf),
                             "a JSON object")
         return body, perf, header, metadata
 
@@ -264,16 +258,16 @@ class _File:
             return None
         where = f"{body}.event_trace_ts"
         if not isinstance(trace, dict):
-            raise self.fail("wrong type", lineno, where, _kind(trace), "a JSON object")
+            raise self.fail("wrong type", lineno, where, kind_name(trace), "a JSON object")
         events = trace.get("kernel_events")
         if events is not None and not isinstance(events, list):
-            raise self.fail("wrong type", lineno, f"{where}.kernel_events", _kind(events),
+            raise self.fail("wrong type", lineno, f"{where}.kernel_events", kind_name(events),
                             "a JSON list")
         starts = []
         for j, event in enumerate(events or ()):
             if not isinstance(event, dict):
                 raise self.fail("wrong type", lineno, f"{where}.kernel_events[{j}]",
-                                _kind(event), "a JSON object")
+                                kind_name(event), "a JSON object")
             s = event.get("kernel_start_ts")
             if s is not None and self.number(
                     s, lineno, f"{where}.kernel_events[{j}].kernel_start_ts") > 0:
@@ -283,10 +277,6 @@ class _File:
         key = _PAYLOADS[body] + "_start_ts"
         s = trace.get(key)
         return s if s is not None and self.number(s, lineno, f"{where}.{key}") > 0 else None
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
 
 
 def _us_to_ns(us: Any) -> int:

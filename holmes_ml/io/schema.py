@@ -439,14 +439,30 @@ def _check_agreement(df: pd.DataFrame, source: str | None) -> None:
         _check_one_job(df, source)
 
 
+def job_of(ops: pd.DataFrame) -> tuple[int, str] | None:
+    """``(row, name)`` of the first row of a table that names its job; None when none does
+    (no ``job`` column, or only empty names).
+
+    >>> job_of(pd.DataFrame({"job": ["", "pretrain", "pretrain"]}))
+    (1, 'pretrain')
+    """
+    if "job" not in ops.columns:
+        return None
+    known = (ops["job"].astype(str).str.len() > 0).to_numpy()
+    if not known.any():
+        return None
+    row = _first_bad(known)
+    return row, str(ops["job"].iat[row])
+
+
 def _check_one_job(df: pd.DataFrame, source: str | None) -> None:
     """One non-empty ``job`` name in the table: the logs of two jobs read together would be
     compared operator by operator as if they were one job's ranks."""
-    names = df["job"]
-    known = (names.str.len() > 0).to_numpy()
-    if not known.any():
+    found = job_of(df)
+    if found is None:
         return
-    first = _first_bad(known)
+    first, names = found[0], df["job"]
+    known = (names.str.len() > 0).to_numpy()
     other = known & (names != names.iat[first]).to_numpy()
     if other.any():
         row = _first_bad(other)

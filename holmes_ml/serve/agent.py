@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io.schema import FACTS, REQUIRED_COLUMNS, SchemaError, facts_of, validate
+from holmes_ml.io.schema import FACTS, REQUIRED_COLUMNS, SchemaError, facts_of, job_of, validate
 from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
@@ -519,13 +519,10 @@ class Agent:
         """The job ``df`` names (validated: one at most), None when it names none;
         :class:`SchemaError` when rows read before named another (the logs of two jobs in
         the followed directory would be shipped as one job's)."""
-        if "job" not in df.columns:
+        found = job_of(df)
+        if found is None:
             return None
-        named = np.flatnonzero((df["job"].str.len() > 0).to_numpy())
-        if not len(named):
-            return None
-        row = int(named[0])
-        job = str(df["job"].iat[row])
+        row, job = found
         seen = self._facts.get("job", {}).get("")
         if seen is not None and seen[0] != job:
             raise SchemaError(

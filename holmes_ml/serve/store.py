@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from holmes_ml.io.schema import FACTS, facts_of, members_key
+from holmes_ml.io.schema import FACTS, facts_of, job_of, members_key
 
 logger = logging.getLogger(__name__)
 
@@ -155,12 +155,12 @@ _FACTS: dict[str, tuple[str, str]] = {
 def _raw_facts(table: pa.Table) -> dict[str, dict[str, str]]:
     """:func:`~holmes_ml.io.schema.facts_of` a validated raw batch, and the job its
     ``job`` column names (one at most: validated)."""
-    cols = [c for c in ("rank", "group", *FACTS) if c in table.column_names]
-    facts = facts_of(table.select(cols).to_pandas())
-    if "job" in table.column_names:
-        named = [j for j in pa.compute.unique(table.column("job")).to_pylist() if j]
-        if named:
-            facts["job"] = {"": str(named[0])}
+    cols = [c for c in ("rank", "group", *FACTS, "job") if c in table.column_names]
+    ops = table.select(cols).to_pandas()
+    facts = facts_of(ops)
+    found = job_of(ops)
+    if found is not None:
+        facts["job"] = {"": found[1]}
     return facts
 
 
