@@ -561,6 +561,9 @@ FUZZ_FINDINGS = {
     "quote never closed": (lambda t: _csv_edit(t, lambda ls: ls[:3] + ['"' + ls[3]] + ls[4:]),
                            r"ops\.csv, line 4: a quoted field starting on this line is never "
                            r"closed"),
+    "5,000-digit member": (lambda t: _jsonl(t, lambda rows: rows[2].update(
+        group_ranks="9" * 5000)), r"column 'group_ranks', line 3: not a list of ranks \(got "
+        r"'9{200}\.\.\. \(5000 characters\)'"),
     "hard link": (_hardlink_to_nothing, r"logs\.tar\.gz: cannot unpack archive: missing member"),
     "corrupt xz": (_corrupt_xz, r"logs\.tar\.xz: cannot unpack archive"),
 }

@@ -4,14 +4,15 @@ the user) and never a hang.
 
 Each case takes a small valid log of one format and replaces one value anywhere in it (a
 JSON node, a CSV cell or a Parquet cell) with a value of another type or size. Seeded and
-derandomized, so a failure reproduces; the ad-hoc fuzzers that found the bugs these guard
-against ran about 3,400 such files.
+derandomized, so a failure reproduces; ``HOLMES_FUZZ_EXAMPLES=700 pytest
+tests/test_readers_fuzz.py`` draws 700 random cases a format instead.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -133,14 +134,17 @@ def _bytedance(tmp: Path, pick) -> list[Path]:
     return [p]
 
 
+#: HOLMES_FUZZ_EXAMPLES=N: N random (not derandomized) cases a format instead of the seeded 60.
+FUZZ_EXAMPLES = int(os.environ.get("HOLMES_FUZZ_EXAMPLES", "0"))
+
 FORMATS = {"kineto": _kineto, "flight-recorder": _flight_recorder,
            "nccl-inspector": _nccl_inspector, "native": _native, "bytedance": _bytedance}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_one_odd_value_anywhere_gives_a_table_or_one_schema_error(tmp_path_factory, fmt):
-    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=FUZZ_EXAMPLES or 60, deadline=None, derandomize=not FUZZ_EXAMPLES,
+              database=None, suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def case(data):
         tmp = tmp_path_factory.mktemp(fmt)

@@ -377,7 +377,8 @@ def _check_communicators(df: pd.DataFrame, sources: list[str]) -> None:
         return f"{sources[file[i]]} line {line[i]}"
 
     def who(i: int) -> str:
-        return "a line without hostname/pid" if proc[i].startswith(_NO_HOST_PID) else proc[i]
+        return "a line without hostname/pid" if proc[i].startswith(_NO_HOST_PID) else \
+            cut(proc[i], 80)
 
     # Each row against the first row of its communicator (of its comm rank): vectorized.
     odd = size != df.groupby("comm_id", sort=False)["group_size"].transform("first").to_numpy()

@@ -92,6 +92,10 @@ class SchemaError(ValueError):
         # numpy scalars would print as np.int64(-1) / np.float64(nan): show the plain value.
         if isinstance(value, np.generic):
             value = value.item()
+        shown = value
+        if isinstance(value, str) and len(value) > 200:
+            # a field of megabytes (a corrupt file) would bury the message
+            shown = value[:200] + f"... ({len(value)} characters)"
         self.message = message
         self.source = source
         self.column = column
@@ -114,7 +118,7 @@ class SchemaError(ValueError):
         prefix = ", ".join(where) + ": " if where else ""
         detail = ""
         if value is not None:
-            detail += f" (got {value!r}"
+            detail += f" (got {shown!r}"
             detail += f"; expected {expected})" if expected else ")"
         elif expected:
             detail += f" (expected {expected})"
@@ -549,7 +553,8 @@ def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> No
     mcode = codes[listed]
     parsed = [str(t).split() for t in lists]
     for k, tokens in enumerate(parsed):
-        if tokens and not all(t.isascii() and t.isdigit() for t in tokens):
+        # more than 19 digits is beyond int64 (and int() refuses over 4,300)
+        if tokens and not all(t.isascii() and t.isdigit() and len(t) <= 19 for t in tokens):
             raise SchemaError(
                 "not a list of ranks", source=source, column="group_ranks",
                 row=int(listed[_first_bad(mcode == k)]), value=str(lists[k]),
