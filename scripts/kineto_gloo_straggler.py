@@ -11,6 +11,7 @@ run's top suspect and how many runs named rank 2. The README quotes
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16, help="profiled steps")
     ap.add_argument("--fault-from", type=int, default=9, help="first slowed step")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--keep-misses", type=Path, metavar="DIR",
+                    help="copy the traces of runs that did not name the straggler to DIR/run<N>/")
     args = ap.parse_args()
     import torch.multiprocessing as mp
 
@@ -59,8 +62,13 @@ def main() -> int:
             mp.spawn(_worker, args=(4, out, args.steps, args.fault_from), nprocs=4)
             traces = sorted(Path(out).glob("rank*.pt.trace.json"))
             verdict = analyze(read_paths(traces, "kineto"))
-        top = verdict.candidates[0] if verdict.candidates else None
-        hit = top is not None and list(top.ranks) == [STRAGGLER]
+            top = verdict.candidates[0] if verdict.candidates else None
+            hit = top is not None and list(top.ranks) == [STRAGGLER]
+            if not hit and args.keep_misses:
+                kept = args.keep_misses / f"run{run}"
+                kept.mkdir(parents=True, exist_ok=True)
+                for trace in traces:
+                    shutil.copy(trace, kept / trace.name)
         named += hit
         print(f"run {run}: irregular {list(verdict.irregular_iterations)}; top suspect "
               f"{(str(top.kind.value), list(top.ranks)) if top else None}")
