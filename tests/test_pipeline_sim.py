@@ -191,3 +191,20 @@ def test_two_runs_read_together_leave_a_note_in_the_json(tmp_path) -> None:
     assert note and "logs of two runs (or of a restarted job) seem mixed" in note, note
     one = CliRunner().invoke(app, ["localize", str(tmp_path / "runs" / "run1"), "--json"])
     assert "seem mixed" not in (json.loads(one.stdout)["note"] or "")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("model", [None, "rule"])
+def test_a_slowdown_over_most_of_the_window_is_measured_against_the_steps_before_it(
+        seed: int, model: str | None) -> None:
+    # One 8-GPU host, data parallel only: one communicator, so the waits of the slow GPU's
+    # partners have no other group to be compared with, and the slowdown covers two thirds of
+    # the logged steps - the median step is a slow one. The reference durations come from the
+    # regular steps (before the fault), or the waits look like the job's normal.
+    rank = int(np.random.default_rng(seed).integers(8))
+    res = simulate(SimConfig(gpus=8, model="llama2-7b", tp=1, pp=1, dp=8, iterations=30,
+                             seed=seed, faults=(FaultSpec.parse(
+                                 f"gpu_slow:rank={rank},severity=0.5,start=10"),)))
+    verdict = analyze(res.ops, res.topology, model=model)
+    assert verdict.candidates, "no suspect"
+    assert verdict.candidates[0].ranks == (rank,)
