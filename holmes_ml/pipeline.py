@@ -265,17 +265,12 @@ def _regular_rows(ops: pd.DataFrame, delta: float) -> np.ndarray | None:
     """
     if len(ops) == 0:
         return None
-    it = ops["iteration"].to_numpy(dtype=np.int64)
-    start = ops["start_ns"].to_numpy(dtype=np.int64)
-    end = start + (ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
-    span = pd.DataFrame({"s": start, "e": end}).groupby(it).agg(s=("s", "min"), e=("e", "max"))
-    table = pd.DataFrame({"duration_s": (span["e"] - span["s"]).to_numpy() / 1e9},
-                         index=pd.Index(span.index, name="iteration"))
-    irregular = detect_irregular(table, IrregularityConfig(delta=delta))["irregular"]
+    irregular = detect_irregular(ops, IrregularityConfig(delta=delta))["irregular"]
     n_regular = int((~irregular).sum())
     if n_regular == len(irregular) or n_regular < _MIN_REGULAR:
         return None
-    return ~np.isin(it, irregular.index[irregular.to_numpy(dtype=bool)].to_numpy())
+    return ~np.isin(ops["iteration"].to_numpy(dtype=np.int64),
+                    irregular.index[irregular.to_numpy(dtype=bool)].to_numpy())
 
 
 #: Regular iterations needed before the reference durations are taken from them alone.
