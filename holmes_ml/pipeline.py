@@ -10,7 +10,7 @@ given), united with the rule baseline when ``LocalizeConfig.with_rule`` (default
 detector under-calls the waits of a straggler's partners). Without a usable model it falls back,
 with a warning, to the "3σ + rule without ML" baseline alone: an operator copy is abnormal when its
 duration exceeds the median of its class (``op, group_kind, nbytes``; over the regular
-iterations) by more than ``max(min_wait_us, 3 σ, rel_excess × median)`` (σ from the class's
+iterations when a slowdown has become the class's norm) by more than ``max(min_wait_us, 3 σ, rel_excess × median)`` (σ from the class's
 MAD) and than a share of the compute just before it that grows with the job's own jitter
 (:func:`rule_scores`). The same median is the reference of each abnormal copy's ``excess_us``.
 """
@@ -72,11 +72,12 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     """The "3σ + rule without ML" score: 0.5 exactly at the abnormality bar, 1 at twice it.
 
     The reference of a copy is the median duration of its class (``op, group_kind, nbytes`` and
-    position within the iteration) over all ranks and the regular iterations (every iteration
-    when fewer than three are regular: a slowdown lasting most of the window must not become
-    the normal it is measured against); for send/recv, whose waits depend on the pipeline
-    stage, the same class within the rank's stage (``pp`` column) when known, else the copy's
-    own history (same rank, group, position). The bar is
+    position within the iteration) over all ranks and iterations - over the regular iterations
+    alone when the window's median is more than ``reference_shift`` x theirs (a slowdown that
+    lasted most of the window must not become the normal it is measured against); for
+    send/recv, whose waits depend on the pipeline stage, the same class within the rank's stage
+    (``pp`` column) when known, else the copy's own history (same rank, group, position). The
+    bar is
     ``max(min_wait_us, 3 σ, rel_excess × reference, f × compute gap)`` where the gap is the time
     the rank spent outside communication just before the copy: waits caused by normal compute
     jitter scale with that gap, a fault's wait is a large fraction of it. ``f`` is
@@ -98,8 +99,7 @@ def rule_scores(ops: pd.DataFrame, config: LocalizeConfig | None = None) -> np.n
     """
     cfg = config or LocalizeConfig()
     classes = _op_classes(ops)
-    return _rule_scores(ops, cfg, classes,
-                        _class_stats(ops, classes, _regular_rows(ops, cfg.delta)))
+    return _rule_scores(ops, cfg, classes, _class_stats(ops, classes, _regular_rows(ops, cfg)))
 
 
 def _rule_scores(
@@ -259,52 +259,57 @@ def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return pos, _combine(_codes(o["op"]), gk, _codes(o["nbytes"]), pos)
 
 
-def _regular_rows(ops: pd.DataFrame, delta: float) -> np.ndarray | None:
-    """Per row (positional): is its iteration regular (not ``delta``-irregular)? ``None`` when
-    every iteration is, or when fewer than :data:`_MIN_REGULAR` are (too few to be a reference).
-    """
-    if len(ops) == 0:
+def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig) -> tuple[np.ndarray, float] | None:
+    """Per row (positional): is its iteration regular (not ``cfg.delta``-irregular)? With
+    ``cfg.reference_shift``, for :func:`_class_stats`. ``None`` when the switch is off, when
+    every iteration is regular, or when fewer than :data:`_MIN_REGULAR` are (too few to be a
+    reference)."""
+    if len(ops) == 0 or cfg.reference_shift == 0:
         return None
-    irregular = detect_irregular(ops, IrregularityConfig(delta=delta))["irregular"]
+    irregular = detect_irregular(ops, IrregularityConfig(delta=cfg.delta))["irregular"]
     n_regular = int((~irregular).sum())
     if n_regular == len(irregular) or n_regular < _MIN_REGULAR:
         return None
-    return ~np.isin(ops["iteration"].to_numpy(dtype=np.int64),
-                    irregular.index[irregular.to_numpy(dtype=bool)].to_numpy())
+    regular = ~np.isin(ops["iteration"].to_numpy(dtype=np.int64),
+                       irregular.index[irregular.to_numpy(dtype=bool)].to_numpy())
+    return regular, cfg.reference_shift
 
 
-#: Regular iterations needed before the reference durations are taken from them alone.
+#: Regular iterations' rows a class needs before they can be its reference.
 _MIN_REGULAR = 3
 
 
-def _median_mad(d: pd.Series, key: np.ndarray, regular: np.ndarray | None
+def _median_mad(d: pd.Series, key: np.ndarray, regular: tuple[np.ndarray, float] | None
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the median of its key's durations and their median absolute deviation, over the
-    key's rows in regular iterations when it has :data:`_MIN_REGULAR` of them (a fault slowing
-    most of the window must not become the reference it is measured against), else over all."""
+    """Per row: the median of its key's durations and their median absolute deviation, over
+    the whole window - or over the key's rows in regular iterations, when it has
+    :data:`_MIN_REGULAR` of them and the window's median exceeds theirs by more than the shift
+    in ``regular`` (``(mask, shift)`` from :func:`_regular_rows`; see
+    ``LocalizeConfig.reference_shift``)."""
     med = d.groupby(key).transform("median").to_numpy()
     mad = (d - med).abs().groupby(key).transform("median").to_numpy()
     if regular is None:
         return med, mad
-    kr = key[regular]
-    dr = d[regular].reset_index(drop=True)
+    mask, shift = regular
+    kr = key[mask]
+    dr = d[mask].reset_index(drop=True)
     rmed = dr.groupby(kr).transform("median").to_numpy()
     by = pd.DataFrame({"med": rmed, "mad": (dr - rmed).abs().to_numpy(), "n": 1}).groupby(kr)
     ref = by.agg(med=("med", "first"), mad=("mad", "median"), n=("n", "size"))
     ref = ref[ref["n"] >= _MIN_REGULAR].reindex(key)
-    use = ref["med"].notna().to_numpy()
-    return (np.where(use, ref["med"].to_numpy(), med),
-            np.where(use, ref["mad"].to_numpy(), mad))
+    rmed_all = ref["med"].to_numpy()
+    use = ~np.isnan(rmed_all) & (med > shift * rmed_all)
+    return np.where(use, rmed_all, med), np.where(use, ref["mad"].to_numpy(), mad)
 
 
 def _class_stats(
     ops: pd.DataFrame, classes: tuple[np.ndarray, np.ndarray] | None = None,
-    regular: np.ndarray | None = None,
+    regular: tuple[np.ndarray, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reference duration, MAD-based σ and preceding compute gap per row (aligned with ops).
-    ``classes``: :func:`_op_classes` of ``ops``, when already computed. ``regular``: per row,
-    is its iteration regular (:func:`_regular_rows`); the references then come from the regular
-    iterations. Every column is read positionally, so the index of ``ops`` does not matter (and
+    ``classes``: :func:`_op_classes` of ``ops``, when already computed. ``regular``: from
+    :func:`_regular_rows`, for the switch to regular iterations of the classes whose slowdown
+    became their norm (``LocalizeConfig.reference_shift``). Every column is read positionally, so the index of ``ops`` does not matter (and
     the frame is not copied)."""
     o = ops
     rank = o["rank"].to_numpy(dtype=np.int64)
@@ -411,7 +416,7 @@ def summarize(
         raise ValueError(f"ops: missing columns {missing}; expected {list(REQUIRED_COLUMNS)}")
     ops = ops.reset_index(drop=True)
     classes = _op_classes(ops)
-    stats = _class_stats(ops, classes, _regular_rows(ops, cfg.delta))
+    stats = _class_stats(ops, classes, _regular_rows(ops, cfg))
     typical = stats[0]
     scores, thr = _score(ops, model, cfg, classes, stats)
     end = ops["start_ns"].to_numpy(dtype=np.int64) + (

@@ -110,6 +110,15 @@ class LocalizeConfig:
         An iteration is irregular when it takes ``delta`` x its robust reference (the median of
         earlier regular iterations). Holmes finds that below about 1.04 normal jitter swamps
         the signal.
+    reference_shift:
+        The reference duration of an operator class (the rule's median and MAD, each abnormal
+        copy's ``excess_us``) is its median over the whole window, unless that is more than
+        ``reference_shift`` x its median over the regular iterations: then a slowdown has
+        lasted most of the window and become the class's norm (the waits of a one-communicator
+        job's straggler, at many times their usual length), and the regular iterations are the
+        reference. Gradual drift (transfers 20 % slower by the end of a run) moves the window's
+        median a few per cent and keeps it: against early steps alone, every late transfer of
+        a drifting job would look slow. 0 disables the switch.
     """
 
     window: int = 50
@@ -134,6 +143,7 @@ class LocalizeConfig:
     with_rule: bool = True
     comm_gap_fallback: bool = True
     delta: float = 1.1
+    reference_shift: float = 1.5
 
     def __post_init__(self) -> None:
         for name in ("window", "top_k", "min_evidence", "workload_min_iterations",
@@ -152,6 +162,9 @@ class LocalizeConfig:
                 f"LocalizeConfig.score_threshold: got {self.score_threshold!r}; expected None or "
                 "a score in [0, 1]"
             )
+        if not (self.reference_shift == 0 or self.reference_shift >= 1.0):
+            raise ValueError(f"LocalizeConfig.reference_shift: got {self.reference_shift!r}; "
+                             "expected 0 (off) or a factor >= 1")
         if not self.delta > 1.0:
             raise ValueError(f"LocalizeConfig.delta: got {self.delta!r}; expected a factor > 1")
         if (self.min_wait_us < 0 or self.rel_excess < 0 or self.gap_fraction < 0
