@@ -153,6 +153,9 @@ def test_config_rejects_bad_values() -> None:
         LocalizeConfig(top_k=0)
     with pytest.raises(ValueError, match="follow_fraction"):
         LocalizeConfig(follow_fraction=2.0)
+    with pytest.raises(ValueError, match="reference_shift"):
+        LocalizeConfig(reference_shift=0.5)
+    assert LocalizeConfig(reference_shift=0).reference_shift == 0  # 0 switches it off
 
 
 def test_bench_baselines_on_a_known_straggler() -> None:
