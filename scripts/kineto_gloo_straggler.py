@@ -4,8 +4,9 @@ Four gloo processes (CPU torch) run ``--steps`` profiled steps of all_reduce, br
 all_gather after a little compute; from step ``--fault-from`` rank 2 sleeps 30 ms before its
 collectives. Each run's Kineto traces go through ``holmes localize``; the script prints each
 run's top suspect and how many runs named rank 2. The README quotes
-``python scripts/kineto_gloo_straggler.py --steps 16 --fault-from 9 --runs 5`` and
-``--steps 38 --fault-from 21 --runs 3``.
+``python scripts/kineto_gloo_straggler.py --steps 16 --fault-from 9 --runs 8`` and
+``--steps 38 --fault-from 21 --runs 4``; ``--keep-misses DIR`` keeps the traces of the runs that
+did not name rank 2.
 """
 
 from __future__ import annotations
