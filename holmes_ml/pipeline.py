@@ -10,9 +10,9 @@ given), united with the rule baseline when ``LocalizeConfig.with_rule`` (default
 detector under-calls the waits of a straggler's partners). Without a usable model it falls back,
 with a warning, to the "3σ + rule without ML" baseline alone: an operator copy is abnormal when its
 duration exceeds the median of its class (``op, group_kind, nbytes``; over the regular
-iterations when a slowdown has become the class's norm) by more than ``max(min_wait_us, 3 σ, rel_excess × median)`` (σ from the class's
-MAD) and than a share of the compute just before it that grows with the job's own jitter
-(:func:`rule_scores`). The same median is the reference of each abnormal copy's ``excess_us``.
+iterations when a slowdown has become the class's norm) by more than ``max(min_wait_us, 3 σ,
+rel_excess × median)`` (σ from the class's MAD) and than a share of the compute just before it
+that grows with the job's own jitter (:func:`rule_scores`). The same median is the reference of each abnormal copy's ``excess_us``.
 """
 
 from __future__ import annotations
@@ -260,10 +260,10 @@ def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig) -> tuple[np.ndarray, float] | None:
-    """Per row (positional): is its iteration regular (not ``cfg.delta``-irregular)? With
-    ``cfg.reference_shift``, for :func:`_class_stats`. ``None`` when the switch is off, when
-    every iteration is regular, or when fewer than :data:`_MIN_REGULAR` are (too few to be a
-    reference)."""
+    """``(mask, shift)`` for :func:`_class_stats`: per row (positional), is its iteration
+    regular (not ``cfg.delta``-irregular), and ``cfg.reference_shift``. ``None`` when the
+    switch is off, when every iteration is regular, or when fewer than :data:`_MIN_REGULAR`
+    are (too few to be a reference)."""
     if len(ops) == 0 or cfg.reference_shift == 0:
         return None
     irregular = detect_irregular(ops, IrregularityConfig(delta=cfg.delta))["irregular"]
@@ -275,7 +275,8 @@ def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig) -> tuple[np.ndarray, f
     return regular, cfg.reference_shift
 
 
-#: Regular iterations' rows a class needs before they can be its reference.
+#: Regular iterations a window needs, and rows in them a class needs, before they can be its
+#: reference.
 _MIN_REGULAR = 3
 
 
@@ -309,8 +310,8 @@ def _class_stats(
     """Reference duration, MAD-based σ and preceding compute gap per row (aligned with ops).
     ``classes``: :func:`_op_classes` of ``ops``, when already computed. ``regular``: from
     :func:`_regular_rows`, for the switch to regular iterations of the classes whose slowdown
-    became their norm (``LocalizeConfig.reference_shift``). Every column is read positionally, so the index of ``ops`` does not matter (and
-    the frame is not copied)."""
+    became their norm (``LocalizeConfig.reference_shift``). Every column is read positionally,
+    so the index of ``ops`` does not matter (and the frame is not copied)."""
     o = ops
     rank = o["rank"].to_numpy(dtype=np.int64)
     group = _codes(o["group"])
