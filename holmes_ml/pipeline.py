@@ -294,13 +294,12 @@ def _median_mad(d: pd.Series, key: np.ndarray, regular: tuple[np.ndarray, float]
     mask, shift = regular
     kr = key[mask]
     dr = d[mask].reset_index(drop=True)
-    rmed = dr.groupby(kr).transform("median").to_numpy()
-    by = pd.DataFrame({"med": rmed, "mad": (dr - rmed).abs().to_numpy(), "n": 1}).groupby(kr)
-    ref = by.agg(med=("med", "first"), mad=("mad", "median"), n=("n", "size"))
-    ref = ref[ref["n"] >= _MIN_REGULAR].reindex(key)
-    rmed_all = ref["med"].to_numpy()
-    use = ~np.isnan(rmed_all) & (med > shift * rmed_all)
-    return np.where(use, rmed_all, med), np.where(use, ref["mad"].to_numpy(), mad)
+    by = dr.groupby(kr)
+    ref = pd.DataFrame({"med": by.median(), "n": by.size(),
+                        "mad": (dr - by.transform("median")).abs().groupby(kr).median()})
+    ref = ref[ref["n"] >= _MIN_REGULAR].reindex(key)  # per row; NaN: no regular reference
+    use = (med > shift * ref["med"]).to_numpy()
+    return np.where(use, ref["med"], med), np.where(use, ref["mad"], mad)
 
 
 def _class_stats(
