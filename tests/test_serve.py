@@ -189,6 +189,12 @@ def test_raw_batches_that_contradict_earlier_ones_are_refused(server):
          "duration_us"),
         (lambda b: b["columns"].update(group_ranks=["0 1 x"] * len(b["columns"]["rank"])), 422,
          "not a list of ranks"),
+        # a number must be a JSON number of the API's type: nothing is guessed
+        (lambda b: b["columns"].update(rank=[str(r) for r in b["columns"]["rank"]]), 422,
+         "body.columns.rank.0: Input should be a valid integer"),
+        (lambda b: b["columns"].update(nbytes=[n + 0.5 for n in b["columns"]["nbytes"]]), 422,
+         "body.columns.nbytes.0: Input should be a valid integer"),
+        (lambda b: b.update(seq=True), 422, "body.seq: Input should be a valid integer"),
     ],
 )
 def test_bad_bodies_get_4xx_naming_the_field(server, mutate, status, needle):
@@ -197,6 +203,27 @@ def test_bad_bodies_get_4xx_naming_the_field(server, mutate, status, needle):
     r = httpx.post(server.url + "/v1/jobs/jobBad/raw", json=body, headers=auth())
     assert r.status_code == status, r.text
     assert needle in r.text
+
+
+def test_a_key_named_twice_in_one_object_is_refused_naming_it(server):
+    """Which copy of a repeated key counts is up to the parser; the service refuses the body
+    instead of picking one, and keeps what it had."""
+    c = httpx.Client(base_url=server.url, headers={**auth(), "Content-Type": "application/json"},
+                     timeout=30)
+    ok = raw_body(make_ops(seed=2, iterations=2), "keys-ok", seq=1)
+    assert c.post("/v1/jobs/jobKeys/raw", json=ok).status_code == 200
+    body = json.dumps(raw_body(make_ops(seed=2, iterations=2), "keys-twice", seq=2))
+    twice = body.replace('"rank": [', '"rank": [], "rank": [', 1)
+    r = c.post("/v1/jobs/jobKeys/raw", content=twice.encode())
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "body"
+    assert r.json()["detail"].startswith("body: key 'rank' appears 2 times in one object (keys: "
+                                         "iteration, rank, op,"), r.text
+    r = c.post("/v1/jobs/jobKeys/raw", content=body[:-40].encode())
+    assert r.status_code == 422 and "not valid JSON: " in r.json()["detail"], r.text
+    assert r.json()["detail"].endswith(f"at character {len(body) - 40}"), r.text
+    assert c.get("/v1/jobs/jobKeys").json()["records"] == len(ok["columns"]["rank"])
+    assert c.post("/v1/jobs/jobKeys/raw", content=body.encode()).status_code == 200
 
 
 def _rejected(c: httpx.Client, status: int) -> float:

@@ -40,10 +40,11 @@ require_extra("fastapi")
 require_extra("prometheus_client")
 
 import prometheus_client as prom  # noqa: E402
-from fastapi import Depends, FastAPI, Header, Query, Request  # noqa: E402
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request  # noqa: E402
 from fastapi import Path as PathParam  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
+from fastapi.routing import APIRoute  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 
 from holmes_ml.io.schema import SchemaError, validate  # noqa: E402
@@ -175,7 +176,7 @@ def validation_detail(errors: Sequence[Any]) -> tuple[str, str, list[dict[str, A
     ...                     "type": "int_parsing", "input": float("inf")}])[:2]
     ('body.columns.rank.2: Input should be a valid integer', 'columns.rank')
     """
-    listed = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
+    listed = [{"loc": [str(p) for p in e.get("loc", ())], "msg": _message(e),
                "type": str(e.get("type", ""))} for e in errors]
     if not listed:
         return "the request does not match the API", "body", []
@@ -185,6 +186,71 @@ def validation_detail(errors: Sequence[Any]) -> tuple[str, str, list[dict[str, A
     # the field as the other errors name it: within the body, without list positions
     path = [p for p in listed[0]["loc"][1:] if not p.isdigit()]
     return shown, ".".join(path) or listed[0]["loc"][0], listed
+
+
+def _message(error: Any) -> str:
+    """An error's message; for a body that is not JSON, with the parser's reason and where.
+
+    >>> _message({"type": "json_invalid", "loc": ("body", 7), "msg": "JSON decode error",
+    ...           "ctx": {"error": "Expecting ',' delimiter"}})
+    "not valid JSON: Expecting ',' delimiter at character 7"
+    """
+    msg = str(error.get("msg", ""))
+    ctx = error.get("ctx") or {}
+    if error.get("type") == "json_invalid" and ctx.get("error"):
+        loc = error.get("loc", ())
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return f"not valid JSON: {ctx['error']}{where}"
+    return msg
+
+
+class BodyError(HTTPException):
+    """A body refused while it is parsed, before the API's schema sees it (answered as the
+    service's other errors: ``detail`` and ``field``). An ``HTTPException`` so that FastAPI's
+    body parsing passes it on instead of turning it into a bare 400."""
+
+    def __init__(self, detail: str, field: str = "body", status: int = 422) -> None:
+        super().__init__(status_code=status, detail=detail)
+        self.field = field
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing an object that names a key twice: JSON leaves which copy
+    counts to the parser (Python's keeps the last), so a client and this service could read
+    different records from the same bytes.
+
+    >>> _unique_keys([("rank", [0]), ("rank", [1])])
+    Traceback (most recent call last):
+    ...
+    holmes_ml.serve.app.BodyError: 422: body: key 'rank' appears 2 times in one object (keys: rank); expected each key once
+    """
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        names = [k for k, _ in pairs]
+        twice = next(k for k in names if names.count(k) > 1)
+        keys = ", ".join(list(out)[:12]) + (", ..." if len(out) > 12 else "")
+        raise BodyError(f"body: key {twice!r} appears {names.count(twice)} times in one object "
+                        f"(keys: {keys}); expected each key once")
+    return out
+
+
+class _UniqueKeysRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), object_pairs_hook=_unique_keys)
+        return self._json
+
+
+class _UniqueKeysRoute(APIRoute):
+    """Routes whose JSON bodies are parsed with :func:`_unique_keys`."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(_UniqueKeysRequest(request.scope, request.receive))
+
+        return route
 
 
 class BodyLimit:
@@ -469,6 +535,7 @@ def create_app(
         "slowing each training job.",
         lifespan=lifespan,
     )
+    app.router.route_class = _UniqueKeysRoute
     app.state.service = service
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
@@ -484,6 +551,11 @@ def create_app(
     async def _store_error(_request: Request, exc: StoreError) -> JSONResponse:
         # counted in holmes_requests_rejected by _timing, with every other 4xx
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=exc.status)
+
+    @app.exception_handler(BodyError)
+    async def _body_error(_request: Request, exc: BodyError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail, "field": exc.field},
+                            status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -37,7 +37,9 @@ OpName = Literal[OP_TYPES]  # type: ignore[valid-type]
 
 class _Strict(BaseModel):
     # Unknown fields are a client bug (a typo would silently drop data): reject them by name.
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: a number must be a JSON number (``"1024"``, ``true`` or ``1.5`` is not an
+    # integer) so a client that writes the wrong type hears of it instead of having it guessed.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Columnar(_Strict):
