@@ -24,3 +24,17 @@ def spans(values: Iterable[int]) -> str:
         if v is not None:
             first = last = v
     return " ".join(runs)
+
+
+def duration(us: float) -> str:
+    """Microseconds in the unit a reader takes in at a glance, about three digits shown.
+
+    >>> duration(420.4), duration(4_210.0), duration(886_273.0), duration(1_912_000.0)
+    ('420 us', '4.2 ms', '886 ms', '1.9 s')
+    """
+    us = float(us)
+    for unit, scale in (("s", 1e6), ("ms", 1e3)):
+        if abs(us) >= scale:
+            value = us / scale
+            return f"{value:.1f} {unit}" if abs(value) < 10 else f"{value:.0f} {unit}"
+    return f"{us:.0f} us"

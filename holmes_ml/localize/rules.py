@@ -49,6 +49,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import duration
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.fabric import Fabric
@@ -319,7 +320,7 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
         rows = hits[hits["rank"] == r].sort_values("excess", ascending=False).head(5)
         evidence = tuple(
             Evidence(int(e.iteration), f"host:{host}", -1, "", "comm-gap",
-                     f"rank {r} spent {e.excess / 1e3:.0f} ms less communicating than the other "
+                     f"rank {r} spent {duration(e.excess)} less communicating than the other "
                      f"ranks of {host} ({beyond}): they waited for it",
                      float(e.excess))
             for e in rows.itertuples()
@@ -682,7 +683,7 @@ def _rank_candidates(
         evidence = tuple(
             Evidence(
                 int(e.iteration), str(e.group), int(e.seq), str(e.op), str(e.rule),
-                f"rank {rank} arrived last; the other copies waited {e.weight:.0f} us",
+                f"rank {rank} arrived last; the other copies waited {duration(e.weight)}",
                 float(e.weight),
             )
             for e in ev.itertuples()
