@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 def spans(values: Iterable[int]) -> str:
@@ -38,3 +39,34 @@ def duration(us: float) -> str:
             value = us / scale
             return f"{value:.1f} {unit}" if abs(value) < 10 else f"{value:.0f} {unit}"
     return f"{us:.0f} us"
+
+
+def shown(value: Any) -> Any:
+    """``value`` as an error message shows it: a numpy scalar as the plain Python value, a JSON
+    container by its kind, text cut to 40 characters, and a number of more than 40 digits by
+    its start and length (``str()`` of an int of over 4,300 digits is itself an error).
+
+    >>> shown(10**400), shown("7" * 50), shown("x" * 50), shown({"a": 1}), shown(2.5)
+    ('100000000000000000000000... (401 digits)', '777777777777777777777777... (50 digits)', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...', 'dict', 2.5)
+    >>> shown(-(10**5000))
+    'an integer of about 5001 digits'
+    """
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # a numpy scalar
+        value = value.item()
+    if isinstance(value, (dict, list)):
+        return type(value).__name__
+    if isinstance(value, int) and not isinstance(value, bool):
+        digits = int(value.bit_length() * 0.30103) + 1
+        if digits <= 40:
+            return value
+        if digits > 4000:
+            return f"an integer of about {digits} digits"
+    if not isinstance(value, (int, str)) or isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if len(text) <= 40:
+        return value
+    number = text.lstrip("-+")
+    if number.isdigit():
+        return f"{text[:24]}... ({len(number)} digits)"
+    return text[:40] + "..."

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from holmes_ml._text import shown
 from holmes_ml.io.schema import OP_TYPES, SchemaError
 
 #: Bytes per element for the dtype spellings seen in PyTorch traces and Flight Recorder dumps.
@@ -302,16 +303,6 @@ def check_unicode(text: str, field: str, source: str | None, line: int | None = 
     return text
 
 
-def _huge_shown(value: Any) -> str:
-    """A number too large for int64, for a message: its start and its size (``str()`` of an
-    int of more than 4,300 digits is itself an error)."""
-    if isinstance(value, int):
-        digits = int(value.bit_length() * 0.30103) + 1
-        return str(value) if digits <= 40 else f"an integer of about {digits} digits"
-    text = str(value).strip()
-    return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} characters)"
-
-
 def as_int(value: Any, field: str, source: str | None, *, lo: int | None = None,
            hi: int | None = None, default: Any = _MISSING) -> int:
     """``value`` of JSON field ``field`` as an int in ``[lo, hi]``, or a :class:`SchemaError`
@@ -344,13 +335,10 @@ def as_int(value: Any, field: str, source: str | None, *, lo: int | None = None,
         out = int(text) if len(text.lstrip("-")) <= 19 else (1 << 64)
     if out is not None and not -(1 << 63) <= out < (1 << 63):
         raise SchemaError("out of range", source=source, parameter=field,
-                          value=_huge_shown(value), expected=bounds + " within 64 bits")
+                          value=shown(value), expected=bounds + " within 64 bits")
     if out is None:
-        shown = value if isinstance(value, (bool, float, str)) else kind_name(value)
-        if isinstance(shown, str):
-            shown = cut(shown)
-        raise SchemaError("not an integer", source=source, parameter=field, value=shown,
-                          expected=bounds)
+        raise SchemaError("not an integer", source=source, parameter=field,
+                          value="null" if value is None else shown(value), expected=bounds)
     if (lo is not None and out < lo) or (hi is not None and out > hi):
         raise SchemaError("out of range", source=source, parameter=field, value=out,
                           expected=bounds)

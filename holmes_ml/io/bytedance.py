@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io._common import MAX_WORLD, as_int, cut, head_bytes
+from holmes_ml._text import shown
+from holmes_ml.io._common import MAX_WORLD, as_int, head_bytes
 from holmes_ml.io.schema import REQUIRED_COLUMNS, SchemaError
 
 logger = logging.getLogger(__name__)
@@ -210,13 +211,6 @@ def looks_like_bytedance(path: str | Path) -> bool:
     return is_whatif_columns(names)
 
 
-def _shown(value: Any) -> Any:
-    """A cell value for a message: plain Python scalars, long text cut."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    return cut(value) if isinstance(value, str) else value
-
-
 def _numbers(s: pd.Series) -> np.ndarray:
     """``s`` as float64 with NaN for anything that is not a number (text, null, booleans)."""
     if isinstance(s.dtype, pd.CategoricalDtype):
@@ -241,7 +235,7 @@ def _int_column(df: pd.DataFrame, column: str, source: str, *, lo: int | None = 
                 int(s.max()) > np.iinfo(np.int64).max:
             i = int(np.argmax(s.to_numpy()))
             raise SchemaError("out of range", source=source, column=column, row=i,
-                              value=_shown(s.iloc[i]), expected=expected)
+                              value=shown(s.iloc[i]), expected=expected)
         values: np.ndarray = s.to_numpy(dtype=np.int64)
     else:
         values = _numbers(s)
@@ -251,7 +245,7 @@ def _int_column(df: pd.DataFrame, column: str, source: str, *, lo: int | None = 
         if notint.any():
             i = int(np.flatnonzero(notint)[0])
             raise SchemaError("not an integer", source=source, column=column, row=i,
-                              value=_shown(s.iloc[i]), expected=expected)
+                              value=shown(s.iloc[i]), expected=expected)
     bad = np.zeros(len(values), dtype=bool)
     if lo is not None:
         bad |= values < lo
@@ -273,7 +267,7 @@ def _seconds_column(df: pd.DataFrame, column: str, source: str) -> np.ndarray:
     if not finite.all():
         i = int(np.flatnonzero(~finite)[0])
         raise SchemaError("not a finite number", source=source, column=column, row=i,
-                          value=_shown(s.iloc[i]), expected=expected)
+                          value=shown(s.iloc[i]), expected=expected)
     if (f < 0).any():
         i = int(np.flatnonzero(f < 0)[0])
         raise SchemaError("negative time", source=source, column=column, row=i,
@@ -378,7 +372,7 @@ def read_bytedance(path: str | Path, meta: Mapping[str, Any] | str | Path | None
     if unknown.any():
         i = int(np.flatnonzero(unknown.to_numpy())[0])
         raise SchemaError("unknown what-if optype", source=source, column="optype", row=i,
-                          value=_shown(df["optype"].iloc[i]),
+                          value=shown(df["optype"].iloc[i]),
                           expected="one of " + ", ".join(sorted(set(_COMM) | _COMPUTE)))
     dp_size, pp_size, tp_size = meta["dp_size"], meta["pp_size"], meta["tp_size"]
     world = meta["world_size"]

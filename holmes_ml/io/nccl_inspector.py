@@ -53,6 +53,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import shown
 from holmes_ml.io._common import MAX_WORLD, check_unicode, cut, iter_jsonl, kind_name, require_op
 from holmes_ml.io.schema import OP_TYPES, P2P_OPS, SchemaError
 
@@ -84,15 +85,6 @@ def _is_num(v: Any) -> TypeGuard[int | float]:
     return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
-def _shown(value: Any) -> Any:
-    """``value`` as an error message shows it: long text cut, JSON containers by kind."""
-    if isinstance(value, str):
-        return cut(value)
-    if isinstance(value, (dict, list)):
-        return "object" if isinstance(value, dict) else "list"
-    return value
-
-
 class _File:
     """Parse state of one file: the open v4.3 dump (marker line, context, counts left)."""
 
@@ -114,7 +106,7 @@ class _File:
         """``value`` of ``field`` as an integer in ``[lo, hi]``. The plugin writes JSON
         integers: a string or a float there means a broken file, not a spelling to accept."""
         if not _is_int(value):
-            raise self.fail("bad or missing field", lineno, field, _shown(value),
+            raise self.fail("bad or missing field", lineno, field, shown(value),
                             f"an integer in [{lo}, {hi}]")
         if not lo <= value <= hi:
             raise self.fail("out of range", lineno, field, value, f"an integer in [{lo}, {hi}]")
@@ -123,7 +115,7 @@ class _File:
     def number(self, value: Any, lineno: int, field: str) -> int | float:
         """``value`` of ``field`` as a finite number in ``[0, _MAX_US]`` (µs)."""
         if not _is_num(value):
-            raise self.fail("bad or missing field", lineno, field, _shown(value),
+            raise self.fail("bad or missing field", lineno, field, shown(value),
                             "a finite number >= 0 (µs)")
         if not 0 <= value <= _MAX_US:
             raise self.fail("out of range", lineno, field, value,
@@ -149,7 +141,7 @@ class _File:
         # int() refuses more than 4,300 digits (ValueError); no real version comes close.
         if max(len(m.group(1)), len(m.group(2))) > 6:
             raise self.fail("format version out of range", lineno,
-                            "metadata.inspector_output_format_version", _shown(text),
+                            "metadata.inspector_output_format_version", shown(text),
                             "a version such as v4.3")
         return int(m.group(1)), int(m.group(2))
 
@@ -171,7 +163,7 @@ class _File:
                             "a JSON object with dump_timestamp_us, hostname, pid")
         comm = header.get("id")
         if not isinstance(comm, str) or not comm:
-            raise self.fail("bad or missing header field", lineno, "header.id", _shown(comm),
+            raise self.fail("bad or missing header field", lineno, "header.id", shown(comm),
                             "a hash string")
         self.text(comm, lineno, "header.id")
         n = self.integer(header.get("n_ranks"), lineno, "header.n_ranks", lo=1, hi=MAX_WORLD)
@@ -212,7 +204,7 @@ class _File:
                 n = stats.get(count_key, 0 if body == "proxy_trace" else None)
                 if not _is_int(n) or n < 0:
                     raise self.fail("bad record count", lineno, f"dump_stats.{count_key}",
-                                    _shown(n), "a non-negative integer")
+                                    shown(n), "a non-negative integer")
                 counts[body] = n
             self.open, self.remaining = (header, metadata), counts
             self.marker_line = lineno
@@ -302,7 +294,7 @@ def _read_one(path: Path, file: int) -> list[dict[str, Any]]:
         p = _PAYLOADS[body]
         name = perf.get(p)
         if not isinstance(name, str):
-            raise state.fail("bad or missing field", lineno, f"{body}.{p}", _shown(name),
+            raise state.fail("bad or missing field", lineno, f"{body}.{p}", shown(name),
                              "an NCCL function name such as AllReduce")
         op = require_op(name, state.source, f"{body}.{p} (line {lineno})")
         if (op in P2P_OPS) != (body == "p2p_perf"):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import shown
+
 #: Operator types the schema accepts.
 OP_TYPES: tuple[str, ...] = (
     "all_reduce",
@@ -92,10 +94,13 @@ class SchemaError(ValueError):
         # numpy scalars would print as np.int64(-1) / np.float64(nan): show the plain value.
         if isinstance(value, np.generic):
             value = value.item()
-        shown = value
+        display = value
         if isinstance(value, str) and len(value) > 200:
             # a field of megabytes (a corrupt file) would bury the message
-            shown = value[:200] + f"... ({len(value)} characters)"
+            display = value[:200] + f"... ({len(value)} characters)"
+        elif isinstance(value, int) and value.bit_length() > 133:
+            # hundreds of digits would too, and over 4,300 cannot even be printed
+            display = shown(value)
         self.message = message
         self.source = source
         self.column = column
@@ -118,7 +123,7 @@ class SchemaError(ValueError):
         prefix = ", ".join(where) + ": " if where else ""
         detail = ""
         if value is not None:
-            detail += f" (got {shown!r}"
+            detail += f" (got {display!r}"
             detail += f"; expected {expected})" if expected else ")"
         elif expected:
             detail += f" (expected {expected})"
@@ -206,14 +211,14 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
         if huge.any():
             i = _first_bad(huge)
             raise SchemaError("out of range", source=source, column=column, row=i,
-                              value=_shown(col.iloc[i]),
+                              value=shown(col.iloc[i]),
                               expected="a number within 64 bits (|x| < 2**63)") from None
         numeric = pd.Series([_number(v) for v in col], index=col.index, dtype=np.float64)
     bad = numeric.isna().to_numpy() | ~np.isfinite(numeric.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = _first_bad(bad)
         raise SchemaError(
-            "not a number", source=source, column=column, row=i, value=_shown(col.iloc[i]),
+            "not a number", source=source, column=column, row=i, value=shown(col.iloc[i]),
             expected=f"a finite {kind}",
         )
     if kind == "int":
@@ -235,7 +240,7 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
             # astype would wrap it around to a negative number
             i = _first_bad(huge)
             raise SchemaError(
-                "out of range", source=source, column=column, row=i, value=_shown(col.iloc[i]),
+                "out of range", source=source, column=column, row=i, value=shown(col.iloc[i]),
                 expected="an integer within 64 bits (|x| < 2**63)",
             )
         return numeric.astype(np.int64)
@@ -257,12 +262,6 @@ def _number(value: object) -> float:
         return float(value)  # type: ignore[arg-type]
     except (OverflowError, TypeError, ValueError):
         return np.nan
-
-
-def _shown(value: object) -> object:
-    """``value`` for an error message: a number of hundreds of digits cut to its start."""
-    text = str(value)
-    return text[:24] + f"... ({len(text)} digits)" if len(text) > 40 else value
 
 
 def validate(
