@@ -259,20 +259,34 @@ def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return pos, _combine(_codes(o["op"]), gk, _codes(o["nbytes"]), pos)
 
 
-def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig) -> tuple[np.ndarray, float] | None:
+def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig,
+                  per: pd.DataFrame | None = None) -> tuple[np.ndarray, float] | None:
     """``(mask, shift)`` for :func:`_class_stats`: per row (positional), is its iteration
     regular (not ``cfg.delta``-irregular), and ``cfg.reference_shift``. ``None`` when the
     switch is off, when every iteration is regular, or when fewer than :data:`_MIN_REGULAR`
-    are (too few to be a reference)."""
+    are (too few to be a reference). ``per``: the ``(iteration, rank)`` spans of ``ops``
+    (:func:`_rank_spans`) when already computed; the iteration times come from them."""
     if len(ops) == 0 or cfg.reference_shift == 0:
         return None
-    irregular = detect_irregular(ops, IrregularityConfig(delta=cfg.delta))["irregular"]
-    n_regular = int((~irregular).sum())
-    if n_regular == len(irregular) or n_regular < _MIN_REGULAR:
+    if per is None:
+        per = _rank_spans(ops)
+    n_iterations = int(per["iteration"].nunique())
+    irregular = _irregular(per, cfg.delta, log=False)
+    if not irregular or n_iterations - len(irregular) < _MIN_REGULAR:
         return None
-    regular = ~np.isin(ops["iteration"].to_numpy(dtype=np.int64),
-                       irregular.index[irregular.to_numpy(dtype=bool)].to_numpy())
+    regular = ~np.isin(ops["iteration"].to_numpy(dtype=np.int64), np.asarray(irregular))
     return regular, cfg.reference_shift
+
+
+def _rank_spans(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per ``(iteration, rank)``: the earliest start, the latest end, the summed operator time
+    and how many operators (the ``iterations`` table of a :class:`NodeSummary`)."""
+    end = ops["start_ns"].to_numpy(dtype=np.int64) + (
+        ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
+    return ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
+        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"),
+    ).reset_index()
 
 
 #: Regular iterations a window needs, and rows in them a class needs, before they can be its
@@ -416,15 +430,10 @@ def summarize(
         raise ValueError(f"ops: missing columns {missing}; expected {list(REQUIRED_COLUMNS)}")
     ops = ops.reset_index(drop=True)
     classes = _op_classes(ops)
-    stats = _class_stats(ops, classes, _regular_rows(ops, cfg))
+    per = _rank_spans(ops)
+    stats = _class_stats(ops, classes, _regular_rows(ops, cfg, per))
     typical = stats[0]
     scores, thr = _score(ops, model, cfg, classes, stats)
-    end = ops["start_ns"].to_numpy(dtype=np.int64) + (
-        ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
-    per = ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
-        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
-        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"),
-    ).reset_index()
     mask = scores >= thr
     keep = list(REQUIRED_COLUMNS) + [c for c in ("peer", "host") if c in ops.columns]
     if "group_kind" in ops.columns:
@@ -629,7 +638,10 @@ def _few(ranks: Sequence[int]) -> str:
     return " ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
 
 
-def _irregular(iterations: pd.DataFrame, delta: float = 1.1) -> tuple[int, ...]:
+def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
+               ) -> tuple[int, ...]:
+    """The ``delta``-irregular iterations of an ``(iteration, rank)`` span table (the
+    ``iterations`` of a :class:`NodeSummary`), logged unless ``log`` is false."""
     if len(iterations) == 0:
         return ()
     span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),
@@ -639,7 +651,9 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1) -> tuple[int, ...]:
     table.index.name = "iteration"
     out = detect_irregular(table, IrregularityConfig(delta=delta))
     irregular = tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
-    logger.info("%d of %d iterations irregular (delta=%.3g)", len(irregular), len(out), delta)
+    if log:
+        logger.info("%d of %d iterations irregular (delta=%.3g)", len(irregular), len(out),
+                    delta)
     return irregular
 
 
