@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import IrregularityConfig, detect_irregular
-from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError
+from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_ranks
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import localize_records
 from holmes_ml.localize.types import Verdict
@@ -551,7 +551,7 @@ def topology_from_summary(summary: NodeSummary) -> Topology:
             r[k] = -1
     groups = {
         str(g.group): Group(str(g.group), str(g.group_kind),
-                            tuple(int(x) for x in str(g.group_ranks).split()))
+                            member_ranks(g.group_ranks))
         for g in summary.groups.itertuples()
     }
     return Topology(ranks=r, groups=groups, spines=0)
@@ -619,7 +619,7 @@ def _check_topology_matches(topology: Topology, summary: NodeSummary) -> None:
 
     for g in summary.groups.itertuples():
         known = topology.groups.get(str(g.group))
-        logged = tuple(int(x) for x in str(g.group_ranks).split())
+        logged = member_ranks(g.group_ranks)
         if known is not None and logged and set(known.ranks) != set(logged):
             refuse(f"communicator {g.group!r} has ranks {_few(logged)} in the logs, "
                    f"{_few(known.ranks)} in the topology")

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io.schema import SchemaError
+from holmes_ml.io.schema import SchemaError, member_ranks
 
 #: Parallelism dimensions in Megatron's default order, fastest-varying first.
 COORD_KINDS: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
@@ -357,7 +357,7 @@ class Topology:
             members: Iterable[int]
             listed = sub["group_ranks"].iloc[0] if has_list else ""
             if listed:
-                members = [int(x) for x in str(listed).split()]
+                members = member_ranks(listed)
             else:
                 members = sorted(int(x) for x in sub["rank"].unique())
             kind = str(kinds[name]) if kinds is not None and kinds[name] else kind_from_group_name(str(name))

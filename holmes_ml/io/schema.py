@@ -386,6 +386,16 @@ def validate(
     return result
 
 
+def member_ranks(group_ranks: object) -> tuple[int, ...]:
+    """A ``group_ranks`` value (space-separated global ranks, in group order) as ints; empty
+    for an empty list. Validated tables hold only such lists (:func:`validate`).
+
+    >>> member_ranks("8 0 9"), member_ranks("")
+    ((8, 0, 9), ())
+    """
+    return tuple(int(t) for t in str(group_ranks).split())
+
+
 def members_key(group_ranks: str) -> str:
     """A member list as its distinct ranks in increasing order: the one spelling of a set
     (``"1 00 1"`` -> ``"0 1"``) by which lists are compared.
@@ -393,7 +403,7 @@ def members_key(group_ranks: str) -> str:
     >>> members_key("8 0 08")
     '0 8'
     """
-    return " ".join(map(str, sorted({int(t) for t in str(group_ranks).split()})))
+    return " ".join(map(str, sorted(set(member_ranks(group_ranks)))))
 
 
 def facts_of(ops: pd.DataFrame) -> dict[str, dict[str, str]]:

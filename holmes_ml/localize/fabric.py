@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from holmes_ml.io.schema import member_ranks
 from holmes_ml.topology import Topology, route
 
 
@@ -82,6 +83,6 @@ class Fabric:
         """
         out: dict[str, set[str]] = {}
         for text in dict.fromkeys(str(f) for f in flows):
-            for d in self.devices([int(x) for x in text.split()]):
+            for d in self.devices(list(member_ranks(text))):
                 out.setdefault(d, set()).add(text)
         return {d: frozenset(fl) for d, fl in out.items()}

@@ -36,7 +36,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io.schema import FACTS, REQUIRED_COLUMNS, SchemaError, facts_of, job_of, validate
+from holmes_ml.io.schema import (
+    FACTS,
+    REQUIRED_COLUMNS,
+    SchemaError,
+    facts_of,
+    job_of,
+    member_ranks,
+    validate,
+)
 from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
@@ -682,11 +690,10 @@ class Agent:
         if len(groups):
             groups = groups[~groups["group"].astype(str).isin(sent_groups)]
             batch["groups"] = [
-                {"name": str(g), "kind": str(k) or "other",
-                 "ranks": [int(x) for x in str(r).split()] or [0]}
-                for g, k, r in zip(groups["group"], groups["group_kind"], groups["group_ranks"],
-                                   strict=True)
-                if str(r).split()
+                {"name": str(g), "kind": str(k) or "other", "ranks": list(members)}
+                for g, k, members in zip(groups["group"], groups["group_kind"],
+                                         map(member_ranks, groups["group_ranks"]), strict=True)
+                if members
             ]
         sent_ranks = self.outbox.sent_ranks()
         seen = sorted(set(map(int, sub["rank"].unique())) - sent_ranks)

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from holmes_ml.io.schema import FACTS, facts_of, job_of, members_key
+from holmes_ml.io.schema import FACTS, facts_of, job_of, member_ranks, members_key
 
 logger = logging.getLogger(__name__)
 
@@ -531,7 +531,7 @@ class Store:
         return {
             "iterations": it,
             "abnormal": ab,
-            "groups": {n: (k, tuple(int(x) for x in r.split())) for n, k, r in groups},
+            "groups": {n: (k, member_ranks(r)) for n, k, r in groups},
             "ranks": ranks,
         }
 
