@@ -100,6 +100,15 @@ def test_wrong_type_names_value():
         validate(_table(duration_us=[1.0, 2.0, "fast", 3.0]))
 
 
+def test_an_error_shows_a_number_of_thousands_of_digits_by_its_size():
+    """str() of an int of over 4,300 digits raises; the error must still say what it got."""
+    for value, shown in ((10**5000, "an integer of about 5001 digits"),
+                         (np.int64(-3), "-3"), (10**60, "1" + "0" * 23 + "... (61 digits)")):
+        message = str(SchemaError("out of range", source="ops.jsonl", column="nbytes",
+                                  value=value, expected="an integer within 64 bits"))
+        assert f"(got {shown!r}" in message or f"(got {shown}" in message, message
+
+
 def test_fractional_integer_is_refused():
     with pytest.raises(SchemaError, match=r"seq.*row 3.*1\.5"):
         validate(_table(seq=[0, 0, 1, 1.5]))
