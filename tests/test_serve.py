@@ -67,6 +67,58 @@ def test_gzip_agent_batch_roundtrip(server):
     assert v["candidates"][0]["ranks"] == [1]
 
 
+def _window_batch(seq: int, iterations: range, slow_rank: int | None) -> dict:
+    """Two ranks' summaries of ``iterations``; ``slow_rank`` has one abnormal op in each."""
+    its = [i for i in iterations for _ in (0, 1)]
+    body = {"source": "n1", "batch_id": f"w-{seq}", "seq": seq,
+            "iterations": {"iteration": its, "rank": [0, 1] * len(iterations),
+                           "start_ns": [i * 1000 for i in its],
+                           "end_ns": [i * 1000 + 900 for i in its],
+                           "comm_us": [0.5] * len(its), "n_ops": [3] * len(its)}}
+    if seq == 0:
+        body["ranks"] = {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1]}
+        body["groups"] = [{"name": "dp-0", "kind": "dp", "ranks": [0, 1]}]
+    if slow_rank is not None:
+        n = len(iterations)
+        body["abnormal"] = {"iteration": list(iterations), "rank": [slow_rank] * n,
+                            "op": ["all_reduce"] * n, "group": ["dp-0"] * n, "seq": [0] * n,
+                            "nbytes": [8] * n, "start_ns": [i * 1000 for i in iterations],
+                            "duration_us": [0.9] * n, "score": [0.97] * n}
+    return body
+
+
+def test_a_verdict_reads_the_most_recent_iterations_and_keeps_the_rest(server):
+    """A job that has run long: the verdict reads its 200 most recent iterations (the
+    service's default), so it costs what it did at the start; rank 1, abnormal in the first 100
+    iterations of 300, is not blamed for what rank 0 does now. Nothing is deleted: ?last=0
+    gives every iteration back."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    for seq, (its, slow) in enumerate([(range(0, 100), 1), (range(100, 250), None),
+                                       (range(250, 300), 0)]):
+        assert c.post("/v1/jobs/jobLong/batches", json=_window_batch(seq, its, slow)
+                      ).status_code == 200
+    v = c.post("/v1/jobs/jobLong/analyze").json()
+    assert [x["ranks"] for x in v["candidates"]] == [[0]], v
+    assert v["irregular_iterations"] == list(range(250, 300))
+    assert [r["iteration"] for r in c.get("/v1/jobs/jobLong/iterations").json()] == \
+        list(range(100, 300))
+    assert len(c.get("/v1/jobs/jobLong/iterations", params={"last": 0}).json()) == 300
+    assert len(c.get("/v1/jobs/jobLong/iterations", params={"last": 5}).json()) == 5
+    r = c.get("/v1/jobs/jobLong/iterations", params={"last": -1})
+    assert r.status_code == 422 and r.json()["field"] == "last", r.text
+    # raw records alike: the batches of old iterations are not even read
+    ops = make_ops(seed=6, iterations=260, slow_rank=5)
+    old = ops["iteration"] < 60
+    ops.loc[old & (ops["rank"] == 5), "duration_us"] /= 10  # rank 5 slow only after 60
+    ops.loc[old & (ops["rank"] == 2), "duration_us"] *= 100  # rank 2 slower, before
+    for seq, part in enumerate((ops[old], ops[~old])):
+        assert c.post("/v1/jobs/jobLongRaw/raw", json=raw_body(part, f"r{seq}", seq=seq)
+                      ).status_code == 200
+    v = c.post("/v1/jobs/jobLongRaw/analyze").json()
+    assert v["candidates"][0]["ranks"] == [5], v
+    assert min(v["irregular_iterations"]) >= 60, v
+
+
 def _agent_batch(source: str, seq: int, ranks: list[int], host: str, group: list[int],
                  iteration: int = 0, kind: str = "dp") -> dict:
     n = len(ranks)

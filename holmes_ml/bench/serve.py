@@ -8,7 +8,10 @@ database), then measures
 * p50/p99 latency of those ingest requests and of ``GET /v1/jobs/{job}/verdict``;
 * agent traffic: a simulated faulty job is summarized per node with
   :func:`holmes_ml.pipeline.summarize` and the gzip-compressed agent batches are compared with the
-  raw per-node logs (Parquet and JSON lines).
+  raw per-node logs (Parquet and JSON lines);
+* verdict cost against a job's age: one job's agent summaries (512 ranks, one slow) stored
+  iteration after iteration, and the verdict computed as the service does, over its most recent
+  ``ServeSettings.analyze_last`` iterations and over all of them.
 """
 
 from __future__ import annotations
@@ -167,6 +170,62 @@ def _agent_traffic(quick: bool) -> tuple[dict[str, float], str]:
     }, model
 
 
+def _verdict_vs_age(quick: bool) -> list[dict[str, float]]:
+    """Seconds per verdict of an agent job as it ages (see the module docstring)."""
+    from holmes_ml.serve.app import ServeSettings
+    from holmes_ml.serve.engine import compute_verdict, pipeline_analyzers
+    from holmes_ml.serve.store import Store
+
+    ranks, step = (128, 100) if quick else (512, 100)
+    ages = (100, 1000) if quick else (100, 1000, 4000)
+    window = ServeSettings(db=Path("unused")).analyze_last
+    rng = np.random.default_rng(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "age.db")
+        stored = 0
+        for age in ages:
+            for first in range(stored, age, step):
+                its = np.arange(first, min(first + step, age))
+                it, rk = np.repeat(its, ranks), np.tile(np.arange(ranks), len(its))
+                start = it * 10**9 + rng.integers(0, 10**4, len(it))
+                end = start + 9 * 10**8 + np.where(rk == 5, 10**8, rng.integers(0, 10**6, len(it)))
+                batch: dict = {
+                    "source": "agent", "batch_id": f"b{first}", "seq": first,
+                    "iterations": {"iteration": it.tolist(), "rank": rk.tolist(),
+                                   "start_ns": start.tolist(), "end_ns": end.tolist(),
+                                   "comm_us": [900.0] * len(it), "n_ops": [8] * len(it)},
+                    # rank 5 late at the job's data-parallel all_reduce of every iteration
+                    "abnormal": {"iteration": np.repeat(its, ranks - 1).tolist(),
+                                 "rank": np.tile(np.delete(np.arange(ranks), 5),
+                                                 len(its)).tolist(),
+                                 "op": ["all_reduce"] * (len(its) * (ranks - 1)),
+                                 "group": ["dp-0"] * (len(its) * (ranks - 1)),
+                                 "seq": np.repeat(its, ranks - 1).tolist(),
+                                 "nbytes": [1 << 20] * (len(its) * (ranks - 1)),
+                                 "start_ns": (np.repeat(its, ranks - 1) * 10**9).tolist(),
+                                 "duration_us": [1e5] * (len(its) * (ranks - 1)),
+                                 "score": [0.99] * (len(its) * (ranks - 1))}}
+                if first == 0:
+                    batch["ranks"] = {"rank": list(range(ranks)),
+                                      "host": [f"h{r // 8}" for r in range(ranks)],
+                                      "gpu": [r % 8 for r in range(ranks)]}
+                    batch["groups"] = [{"name": "dp-0", "kind": "dp",
+                                        "ranks": list(range(ranks))}]
+                store.ingest_agent("age", batch, f"d{first}")
+            stored = age
+            if age == ages[0]:  # imports and the first pandas calls are not the verdict's
+                compute_verdict(store, "age", pipeline_analyzers(), last=window)
+            row: dict[str, float] = {"iterations_stored": float(age)}
+            for name, last in (("seconds_window", window), ("seconds_all", None)):
+                t0 = time.perf_counter()
+                compute_verdict(store, "age", pipeline_analyzers(), last=last)
+                row[name] = time.perf_counter() - t0
+            rows.append(row)
+        store.close()
+    return rows
+
+
 def run(quick: bool = False) -> BenchResult:
     """Measure the service on loopback (see module docstring)."""
     import httpx
@@ -201,6 +260,11 @@ def run(quick: bool = False) -> BenchResult:
     }
     traffic, model = _agent_traffic(quick)
     figures.update(traffic)
+    age = _verdict_vs_age(quick)
+    oldest = int(age[-1]["iterations_stored"])
+    figures[f"verdict_seconds_{oldest}_iterations"] = age[-1]["seconds_window"]
+    figures[f"verdict_seconds_{oldest}_iterations_all_read"] = age[-1]["seconds_all"]
+    figures["verdict_seconds_100_iterations"] = age[0]["seconds_window"]
     return BenchResult(
         name="serve",
         figures=figures,
@@ -211,7 +275,8 @@ def run(quick: bool = False) -> BenchResult:
         tables={"latency": [{"request": "POST raw batch (20k ops)",
                              "p50_ms": figures["ingest_p50_ms"],
                              "p99_ms": figures["ingest_p99_ms"]},
-                            {"request": "GET job", "p99_ms": figures["query_p99_ms"]}]},
+                            {"request": "GET job", "p99_ms": figures["query_p99_ms"]}],
+                "verdict against the job's age (agent job, one slow rank)": age},
     )
 
 

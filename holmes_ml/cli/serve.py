@@ -39,6 +39,10 @@ def register(app: typer.Typer) -> None:
                                             help="Seconds between background localizations "
                                             "of jobs with new data (0: only on POST "
                                             "/v1/jobs/JOB/analyze)."),
+        analyze_last: int = typer.Option(200, "--analyze-last", help="A verdict reads a "
+                                         "job's this many most recent iterations, so it costs "
+                                         "the same after a week as after a minute; older rows "
+                                         "stay stored (0: every iteration)."),
     ) -> None:
         """Run the central service: ingest from agents, localize per job, REST + /metrics.
 
@@ -52,7 +56,8 @@ def register(app: typer.Typer) -> None:
                              f"at least {MIN_BODY_MB:g}")
         settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
-                                 analyze_interval_s=analyze_every)
+                                 analyze_interval_s=analyze_every,
+                                 analyze_last=analyze_last)
         settings.check()  # a ValueError naming the option: one `error:` line
 
         def ready(url: str) -> None:

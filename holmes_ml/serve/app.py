@@ -97,6 +97,12 @@ class ServeSettings:
     analyze_interval_s:
         How often the background thread re-localizes jobs with new data (0: never; use
         ``POST /v1/jobs/{job}/analyze``).
+    analyze_last:
+        A verdict (and ``GET /v1/jobs/{job}/iterations`` by default) reads a job's this many
+        most recent iterations: the localizer looks at the last 50 with abnormal operators and
+        the irregularity monitor at the 20 before each, so 200 leaves room, and the work per
+        verdict stays the same however long the job has run. Older rows stay stored. 0: every
+        iteration (the cost then grows with the job's age).
     """
 
     db: Path
@@ -107,6 +113,7 @@ class ServeSettings:
     webhook: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     analyze_interval_s: float = 2.0
+    analyze_last: int = 200
 
     def check(self) -> None:
         """Refuse unsafe or impossible settings (raises ``ValueError`` naming the option)."""
@@ -123,6 +130,10 @@ class ServeSettings:
         if not (math.isfinite(self.analyze_interval_s) and self.analyze_interval_s >= 0):
             raise ValueError(f"--analyze-every {self.analyze_interval_s:g}: expected seconds "
                              ">= 0 (0: only on POST /v1/jobs/JOB/analyze)")
+        if isinstance(self.analyze_last, bool) or not isinstance(self.analyze_last, int) or \
+                self.analyze_last < 0:
+            raise ValueError(f"--analyze-last {self.analyze_last!r}: expected a number of "
+                             "iterations >= 0 (0: every iteration)")
         if self.webhook is not None and not _is_http_url(self.webhook):
             raise ValueError(f"--webhook {self.webhook!r}: expected an http:// or https:// URL "
                              "with a host, e.g. https://alerts.example.com/holmes")
@@ -380,6 +391,8 @@ class Service:
     analyzers: Analyzers | None
     model: Any = None
     webhook: str | None = None
+    #: iterations a verdict reads (``ServeSettings.analyze_last``; None or 0: all)
+    last: int | None = None
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
     errors: dict[str, str] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
@@ -416,7 +429,7 @@ class Service:
                 self.errors[job] = "localization unavailable: holmes_ml.pipeline is not installed"
                 return latest
             try:
-                body = compute_verdict(self.store, job, self.analyzers, self.model)
+                body = compute_verdict(self.store, job, self.analyzers, self.model, self.last)
             except Exception as exc:  # noqa: BLE001 - a bad job must not stop the service
                 logger.exception("localization of job %s failed", job)
                 self.errors[job] = f"localization failed: {type(exc).__name__}: {exc}"
@@ -507,6 +520,7 @@ def create_app(
         analyzers=analyzers if analyzers is not None else _default_analyzers(),
         model=model,
         webhook=settings.webhook,
+        last=settings.analyze_last or None,
     )
     stop = threading.Event()
 
@@ -726,10 +740,15 @@ def create_app(
         return verdict(job).candidates[:limit]
 
     @app.get("/v1/jobs/{job}/iterations", response_model=list[IterationOut])
-    def iterations(job: str = JobName, irregular_only: bool = False) -> list[IterationOut]:
+    def iterations(
+        job: str = JobName, irregular_only: bool = False,
+        last: int | None = Query(None, ge=0, le=2**31 - 1, description=(
+            "The job's this many most recent iterations; 0: all of them. Default: as many as "
+            "a verdict reads (holmes serve --analyze-last).")),
+    ) -> list[IterationOut]:
         """Job-wide iteration times with the irregularity monitor's verdict on each."""
         store.job(job)
-        rows = iteration_rows(store, job)
+        rows = iteration_rows(store, job, service.last if last is None else last or None)
         if irregular_only and len(rows):
             rows = rows[rows["irregular"].astype(bool)]
         return [

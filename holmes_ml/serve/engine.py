@@ -99,16 +99,18 @@ def topology_of(store: Store, job: str) -> Topology | None:
 
 
 def compute_verdict(
-    store: Store, job: str, analyzers: Analyzers, model: Any = None
+    store: Store, job: str, analyzers: Analyzers, model: Any = None, last: int | None = None
 ) -> dict:
-    """Localize everything ``job`` has accumulated; returns the verdict's JSON dict."""
+    """Localize what ``job`` has accumulated - with ``last``, over its ``last`` most recent
+    iterations, so that a verdict costs the same after a week as after a minute; returns the
+    verdict's JSON dict."""
     info = store.job(job)
     topology = topology_of(store, job)
     if info["mode"] == "raw":
-        ops = store.raw_ops(job)
+        ops = store.raw_ops(job, last)
         verdict = analyzers.analyze(ops, topology=topology, model=model)
     elif info["mode"] == "agent":
-        frames = agent_summary_frames(store.agent_data(job))
+        frames = agent_summary_frames(store.agent_data(job, last))
         summary = analyzers.node_summary(**frames)
         verdict = analyzers.localize_summaries([summary], topology=topology)
     else:
@@ -116,8 +118,9 @@ def compute_verdict(
     return _verdict_dict(verdict)
 
 
-def iteration_rows(store: Store, job: str) -> pd.DataFrame:
-    """Job-wide iteration times with the irregularity monitor's columns.
+def iteration_rows(store: Store, job: str, last: int | None = None) -> pd.DataFrame:
+    """Job-wide iteration times with the irregularity monitor's columns (of the ``last`` most
+    recent iterations when given).
 
     Built from agent iteration summaries (one pseudo-operator per rank and iteration spanning
     its window) or from raw records, then passed to :func:`holmes_ml.features.detect_irregular`.
@@ -126,9 +129,9 @@ def iteration_rows(store: Store, job: str) -> pd.DataFrame:
 
     info = store.job(job)
     if info["mode"] == "raw":
-        ops = store.raw_ops(job)
+        ops = store.raw_ops(job, last)
     elif info["mode"] == "agent":
-        it = store.agent_data(job)["iterations"]
+        it = store.agent_data(job, last)["iterations"]
         ops = pd.DataFrame(
             {
                 "iteration": it["iteration"].astype(np.int64),

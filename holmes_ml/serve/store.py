@@ -69,6 +69,12 @@ CREATE TABLE IF NOT EXISTS facts (
 CREATE TABLE IF NOT EXISTS raw (
     job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, n INTEGER NOT NULL,
     payload BLOB NOT NULL, PRIMARY KEY (job, source, batch_id));
+CREATE TABLE IF NOT EXISTS raw_span (
+    job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL,
+    first_iteration INTEGER NOT NULL, last_iteration INTEGER NOT NULL,
+    PRIMARY KEY (job, source, batch_id));
+CREATE TABLE IF NOT EXISTS raw_iterations (
+    job TEXT NOT NULL, iteration INTEGER NOT NULL, PRIMARY KEY (job, iteration));
 CREATE TABLE IF NOT EXISTS verdicts (
     job TEXT NOT NULL, version INTEGER NOT NULL, computed_at REAL NOT NULL,
     data_batches INTEGER NOT NULL, top TEXT, body TEXT NOT NULL,
@@ -447,6 +453,9 @@ class Store:
         newest = None
         if table.num_rows and "start_ns" in table.column_names:
             newest = int(pa.compute.max(table.column("start_ns")).as_py())
+        its: list[int] = []
+        if table.num_rows and "iteration" in table.column_names:
+            its = [int(i) for i in pa.compute.unique(table.column("iteration")).to_pylist()]
         facts = _raw_facts(table)
         with self._tx() as db:
             dup = self._check_batch(db, job, source, batch_id, seq, digest, "raw")
@@ -458,6 +467,12 @@ class Store:
                 "INSERT INTO raw VALUES (?,?,?,?,?)",
                 (job, source, batch_id, table.num_rows, sqlite3.Binary(payload)),
             )
+            if its:
+                # what a window of recent iterations needs to find its batches (raw_ops)
+                db.execute("INSERT INTO raw_span VALUES (?,?,?,?,?)",
+                           (job, source, batch_id, min(its), max(its)))
+                db.executemany("INSERT OR IGNORE INTO raw_iterations VALUES (?,?)",
+                               [(job, i) for i in its])
             return self._record_batch(
                 db, job, source, batch_id, seq, digest, table.num_rows, "raw", newest
             )
@@ -508,17 +523,40 @@ class Store:
         rows = self._query("SELECT topology FROM jobs WHERE job=?", (job,))
         return json.loads(rows[0][0]) if rows and rows[0][0] else None
 
-    def agent_data(self, job: str) -> dict[str, Any]:
-        """Everything agents sent for ``job``: iteration summaries, abnormal ops, groups, ranks."""
+    def first_of_last(self, job: str, last: int | None) -> int | None:
+        """The earliest of ``job``'s ``last`` most recent iterations (by number, among those
+        it reported); ``None`` (everything) when ``last`` is ``None`` or 0 or the job has not
+        reported more iterations than that."""
+        if not last:
+            return None
+        table = "raw_iterations" if self.job(job)["mode"] == "raw" else "iterations"
+        # DISTINCT over the (job, iteration, ...) primary key: reads only the newest entries
+        rows = self._query(
+            f"SELECT iteration FROM (SELECT DISTINCT iteration FROM {table} WHERE job=? "
+            "ORDER BY iteration DESC LIMIT ?) ORDER BY iteration LIMIT 1", (job, int(last)))
+        if not rows:
+            return None
+        older = self._query(f"SELECT 1 FROM {table} WHERE job=? AND iteration<? LIMIT 1",
+                            (job, rows[0][0]))
+        return int(rows[0][0]) if older else None
+
+    def agent_data(self, job: str, last: int | None = None) -> dict[str, Any]:
+        """What agents sent for ``job``: iteration summaries, abnormal ops, groups, ranks;
+        with ``last``, the iteration summaries and abnormal ops of its ``last`` most recent
+        iterations only (:meth:`first_of_last`)."""
+        first = self.first_of_last(job, last)
+        since = -(2**63) if first is None else first
         with self._lock:
             it = pd.read_sql_query(
                 "SELECT iteration, rank, start_ns, end_ns, comm_us, n_ops FROM iterations "
-                "WHERE job=? ORDER BY iteration, rank", self._db, params=(job,),
+                "WHERE job=? AND iteration>=? ORDER BY iteration, rank", self._db,
+                params=(job, since),
             )
             ab = pd.read_sql_query(
                 "SELECT iteration, rank, op, grp AS 'group', seq, nbytes, start_ns, duration_us,"
-                " score, peer, host, group_kind, excess_us FROM abnormal WHERE job=? ORDER BY iteration, grp, seq, rank",
-                self._db, params=(job,),
+                " score, peer, host, group_kind, excess_us FROM abnormal WHERE job=? AND "
+                "iteration>=? ORDER BY iteration, grp, seq, rank",
+                self._db, params=(job, since),
             )
             groups = self._db.execute(
                 "SELECT name, kind, ranks FROM groups WHERE job=? ORDER BY name", (job,)
@@ -535,15 +573,25 @@ class Store:
             "ranks": ranks,
         }
 
-    def raw_ops(self, job: str) -> pd.DataFrame:
-        """All raw records of ``job`` in arrival order, as one canonical table."""
+    def raw_ops(self, job: str, last: int | None = None) -> pd.DataFrame:
+        """The raw records of ``job`` in arrival order, as one canonical table; with ``last``,
+        those of its ``last`` most recent iterations only (:meth:`first_of_last`): the batches
+        that hold none of them are not read."""
+        first = self.first_of_last(job, last)
+        since = -(2**63) if first is None else first
+        # a batch without a span (written by an older holmes_ml) is always read
         rows = self._query(
-            "SELECT payload FROM raw WHERE job=? ORDER BY rowid", (job,)
+            "SELECT r.payload FROM raw r LEFT JOIN raw_span s ON s.job=r.job AND "
+            "s.source=r.source AND s.batch_id=r.batch_id WHERE r.job=? AND "
+            "(s.last_iteration IS NULL OR s.last_iteration>=?) ORDER BY r.rowid", (job, since)
         )
         tables = [pa.ipc.open_stream(pa.py_buffer(r[0])).read_all() for r in rows]
         if not tables:
             return pd.DataFrame()
-        return pa.concat_tables(tables, promote_options="default").to_pandas()
+        out = pa.concat_tables(tables, promote_options="default").to_pandas()
+        if first is not None:
+            out = out[out["iteration"] >= first].reset_index(drop=True)
+        return out
 
     def latest_verdict(self, job: str) -> dict | None:
         rows = self._query(
