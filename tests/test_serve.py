@@ -12,7 +12,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_serve_support import TOKEN, auth, make_ops, raw_body, start_server
+from test_serve_support import TOKEN, auth, make_ops, raw_body, start_server, window_batch
 
 
 @pytest.fixture(scope="module")
@@ -67,26 +67,6 @@ def test_gzip_agent_batch_roundtrip(server):
     assert v["candidates"][0]["ranks"] == [1]
 
 
-def _window_batch(seq: int, iterations: range, slow_rank: int | None) -> dict:
-    """Two ranks' summaries of ``iterations``; ``slow_rank`` has one abnormal op in each."""
-    its = [i for i in iterations for _ in (0, 1)]
-    body = {"source": "n1", "batch_id": f"w-{seq}", "seq": seq,
-            "iterations": {"iteration": its, "rank": [0, 1] * len(iterations),
-                           "start_ns": [i * 1000 for i in its],
-                           "end_ns": [i * 1000 + 900 for i in its],
-                           "comm_us": [0.5] * len(its), "n_ops": [3] * len(its)}}
-    if seq == 0:
-        body["ranks"] = {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1]}
-        body["groups"] = [{"name": "dp-0", "kind": "dp", "ranks": [0, 1]}]
-    if slow_rank is not None:
-        n = len(iterations)
-        body["abnormal"] = {"iteration": list(iterations), "rank": [slow_rank] * n,
-                            "op": ["all_reduce"] * n, "group": ["dp-0"] * n, "seq": [0] * n,
-                            "nbytes": [8] * n, "start_ns": [i * 1000 for i in iterations],
-                            "duration_us": [0.9] * n, "score": [0.97] * n}
-    return body
-
-
 def test_a_verdict_reads_the_most_recent_iterations_and_keeps_the_rest(server):
     """A job that has run long: the verdict reads its 200 most recent iterations (the
     service's default), so it costs what it did at the start; rank 1, abnormal in the first 100
@@ -95,7 +75,7 @@ def test_a_verdict_reads_the_most_recent_iterations_and_keeps_the_rest(server):
     c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
     for seq, (its, slow) in enumerate([(range(0, 100), 1), (range(100, 250), None),
                                        (range(250, 300), 0)]):
-        assert c.post("/v1/jobs/jobLong/batches", json=_window_batch(seq, its, slow)
+        assert c.post("/v1/jobs/jobLong/batches", json=window_batch(seq, its, slow)
                       ).status_code == 200
     v = c.post("/v1/jobs/jobLong/analyze").json()
     assert [x["ranks"] for x in v["candidates"]] == [[0]], v

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pyarrow as pa
 import pytest
-from test_serve_support import make_ops
+from fastapi.testclient import TestClient
+from test_serve_support import TOKEN, auth, make_ops, window_batch
+from test_serve_webhook import ANALYZERS
 
 from holmes_ml.io.schema import validate
-from holmes_ml.serve.app import ServeSettings
+from holmes_ml.serve.app import ServeSettings, create_app
 from holmes_ml.serve.store import Store
 
 
@@ -24,7 +28,8 @@ def _raw_store(tmp_path) -> Store:
 def test_raw_batches_of_older_iterations_are_not_read(tmp_path):
     store = _raw_store(tmp_path)
     assert store.first_of_last("job", 10) == 20
-    assert store.first_of_last("job", 30) is None  # the job has no older iteration
+    assert store.first_of_last("job", 30) == 0
+    assert store.first_of_last("job", 31) is None  # the job has not run that long
     assert store.first_of_last("job", None) is None
     # a batch whose iterations all lie before the window is never opened: spoil one
     store._db.execute("UPDATE raw SET payload=x'00' WHERE batch_id='b1'")
@@ -40,8 +45,42 @@ def test_raw_batches_of_older_iterations_are_not_read(tmp_path):
         store.raw_ops("job", 10)  # b0 has no span, so it is read
 
 
+def test_pruning_deletes_only_rows_before_the_kept_iterations(tmp_path):
+    store = _raw_store(tmp_path)
+    assert store.prune("job", 30) == {}  # nothing older than the 30 most recent
+    assert store.prune("job", 15) == {"raw_iterations": 15, "raw": 1}  # b0: 0-9, wholly old
+    # b1 (10-19) holds kept iterations too: it stays, and a window cuts it
+    assert sorted(store.raw_ops("job")["iteration"].unique()) == list(range(10, 30))
+    assert sorted(store.raw_ops("job", 15)["iteration"].unique()) == list(range(15, 30))
+    assert store.job("job")["records"] == 8 * 6 * 30  # accepted, as before
+
+
+def test_a_service_keeping_250_iterations_stops_growing_and_still_knows_old_batches(tmp_path):
+    settings = ServeSettings(db=tmp_path / "s.db", token=TOKEN, analyze_interval_s=0,
+                             analyze_last=200, keep_iterations=250)
+    parts = [(range(0, 100), 1), (range(100, 250), None), (range(250, 300), 0)]
+    with TestClient(create_app(settings, analyzers=ANALYZERS)) as c:
+        for seq, (its, slow) in enumerate(parts):
+            assert c.post("/v1/jobs/k/batches", json=window_batch(seq, its, slow),
+                          headers=auth()).status_code == 200
+        assert c.post("/v1/jobs/k/analyze", headers=auth()).json()["candidates"][0][
+            "ranks"] == [0]
+        its = c.get("/v1/jobs/k/iterations", params={"last": 0}).json()
+        assert [r["iteration"] for r in its] == list(range(50, 300))
+        assert 'holmes_pruned_rows_total{table="iterations"} 100.0' in c.get("/metrics").text
+        again = c.post("/v1/jobs/k/batches", json=window_batch(0, parts[0][0], 1),
+                       headers=auth())
+        assert again.status_code == 200 and again.json()["duplicate"], again.text
+    db = sqlite3.connect(tmp_path / "s.db")
+    assert db.execute("SELECT min(iteration), count(*) FROM abnormal").fetchone() == (50, 100)
+
+
 def test_a_window_of_iterations_must_be_a_count(tmp_path):
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="--analyze-last"):
             ServeSettings(db=tmp_path / "s.db", analyze_last=bad).check()
     ServeSettings(db=tmp_path / "s.db", analyze_last=0).check()
+    for bad, last in ((-1, 200), (199, 200), (300, 0), (2.5, 200)):
+        with pytest.raises(ValueError, match="--keep-iterations"):
+            ServeSettings(db=tmp_path / "s.db", analyze_last=last, keep_iterations=bad).check()
+    ServeSettings(db=tmp_path / "s.db", keep_iterations=200).check()

@@ -138,6 +138,26 @@ def raw_body(ops: pd.DataFrame, batch_id: str, seq: int | None = None,
             "columns": {c: ops[c].tolist() for c in cols}}
 
 
+def window_batch(seq: int, iterations: range, slow_rank: int | None) -> dict:
+    """Two ranks' summaries of ``iterations``; ``slow_rank`` has one abnormal op in each."""
+    its = [i for i in iterations for _ in (0, 1)]
+    body = {"source": "n1", "batch_id": f"w-{seq}", "seq": seq,
+            "iterations": {"iteration": its, "rank": [0, 1] * len(iterations),
+                           "start_ns": [i * 1000 for i in its],
+                           "end_ns": [i * 1000 + 900 for i in its],
+                           "comm_us": [0.5] * len(its), "n_ops": [3] * len(its)}}
+    if seq == 0:
+        body["ranks"] = {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1]}
+        body["groups"] = [{"name": "dp-0", "kind": "dp", "ranks": [0, 1]}]
+    if slow_rank is not None:
+        n = len(iterations)
+        body["abnormal"] = {"iteration": list(iterations), "rank": [slow_rank] * n,
+                            "op": ["all_reduce"] * n, "group": ["dp-0"] * n, "seq": [0] * n,
+                            "nbytes": [8] * n, "start_ns": [i * 1000 for i in iterations],
+                            "duration_us": [0.9] * n, "score": [0.97] * n}
+    return body
+
+
 def fallback_summarize(ops: pd.DataFrame) -> SimpleNamespace:
     """Stand-in for pipeline.summarize: operators 3x above their op's median are abnormal."""
     g = ops.assign(end_ns=ops["start_ns"] + (ops["duration_us"] * 1e3).astype(np.int64))

@@ -43,6 +43,11 @@ def register(app: typer.Typer) -> None:
                                          "job's this many most recent iterations, so it costs "
                                          "the same after a week as after a minute; older rows "
                                          "stay stored (0: every iteration)."),
+        keep_iterations: int = typer.Option(0, "--keep-iterations", help="After each "
+                                            "verdict, delete a job's rows of iterations before "
+                                            "its this many most recent ones, so the database "
+                                            "stops growing (0: keep everything; else at least "
+                                            "--analyze-last)."),
     ) -> None:
         """Run the central service: ingest from agents, localize per job, REST + /metrics.
 
@@ -57,7 +62,7 @@ def register(app: typer.Typer) -> None:
         settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
                                  analyze_interval_s=analyze_every,
-                                 analyze_last=analyze_last)
+                                 analyze_last=analyze_last, keep_iterations=keep_iterations)
         settings.check()  # a ValueError naming the option: one `error:` line
 
         def ready(url: str) -> None:

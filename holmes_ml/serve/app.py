@@ -103,6 +103,11 @@ class ServeSettings:
         the irregularity monitor at the 20 before each, so 200 leaves room, and the work per
         verdict stays the same however long the job has run. Older rows stay stored. 0: every
         iteration (the cost then grows with the job's age).
+    keep_iterations:
+        After each verdict, delete what a job holds of iterations before its this many most
+        recent ones (iteration summaries, abnormal operators, raw batches wholly before them),
+        so that the database stops growing; batch bookkeeping stays (a resend is still a
+        duplicate) and so do verdicts. 0: keep everything. At least ``analyze_last``.
     """
 
     db: Path
@@ -114,6 +119,7 @@ class ServeSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY
     analyze_interval_s: float = 2.0
     analyze_last: int = 200
+    keep_iterations: int = 0
 
     def check(self) -> None:
         """Refuse unsafe or impossible settings (raises ``ValueError`` naming the option)."""
@@ -134,6 +140,13 @@ class ServeSettings:
                 self.analyze_last < 0:
             raise ValueError(f"--analyze-last {self.analyze_last!r}: expected a number of "
                              "iterations >= 0 (0: every iteration)")
+        keep = self.keep_iterations
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0 or (
+                keep and (not self.analyze_last or keep < self.analyze_last)):
+            raise ValueError(
+                f"--keep-iterations {keep!r}: expected 0 (keep everything) or a number of "
+                f"iterations at least --analyze-last ({self.analyze_last}; with 0 there, every "
+                "stored iteration is read, so nothing may be deleted)")
         if self.webhook is not None and not _is_http_url(self.webhook):
             raise ValueError(f"--webhook {self.webhook!r}: expected an http:// or https:// URL "
                              "with a host, e.g. https://alerts.example.com/holmes")
@@ -393,6 +406,8 @@ class Service:
     webhook: str | None = None
     #: iterations a verdict reads (``ServeSettings.analyze_last``; None or 0: all)
     last: int | None = None
+    #: iterations a job keeps after each verdict (``ServeSettings.keep_iterations``; 0: all)
+    keep: int = 0
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
     errors: dict[str, str] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
@@ -412,6 +427,8 @@ class Service:
                                       registry=r)
         self.analyses = prom.Counter("holmes_analyses", "Verdict computations", ["outcome"],
                                      registry=r)
+        self.pruned = prom.Counter("holmes_pruned_rows", "Rows deleted by --keep-iterations",
+                                   ["table"], registry=r)
         r.register(_JobCollector(self))
 
     def lock(self, job: str) -> threading.Lock:
@@ -442,6 +459,9 @@ class Service:
             if latest and latest["verdict"].get("candidates"):
                 old_top = latest["verdict"]["candidates"][0].get("device")
             self.store.save_verdict(job, body, info["batches"], top)
+            if self.keep:
+                for table, n in self.store.prune(job, self.keep).items():
+                    self.pruned.labels(table).inc(n)
             if top is not None and top != old_top:
                 self._notify(job, body)
             return self.store.latest_verdict(job)
@@ -521,6 +541,7 @@ def create_app(
         model=model,
         webhook=settings.webhook,
         last=settings.analyze_last or None,
+        keep=settings.keep_iterations,
     )
     stop = threading.Event()
 

@@ -525,20 +525,36 @@ class Store:
 
     def first_of_last(self, job: str, last: int | None) -> int | None:
         """The earliest of ``job``'s ``last`` most recent iterations (by number, among those
-        it reported); ``None`` (everything) when ``last`` is ``None`` or 0 or the job has not
-        reported more iterations than that."""
+        it reported); ``None`` (everything) when ``last`` is ``None`` or 0 or the job has
+        reported fewer iterations than that."""
         if not last:
             return None
         table = "raw_iterations" if self.job(job)["mode"] == "raw" else "iterations"
         # DISTINCT over the (job, iteration, ...) primary key: reads only the newest entries
-        rows = self._query(
-            f"SELECT iteration FROM (SELECT DISTINCT iteration FROM {table} WHERE job=? "
-            "ORDER BY iteration DESC LIMIT ?) ORDER BY iteration LIMIT 1", (job, int(last)))
-        if not rows:
-            return None
-        older = self._query(f"SELECT 1 FROM {table} WHERE job=? AND iteration<? LIMIT 1",
-                            (job, rows[0][0]))
-        return int(rows[0][0]) if older else None
+        first, n = self._query(
+            f"SELECT min(iteration), count(*) FROM (SELECT DISTINCT iteration FROM {table} "
+            "WHERE job=? ORDER BY iteration DESC LIMIT ?)", (job, int(last)))[0]
+        return int(first) if n >= last else None
+
+    def prune(self, job: str, keep: int) -> dict[str, int]:
+        """Delete what ``job`` holds of iterations before its ``keep`` most recent ones
+        (:meth:`first_of_last`): iteration summaries, abnormal ops, and the raw batches whose
+        iterations all lie before them. Batch bookkeeping stays, so a resend of a pruned batch
+        is still answered as a duplicate. Returns the rows deleted per table."""
+        first = self.first_of_last(job, keep)
+        if first is None:
+            return {}
+        with self._tx() as db:
+            out = {table: db.execute(f"DELETE FROM {table} WHERE job=? AND iteration<?",
+                                     (job, first)).rowcount
+                   for table in ("iterations", "abnormal", "raw_iterations")}
+            old = db.execute("SELECT source, batch_id FROM raw_span WHERE job=? AND "
+                             "last_iteration<?", (job, first)).fetchall()
+            for table in ("raw", "raw_span"):
+                db.executemany(f"DELETE FROM {table} WHERE job=? AND source=? AND batch_id=?",
+                               [(job, s, b) for s, b in old])
+            out["raw"] = len(old)
+        return {table: n for table, n in out.items() if n}
 
     def agent_data(self, job: str, last: int | None = None) -> dict[str, Any]:
         """What agents sent for ``job``: iteration summaries, abnormal ops, groups, ranks;
