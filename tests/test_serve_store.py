@@ -48,7 +48,8 @@ def test_raw_batches_of_older_iterations_are_not_read(tmp_path):
 def test_pruning_deletes_only_rows_before_the_kept_iterations(tmp_path):
     store = _raw_store(tmp_path)
     assert store.prune("job", 30) == {}  # nothing older than the 30 most recent
-    assert store.prune("job", 15) == {"raw_iterations": 15, "raw": 1}  # b0: 0-9, wholly old
+    # b0 (0-9) is wholly old
+    assert store.prune("job", 15) == {"raw_iterations": 15, "raw_batches": 1}
     # b1 (10-19) holds kept iterations too: it stays, and a window cuts it
     assert sorted(store.raw_ops("job")["iteration"].unique()) == list(range(10, 30))
     assert sorted(store.raw_ops("job", 15)["iteration"].unique()) == list(range(15, 30))

@@ -427,8 +427,9 @@ class Service:
                                       registry=r)
         self.analyses = prom.Counter("holmes_analyses", "Verdict computations", ["outcome"],
                                      registry=r)
-        self.pruned = prom.Counter("holmes_pruned_rows", "Rows deleted by --keep-iterations",
-                                   ["table"], registry=r)
+        self.pruned = prom.Counter(
+            "holmes_pruned_rows", "Rows deleted by --keep-iterations (raw_batches: batches)",
+            ["table"], registry=r)
         r.register(_JobCollector(self))
 
     def lock(self, job: str) -> threading.Lock:

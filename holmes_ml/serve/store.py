@@ -540,7 +540,7 @@ class Store:
         """Delete what ``job`` holds of iterations before its ``keep`` most recent ones
         (:meth:`first_of_last`): iteration summaries, abnormal ops, and the raw batches whose
         iterations all lie before them. Batch bookkeeping stays, so a resend of a pruned batch
-        is still answered as a duplicate. Returns the rows deleted per table."""
+        is still answered as a duplicate. Returns the rows deleted per table (raw: batches)."""
         first = self.first_of_last(job, keep)
         if first is None:
             return {}
@@ -553,7 +553,7 @@ class Store:
             for table in ("raw", "raw_span"):
                 db.executemany(f"DELETE FROM {table} WHERE job=? AND source=? AND batch_id=?",
                                [(job, s, b) for s, b in old])
-            out["raw"] = len(old)
+            out["raw_batches"] = len(old)
         return {table: n for table, n in out.items() if n}
 
     def agent_data(self, job: str, last: int | None = None) -> dict[str, Any]:
