@@ -254,6 +254,8 @@ def test_a_key_named_twice_in_one_object_is_refused_naming_it(server):
     r = c.post("/v1/jobs/jobKeys/raw", content=body[:-40].encode())
     assert r.status_code == 422 and "not valid JSON: " in r.json()["detail"], r.text
     assert r.json()["detail"].endswith(f"at character {len(body) - 40}"), r.text
+    r = c.post("/v1/jobs/jobKeys/raw", content=b'{"source": "\xff"}')
+    assert r.status_code == 422 and r.json()["detail"].startswith("body: not UTF-8 text"), r.text
     assert c.get("/v1/jobs/jobKeys").json()["records"] == len(ok["columns"]["rank"])
     assert c.post("/v1/jobs/jobKeys/raw", content=body.encode()).status_code == 200
 

@@ -250,10 +250,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """
     out = dict(pairs)
     if len(out) != len(pairs):
-        names = [k for k, _ in pairs]
-        twice = next(k for k in names if names.count(k) > 1)
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        times = sum(k == twice for k, _ in pairs)
         keys = ", ".join(list(out)[:12]) + (", ..." if len(out) > 12 else "")
-        raise BodyError(f"body: key {twice!r} appears {names.count(twice)} times in one object "
+        raise BodyError(f"body: key {twice!r} appears {times} times in one object "
                         f"(keys: {keys}); expected each key once")
     return out
 
@@ -261,7 +262,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 class _UniqueKeysRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = json.loads(await self.body(), object_pairs_hook=_unique_keys)
+            try:
+                self._json = json.loads(await self.body(), object_pairs_hook=_unique_keys)
+            except UnicodeDecodeError as exc:
+                raise BodyError(f"body: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                                "expected a JSON document") from exc
         return self._json
 
 
