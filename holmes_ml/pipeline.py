@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features import IrregularityConfig, detect_irregular
+from holmes_ml.features import IrregularityConfig, detect_irregular, iteration_table
 from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_ranks
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import localize_records
@@ -265,11 +265,12 @@ def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig,
     regular (not ``cfg.delta``-irregular), and ``cfg.reference_shift``. ``None`` when the
     switch is off, when every iteration is regular, or when fewer than :data:`_MIN_REGULAR`
     are (too few to be a reference). ``per``: the ``(iteration, rank)`` spans of ``ops``
-    (:func:`_rank_spans`) when already computed; the iteration times come from them."""
+    (:func:`_rank_spans`) when already computed; the iteration times come from them, else
+    from the job-wide iteration table (one row per iteration)."""
     if len(ops) == 0 or cfg.reference_shift == 0:
         return None
     if per is None:
-        per = _rank_spans(ops)
+        per = iteration_table(ops).reset_index()
     n_iterations = int(per["iteration"].nunique())
     irregular = _irregular(per, cfg.delta, log=False)
     if not irregular or n_iterations - len(irregular) < _MIN_REGULAR:
@@ -640,8 +641,9 @@ def _few(ranks: Sequence[int]) -> str:
 
 def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
                ) -> tuple[int, ...]:
-    """The ``delta``-irregular iterations of an ``(iteration, rank)`` span table (the
-    ``iterations`` of a :class:`NodeSummary`), logged unless ``log`` is false."""
+    """The ``delta``-irregular iterations of a span table (``iteration``, ``start_ns``,
+    ``end_ns``; e.g. the ``iterations`` of a :class:`NodeSummary`), logged unless ``log`` is
+    false."""
     if len(iterations) == 0:
         return ()
     span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),

@@ -7,8 +7,7 @@ import sqlite3
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
-from test_serve_support import TOKEN, auth, make_ops, window_batch
-from test_serve_webhook import ANALYZERS
+from test_serve_support import ANALYZERS, TOKEN, auth, make_ops, window_batch
 
 from holmes_ml.io.schema import validate
 from holmes_ml.serve.app import ServeSettings, create_app

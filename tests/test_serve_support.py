@@ -21,6 +21,8 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from holmes_ml.serve.engine import Analyzers
+
 TOKEN = "s3cret-token"
 
 LAUNCHER = r'''
@@ -55,6 +57,19 @@ analyzers = None if use_pipeline else Analyzers(localize_summaries, analyze,
 serve(ServeSettings(db=sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3] or None,
                     max_body_bytes=4 * 2**20, analyze_interval_s=0.5), analyzers=analyzers)
 '''
+
+
+def _stand_in_analyze(ops, topology=None, model=None):
+    slow = ops.groupby("rank")["duration_us"].sum().idxmax()
+    return {"irregular": True, "irregular_iterations": [1],
+            "candidates": [{"kind": "gpu", "device": f"gpu:r{slow}", "ranks": [int(slow)],
+                            "hosts": [], "score": 1.0}]}
+
+
+#: Stand-in localizer for services run in-process: the rank with the most operator time.
+ANALYZERS = Analyzers(
+    lambda s, topology=None: _stand_in_analyze(pd.concat([x.abnormal for x in s])),
+    _stand_in_analyze, lambda **kw: SimpleNamespace(**kw))
 
 
 def free_port() -> int:

@@ -6,25 +6,11 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from types import SimpleNamespace
 
-import pandas as pd
 from fastapi.testclient import TestClient
-from test_serve_support import TOKEN, auth, make_ops, raw_body
+from test_serve_support import ANALYZERS, TOKEN, auth, make_ops, raw_body
 
 from holmes_ml.serve.app import ServeSettings, create_app
-from holmes_ml.serve.engine import Analyzers
-
-
-def _analyze(ops, topology=None, model=None):
-    slow = ops.groupby("rank")["duration_us"].sum().idxmax()
-    return {"irregular": True, "irregular_iterations": [1],
-            "candidates": [{"kind": "gpu", "device": f"gpu:r{slow}", "ranks": [int(slow)],
-                            "hosts": [], "score": 1.0}]}
-
-
-ANALYZERS = Analyzers(lambda s, topology=None: _analyze(pd.concat([x.abnormal for x in s])),
-                      _analyze, lambda **kw: SimpleNamespace(**kw))
 
 
 def test_webhook_fires_once_per_new_top_device_and_state_persists(tmp_path):

@@ -190,22 +190,21 @@ def _verdict_vs_age(quick: bool) -> list[dict[str, float]]:
                 it, rk = np.repeat(its, ranks), np.tile(np.arange(ranks), len(its))
                 start = it * 10**9 + rng.integers(0, 10**4, len(it))
                 end = start + 9 * 10**8 + np.where(rk == 5, 10**8, rng.integers(0, 10**6, len(it)))
+                waited = np.repeat(its, ranks - 1)
+                waiting = np.tile(np.delete(np.arange(ranks), 5), len(its))
+                n = len(waited)
                 batch: dict = {
                     "source": "agent", "batch_id": f"b{first}", "seq": first,
                     "iterations": {"iteration": it.tolist(), "rank": rk.tolist(),
                                    "start_ns": start.tolist(), "end_ns": end.tolist(),
                                    "comm_us": [900.0] * len(it), "n_ops": [8] * len(it)},
-                    # rank 5 late at the job's data-parallel all_reduce of every iteration
-                    "abnormal": {"iteration": np.repeat(its, ranks - 1).tolist(),
-                                 "rank": np.tile(np.delete(np.arange(ranks), 5),
-                                                 len(its)).tolist(),
-                                 "op": ["all_reduce"] * (len(its) * (ranks - 1)),
-                                 "group": ["dp-0"] * (len(its) * (ranks - 1)),
-                                 "seq": np.repeat(its, ranks - 1).tolist(),
-                                 "nbytes": [1 << 20] * (len(its) * (ranks - 1)),
-                                 "start_ns": (np.repeat(its, ranks - 1) * 10**9).tolist(),
-                                 "duration_us": [1e5] * (len(its) * (ranks - 1)),
-                                 "score": [0.99] * (len(its) * (ranks - 1))}}
+                    # rank 5 late at the job's data-parallel all_reduce of every iteration: the
+                    # others' copies are abnormal
+                    "abnormal": {"iteration": waited.tolist(), "rank": waiting.tolist(),
+                                 "op": ["all_reduce"] * n, "group": ["dp-0"] * n,
+                                 "seq": waited.tolist(), "nbytes": [1 << 20] * n,
+                                 "start_ns": (waited * 10**9).tolist(),
+                                 "duration_us": [1e5] * n, "score": [0.99] * n}}
                 if first == 0:
                     batch["ranks"] = {"rank": list(range(ranks)),
                                       "host": [f"h{r // 8}" for r in range(ranks)],

@@ -251,7 +251,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        for twice, _ in pairs:
+            if twice in seen:
+                break
+            seen.add(twice)
         times = sum(k == twice for k, _ in pairs)
         keys = ", ".join(list(out)[:12]) + (", ..." if len(out) > 12 else "")
         raise BodyError(f"body: key {twice!r} appears {times} times in one object "
