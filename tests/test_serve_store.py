@@ -11,7 +11,7 @@ from test_serve_support import ANALYZERS, TOKEN, auth, make_ops, window_batch
 
 from holmes_ml.io.schema import validate
 from holmes_ml.serve.app import ServeSettings, create_app
-from holmes_ml.serve.store import Store
+from holmes_ml.serve.store import VERDICTS_KEPT, ConflictError, Store
 
 
 def _raw_store(tmp_path) -> Store:
@@ -47,12 +47,67 @@ def test_raw_batches_of_older_iterations_are_not_read(tmp_path):
 def test_pruning_deletes_only_rows_before_the_kept_iterations(tmp_path):
     store = _raw_store(tmp_path)
     assert store.prune("job", 30) == {}  # nothing older than the 30 most recent
-    # b0 (0-9) is wholly old
-    assert store.prune("job", 15) == {"raw_iterations": 15, "raw_batches": 1}
+    # b0 (0-9) is wholly old: its payload and its record go
+    assert store.prune("job", 15) == {"raw_iterations": 15, "raw_batches": 1, "batches": 1}
     # b1 (10-19) holds kept iterations too: it stays, and a window cuts it
     assert sorted(store.raw_ops("job")["iteration"].unique()) == list(range(10, 30))
     assert sorted(store.raw_ops("job", 15)["iteration"].unique()) == list(range(15, 30))
     assert store.job("job")["records"] == 8 * 6 * 30  # accepted, as before
+    empty = pa.table({"rank": pa.array([], pa.int64())})
+    # a resend of b0 is known by its seq: a duplicate that stores nothing
+    again = store.ingest_raw("job", "logger", "b0", 0, empty, "other content")
+    assert again["duplicate"] and again["records"] == 0
+    # b1's record stays: its resend gets the stored answer, other content is refused
+    assert store.ingest_raw("job", "logger", "b1", 1, empty, "digest1")["records"] == 8 * 6 * 10
+    with pytest.raises(ConflictError, match="different content"):
+        store.ingest_raw("job", "logger", "b1", 1, empty, "other content")
+    # above the pruned seq, a step back is still out of order
+    with pytest.raises(ConflictError, match="increasing seq"):
+        store.ingest_raw("job", "logger", "b9", 1, empty, "digest9")
+    assert store.counts()["raw"] == 2
+
+
+def test_a_store_older_than_pruning_gets_its_columns(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    # the tables as holmes_ml made them before batch records were pruned
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE batches (
+            job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, seq INTEGER,
+            digest TEXT NOT NULL, records INTEGER NOT NULL, ack TEXT NOT NULL,
+            received_at REAL NOT NULL, PRIMARY KEY (job, source, batch_id));
+        CREATE TABLE sources (job TEXT NOT NULL, source TEXT NOT NULL,
+            last_seq INTEGER NOT NULL, PRIMARY KEY (job, source));
+        INSERT INTO meta VALUES ('schema_version', '1');
+        INSERT INTO batches VALUES ('job', 'a', 'b0', 0, 'd', 1, '{}', 0);
+        INSERT INTO sources VALUES ('job', 'a', 0);""")
+    db.close()
+    store = Store(path)
+    assert store._query("SELECT last_iteration FROM batches") == [(None,)]
+    assert store._query("SELECT pruned_seq FROM sources") == [(-1,)]
+
+
+def test_a_job_kept_to_its_recent_iterations_stops_growing(tmp_path):
+    store = Store(tmp_path / "s.db")
+    # a verdict body about as large as a real one with a few candidates and their evidence
+    verdict = {"candidates": [{"kind": "gpu", "evidence": ["rank 0 arrived last " * 4] * 12}]}
+    pages = {}
+    for seq in range(400):
+        store.ingest_agent("job", window_batch(seq, range(seq, seq + 1), 0), f"d{seq}")
+        store.save_verdict("job", verdict, seq + 1, None)
+        store.prune("job", 50)
+        if seq + 1 in (200, 400):
+            pages[seq + 1] = store._query("PRAGMA page_count")[0][0]
+    # each step adds a batch record, two iteration rows, an abnormal op and a verdict (about
+    # 2 KB); 200 steps more would be over 100 pages of 4 KB if any of them stayed
+    assert pages[400] <= pages[200] + 4, pages
+    assert store.counts()["verdicts"] == VERDICTS_KEPT
+    assert store._query("SELECT count(*), min(seq) FROM batches") == [(50, 350)]
+    # the whole job is still known: its record count and the latest verdict's version
+    assert store.job("job")["records"] == 400 * 6
+    assert store.latest_verdict("job")["version"] == 400
+    assert store.ingest_agent("job", window_batch(10, range(10, 11), 0), "x")["duplicate"]
 
 
 def test_a_service_keeping_250_iterations_stops_growing_and_still_knows_old_batches(tmp_path):
@@ -71,8 +126,20 @@ def test_a_service_keeping_250_iterations_stops_growing_and_still_knows_old_batc
         again = c.post("/v1/jobs/k/batches", json=window_batch(0, parts[0][0], 1),
                        headers=auth())
         assert again.status_code == 200 and again.json()["duplicate"], again.text
-    db = sqlite3.connect(tmp_path / "s.db")
-    assert db.execute("SELECT min(iteration), count(*) FROM abnormal").fetchone() == (50, 100)
+        assert again.json()["records"] == 100 * 2 * 3  # its record is kept: the stored answer
+        db = sqlite3.connect(tmp_path / "s.db")
+        assert db.execute("SELECT min(iteration), count(*) FROM abnormal").fetchone() == (50, 100)
+        # 100 iterations more: batch 0 (iterations 0-99) now lies wholly before the kept ones
+        assert c.post("/v1/jobs/k/batches", json=window_batch(3, range(300, 400), None),
+                      headers=auth()).status_code == 200
+        c.post("/v1/jobs/k/analyze", headers=auth())
+        assert 'holmes_pruned_rows_total{table="batches"} 1.0' in c.get("/metrics").text
+        again = c.post("/v1/jobs/k/batches", json=window_batch(0, parts[0][0], 1),
+                       headers=auth())
+        assert again.status_code == 200 and again.json()["duplicate"], again.text
+        assert again.json()["records"] == 0  # known by its seq, nothing stored
+        assert db.execute("SELECT count(*) FROM iterations WHERE iteration<150").fetchone() == (0,)
+        assert c.get("/v1/jobs/k").json()["records"] == 400 * 2 * 3
 
 
 def test_a_window_of_iterations_must_be_a_count(tmp_path):

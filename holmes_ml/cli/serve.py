@@ -45,8 +45,10 @@ def register(app: typer.Typer) -> None:
                                          "stay stored (0: every iteration)."),
         keep_iterations: int = typer.Option(0, "--keep-iterations", help="After each "
                                             "verdict, delete a job's rows of iterations before "
-                                            "its this many most recent ones, so the database "
-                                            "stops growing (0: keep everything; else at least "
+                                            "its this many most recent ones, the records of "
+                                            "the batches that held them and all but its 100 "
+                                            "latest verdicts, so the database stops growing "
+                                            "(0: keep everything; else at least "
                                             "--analyze-last)."),
     ) -> None:
         """Run the central service: ingest from agents, localize per job, REST + /metrics.

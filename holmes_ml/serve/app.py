@@ -105,9 +105,11 @@ class ServeSettings:
         iteration (the cost then grows with the job's age).
     keep_iterations:
         After each verdict, delete what a job holds of iterations before its this many most
-        recent ones (iteration summaries, abnormal operators, raw batches wholly before them),
-        so that the database stops growing; batch bookkeeping stays (a resend is still a
-        duplicate) and so do verdicts. 0: keep everything. At least ``analyze_last``.
+        recent ones (iteration summaries, abnormal operators, raw batches wholly before them and
+        the records of numbered batches that held only those), and all but its
+        :data:`~holmes_ml.serve.store.VERDICTS_KEPT` latest verdicts, so that the database
+        stops growing. A resend of a pruned batch is still answered as a duplicate (by its
+        ``seq``). 0: keep everything. At least ``analyze_last``.
     """
 
     db: Path
@@ -436,7 +438,7 @@ class Service:
         self.analyses = prom.Counter("holmes_analyses", "Verdict computations", ["outcome"],
                                      registry=r)
         self.pruned = prom.Counter(
-            "holmes_pruned_rows", "Rows deleted by --keep-iterations (raw_batches: batches)",
+            "holmes_pruned_rows", "Rows deleted by --keep-iterations (raw_batches: raw payloads)",
             ["table"], registry=r)
         r.register(_JobCollector(self))
 

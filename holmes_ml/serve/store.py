@@ -4,7 +4,9 @@ Every write is one transaction committed (``synchronous=FULL``) *before* the cal
 acknowledges it, so a ``kill -9`` at any point keeps every acknowledged record and verdict: the
 transaction either made it to the write-ahead log or the client never heard "accepted" and will
 resend. Batches are keyed by ``(job, source, batch_id)``; a resend with the same content returns
-the stored answer and stores nothing, a resend with different content is refused.
+the stored answer and stores nothing, a resend with different content is refused. Pruning
+(:meth:`Store.prune`) keeps a long job's database from growing without forgetting which
+batches it accepted.
 
 This module is plain library code (sqlite3, pandas, pyarrow): it takes paths as arguments and
 never reads the environment.
@@ -41,10 +43,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS batches (
     job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, seq INTEGER,
     digest TEXT NOT NULL, records INTEGER NOT NULL, ack TEXT NOT NULL, received_at REAL NOT NULL,
-    PRIMARY KEY (job, source, batch_id));
+    last_iteration INTEGER, PRIMARY KEY (job, source, batch_id));
 CREATE TABLE IF NOT EXISTS sources (
     job TEXT NOT NULL, source TEXT NOT NULL, last_seq INTEGER NOT NULL,
-    PRIMARY KEY (job, source));
+    pruned_seq INTEGER NOT NULL DEFAULT -1, PRIMARY KEY (job, source));
 CREATE TABLE IF NOT EXISTS ranks (
     job TEXT NOT NULL, rank INTEGER NOT NULL, host TEXT NOT NULL, gpu INTEGER NOT NULL,
     dp INTEGER NOT NULL DEFAULT -1, pp INTEGER NOT NULL DEFAULT -1,
@@ -80,6 +82,15 @@ CREATE TABLE IF NOT EXISTS verdicts (
     data_batches INTEGER NOT NULL, top TEXT, body TEXT NOT NULL,
     PRIMARY KEY (job, version));
 """
+#: Columns added after databases were made with ``_DDL``: (table, column, declaration). A
+#: database of an older holmes_ml gets them on opening; its old rows hold the default.
+_ADDED_COLUMNS = (
+    ("batches", "last_iteration", "INTEGER"),
+    ("sources", "pruned_seq", "INTEGER NOT NULL DEFAULT -1"),
+)
+
+#: Verdicts a job keeps when its old iterations are pruned (only the latest is served).
+VERDICTS_KEPT = 100
 
 
 class StoreError(ValueError):
@@ -200,6 +211,9 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_DDL)
+        for table, column, decl in _ADDED_COLUMNS:
+            if column not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             self._db.execute(
@@ -239,7 +253,8 @@ class Store:
         digest: str,
         mode: str,
     ) -> dict | None:
-        """Return the stored ack for a duplicate, raise for conflicts, None for a new batch."""
+        """Return the stored ack for a duplicate (``records`` 0 for one whose record was
+        pruned), raise for conflicts, None for a new batch."""
         row = db.execute(
             "SELECT digest, ack FROM batches WHERE job=? AND source=? AND batch_id=?",
             (job, source, batch_id),
@@ -261,18 +276,22 @@ class Store:
                 "(use another job name)",
                 field="job",
             )
-        if seq is not None:
-            srow = db.execute(
-                "SELECT last_seq FROM sources WHERE job=? AND source=?", (job, source)
-            ).fetchone()
-            # Gaps are allowed (an agent may drop a batch the service refused) but never a step
-            # back: an older batch arriving after a newer one is out of order.
-            if srow is not None and seq <= srow[0]:
-                raise ConflictError(
-                    f"seq: got {seq} from source {source!r}, expected more than {srow[0]} "
-                    "(batches of a source are sent in increasing seq order)",
-                    field="seq",
-                )
+        srow = None if seq is None else db.execute(
+            "SELECT last_seq, pruned_seq FROM sources WHERE job=? AND source=?", (job, source)
+        ).fetchone()
+        if srow is not None and seq <= srow[1]:
+            # A resend of a batch whose record was pruned with the iterations it held (prune).
+            # What it stored is gone, and storing it again would only be pruned again.
+            return {"job": job, "source": source, "batch_id": batch_id, "seq": seq,
+                    "records": 0, "duplicate": True}
+        # Gaps are allowed (an agent may drop a batch the service refused) but never a step
+        # back: an older batch arriving after a newer one is out of order.
+        if srow is not None and seq <= srow[0]:
+            raise ConflictError(
+                f"seq: got {seq} from source {source!r}, expected more than {srow[0]} "
+                "(batches of a source are sent in increasing seq order)",
+                field="seq",
+            )
         return None
 
     def _record_batch(
@@ -286,6 +305,7 @@ class Store:
         records: int,
         mode: str,
         newest_ns: int | None,
+        last_iteration: int | None,
     ) -> dict:
         now = time.time()
         ack = {
@@ -293,12 +313,15 @@ class Store:
             "records": int(records), "duplicate": False,
         }
         db.execute(
-            "INSERT INTO batches VALUES (?,?,?,?,?,?,?,?)",
-            (job, source, batch_id, seq, digest, int(records), json.dumps(ack), now),
+            "INSERT INTO batches (job, source, batch_id, seq, digest, records, ack, received_at,"
+            " last_iteration) VALUES (?,?,?,?,?,?,?,?,?)",
+            (job, source, batch_id, seq, digest, int(records), json.dumps(ack), now,
+             last_iteration),
         )
         if seq is not None:
             db.execute(
-                "INSERT INTO sources VALUES (?,?,?) ON CONFLICT(job, source) "
+                "INSERT INTO sources (job, source, last_seq) VALUES (?,?,?) "
+                "ON CONFLICT(job, source) "
                 "DO UPDATE SET last_seq=excluded.last_seq",
                 (job, source, seq),
             )
@@ -386,7 +409,10 @@ class Store:
                     "INSERT OR REPLACE INTO abnormal VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [(job, *row) for row in zip(*cols, strict=True)],
                 )
-            return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest)
+            last = max((max(part["iteration"]) for part in (it, ab) if part and part["iteration"]),
+                       default=None)
+            return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest,
+                                      last)
 
     @staticmethod
     def _settle(db: sqlite3.Connection, job: str, source: str, batch_id: str, fact: str,
@@ -473,9 +499,8 @@ class Store:
                            (job, source, batch_id, min(its), max(its)))
                 db.executemany("INSERT OR IGNORE INTO raw_iterations VALUES (?,?)",
                                [(job, i) for i in its])
-            return self._record_batch(
-                db, job, source, batch_id, seq, digest, table.num_rows, "raw", newest
-            )
+            return self._record_batch(db, job, source, batch_id, seq, digest, table.num_rows,
+                                      "raw", newest, max(its, default=None))
 
     def set_topology(self, job: str, topology: dict) -> None:
         now = time.time()
@@ -538,9 +563,12 @@ class Store:
 
     def prune(self, job: str, keep: int) -> dict[str, int]:
         """Delete what ``job`` holds of iterations before its ``keep`` most recent ones
-        (:meth:`first_of_last`): iteration summaries, abnormal ops, and the raw batches whose
-        iterations all lie before them. Batch bookkeeping stays, so a resend of a pruned batch
-        is still answered as a duplicate. Returns the rows deleted per table (raw: batches)."""
+        (:meth:`first_of_last`), so that a long job's database stops growing: iteration
+        summaries, abnormal ops, the raw batches whose iterations all lie before them, the
+        records of such batches (of sources that number their batches: a resend of one at or
+        below the source's highest pruned ``seq`` is answered as a duplicate that stored
+        nothing), and all but the :data:`VERDICTS_KEPT` latest verdicts. Returns the rows
+        deleted per table (raw_batches: raw payloads)."""
         first = self.first_of_last(job, keep)
         if first is None:
             return {}
@@ -554,6 +582,17 @@ class Store:
                 db.executemany(f"DELETE FROM {table} WHERE job=? AND source=? AND batch_id=?",
                                [(job, s, b) for s, b in old])
             out["raw_batches"] = len(old)
+            # the watermark first: it answers for the records deleted next
+            gone = "job=? AND last_iteration<? AND seq IS NOT NULL"
+            for source, seq in db.execute(f"SELECT source, max(seq) FROM batches WHERE {gone} "
+                                          "GROUP BY source", (job, first)).fetchall():
+                db.execute("UPDATE sources SET pruned_seq=max(pruned_seq, ?) WHERE job=? AND "
+                           "source=?", (seq, job, source))
+            out["batches"] = db.execute(f"DELETE FROM batches WHERE {gone}",
+                                        (job, first)).rowcount
+            out["verdicts"] = db.execute(
+                "DELETE FROM verdicts WHERE job=? AND version<=(SELECT max(version) FROM "
+                "verdicts WHERE job=?)-?", (job, job, VERDICTS_KEPT)).rowcount
         return {table: n for table, n in out.items() if n}
 
     def agent_data(self, job: str, last: int | None = None) -> dict[str, Any]:
