@@ -151,3 +151,36 @@ def test_a_window_of_iterations_must_be_a_count(tmp_path):
         with pytest.raises(ValueError, match="--keep-iterations"):
             ServeSettings(db=tmp_path / "s.db", analyze_last=last, keep_iterations=bad).check()
     ServeSettings(db=tmp_path / "s.db", keep_iterations=200).check()
+
+
+def test_a_deleted_job_leaves_nothing_behind(tmp_path):
+    settings = ServeSettings(db=tmp_path / "s.db", token=TOKEN, analyze_interval_s=0)
+    with TestClient(create_app(settings, analyzers=ANALYZERS)) as c:
+        for job in ("done", "running"):
+            for seq in range(2):
+                assert c.post(f"/v1/jobs/{job}/batches", headers=auth(), json=window_batch(
+                    seq, range(10 * seq, 10 * seq + 10), 0)).status_code == 200
+            assert c.post(f"/v1/jobs/{job}/analyze", headers=auth()).json()["candidates"]
+        assert c.delete("/v1/jobs/done").status_code == 401  # a write: the token is needed
+        r = c.delete("/v1/jobs/done", headers=auth())
+        assert r.status_code == 200, r.text
+        deleted = r.json()["deleted"]
+        assert deleted["jobs"] == 1 and deleted["batches"] == 2 and deleted["verdicts"] == 1
+        assert deleted["iterations"] == 40 and deleted["abnormal"] == 20
+        assert c.get("/v1/jobs/done").status_code == 404
+        db = sqlite3.connect(tmp_path / "s.db")
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            if table != "meta":
+                assert db.execute(f"SELECT count(*) FROM {table} WHERE job='done'").fetchone() \
+                    == (0,), table
+        again = c.delete("/v1/jobs/done", headers=auth())
+        assert again.status_code == 404 and "unknown job 'done'" in again.json()["detail"]
+        assert [j["job"] for j in c.get("/v1/jobs").json()] == ["running"]
+        assert 'job="done"' not in c.get("/metrics").text
+        # the other job is whole
+        assert c.get("/v1/jobs/running").json()["records"] == 20 * 2 * 3
+        assert c.get("/v1/jobs/running/verdict").json()["candidates"][0]["ranks"] == [0]
+        # a batch sent afterwards starts a new job of that name: nothing remembers the old one
+        r = c.post("/v1/jobs/done/batches", headers=auth(), json=window_batch(0, range(10), 0))
+        assert r.status_code == 200 and not r.json()["duplicate"]

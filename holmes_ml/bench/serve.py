@@ -11,7 +11,8 @@ database), then measures
   raw per-node logs (Parquet and JSON lines);
 * verdict cost against a job's age: one job's agent summaries (512 ranks, one slow) stored
   iteration after iteration, and the verdict computed as the service does, over its most recent
-  ``ServeSettings.analyze_last`` iterations and over all of them.
+  ``ServeSettings.analyze_last`` iterations and over all of them; with the database's size
+  at each age, and after pruning it to that window (``holmes serve --keep-iterations``).
 """
 
 from __future__ import annotations
@@ -170,8 +171,9 @@ def _agent_traffic(quick: bool) -> tuple[dict[str, float], str]:
     }, model
 
 
-def _verdict_vs_age(quick: bool) -> list[dict[str, float]]:
-    """Seconds per verdict of an agent job as it ages (see the module docstring)."""
+def _verdict_vs_age(quick: bool) -> tuple[list[dict[str, float]], float]:
+    """Seconds per verdict of an agent job as it ages, and the megabytes it keeps stored with
+    ``--keep-iterations`` at the verdict window (see the module docstring)."""
     from holmes_ml.serve.app import ServeSettings
     from holmes_ml.serve.engine import compute_verdict, pipeline_analyzers
     from holmes_ml.serve.store import Store
@@ -220,9 +222,12 @@ def _verdict_vs_age(quick: bool) -> list[dict[str, float]]:
                 t0 = time.perf_counter()
                 compute_verdict(store, "age", pipeline_analyzers(), last=last)
                 row[name] = time.perf_counter() - t0
+            row["database_mb"] = store.used_bytes() / 1e6
             rows.append(row)
+        store.prune("age", window)
+        kept = store.used_bytes() / 1e6
         store.close()
-    return rows
+    return rows, kept
 
 
 def run(quick: bool = False) -> BenchResult:
@@ -259,8 +264,10 @@ def run(quick: bool = False) -> BenchResult:
     }
     traffic, model = _agent_traffic(quick)
     figures.update(traffic)
-    age = _verdict_vs_age(quick)
+    age, kept_mb = _verdict_vs_age(quick)
     oldest = int(age[-1]["iterations_stored"])
+    figures[f"database_mb_{oldest}_iterations"] = age[-1]["database_mb"]
+    figures["database_mb_kept_to_the_verdict_window"] = kept_mb
     figures[f"verdict_seconds_{oldest}_iterations"] = age[-1]["seconds_window"]
     figures[f"verdict_seconds_{oldest}_iterations_all_read"] = age[-1]["seconds_all"]
     figures["verdict_seconds_100_iterations"] = age[0]["seconds_window"]

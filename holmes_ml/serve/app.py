@@ -60,13 +60,14 @@ from holmes_ml.serve.schemas import (  # noqa: E402
     AgentBatch,
     Candidate,
     IterationOut,
+    JobDeleted,
     JobOut,
     RawBatch,
     TopologyIn,
     VerdictOut,
     finite,
 )
-from holmes_ml.serve.store import Store, StoreError  # noqa: E402
+from holmes_ml.serve.store import Store, StoreError, UnknownJobError  # noqa: E402
 from holmes_ml.topology import Topology  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -489,11 +490,22 @@ class Service:
         except Exception as exc:  # noqa: BLE001 - a dead webhook must not block localization
             logger.warning("webhook %s failed: %s", self.webhook, exc)
 
+    def forget(self, job: str) -> dict[str, int]:
+        """Delete ``job`` and all it stored, once no verdict of it is being computed."""
+        with self.lock(job):
+            deleted = self.store.delete_job(job)
+            self.errors.pop(job, None)
+        logger.info("job %s deleted (%s)", job, ", ".join(f"{t}: {n}" for t, n in
+                                                          deleted.items()))
+        return deleted
+
     def analyze_dirty(self) -> None:
         for job in self.store.jobs():
             if job["batches"]:
                 try:
                     self.analyze(job["job"])
+                except UnknownJobError:
+                    pass  # deleted since the list was read
                 except Exception:  # noqa: BLE001
                     logger.exception("background analysis of %s failed", job["job"])
 
@@ -651,6 +663,13 @@ def create_app(
     def job_detail(job: str = JobName) -> JobOut:
         """One job."""
         return job_out(store.job(job))
+
+    @app.delete("/v1/jobs/{job}", response_model=JobDeleted,
+                dependencies=[Depends(require_token)])
+    def delete_job(job: str = JobName) -> JobDeleted:
+        """Delete a finished job and everything stored for it (rows per table in ``deleted``).
+        A batch sent to it afterwards starts a new job of that name."""
+        return JobDeleted(job=job, deleted=service.forget(job))
 
     @app.post("/v1/jobs/{job}/batches", response_model=Ack,
               dependencies=[Depends(require_token)])

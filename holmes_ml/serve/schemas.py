@@ -190,6 +190,13 @@ class Ack(BaseModel):
     duplicate: bool = False
 
 
+class JobDeleted(BaseModel):
+    """Answer to ``DELETE /v1/jobs/{job}``: the rows deleted per table."""
+
+    job: str
+    deleted: dict[str, int]
+
+
 class Candidate(BaseModel):
     kind: str
     device: str | None = None

@@ -502,6 +502,20 @@ class Store:
             return self._record_batch(db, job, source, batch_id, seq, digest, table.num_rows,
                                       "raw", newest, max(its, default=None))
 
+    def delete_job(self, job: str) -> dict[str, int]:
+        """Delete everything stored for ``job`` (its rows in every table); returns the rows
+        deleted per table. Raises :class:`UnknownJobError` when there is no such job."""
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM jobs WHERE job=?", (job,)).fetchone() is None:
+                raise UnknownJobError(f"unknown job {job!r}; list jobs with GET /v1/jobs",
+                                      field="job")
+            tables = [t for (t,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
+                if "job" in {r[1] for r in db.execute(f"PRAGMA table_info({t})")}]
+            out = {t: db.execute(f"DELETE FROM {t} WHERE job=?", (job,)).rowcount
+                   for t in tables}
+        return {t: n for t, n in out.items() if n}
+
     def set_topology(self, job: str, topology: dict) -> None:
         now = time.time()
         with self._tx() as db:
@@ -529,19 +543,21 @@ class Store:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def jobs(self) -> list[dict]:
-        rows = self._query(
-            "SELECT job, created_at, last_ingest_at, records, batches, mode, newest_ns "
-            "FROM jobs ORDER BY job"
-        )
-        keys = ("job", "created_at", "last_ingest_at", "records", "batches", "mode", "newest_ns")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+    _JOB_KEYS = ("job", "created_at", "last_ingest_at", "records", "batches", "mode",
+                 "newest_ns")
+
+    def jobs(self, job: str | None = None) -> list[dict]:
+        """Every job's bookkeeping row (``job``'s alone when given), by name."""
+        where, args = ("WHERE job=? ", (job,)) if job is not None else ("", ())
+        rows = self._query(f"SELECT {', '.join(self._JOB_KEYS)} FROM jobs {where}ORDER BY job",
+                           args)
+        return [dict(zip(self._JOB_KEYS, r, strict=True)) for r in rows]
 
     def job(self, job: str) -> dict:
         """One job's bookkeeping row; raises :class:`UnknownJobError` when absent."""
-        for j in self.jobs():
-            if j["job"] == job:
-                return j
+        found = self.jobs(job)
+        if found:
+            return found[0]
         raise UnknownJobError(f"unknown job {job!r}; list jobs with GET /v1/jobs", field="job")
 
     def topology(self, job: str) -> dict | None:
@@ -658,6 +674,13 @@ class Store:
         version, at, data_batches, body = rows[0]
         return {"version": int(version), "computed_at": float(at),
                 "data_batches": int(data_batches), "verdict": json.loads(body)}
+
+    def used_bytes(self) -> int:
+        """Bytes of the database file in use: its pages less the free ones, which SQLite
+        reuses before it grows the file (the file itself does not shrink)."""
+        (pages,), (free,), (size,) = (self._query(f"PRAGMA {p}")[0]
+                                      for p in ("page_count", "freelist_count", "page_size"))
+        return (pages - free) * size
 
     def counts(self) -> dict[str, int]:
         """Row counts per table (for tests and health checks)."""
