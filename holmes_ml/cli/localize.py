@@ -8,10 +8,9 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from holmes_ml._text import spans
 from holmes_ml.cli._checks import check_delta, check_writable
+from holmes_ml.cli._verdict import print_verdict
 from holmes_ml.io import FORMATS
 
 
@@ -109,49 +108,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(verdict.to_dict()))
             return
-        console = Console()
-        console.print(f"irregular iterations: {spans(verdict.irregular_iterations)}")
-        st = verdict.stats
-        console.print(f"read {int(st.get('ops', 0)):,} ops of {int(st.get('ranks', 0)):,} "
-                      f"rank(s) over {int(st.get('iterations', 0)):,} iteration(s)")
-        if verdict.note:
-            said = f" (delta = {delta})" if "delta" in verdict.note else ""
-            console.print(f"[yellow]note[/yellow]: {verdict.note}{said}")
-        if not verdict.candidates:
-            console.print("[green]no device blamed[/green]")
-        else:
-            table = Table(title="suspects (best first)")
-            # Device ids are long (link:leaf-p0-r2~spine-2): keep them whole on their line and
-            # let the evidence wrap instead.
-            for col in ("#", "kind", "device", "ranks", "score", "top evidence"):
-                table.add_column(col, no_wrap=col == "device",
-                                 overflow="ellipsis" if col == "device" else "fold")
-            for i, c in enumerate(verdict.candidates, 1):
-                ev = c.evidence[0].detail if c.evidence else ""
-                device = c.device
-                if c.coords:  # the rank's place in the parallel layout, under its device
-                    device += "\n" + " ".join(f"{k}{v}" for k, v in c.coords.items())
-                if c.tied_with:
-                    device += f"\n(tied with {len(c.tied_with)})"
-                table.add_row(str(i), c.kind.value, device, _ranks(c.ranks), f"{c.score:.3f}",
-                              ev)
-            console.print(table)
-            if any(c.tied_with for c in verdict.candidates):
-                console.print("[yellow]tied[/yellow]: these devices carry the same slow flows and "
-                              "the logs cannot tell them apart; check each (e.g. a bandwidth test "
-                              "between their hosts)")
-                seen: set[frozenset[str]] = set()
-                for c in verdict.candidates:
-                    tie = frozenset((c.device, *c.tied_with))
-                    if c.tied_with and tie not in seen:
-                        seen.add(tie)
-                        names = [c.device, *c.tied_with]
-                        console.print(f"  {len(names)} tied: " + ", ".join(names[:8])
-                                      + (f" (+{len(names) - 8})" if len(names) > 8 else ""))
-        for w in verdict.workload_findings:
-            console.print(f"[yellow]workload ({w.kind})[/yellow]: {w.detail}")
-
-
-def _ranks(ranks: tuple[int, ...], shown: int = 8) -> str:
-    text = " ".join(map(str, ranks[:shown]))
-    return text + (f" (+{len(ranks) - shown})" if len(ranks) > shown else "")
+        print_verdict(verdict.to_dict(), Console(), delta)

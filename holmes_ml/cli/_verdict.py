@@ -1,0 +1,71 @@
+"""Print a verdict as the ``holmes`` commands show it, from its JSON contract
+(:meth:`holmes_ml.localize.Verdict.to_dict`, also what ``holmes serve`` answers), so that a
+verdict computed here and one fetched from the service read the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from holmes_ml._text import spans
+
+
+def print_verdict(body: dict[str, Any], console: Console, delta: float | None = None) -> None:
+    """Irregular iterations, what the verdict was computed from, its note, the suspects table
+    (with ties spelled out) and the workload findings. ``delta``: the irregularity factor the
+    verdict used, added to a note that mentions it."""
+    console.print(f"irregular iterations: {spans(body.get('irregular_iterations') or ())}")
+    read = body.get("input")
+    if read:
+        console.print(f"read {read['ops']:,} ops of {read['ranks']:,} rank(s) over "
+                      f"{read['iterations']:,} iteration(s)")
+    note = body.get("note")
+    if note:
+        said = f" (delta = {delta})" if delta is not None and "delta" in note else ""
+        console.print(f"[yellow]note[/yellow]: {note}{said}")
+    candidates = body.get("candidates") or []
+    if not candidates:
+        console.print("[green]no device blamed[/green]")
+    else:
+        _suspects(candidates, console)
+    workload = body.get("workload")
+    for w in [workload, *workload.get("others", [])] if workload else []:
+        console.print(f"[yellow]workload ({w['kind']})[/yellow]: {w['detail']}")
+
+
+def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="suspects (best first)")
+    # Device ids are long (link:leaf-p0-r2~spine-2): keep them whole on their line and let the
+    # evidence wrap instead.
+    for col in ("#", "kind", "device", "ranks", "score", "top evidence"):
+        table.add_column(col, no_wrap=col == "device",
+                         overflow="ellipsis" if col == "device" else "fold")
+    for i, c in enumerate(candidates, 1):
+        evidence = c.get("evidence") or []
+        device = str(c.get("device") or "")
+        if c.get("coords"):  # the rank's place in the parallel layout, under its device
+            device += "\n" + " ".join(f"{k}{v}" for k, v in c["coords"].items())
+        if c.get("tied_with"):
+            device += f"\n(tied with {len(c['tied_with'])})"
+        table.add_row(str(i), c["kind"], device, _ranks(c.get("ranks") or []),
+                      f"{c['score']:.3f}", evidence[0]["detail"] if evidence else "")
+    console.print(table)
+    if not any(c.get("tied_with") for c in candidates):
+        return
+    console.print("[yellow]tied[/yellow]: these devices carry the same slow flows and the logs "
+                  "cannot tell them apart; check each (e.g. a bandwidth test between their "
+                  "hosts)")
+    seen: set[frozenset[str]] = set()
+    for c in candidates:
+        names = [c["device"], *(c.get("tied_with") or ())]
+        if len(names) > 1 and frozenset(names) not in seen:
+            seen.add(frozenset(names))
+            console.print(f"  {len(names)} tied: " + ", ".join(names[:8])
+                          + (f" (+{len(names) - 8})" if len(names) > 8 else ""))
+
+
+def _ranks(ranks: list[int], shown: int = 8) -> str:
+    text = " ".join(map(str, ranks[:shown]))
+    return text + (f" (+{len(ranks) - shown})" if len(ranks) > shown else "")
