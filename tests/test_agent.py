@@ -150,3 +150,29 @@ def test_once_on_a_half_written_iteration_ships_its_late_rows_on_the_next_run(tm
         assert (last["n_ops"] == 6).all()  # the summary of the whole iteration replaced the half
     finally:
         srv.stop()
+
+
+def test_a_json_file_in_no_trace_format_is_ignored_until_it_changes(tmp_path, caplog):
+    import logging
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ops = make_ops(seed=13, ranks=2, iterations=3)
+    ops.to_json(logs / "native.jsonl.gz", orient="records", lines=True, compression="gzip")
+    # what a `holmes simulate` directory holds beside its log, and a trace not begun yet
+    (logs / "config.json").write_text('{"gpus": 128, "iterations": 30, "seed": 0}')
+    (logs / "next.json").write_text("")
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+                  summarize=fallback_summarize)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+        assert agent.read_new() == len(ops)
+        assert agent.read_new() == 0
+    assert agent.bad_files == {}
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "config.json is in none of the trace formats" in warned[0], warned
+    # changed into a trace (one that does not parse): read with the others, and refused
+    (logs / "config.json").write_text('{"traceEvents": [')
+    assert agent.read_new() == 0
+    assert list(agent.bad_files) == [logs / "<whole-file traces>"]
+    assert len(agent._ops) == len(ops)  # what was accepted stays
+    agent.close()

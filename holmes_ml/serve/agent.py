@@ -1,8 +1,9 @@
 """The node agent: follow local CommOps logs, summarize them, ship summaries through an outbox.
 
 Each poll the agent (1) reads what its ranks' log files gained — in the followed directory and
-its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a CommOps log is
-ignored with a warning — (``*.jsonl`` and ``*.csv`` are
+its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a CommOps log, or
+a JSON file in none of the trace formats (a config), is ignored with a warning — (``*.jsonl``
+and ``*.csv`` are
 read incrementally; ``*.parquet`` is re-read when it changes; traces in the other supported
 formats — Kineto, Flight Recorder, NCCL Inspector, gzipped logs — are re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
@@ -393,6 +394,8 @@ class Agent:
         #: what the rows read so far say of each rank's host and each communicator's members
         #: and kind (:data:`~holmes_ml.io.schema.FACTS`): fact -> key -> (value, file)
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
+        #: whole-file traces in no known format, with their (size, mtime) when last looked at
+        self._unknown: dict[Path, tuple[int, int]] = {}
         #: why the service could not be reached at the last attempt (None once it answered)
         self.last_error: str | None = None
 
@@ -467,7 +470,8 @@ class Agent:
         from holmes_ml.io import read_ops
 
         root = Path(self.config.follow)
-        paths = sorted({p for pat in WHOLE_FILE_PATTERNS for p in _log_files(root, pat)})
+        paths = self._traces(sorted({p for pat in WHOLE_FILE_PATTERNS
+                                     for p in _log_files(root, pat)}))
         if not paths:
             self.bad_files.pop(root / _WHOLE, None)
             return 0
@@ -494,6 +498,36 @@ class Agent:
         self.stats.raw_bytes += sum(st.st_size for st in stats)
         self._buffer.append(df)
         return len(df)
+
+    def _traces(self, paths: list[Path]) -> list[Path]:
+        """``paths`` less the files whose format cannot be told (another tool's JSON beside
+        the traces, such as the config.json of a ``holmes simulate`` directory): skipped with
+        a warning, and looked at again when they change (a trace just begun may not show its
+        format yet). Empty files are skipped silently."""
+        from holmes_ml.io.readers import FORMATS, UnknownFormatError, detect_format
+
+        out = []
+        for path in paths:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # removed since the glob
+            stamp = (st.st_size, st.st_mtime_ns)
+            if not st.st_size or self._unknown.get(path) == stamp:
+                continue
+            try:
+                detect_format(path)
+            except UnknownFormatError:
+                if path not in self._unknown:
+                    logger.warning("agent: %s is in none of the trace formats (%s): ignored "
+                                   "until it changes", path, ", ".join(FORMATS))
+                self._unknown[path] = stamp
+                continue
+            except SchemaError:
+                pass  # a corrupt gzip stream: reading it says so, naming the file
+            self._unknown.pop(path, None)
+            out.append(path)
+        return out
 
     def _new_facts(self, df: pd.DataFrame, path: Path) -> dict[str, dict[str, str]]:
         """The facts of ``df``, rows new from ``path``; :class:`SchemaError` at the first
