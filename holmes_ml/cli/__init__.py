@@ -43,6 +43,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "holmes_ml.cli.check",
     "holmes_ml.cli.drill",
     "holmes_ml.cli.serve",
+    "holmes_ml.cli.jobs",
     "holmes_ml.cli.bench",
 )
 

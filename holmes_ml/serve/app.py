@@ -783,6 +783,8 @@ def create_app(
             irregular_iterations=[int(i) for i in body.get("irregular_iterations", [])],
             candidates=[_candidate(c) for c in body.get("candidates", [])],
             workload=body.get("workload"),
+            note=body.get("note"),
+            input=body.get("input"),
         )
 
     @app.get("/v1/jobs/{job}/candidates", response_model=list[Candidate])

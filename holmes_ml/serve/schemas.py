@@ -220,6 +220,10 @@ class VerdictOut(BaseModel):
     irregular_iterations: list[int]
     candidates: list[Candidate]
     workload: dict | list | None = None
+    note: str | None = Field(None, description="A caveat the reader needs (as from holmes "
+                             "localize), e.g. that no iteration was irregular")
+    input: dict[str, int] | None = Field(None, description="ops, ranks and iterations the "
+                                         "verdict was computed from (raw-record jobs)")
 
 
 class JobOut(BaseModel):

@@ -1,0 +1,170 @@
+"""``holmes jobs [JOB] --server URL``: read (and manage) what a ``holmes serve`` knows."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from holmes_ml.cli._verdict import print_verdict
+
+
+class ServiceError(ValueError):
+    """The service refused a request or answered something else than its API says; the
+    message names the URL, the status and the service's reason."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``jobs`` to ``app``."""
+
+    @app.command("jobs")
+    def jobs(
+        job: str = typer.Argument(None, help="A job to show the verdict of (default: list "
+                                  "every job with its top suspect).", show_default=False),
+        server: str = typer.Option("http://127.0.0.1:8787", "--server",
+                                   help="Base URL of the `holmes serve` (its printed "
+                                   "'listening on' URL)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the service's JSON answer "
+                                     "(the job list, or the job's verdict) instead of tables."),
+        analyze: bool = typer.Option(False, "--analyze", help="With JOB: have the service "
+                                     "localize the job now instead of at its next background "
+                                     "pass (a write: needs --token when the service has one)."),
+        delete: bool = typer.Option(False, "--delete", help="With JOB: delete the job and "
+                                    "everything the service stored for it (a write: needs "
+                                    "--token when the service has one)."),
+        token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
+                                  help="Bearer token of the service (its --token), for "
+                                  "--analyze and --delete."),
+        timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="Seconds to wait for "
+                                      "the service's answer (--analyze waits for the "
+                                      "localization)."),
+    ) -> None:
+        """What a running `holmes serve` knows: its jobs, or one job's verdict.
+
+        Examples:
+
+        * `holmes jobs --server http://svc:8787` — every job, its data and its top suspect;
+
+        * `holmes jobs job7 --server http://svc:8787` — job7's verdict, shown as `holmes
+        localize` shows one (`--json`: the service's answer as it is);
+
+        * `holmes jobs job7 --analyze --token $T` — localize job7 now, then show it;
+
+        * `holmes jobs job7 --delete --token $T` — forget a finished job.
+        """
+        if (analyze or delete) and job is None:
+            raise ValueError(f"--{'analyze' if analyze else 'delete'}: expected a JOB "
+                             "argument (which job?)")
+        if analyze and delete:
+            raise ValueError("--analyze and --delete: expected one of them, not both")
+        client = _Client(server, token, timeout)
+        console = Console()
+        if delete:
+            answer = client.call("DELETE", f"/v1/jobs/{job}")
+            rows = ", ".join(f"{t} {n:,}" for t, n in sorted(answer["deleted"].items()))
+            typer.echo(json.dumps(answer) if as_json else f"deleted job {job} ({rows} rows)")
+            return
+        if job is None:
+            listed = client.call("GET", "/v1/jobs")
+            if as_json:
+                typer.echo(json.dumps(listed))
+            else:
+                _print_jobs(listed, server, console)
+            return
+        if analyze:
+            client.call("POST", f"/v1/jobs/{job}/analyze")
+        verdict = client.call("GET", f"/v1/jobs/{job}/verdict")
+        if as_json:
+            typer.echo(json.dumps(verdict))
+            return
+        _print_job_verdict(verdict, console)
+
+
+class _Client:
+    """Requests to one service, with every failure turned into one readable error."""
+
+    def __init__(self, server: str, token: str | None, timeout: float) -> None:
+        from holmes_ml.serve import require_extra
+
+        self.httpx = require_extra("httpx")
+        self.server = server.rstrip("/")
+        if not self.server.startswith(("http://", "https://")):
+            raise ValueError(f"--server {server!r}: expected an http:// or https:// URL, as "
+                             "holmes serve prints it")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
+
+    def call(self, method: str, path: str) -> Any:
+        url = self.server + path
+        try:
+            r = self.httpx.request(method, url, headers=self.headers, timeout=self.timeout)
+        except self.httpx.HTTPError as exc:
+            raise ServiceError(f"{method} {url}: no answer ({type(exc).__name__}: {exc}); "
+                               "expected a running holmes serve there (see --server)") from None
+        if r.status_code == 401:
+            raise ServiceError(f"{method} {url}: the service needs its token for this; pass "
+                               "--token (or set HOLMES_SERVE_TOKEN)")
+        try:
+            body = r.json()
+        except ValueError:
+            raise ServiceError(f"{method} {url}: HTTP {r.status_code}, not JSON "
+                               f"({r.text[:200]!r}); expected a holmes serve answer") from None
+        if r.status_code >= 400:
+            why = body.get("detail") if isinstance(body, dict) else body
+            raise ServiceError(f"{method} {url}: HTTP {r.status_code}: {why}")
+        return body
+
+
+def _ago(at: float | None, stamp: bool = True) -> str:
+    """An epoch time as "5 min ago (2026-11-27 23:45:57)", in this machine's time zone (the
+    time in brackets only with ``stamp``)."""
+    if not at:
+        return "never"
+    seconds = max(0.0, time.time() - at)
+    unit, size = next(((u, n) for u, n in (("d", 86400), ("h", 3600), ("min", 60))
+                       if seconds >= 2 * n), ("s", 1))
+    ago = f"{seconds / size:.0f} {unit} ago"
+    if not stamp:
+        return ago
+    return f"{ago} ({datetime.fromtimestamp(at).isoformat(sep=' ', timespec='seconds')})"
+
+
+def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> None:
+    if not listed:
+        console.print(f"no jobs at {server} yet: agents create one with their first batch")
+        return
+    table = Table(title=f"jobs at {server}")
+    for col in ("job", "mode", "records", "batches", "last data", "top suspect", "score"):
+        table.add_column(col, overflow="fold")
+    for j in listed:
+        top = j.get("top")
+        suspect = "-"
+        if top:
+            suspect = top["device"] or top["kind"]
+            if top.get("tied_with"):
+                suspect += f" (tied with {len(top['tied_with'])})"
+        table.add_row(j["job"], j["mode"], f"{j['records']:,}", f"{j['batches']:,}",
+                      _ago(j.get("last_ingest_at"), stamp=False), suspect,
+                      f"{top['score']:.3f}" if top else "")
+    console.print(table)
+
+
+def _print_job_verdict(verdict: dict[str, Any], console: Console) -> None:
+    job = verdict["job"]
+    if not verdict["version"]:
+        console.print(f"job {job}: no verdict yet (the service localizes a job soon after its "
+                      "data arrives; --analyze asks for it now)")
+    else:
+        stale = ("; newer data has arrived since" if verdict.get("stale") else "")
+        console.print(f"job {job}: verdict {verdict['version']}, computed "
+                      f"{_ago(verdict['computed_at'])} from {verdict['data_batches']:,} "
+                      f"batch(es){stale}")
+    if verdict.get("error"):
+        console.print(f"[red]error[/red]: {verdict['error']}")
+    if verdict["version"]:
+        print_verdict(verdict, console)

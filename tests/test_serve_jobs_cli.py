@@ -1,0 +1,71 @@
+"""`holmes jobs` against a real service on loopback: the job list, a verdict shown as
+`holmes localize` shows one, deleting a job, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pyarrow as pa
+import pytest
+from test_serve_cli import holmes, one_line_error
+from test_serve_support import TOKEN, auth, free_port, make_ops, raw_body, start_server
+
+from holmes_ml.io import without_labels
+from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    sim = simulate(SimConfig(gpus=16, iterations=16, seed=3, faults=(
+        FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=6"),)))
+    ops = without_labels(sim.ops)
+    table = pa.Table.from_pandas(ops, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    srv = start_server(tmp_path_factory.mktemp("jobs"), pipeline=True)
+    r = httpx.post(srv.url + "/v1/jobs/job7/raw.arrow", content=sink.getvalue().to_pybytes(),
+                   params={"source": "logger", "batch_id": "b0"}, headers=auth())
+    assert r.status_code == 200, r.text
+    yield srv, ops
+    srv.stop()
+
+
+def test_a_verdict_reads_as_holmes_localize_prints_one(service):
+    srv, ops = service
+    shown = holmes("jobs", "job7", "--analyze", "--token", TOKEN, "--server", srv.url)
+    assert shown.returncode == 0, shown.stderr
+    answer = json.loads(holmes("jobs", "job7", "--json", "--server", srv.url).stdout)
+    assert answer == httpx.get(srv.url + "/v1/jobs/job7/verdict").json()
+    # what the verdict was computed from and its caveat travel with it, as from localize
+    assert answer["input"] == {"ops": len(ops), "ranks": 16, "iterations": 16}
+    out = shown.stdout
+    assert out.startswith(f"job job7: verdict {answer['version']}, computed "), out
+    assert f"read {len(ops):,} ops of 16 rank(s) over 16 iteration(s)" in out
+    assert answer["candidates"][0]["ranks"] == [5], answer  # the slowed GPU
+    assert "gpu:node000/5" in out and "rank 5 arrived last" in out
+    listed = holmes("jobs", "--server", srv.url)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if "job7" in line)
+    assert "raw" in row and f"{len(ops):,}" in row and "gpu:node000/5" in row
+
+
+def test_a_deleted_job_is_gone_and_bad_requests_are_one_line(service, tmp_path):
+    srv, _ = service
+    assert httpx.post(srv.url + "/v1/jobs/old/raw", json=raw_body(make_ops(seed=4), "b0", 0),
+                      headers=auth()).status_code == 200
+    line = one_line_error(holmes("jobs", "old", "--delete", "--server", srv.url))
+    assert "needs its token" in line and "--token" in line
+    gone = holmes("jobs", "old", "--delete", "--token", TOKEN, "--server", srv.url)
+    assert gone.returncode == 0 and gone.stdout.startswith("deleted job old ("), gone.stdout
+    line = one_line_error(holmes("jobs", "old", "--server", srv.url))
+    assert "HTTP 404" in line and "unknown job 'old'" in line
+    assert "old" not in [j["job"] for j in httpx.get(srv.url + "/v1/jobs").json()]
+    nobody = f"http://127.0.0.1:{free_port()}"
+    line = one_line_error(holmes("jobs", "--server", nobody))
+    assert nobody in line and "expected a running holmes serve" in line
+    line = one_line_error(holmes("jobs", "--server", srv.url.removeprefix("http://")))
+    assert "expected an http:// or https:// URL" in line
+    line = one_line_error(holmes("jobs", "--delete", "--server", srv.url))
+    assert line == "error: --delete: expected a JOB argument (which job?)"
