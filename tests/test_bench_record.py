@@ -51,3 +51,23 @@ def test_markdown_report_lists_figures_goals_and_tables(tmp_path):
     assert "| gpus | top1 | n |" in text
     assert "| 64 | 1 |  |" in text
     assert json.loads((tmp_path / "unit.json").read_text())["figures"]["top1"] == 0.975
+
+
+def test_the_rise_of_resident_memory_counts_what_the_call_touched():
+    import numpy as np
+    import pytest
+
+    from holmes_ml.bench.record import rss_rise_mb
+
+    def touch(mib: int) -> int:
+        a = np.ones(mib * 2**20, dtype=np.uint8)  # written, so resident
+        return int(a[::4096].sum())
+
+    out, rise = rss_rise_mb(lambda: touch(200))
+    if rise is None:
+        pytest.skip("the peak of resident memory cannot be reset here (not Linux, or refused)")
+    assert out == 200 * 2**20 // 4096
+    assert 190 <= rise <= 400, rise
+    # the peak was reset: a small call after a big one does not report the big one
+    _, small = rss_rise_mb(lambda: touch(10))
+    assert small is not None and small < 100, small

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -9,6 +10,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -92,6 +94,27 @@ def library_versions() -> dict[str, str]:
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith(field + ":"))
+
+
+def rss_rise_mb(fn: Callable[[], Any]) -> tuple[Any, float | None]:
+    """Run ``fn``; return its result and how far this process's resident memory rose above
+    where it stood when ``fn`` started, at its peak, in MiB. Unlike tracemalloc this counts
+    every allocator (Arrow's buffers too). Linux only (the peak is reset through
+    ``/proc/self/clear_refs``); ``None`` elsewhere or where that is not allowed."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM, the peak, to the current resident size
+        before = _status_kib("VmRSS")
+    except (OSError, StopIteration, ValueError):
+        return fn(), None
+    out = fn()
+    return out, (_status_kib("VmHWM") - before) / 1024.0
 
 
 def _cell(value: Any) -> str:

@@ -12,7 +12,12 @@ database), then measures
 * verdict cost against a job's age: one job's agent summaries (512 ranks, one slow) stored
   iteration after iteration, and the verdict computed as the service does, over its most recent
   ``ServeSettings.analyze_last`` iterations and over all of them; with the database's size
-  at each age, and after pruning it to that window (``holmes serve --keep-iterations``).
+  at each age, and after pruning it to that window (``holmes serve --keep-iterations``);
+* verdict cost against a job's size: the same kind of job with 512 … 8,192 ranks in one
+  communicator (as under FSDP across the whole job, or a job's default process group), its
+  window of iterations stored; seconds per verdict and how far the process's resident memory
+  rose during it (Arrow's buffers included, which tracemalloc does not see).
+  Both tables carry the first rank of the verdict's first suspect: 5, the late one.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from holmes_ml.bench.record import BenchResult
+from holmes_ml.bench.record import BenchResult, rss_rise_mb
 from holmes_ml.io.schema import without_labels
 
 #: Bearer token of the service :func:`_start` launches.
@@ -171,6 +178,49 @@ def _agent_traffic(quick: bool) -> tuple[dict[str, float], str]:
     }, model
 
 
+def _late_rank_batch(first: int, its: np.ndarray, ranks: int, rng: np.random.Generator
+                     ) -> dict:
+    """An agent batch of ``its`` of a data-parallel job of ``ranks`` ranks in one communicator
+    (as under FSDP across the whole job): every rank computes for 0.8 s, then joins the
+    all_reduce; rank 5 joins 0.2 s late, so the others' copies are abnormal (they waited) and
+    its own is not."""
+    it, rk = np.repeat(its, ranks), np.tile(np.arange(ranks), len(its))
+    waited = np.repeat(its, ranks - 1)
+    n = len(waited)
+    batch: dict = {
+        "source": "agent", "batch_id": f"b{first}", "seq": first,
+        "iterations": {"iteration": it.tolist(), "rank": rk.tolist(),
+                       "start_ns": (it * 10**9 + rng.integers(0, 10**4, len(it))).tolist(),
+                       "end_ns": (it * 10**9 + 12 * 10**8
+                                  + rng.integers(0, 10**4, len(it))).tolist(),
+                       "comm_us": np.where(rk == 5, 900.0, 2e5 + 900.0).tolist(),
+                       "n_ops": [8] * len(it)},
+        "abnormal": {"iteration": waited.tolist(),
+                     "rank": np.tile(np.delete(np.arange(ranks), 5), len(its)).tolist(),
+                     "op": ["all_reduce"] * n, "group": ["dp-0"] * n, "seq": waited.tolist(),
+                     "nbytes": [1 << 20] * n, "start_ns": (waited * 10**9 + 8 * 10**8).tolist(),
+                     "duration_us": [2e5 + 900.0] * n, "score": [0.99] * n,
+                     "excess_us": [2e5] * n}}
+    if first == 0:
+        batch["ranks"] = {"rank": list(range(ranks)), "host": [f"h{r // 8}" for r in range(ranks)],
+                          "gpu": [r % 8 for r in range(ranks)]}
+        batch["groups"] = [{"name": "dp-0", "kind": "dp", "ranks": list(range(ranks))}]
+    return batch
+
+
+def _store_late_rank_job(store: Any, ranks: int, first: int, last: int, rng: np.random.Generator,
+                         step: int = 100) -> None:
+    """Iterations ``first`` to ``last`` (excluded) of the :func:`_late_rank_batch` job."""
+    for at in range(first, last, step):
+        its = np.arange(at, min(at + step, last))
+        store.ingest_agent("job", _late_rank_batch(at, its, ranks, rng), f"d{at}")
+
+
+def _top_rank(verdict: dict) -> float:
+    """The first rank of the verdict's first suspect (-1: none), to show that it is rank 5."""
+    return float(verdict["candidates"][0]["ranks"][0]) if verdict["candidates"] else -1.0
+
+
 def _verdict_vs_age(quick: bool) -> tuple[list[dict[str, float]], float]:
     """Seconds per verdict of an agent job as it ages, and the megabytes it keeps stored with
     ``--keep-iterations`` at the verdict window (see the module docstring)."""
@@ -178,7 +228,7 @@ def _verdict_vs_age(quick: bool) -> tuple[list[dict[str, float]], float]:
     from holmes_ml.serve.engine import compute_verdict, pipeline_analyzers
     from holmes_ml.serve.store import Store
 
-    ranks, step = (128, 100) if quick else (512, 100)
+    ranks = 128 if quick else 512
     ages = (100, 1000) if quick else (100, 1000, 4000)
     window = ServeSettings(db=Path("unused")).analyze_last
     rng = np.random.default_rng(0)
@@ -187,47 +237,49 @@ def _verdict_vs_age(quick: bool) -> tuple[list[dict[str, float]], float]:
         store = Store(Path(tmp) / "age.db")
         stored = 0
         for age in ages:
-            for first in range(stored, age, step):
-                its = np.arange(first, min(first + step, age))
-                it, rk = np.repeat(its, ranks), np.tile(np.arange(ranks), len(its))
-                start = it * 10**9 + rng.integers(0, 10**4, len(it))
-                end = start + 9 * 10**8 + np.where(rk == 5, 10**8, rng.integers(0, 10**6, len(it)))
-                waited = np.repeat(its, ranks - 1)
-                waiting = np.tile(np.delete(np.arange(ranks), 5), len(its))
-                n = len(waited)
-                batch: dict = {
-                    "source": "agent", "batch_id": f"b{first}", "seq": first,
-                    "iterations": {"iteration": it.tolist(), "rank": rk.tolist(),
-                                   "start_ns": start.tolist(), "end_ns": end.tolist(),
-                                   "comm_us": [900.0] * len(it), "n_ops": [8] * len(it)},
-                    # rank 5 late at the job's data-parallel all_reduce of every iteration: the
-                    # others' copies are abnormal
-                    "abnormal": {"iteration": waited.tolist(), "rank": waiting.tolist(),
-                                 "op": ["all_reduce"] * n, "group": ["dp-0"] * n,
-                                 "seq": waited.tolist(), "nbytes": [1 << 20] * n,
-                                 "start_ns": (waited * 10**9).tolist(),
-                                 "duration_us": [1e5] * n, "score": [0.99] * n}}
-                if first == 0:
-                    batch["ranks"] = {"rank": list(range(ranks)),
-                                      "host": [f"h{r // 8}" for r in range(ranks)],
-                                      "gpu": [r % 8 for r in range(ranks)]}
-                    batch["groups"] = [{"name": "dp-0", "kind": "dp",
-                                        "ranks": list(range(ranks))}]
-                store.ingest_agent("age", batch, f"d{first}")
+            _store_late_rank_job(store, ranks, stored, age, rng)
             stored = age
             if age == ages[0]:  # imports and the first pandas calls are not the verdict's
-                compute_verdict(store, "age", pipeline_analyzers(), last=window)
+                compute_verdict(store, "job", pipeline_analyzers(), last=window)
             row: dict[str, float] = {"iterations_stored": float(age)}
             for name, last in (("seconds_window", window), ("seconds_all", None)):
                 t0 = time.perf_counter()
-                compute_verdict(store, "age", pipeline_analyzers(), last=last)
+                verdict = compute_verdict(store, "job", pipeline_analyzers(), last=last)
                 row[name] = time.perf_counter() - t0
+            row["top_suspect_rank"] = _top_rank(verdict)
             row["database_mb"] = store.used_bytes() / 1e6
             rows.append(row)
-        store.prune("age", window)
+        store.prune("job", window)
         kept = store.used_bytes() / 1e6
         store.close()
     return rows, kept
+
+
+def _verdict_vs_size(quick: bool) -> list[dict[str, float]]:
+    """Seconds and traced peak memory of a verdict over the window of a job whose one
+    communicator spans every rank, at growing job sizes."""
+    from holmes_ml.serve.app import ServeSettings
+    from holmes_ml.serve.engine import compute_verdict, pipeline_analyzers
+    from holmes_ml.serve.store import Store
+
+    window = ServeSettings(db=Path("unused")).analyze_last
+    rows = []
+    for ranks in (512, 2048) if quick else (512, 2048, 8192):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Store(Path(tmp) / "size.db")
+            _store_late_rank_job(store, ranks, 0, window, np.random.default_rng(0),
+                                 step=max(1, 50_000 // ranks))
+            if not rows:  # imports and the first pandas calls are not the verdict's
+                compute_verdict(store, "job", pipeline_analyzers(), last=10)
+            t0 = time.perf_counter()
+            verdict, rise = rss_rise_mb(
+                partial(compute_verdict, store, "job", pipeline_analyzers(), last=window))
+            seconds = time.perf_counter() - t0
+            store.close()
+        rows.append({"ranks": float(ranks), "abnormal_rows": float(window * (ranks - 1)),
+                     "seconds": seconds, "rss_rise_mb": float("nan") if rise is None else rise,
+                     "top_suspect_rank": _top_rank(verdict)})
+    return rows
 
 
 def run(quick: bool = False) -> BenchResult:
@@ -265,6 +317,11 @@ def run(quick: bool = False) -> BenchResult:
     traffic, model = _agent_traffic(quick)
     figures.update(traffic)
     age, kept_mb = _verdict_vs_age(quick)
+    size = _verdict_vs_size(quick)
+    figures[f"verdict_seconds_{int(size[-1]['ranks'])}_ranks_one_communicator"] = \
+        size[-1]["seconds"]
+    figures[f"verdict_rss_rise_mb_{int(size[-1]['ranks'])}_ranks_one_communicator"] = \
+        size[-1]["rss_rise_mb"]
     oldest = int(age[-1]["iterations_stored"])
     figures[f"database_mb_{oldest}_iterations"] = age[-1]["database_mb"]
     figures["database_mb_kept_to_the_verdict_window"] = kept_mb
@@ -282,7 +339,8 @@ def run(quick: bool = False) -> BenchResult:
                              "p50_ms": figures["ingest_p50_ms"],
                              "p99_ms": figures["ingest_p99_ms"]},
                             {"request": "GET job", "p99_ms": figures["query_p99_ms"]}],
-                "verdict against the job's age (agent job, one slow rank)": age},
+                "verdict against the job's age (agent job, one slow rank)": age,
+                "verdict against the job's size (one communicator of every rank)": size},
     )
 
 

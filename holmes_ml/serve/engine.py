@@ -77,9 +77,9 @@ def agent_summary_frames(data: dict[str, Any]) -> dict[str, pd.DataFrame]:
     groups = groups_frame(data["groups"])
     ab = data["abnormal"].copy()
     if len(groups):
-        info = groups.set_index("group")
-        ab["group_ranks"] = ab["group"].map(info["group_ranks"]).fillna("").astype(str)
-        kinds = ab["group"].map(info["group_kind"]).fillna("").astype(str)
+        # The members stay in the groups table: a copy of a 8,192-rank member list on each
+        # abnormal row of a world-size communicator would take gigabytes.
+        kinds = ab["group"].map(groups.set_index("group")["group_kind"]).fillna("").astype(str)
         ab["group_kind"] = ab["group_kind"].where(ab["group_kind"] != "", kinds)
     ranks = data["ranks"]
     if len(ranks) and "host" in ab.columns:
