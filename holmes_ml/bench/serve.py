@@ -178,12 +178,12 @@ def _agent_traffic(quick: bool) -> tuple[dict[str, float], str]:
     }, model
 
 
-def _late_rank_batch(first: int, its: np.ndarray, ranks: int, rng: np.random.Generator
-                     ) -> dict:
+def _late_rank_batch(first: int, its: np.ndarray, ranks: int, rng: np.random.Generator,
+                     late: int = 5) -> dict:
     """An agent batch of ``its`` of a data-parallel job of ``ranks`` ranks in one communicator
     (as under FSDP across the whole job): every rank computes for 0.8 s, then joins the
-    all_reduce; rank 5 joins 0.2 s late, so the others' copies are abnormal (they waited) and
-    its own is not."""
+    all_reduce; rank ``late`` joins 0.2 s late, so the others' copies are abnormal (they
+    waited) and its own is not."""
     it, rk = np.repeat(its, ranks), np.tile(np.arange(ranks), len(its))
     waited = np.repeat(its, ranks - 1)
     n = len(waited)
@@ -193,10 +193,10 @@ def _late_rank_batch(first: int, its: np.ndarray, ranks: int, rng: np.random.Gen
                        "start_ns": (it * 10**9 + rng.integers(0, 10**4, len(it))).tolist(),
                        "end_ns": (it * 10**9 + 12 * 10**8
                                   + rng.integers(0, 10**4, len(it))).tolist(),
-                       "comm_us": np.where(rk == 5, 900.0, 2e5 + 900.0).tolist(),
+                       "comm_us": np.where(rk == late, 900.0, 2e5 + 900.0).tolist(),
                        "n_ops": [8] * len(it)},
         "abnormal": {"iteration": waited.tolist(),
-                     "rank": np.tile(np.delete(np.arange(ranks), 5), len(its)).tolist(),
+                     "rank": np.tile(np.delete(np.arange(ranks), late), len(its)).tolist(),
                      "op": ["all_reduce"] * n, "group": ["dp-0"] * n, "seq": waited.tolist(),
                      "nbytes": [1 << 20] * n, "start_ns": (waited * 10**9 + 8 * 10**8).tolist(),
                      "duration_us": [2e5 + 900.0] * n, "score": [0.99] * n,
@@ -209,11 +209,11 @@ def _late_rank_batch(first: int, its: np.ndarray, ranks: int, rng: np.random.Gen
 
 
 def _store_late_rank_job(store: Any, ranks: int, first: int, last: int, rng: np.random.Generator,
-                         step: int = 100) -> None:
+                         step: int = 100, late: int = 5) -> None:
     """Iterations ``first`` to ``last`` (excluded) of the :func:`_late_rank_batch` job."""
     for at in range(first, last, step):
         its = np.arange(at, min(at + step, last))
-        store.ingest_agent("job", _late_rank_batch(at, its, ranks, rng), f"d{at}")
+        store.ingest_agent("job", _late_rank_batch(at, its, ranks, rng, late), f"d{at}")
 
 
 def _top_rank(verdict: dict) -> float:

@@ -34,21 +34,28 @@ class Analyzers:
         ``(ops, topology=None, model=None) -> Verdict``.
     node_summary:
         ``(iterations=, abnormal=, groups=) -> NodeSummary``.
+    abnormal_window:
+        ``localize_summaries`` looks at the abnormal operators of this many most recent
+        iterations that have any, and no others; only those are read from the store. ``None``:
+        all of the verdict's window.
     """
 
     localize_summaries: Callable[..., Any]
     analyze: Callable[..., Any]
     node_summary: Callable[..., Any]
+    abnormal_window: int | None = None
 
 
 def pipeline_analyzers() -> Analyzers:
     """The real pipeline (:mod:`holmes_ml.pipeline`)."""
     from holmes_ml import pipeline
+    from holmes_ml.localize import LocalizeConfig
 
     return Analyzers(
         localize_summaries=pipeline.localize_summaries,
         analyze=pipeline.analyze,
         node_summary=pipeline.NodeSummary,
+        abnormal_window=LocalizeConfig().window,
     )
 
 
@@ -110,7 +117,7 @@ def compute_verdict(
         ops = store.raw_ops(job, last)
         verdict = analyzers.analyze(ops, topology=topology, model=model)
     elif info["mode"] == "agent":
-        frames = agent_summary_frames(store.agent_data(job, last))
+        frames = agent_summary_frames(store.agent_data(job, last, analyzers.abnormal_window))
         summary = analyzers.node_summary(**frames)
         verdict = analyzers.localize_summaries([summary], topology=topology)
     else:

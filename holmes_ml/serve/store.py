@@ -611,12 +611,21 @@ class Store:
                 "verdicts WHERE job=?)-?", (job, job, VERDICTS_KEPT)).rowcount
         return {table: n for table, n in out.items() if n}
 
-    def agent_data(self, job: str, last: int | None = None) -> dict[str, Any]:
+    def agent_data(self, job: str, last: int | None = None,
+                   abnormal_last: int | None = None) -> dict[str, Any]:
         """What agents sent for ``job``: iteration summaries, abnormal ops, groups, ranks;
         with ``last``, the iteration summaries and abnormal ops of its ``last`` most recent
-        iterations only (:meth:`first_of_last`)."""
+        iterations only (:meth:`first_of_last`); with ``abnormal_last``, the abnormal ops of
+        the ``abnormal_last`` most recent of those iterations that have any."""
         first = self.first_of_last(job, last)
         since = -(2**63) if first is None else first
+        since_ab = since
+        if abnormal_last:
+            (oldest,) = self._query(
+                "SELECT min(iteration) FROM (SELECT DISTINCT iteration FROM abnormal WHERE "
+                "job=? AND iteration>=? ORDER BY iteration DESC LIMIT ?)",
+                (job, since, int(abnormal_last)))[0]
+            since_ab = since if oldest is None else int(oldest)
         with self._lock:
             it = pd.read_sql_query(
                 "SELECT iteration, rank, start_ns, end_ns, comm_us, n_ops FROM iterations "
@@ -627,7 +636,7 @@ class Store:
                 "SELECT iteration, rank, op, grp AS 'group', seq, nbytes, start_ns, duration_us,"
                 " score, peer, host, group_kind, excess_us FROM abnormal WHERE job=? AND "
                 "iteration>=? ORDER BY iteration, grp, seq, rank",
-                self._db, params=(job, since),
+                self._db, params=(job, since_ab),
             )
             groups = self._db.execute(
                 "SELECT name, kind, ranks FROM groups WHERE job=? ORDER BY name", (job,)
