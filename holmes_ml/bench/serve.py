@@ -276,7 +276,7 @@ def _verdict_vs_size(quick: bool) -> list[dict[str, float]]:
                 partial(compute_verdict, store, "job", pipeline_analyzers(), last=window))
             seconds = time.perf_counter() - t0
             store.close()
-        rows.append({"ranks": float(ranks), "abnormal_rows": float(window * (ranks - 1)),
+        rows.append({"ranks": float(ranks), "abnormal_rows_stored": float(window * (ranks - 1)),
                      "seconds": seconds, "rss_rise_mb": float("nan") if rise is None else rise,
                      "top_suspect_rank": _top_rank(verdict)})
     return rows
