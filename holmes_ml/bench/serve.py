@@ -263,7 +263,7 @@ def _verdict_vs_size(quick: bool) -> list[dict[str, float]]:
     from holmes_ml.serve.store import Store
 
     window = ServeSettings(db=Path("unused")).analyze_last
-    rows = []
+    rows: list[dict[str, float]] = []
     for ranks in (512, 2048) if quick else (512, 2048, 8192):
         with tempfile.TemporaryDirectory() as tmp:
             store = Store(Path(tmp) / "size.db")
