@@ -6,7 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from holmes_ml.io.schema import OP_TYPES, REQUIRED_COLUMNS, SchemaError, validate
+from holmes_ml.io.schema import (
+    OP_TYPES,
+    REQUIRED_COLUMNS,
+    SchemaError,
+    ValidationOptions,
+    validate,
+)
 
 
 def _table(**overrides) -> pd.DataFrame:
@@ -47,6 +53,27 @@ def test_categorical_columns_read_as_their_text():
     with pytest.raises(SchemaError, match="missing value") as e:
         validate(cat)
     assert (e.value.column, e.value.row) == ("group", 2)
+
+
+def test_member_lists_are_kept_once_per_communicator():
+    """A communicator of every rank of a large job lists all of them on each of its rows; the
+    canonical table keeps each distinct list once (categorical), whether it came as text or as
+    a Parquet dictionary column, with a missing list as ""."""
+    world = " ".join(map(str, range(8192)))  # about 40 kB
+    n = 2000
+    plain = pd.DataFrame({
+        "iteration": np.repeat(np.arange(n // 4), 4), "rank": np.tile([0, 1, 2, 3], n // 4),
+        "op": "all_reduce", "group": "world", "seq": np.repeat(np.arange(n // 4), 4),
+        "nbytes": 8, "start_ns": np.arange(n), "duration_us": 1.0,
+        "group_ranks": [world] * (n - 1) + [None]})
+    for table in (plain, plain.astype({"group_ranks": "category"})):
+        out = validate(table, options=ValidationOptions(check_groups=False))
+        ranks = out["group_ranks"]
+        assert isinstance(ranks.dtype, pd.CategoricalDtype)
+        assert sorted(ranks.cat.categories) == ["", world]
+        assert ranks.iloc[0] == world and ranks.iloc[-1] == ""
+        # one copy of the list, not one a row (n x 40 kB = 80 MB)
+        assert ranks.memory_usage(deep=True) < 2 * len(world) + 16 * n
 
 
 @pytest.mark.parametrize("value", [["dp-0"], {"name": "dp-0"}, b"dp-0"])

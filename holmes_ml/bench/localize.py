@@ -331,7 +331,8 @@ def _flows_by_device(ops: pd.DataFrame, topology: Any) -> dict[str, frozenset[st
 
     if "group_ranks" not in ops.columns:
         return {}
-    return Fabric(topology).flows_by_device(pd.unique(ops["group_ranks"].astype(str)))
+    # the distinct lists first: a member list of every rank is 40 kB on each row of its group
+    return Fabric(topology).flows_by_device([str(v) for v in pd.unique(ops["group_ranks"])])
 
 
 def _alike(flows_of: dict[str, frozenset[str]], devices: set[str]) -> set[str]:

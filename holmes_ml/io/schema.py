@@ -7,6 +7,7 @@ raises :class:`SchemaError` naming the source, column, row and value when the in
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,9 @@ REQUIRED_COLUMNS: dict[str, str] = {
 }
 #: Optional columns the schema knows; other extra columns are kept as they are.
 OPTIONAL_COLUMNS: dict[str, str] = {
-    "group_ranks": "str",  # space-separated global ranks of the group, in group order
+    # space-separated global ranks of the group, in group order; categorical once validated
+    # (one copy per communicator: a 8,192-rank list is 40 kB, on every row of its group)
+    "group_ranks": "str",
     "peer": "int",  # P2P peer global rank, -1 for collectives
     "host": "str",
     "group_kind": "str",  # tp, dp, pp, ep, cp, ... (free text, lower case)
@@ -167,7 +170,25 @@ def _text(col: pd.Series, column: str, source: str | None) -> pd.Series:
     A categorical column (what Parquet dictionary columns read back as) is converted through
     its categories, once each, rather than row by row; ``fillna("")`` would refuse it anyway
     when ``""`` is not one of its categories.
+
+    ``group_ranks`` comes back categorical, one category per distinct member list: a
+    communicator of every rank of an 8,192-GPU job lists 40 kB on each of its rows, which a
+    string column would copy row by row (13 GB for 327 k operators).
     """
+    if column == "group_ranks":
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            codes = col.cat.codes.to_numpy()
+            lists = [str(c) for c in col.cat.categories]
+        else:
+            codes, uniq = pd.factorize(_text(col, "", source), sort=False)
+            lists = [str(c) for c in uniq]
+        if "" not in lists:
+            lists.append("")
+        codes = np.where(codes < 0, lists.index(""), codes)
+        cats = pd.Index(lists, dtype=object)
+        if not cats.is_unique:  # two categories that read the same once made text
+            codes, cats = pd.factorize(cats.take(codes))
+        return pd.Series(pd.Categorical.from_codes(codes, categories=cats), index=col.index)
     if col.dtype == object:
         odd = np.fromiter((isinstance(v, (list, tuple, dict, set, np.ndarray, bytes, bytearray))
                            for v in col), bool, len(col))
@@ -552,6 +573,19 @@ def _check_instances(df: pd.DataFrame, group: np.ndarray, source: str | None) ->
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _member_list(text: str) -> tuple[frozenset[int] | None, str]:
+    """The ranks of one ``group_ranks`` text (``None``: not a list of ranks) and its
+    :func:`members_key`. Cached: the logs of one job, file after file, list the same
+    communicators, and a list of 8,192 ranks is 40 kB to parse."""
+    tokens = text.split()
+    # more than 19 digits is beyond int64 (and int() refuses over 4,300)
+    if tokens and not all(t.isascii() and t.isdigit() and len(t) <= 19 for t in tokens):
+        return None, ""
+    ranks = frozenset(int(t) for t in tokens)
+    return ranks, " ".join(map(str, sorted(ranks)))
+
+
 def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> None:
     """Participants of a group list the same members, each of them among those members, and
     a send/recv's peer too."""
@@ -560,17 +594,16 @@ def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> No
         return
     codes, lists = pd.factorize(df["group_ranks"])
     mcode = codes[listed]
-    parsed = [str(t).split() for t in lists]
-    for k, tokens in enumerate(parsed):
-        # more than 19 digits is beyond int64 (and int() refuses over 4,300)
-        if tokens and not all(t.isascii() and t.isdigit() and len(t) <= 19 for t in tokens):
+    parsed = [_member_list(str(t)) for t in lists]
+    for k, (members_of_k, _) in enumerate(parsed):
+        if members_of_k is None:
             raise SchemaError(
                 "not a list of ranks", source=source, column="group_ranks",
                 row=int(listed[_first_bad(mcode == k)]), value=str(lists[k]),
                 expected="global ranks (integers >= 0) separated by spaces",
             )
-    members = [frozenset(int(t) for t in tokens) for tokens in parsed]
-    same = pd.factorize(np.array([members_key(t) for t in lists], dtype=object))[0]
+    members = [m or frozenset() for m, _ in parsed]
+    same = pd.factorize(np.array([key for _, key in parsed], dtype=object))[0]
     found = _contradiction(group[listed], same[mcode])
     if found is not None:
         row, first = (int(listed[k]) for k in found)
