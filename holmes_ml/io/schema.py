@@ -44,7 +44,7 @@ REQUIRED_COLUMNS: dict[str, str] = {
 #: Optional columns the schema knows; other extra columns are kept as they are.
 OPTIONAL_COLUMNS: dict[str, str] = {
     # space-separated global ranks of the group, in group order; categorical once validated
-    # (one copy per communicator: a 8,192-rank list is 40 kB, on every row of its group)
+    # (one copy per communicator: an 8,192-rank list is 40 kB, on every row of its group)
     "group_ranks": "str",
     "peer": "int",  # P2P peer global rank, -1 for collectives
     "host": "str",

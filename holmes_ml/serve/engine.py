@@ -84,7 +84,7 @@ def agent_summary_frames(data: dict[str, Any]) -> dict[str, pd.DataFrame]:
     groups = groups_frame(data["groups"])
     ab = data["abnormal"].copy()
     if len(groups):
-        # The members stay in the groups table: a copy of a 8,192-rank member list on each
+        # The members stay in the groups table: a copy of an 8,192-rank member list on each
         # abnormal row of a world-size communicator would take gigabytes.
         kinds = ab["group"].map(groups.set_index("group")["group_kind"]).fillna("").astype(str)
         ab["group_kind"] = ab["group_kind"].where(ab["group_kind"] != "", kinds)

@@ -223,7 +223,7 @@ class VerdictOut(BaseModel):
     note: str | None = Field(None, description="A caveat the reader needs (as from holmes "
                              "localize), e.g. that no iteration was irregular")
     input: dict[str, int] | None = Field(None, description="ops, ranks and iterations the "
-                                         "verdict was computed from (raw-record jobs)")
+                                         "verdict was computed from")
 
 
 class JobOut(BaseModel):
