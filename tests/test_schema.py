@@ -11,6 +11,7 @@ from holmes_ml.io.schema import (
     REQUIRED_COLUMNS,
     SchemaError,
     ValidationOptions,
+    concat_ops,
     validate,
 )
 
@@ -227,3 +228,32 @@ def test_codes_tell_combinations_apart_at_any_magnitude():
     same = code[:, None] == code[None, :]
     expect = np.array([[a == b for b in keys] for a in keys])
     assert (same == expect).all()
+
+
+def test_files_listing_different_communicators_read_to_one_categorical_column(tmp_path):
+    from holmes_ml.io import read_ops
+
+    world = " ".join(map(str, range(4)))
+
+    def part(ranks: list[int], lists: list[str]) -> pd.DataFrame:
+        return pd.DataFrame({
+            "iteration": 0, "rank": ranks, "op": "all_reduce",
+            "group": ["world" if g == world else "pair" for g in lists], "seq": 0,
+            "nbytes": 8, "start_ns": 1, "duration_us": 1.0, "group_ranks": lists})
+
+    # one file lists the world communicator alone, the other also a pair of ranks
+    part([0, 1], [world, world]).astype({"group_ranks": "category"}).to_parquet(
+        tmp_path / "a.parquet")
+    both = pd.concat([part([2, 3], [world, world]), part([2, 3], ["2 3", "2 3"])])
+    both.assign(seq=[0, 0, 1, 1]).astype({"group_ranks": "category"}).to_parquet(
+        tmp_path / "b.parquet")
+    ops = read_ops(tmp_path)
+    assert isinstance(ops["group_ranks"].dtype, pd.CategoricalDtype)
+    assert sorted(set(ops["group_ranks"])) == sorted(["2 3", world])
+    assert ops.groupby("group")["rank"].nunique().to_dict() == {"pair": 2, "world": 4}
+    # joined without making objects of them on the way (pandas alone would)
+    a, b = (validate(pd.read_parquet(tmp_path / f)) for f in ("a.parquet", "b.parquet"))
+    assert pd.concat([a, b])["group_ranks"].dtype == object
+    joined = concat_ops([a, b])
+    assert isinstance(joined["group_ranks"].dtype, pd.CategoricalDtype)
+    assert joined["group_ranks"].tolist() == [*a["group_ranks"], *b["group_ranks"]]

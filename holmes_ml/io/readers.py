@@ -33,7 +33,13 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.io._common import head_bytes, iter_jsonl, open_bytes
-from holmes_ml.io.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, SchemaError, validate
+from holmes_ml.io.schema import (
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    SchemaError,
+    concat_ops,
+    validate,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -588,7 +594,7 @@ def _read_files(
         origin = np.repeat(np.arange(len(files)), [len(f) for f in frames])
         names = [_display(str(f), shown or {}) for f in files]
         try:
-            ops = validate(pd.concat(frames, ignore_index=True), source=source)
+            ops = validate(concat_ops(frames), source=source)
         except SchemaError as exc:
             # only what files say against each other is left: name the file of the row
             raise _in_file(exc, files, names, origin) from None

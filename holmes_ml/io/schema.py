@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from holmes_ml._text import shown
 
@@ -175,12 +176,20 @@ def _text(col: pd.Series, column: str, source: str | None) -> pd.Series:
     communicator of every rank of an 8,192-GPU job lists 40 kB on each of its rows, which a
     string column would copy row by row (13 GB for 327 k operators).
     """
+    if col.dtype == object:
+        odd = np.fromiter((isinstance(v, (list, tuple, dict, set, np.ndarray, bytes, bytearray))
+                           for v in col), bool, len(col))
+        if odd.any():
+            i = _first_bad(odd)
+            raise SchemaError("not a string", source=source, column=column, row=i,
+                              value=type(col.iloc[i]).__name__, expected="a string")
     if column == "group_ranks":
         if isinstance(col.dtype, pd.CategoricalDtype):
             codes = col.cat.codes.to_numpy()
             lists = [str(c) for c in col.cat.categories]
         else:
-            codes, uniq = pd.factorize(_text(col, "", source), sort=False)
+            # factorized as it is: made text first, a 40 kB list would be copied on every row
+            codes, uniq = pd.factorize(col, sort=False)
             lists = [str(c) for c in uniq]
         if "" not in lists:
             lists.append("")
@@ -189,13 +198,6 @@ def _text(col: pd.Series, column: str, source: str | None) -> pd.Series:
         if not cats.is_unique:  # two categories that read the same once made text
             codes, cats = pd.factorize(cats.take(codes))
         return pd.Series(pd.Categorical.from_codes(codes, categories=cats), index=col.index)
-    if col.dtype == object:
-        odd = np.fromiter((isinstance(v, (list, tuple, dict, set, np.ndarray, bytes, bytearray))
-                           for v in col), bool, len(col))
-        if odd.any():
-            i = _first_bad(odd)
-            raise SchemaError("not a string", source=source, column=column, row=i,
-                              value=type(col.iloc[i]).__name__, expected="a string")
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return col.fillna("").astype(str)
     cats = col.cat.categories.astype(str)
@@ -405,6 +407,22 @@ def validate(
     if opts.check_groups and len(result):
         _check_agreement(result, source)
     return result
+
+
+def concat_ops(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``pd.concat`` of CommOps tables that keeps ``group_ranks`` categorical when every
+    table has it so: pandas makes an object column of categoricals whose categories differ
+    (two files that list different communicators), whose 40 kB member lists would then be
+    hashed row by row."""
+    out = pd.concat(frames, ignore_index=True)
+    lists = [f["group_ranks"] for f in frames if "group_ranks" in f.columns]
+    if (len(frames) > 1 and len(lists) == len(frames)
+            and all(isinstance(c.dtype, pd.CategoricalDtype) for c in lists)
+            and not isinstance(out["group_ranks"].dtype, pd.CategoricalDtype)):
+        # one dtype of categories, as union_categoricals asks
+        lists = [c.cat.rename_categories(c.cat.categories.astype(object)) for c in lists]
+        out["group_ranks"] = union_categoricals(lists, ignore_order=True)
+    return out
 
 
 def member_ranks(group_ranks: object) -> tuple[int, ...]:

@@ -41,6 +41,7 @@ from holmes_ml.io.schema import (
     FACTS,
     REQUIRED_COLUMNS,
     SchemaError,
+    concat_ops,
     facts_of,
     job_of,
     member_ranks,
@@ -459,7 +460,7 @@ class Agent:
         for gone in [p for p in self.bad_files if p.name != _WHOLE and not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
-            self._ops = pd.concat([self._ops, *self._buffer], ignore_index=True)
+            self._ops = concat_ops([self._ops, *self._buffer])
             self._buffer.clear()
         self.stats.ops_read += n
         return n
