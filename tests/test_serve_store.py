@@ -184,3 +184,24 @@ def test_a_deleted_job_leaves_nothing_behind(tmp_path):
         # a batch sent afterwards starts a new job of that name: nothing remembers the old one
         r = c.post("/v1/jobs/done/batches", headers=auth(), json=window_batch(0, range(10), 0))
         assert r.status_code == 200 and not r.json()["duplicate"]
+
+
+def test_pruning_and_deleting_give_the_space_back_to_the_file_system(tmp_path):
+    import numpy as np
+
+    from holmes_ml.bench.serve import _store_late_rank_job
+
+    path = tmp_path / "s.db"
+    store = Store(path)
+    _store_late_rank_job(store, 256, 0, 100, np.random.default_rng(0), step=10)
+
+    def size() -> int:
+        store._query("PRAGMA wal_checkpoint(TRUNCATE)")  # the file shrinks at a checkpoint
+        return path.stat().st_size
+
+    full = size()
+    assert store.prune("job", 20)["iterations"] == 80 * 256
+    pruned = size()
+    assert pruned < 0.35 * full, (pruned, full)
+    store.delete_job("job")
+    assert size() < 0.2 * pruned

@@ -211,6 +211,11 @@ class Store:
         self._db = connect_sqlite(self.path, "a holmes serve database", "batches", "--db",
                                   check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
+        if not self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            # Only settable in a new file, before WAL mode and the first table: lets _reclaim
+            # give the pages that pruning and deleting free back to the file system (an older
+            # database only reuses them).
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: the WAL is fsynced at every commit, so "acknowledged" survives even a power cut.
         self._db.execute("PRAGMA synchronous=FULL")
@@ -519,6 +524,7 @@ class Store:
                 if "job" in {r[1] for r in db.execute(f"PRAGMA table_info({t})")}]
             out = {t: db.execute(f"DELETE FROM {t} WHERE job=?", (job,)).rowcount
                    for t in tables}
+        self._reclaim()
         return {t: n for t, n in out.items() if n}
 
     def set_topology(self, job: str, topology: dict) -> None:
@@ -614,7 +620,15 @@ class Store:
             out["verdicts"] = db.execute(
                 "DELETE FROM verdicts WHERE job=? AND version<=(SELECT max(version) FROM "
                 "verdicts WHERE job=?)-?", (job, job, VERDICTS_KEPT)).rowcount
+        self._reclaim()
         return {table: n for table, n in out.items() if n}
+
+    def _reclaim(self) -> None:
+        """Give the pages deletions freed back to the file system, so the file shrinks (a
+        no-op for a database made before holmes_ml set it up for that: it reuses them)."""
+        with self._lock:
+            # executescript steps it to the end (execute frees a single page)
+            self._db.executescript("PRAGMA incremental_vacuum;")
 
     def agent_data(self, job: str, last: int | None = None,
                    abnormal_last: int | None = None) -> dict[str, Any]:
@@ -690,8 +704,9 @@ class Store:
                 "data_batches": int(data_batches), "verdict": json.loads(body)}
 
     def used_bytes(self) -> int:
-        """Bytes of the database file in use: its pages less the free ones, which SQLite
-        reuses before it grows the file (the file itself does not shrink)."""
+        """Bytes of the database file in use: its pages less the free ones (which
+        :meth:`prune` and :meth:`delete_job` give back to the file system, in a database made
+        by this version; SQLite reuses them in an older one)."""
         (pages,), (free,), (size,) = (self._query(f"PRAGMA {p}")[0]
                                       for p in ("page_count", "freelist_count", "page_size"))
         return (pages - free) * size
