@@ -31,7 +31,7 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
     else:
         _suspects(candidates, console)
     workload = body.get("workload")
-    for w in [workload, *workload.get("others", [])] if workload else []:
+    for w in [workload, *workload.get("others", [])] if isinstance(workload, dict) else []:
         console.print(f"[yellow]workload ({w['kind']})[/yellow]: {w['detail']}")
 
 

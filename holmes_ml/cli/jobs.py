@@ -6,6 +6,7 @@ import json
 import time
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -64,8 +65,9 @@ def register(app: typer.Typer) -> None:
             raise ValueError("--analyze and --delete: expected one of them, not both")
         client = _Client(server, token, timeout)
         console = Console()
+        path = f"/v1/jobs/{quote(job, safe='')}" if job is not None else ""
         if delete:
-            answer = client.call("DELETE", f"/v1/jobs/{job}")
+            answer = client.call("DELETE", path)
             rows = ", ".join(f"{t} {n:,}" for t, n in sorted(answer["deleted"].items()))
             typer.echo(json.dumps(answer) if as_json else f"deleted job {job} ({rows} rows)")
             return
@@ -77,8 +79,8 @@ def register(app: typer.Typer) -> None:
                 _print_jobs(listed, server, console)
             return
         if analyze:
-            client.call("POST", f"/v1/jobs/{job}/analyze")
-        verdict = client.call("GET", f"/v1/jobs/{job}/verdict")
+            client.call("POST", f"{path}/analyze")
+        verdict = client.call("GET", f"{path}/verdict")
         if as_json:
             typer.echo(json.dumps(verdict))
             return
