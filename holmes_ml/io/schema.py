@@ -600,8 +600,7 @@ def _member_list(text: str) -> tuple[frozenset[int] | None, str]:
     # more than 19 digits is beyond int64 (and int() refuses over 4,300)
     if tokens and not all(t.isascii() and t.isdigit() and len(t) <= 19 for t in tokens):
         return None, ""
-    ranks = frozenset(int(t) for t in tokens)
-    return ranks, " ".join(map(str, sorted(ranks)))
+    return frozenset(int(t) for t in tokens), members_key(text)
 
 
 def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> None:

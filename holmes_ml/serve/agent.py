@@ -395,8 +395,8 @@ class Agent:
         #: what the rows read so far say of each rank's host and each communicator's members
         #: and kind (:data:`~holmes_ml.io.schema.FACTS`): fact -> key -> (value, file)
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
-        #: whole-file traces in no known format, with their (size, mtime) when last looked at
-        self._unknown: dict[Path, tuple[int, int]] = {}
+        #: whole-file traces as last sniffed: (size, mtime) -> in a known format
+        self._sniffed: dict[Path, tuple[tuple[int, int], bool]] = {}
         #: why the service could not be reached at the last attempt (None once it answered)
         self.last_error: str | None = None
 
@@ -514,20 +514,23 @@ class Agent:
             except FileNotFoundError:
                 continue  # removed since the glob
             stamp = (st.st_size, st.st_mtime_ns)
-            if not st.st_size or self._unknown.get(path) == stamp:
+            if not st.st_size:
                 continue
-            try:
-                detect_format(path)
-            except UnknownFormatError:
-                if path not in self._unknown:
-                    logger.warning("agent: %s is in none of the trace formats (%s): ignored "
-                                   "until it changes", path, ", ".join(FORMATS))
-                self._unknown[path] = stamp
-                continue
-            except SchemaError:
-                pass  # a corrupt gzip stream: reading it says so, naming the file
-            self._unknown.pop(path, None)
-            out.append(path)
+            seen = self._sniffed.get(path)
+            if seen is None or seen[0] != stamp:  # a file's head is read once per version
+                try:
+                    detect_format(path)
+                    known = True
+                except UnknownFormatError:
+                    if seen is None or seen[1]:
+                        logger.warning("agent: %s is in none of the trace formats (%s): "
+                                       "ignored until it changes", path, ", ".join(FORMATS))
+                    known = False
+                except SchemaError:
+                    known = True  # a corrupt gzip stream: reading it says so, naming the file
+                seen = self._sniffed[path] = (stamp, known)
+            if seen[1]:
+                out.append(path)
         return out
 
     def _new_facts(self, df: pd.DataFrame, path: Path) -> dict[str, dict[str, str]]:

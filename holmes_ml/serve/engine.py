@@ -138,7 +138,7 @@ def iteration_rows(store: Store, job: str, last: int | None = None) -> pd.DataFr
     if info["mode"] == "raw":
         ops = store.raw_ops(job, last)
     elif info["mode"] == "agent":
-        it = store.agent_data(job, last)["iterations"]
+        it = store.iteration_summaries(job, last)
         ops = pd.DataFrame(
             {
                 "iteration": it["iteration"].astype(np.int64),

@@ -94,6 +94,9 @@ _ADDED_COLUMNS = (
 _ITERATION_ROW = np.dtype([("iteration", "i8"), ("rank", "i8"), ("start_ns", "i8"),
                            ("end_ns", "i8"), ("comm_us", "f8"), ("n_ops", "i8")])
 
+#: The first iteration of a window that holds every one (the smallest int64).
+_EVERY_ITERATION = -(2**63)
+
 #: Verdicts a job keeps when its old iterations are pruned (only the latest is served).
 VERDICTS_KEPT = 100
 
@@ -636,8 +639,7 @@ class Store:
         with ``last``, the iteration summaries and abnormal ops of its ``last`` most recent
         iterations only (:meth:`first_of_last`); with ``abnormal_last``, the abnormal ops of
         the ``abnormal_last`` most recent of those iterations that have any."""
-        first = self.first_of_last(job, last)
-        since = -(2**63) if first is None else first
+        since = self._since(job, last)
         since_ab = since
         if abnormal_last:
             (oldest,) = self._query(
@@ -646,11 +648,7 @@ class Store:
                 (job, since, int(abnormal_last)))[0]
             since_ab = since if oldest is None else int(oldest)
         with self._lock:
-            # numbers only: a structured array converts a third faster than read_sql_query
-            it = pd.DataFrame(np.array(self._db.execute(
-                "SELECT iteration, rank, start_ns, end_ns, comm_us, n_ops FROM iterations "
-                "WHERE job=? AND iteration>=? ORDER BY iteration, rank", (job, since),
-            ).fetchall(), dtype=_ITERATION_ROW))
+            it = self._iterations(job, since)
             ab = pd.read_sql_query(
                 "SELECT iteration, rank, op, grp AS 'group', seq, nbytes, start_ns, duration_us,"
                 " score, peer, host, group_kind, excess_us FROM abnormal WHERE job=? AND "
@@ -672,12 +670,30 @@ class Store:
             "ranks": ranks,
         }
 
+    def iteration_summaries(self, job: str, last: int | None = None) -> pd.DataFrame:
+        """The ``iterations`` part of :meth:`agent_data` alone."""
+        since = self._since(job, last)
+        with self._lock:
+            return self._iterations(job, since)
+
+    def _iterations(self, job: str, since: int) -> pd.DataFrame:
+        # numbers only: a structured array converts a third faster than read_sql_query
+        return pd.DataFrame(np.array(self._db.execute(
+            "SELECT iteration, rank, start_ns, end_ns, comm_us, n_ops FROM iterations "
+            "WHERE job=? AND iteration>=? ORDER BY iteration, rank", (job, since),
+        ).fetchall(), dtype=_ITERATION_ROW))
+
+    def _since(self, job: str, last: int | None) -> int:
+        """The first iteration of the window :meth:`first_of_last` gives
+        (:data:`_EVERY_ITERATION` for every one)."""
+        first = self.first_of_last(job, last)
+        return _EVERY_ITERATION if first is None else first
+
     def raw_ops(self, job: str, last: int | None = None) -> pd.DataFrame:
         """The raw records of ``job`` in arrival order, as one canonical table; with ``last``,
         those of its ``last`` most recent iterations only (:meth:`first_of_last`): the batches
         that hold none of them are not read."""
-        first = self.first_of_last(job, last)
-        since = -(2**63) if first is None else first
+        since = self._since(job, last)
         # a batch without a span (written by an older holmes_ml) is always read
         rows = self._query(
             "SELECT r.payload FROM raw r LEFT JOIN raw_span s ON s.job=r.job AND "
@@ -688,8 +704,8 @@ class Store:
         if not tables:
             return pd.DataFrame()
         out = pa.concat_tables(tables, promote_options="default").to_pandas()
-        if first is not None:
-            out = out[out["iteration"] >= first].reset_index(drop=True)
+        if since != _EVERY_ITERATION:
+            out = out[out["iteration"] >= since].reset_index(drop=True)
         return out
 
     def latest_verdict(self, job: str) -> dict | None:
