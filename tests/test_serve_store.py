@@ -128,7 +128,7 @@ def test_a_service_keeping_250_iterations_stops_growing_and_still_knows_old_batc
         assert again.status_code == 200 and again.json()["duplicate"], again.text
         assert again.json()["records"] == 100 * 2 * 3  # its record is kept: the stored answer
         db = sqlite3.connect(tmp_path / "s.db")
-        assert db.execute("SELECT min(iteration), count(*) FROM abnormal").fetchone() == (50, 100)
+        assert db.execute("SELECT min(iteration), sum(n) FROM abnormal_blocks").fetchone() == (50, 100)
         # 100 iterations more: batch 0 (iterations 0-99) now lies wholly before the kept ones
         assert c.post("/v1/jobs/k/batches", json=window_batch(3, range(300, 400), None),
                       headers=auth()).status_code == 200
@@ -138,7 +138,7 @@ def test_a_service_keeping_250_iterations_stops_growing_and_still_knows_old_batc
                        headers=auth())
         assert again.status_code == 200 and again.json()["duplicate"], again.text
         assert again.json()["records"] == 0  # known by its seq, nothing stored
-        assert db.execute("SELECT count(*) FROM iterations WHERE iteration<150").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM iteration_blocks WHERE iteration<150").fetchone() == (0,)
         assert c.get("/v1/jobs/k").json()["records"] == 400 * 2 * 3
 
 
@@ -205,3 +205,128 @@ def test_pruning_and_deleting_give_the_space_back_to_the_file_system(tmp_path):
     assert pruned < 0.35 * full, (pruned, full)
     store.delete_job("job")
     assert size() < 0.2 * pruned
+
+
+def _summaries(source: str, seq: int, rows: list[tuple[int, int, int]], abnormal=()) -> dict:
+    """An agent batch of (iteration, rank, n_ops) summaries and abnormal (iteration, rank)."""
+    body = {"source": source, "batch_id": f"{source}-{seq}", "seq": seq, "iterations": {
+        "iteration": [i for i, _, _ in rows], "rank": [r for _, r, _ in rows],
+        "start_ns": [i * 1000 for i, _, _ in rows], "end_ns": [i * 1000 + 900 for i, _, _ in rows],
+        "comm_us": [0.5] * len(rows), "n_ops": [n for _, _, n in rows]}}
+    if abnormal:
+        k = len(abnormal)
+        body["abnormal"] = {"iteration": [i for i, _ in abnormal], "rank": [r for _, r in abnormal],
+                            "op": ["all_reduce"] * k, "group": ["dp-0"] * k, "seq": [0] * k,
+                            "nbytes": [8] * k, "start_ns": [0] * k, "duration_us": [0.9] * k,
+                            "score": [0.97] * k}
+    return body
+
+
+def _tuples(frame, *columns: str) -> list[tuple]:
+    return list(frame[list(columns)].itertuples(index=False, name=None))
+
+
+def test_an_iteration_shipped_again_replaces_that_ranks_summary_alone(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.ingest_agent("job", _summaries("n1", 0, [(5, 1, 3)], abnormal=[(5, 1)]), "a")
+    store.ingest_agent("job", _summaries("n2", 0, [(5, 3, 4), (5, 2, 4)], [(5, 2)]), "b")
+    # more of rank 1's iteration 5 was logged after a flush; rank 0 appears for the first time
+    store.ingest_agent("job", _summaries("n1", 1, [(5, 0, 3), (5, 1, 7), (6, 1, 2)]), "c")
+    got = store.iteration_summaries("job")
+    assert _tuples(got, "iteration", "rank", "n_ops") == [
+        (5, 0, 3), (5, 1, 7), (5, 2, 4), (5, 3, 4), (6, 1, 2)]
+    assert list(got.dtypes) == ["int64"] * 4 + ["float64", "int64"]
+    # rank 1's abnormal op of the old summary went with it; rank 2's (another agent) stays
+    assert store.agent_data("job")["abnormal"]["rank"].tolist() == [2]
+    # an abnormal op sent again (same rank, communicator, seq, peer) replaces the one stored
+    again = _summaries("n2", 1, [], abnormal=[(5, 2), (5, 3)])
+    again["abnormal"]["score"] = [0.5, 0.6]
+    store.ingest_agent("job", again, "d")
+    ab = store.agent_data("job")["abnormal"]
+    assert _tuples(ab, "rank", "score") == [(2, 0.5), (3, 0.6)]
+    assert store.counts()["abnormal"] == 2
+    assert store.job("job")["records"] == 3 + 8 + (3 + 7 - 3 + 2)
+    assert store.counts()["iterations"] == 5
+    assert store.first_of_last("job", 1) == 6
+    # the batches that held iteration 5 alone go too
+    assert store.prune("job", 1) == {"iterations": 4, "abnormal": 2, "batches": 3}
+    assert store.iteration_summaries("job")["rank"].tolist() == [1]
+
+
+def test_a_version_1_database_is_converted_on_opening(tmp_path):
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    # the iteration summaries as holmes_ml stored them before they were packed per agent
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE batches (
+            job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, seq INTEGER,
+            digest TEXT NOT NULL, records INTEGER NOT NULL, ack TEXT NOT NULL,
+            received_at REAL NOT NULL, PRIMARY KEY (job, source, batch_id));
+        CREATE TABLE iterations (
+            job TEXT NOT NULL, iteration INTEGER NOT NULL, rank INTEGER NOT NULL,
+            start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, comm_us REAL NOT NULL,
+            n_ops INTEGER NOT NULL, PRIMARY KEY (job, iteration, rank));
+        CREATE TABLE abnormal (
+            job TEXT NOT NULL, iteration INTEGER NOT NULL, rank INTEGER NOT NULL,
+            op TEXT NOT NULL, grp TEXT NOT NULL, seq INTEGER NOT NULL, nbytes INTEGER NOT NULL,
+            start_ns INTEGER NOT NULL, duration_us REAL NOT NULL, score REAL NOT NULL,
+            peer INTEGER NOT NULL DEFAULT -1, host TEXT NOT NULL DEFAULT '',
+            group_kind TEXT NOT NULL DEFAULT '', excess_us REAL NOT NULL DEFAULT 0,
+            PRIMARY KEY (job, iteration, rank, grp, seq, peer));
+        CREATE TABLE facts (
+            job TEXT NOT NULL, fact TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+            source TEXT NOT NULL, batch_id TEXT NOT NULL, PRIMARY KEY (job, fact, key));
+        INSERT INTO meta VALUES ('schema_version', '1');""")
+    db.executemany("INSERT INTO iterations VALUES (?,?,?,?,?,?,?)", [
+        (job, it, rank, it * 10 + rank, it * 10 + 9, 0.25 * rank, rank + 1)
+        for job in ("j", "k") for it in (1, 0) for rank in (3, 0, 2, 1)])
+    db.executemany("INSERT INTO abnormal VALUES (?,?,?,'all_reduce',?,?,8,0,0.9,?,-1,'','',0)",
+                   [(job, it, rank, grp, seq, score) for job in ("j", "k") for it, rank, grp, seq,
+                    score in ((1, 3, "dp-1", 0, 0.8), (1, 0, "dp-0", 4, 0.9), (0, 2, "dp-0", 4, 0.7),
+                              (1, 1, "dp-0", 4, 0.6))])
+    db.executemany("INSERT INTO facts VALUES (?, 'ranks', ?, ?, ?, 'b0')",
+                   [(job, str(r), s, s) for job in ("j", "k") for r, s in
+                    ((0, "a"), (1, "b"), (3, "a"))])  # rank 2: no agent on record
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store._query("SELECT value FROM meta") == [("2",)]
+    assert store._query("SELECT name FROM sqlite_master WHERE name IN ('iterations', "
+                        "'abnormal')") == []
+    assert store._query("SELECT job, iteration, source, n FROM iteration_blocks "
+                        "WHERE job='j' ORDER BY iteration, source") == [
+        ("j", 0, "", 1), ("j", 0, "a", 2), ("j", 0, "b", 1),
+        ("j", 1, "", 1), ("j", 1, "a", 2), ("j", 1, "b", 1)]
+    got = store.iteration_summaries("j")
+    assert got.to_dict("list") == {
+        "iteration": [0] * 4 + [1] * 4, "rank": [0, 1, 2, 3] * 2,
+        "start_ns": [0, 1, 2, 3, 10, 11, 12, 13], "end_ns": [9] * 4 + [19] * 4,
+        "comm_us": [0.0, 0.25, 0.5, 0.75] * 2, "n_ops": [1, 2, 3, 4] * 2}
+    ab = store.agent_data("j")["abnormal"]
+    assert _tuples(ab, "iteration", "group", "seq", "rank", "score") == [
+        (0, "dp-0", 4, 2, 0.7), (1, "dp-0", 4, 0, 0.9), (1, "dp-0", 4, 1, 0.6),
+        (1, "dp-1", 0, 3, 0.8)]
+    assert store.agent_data("j", abnormal_last=1)["abnormal"]["iteration"].tolist() == [1] * 3
+    # agent a ships rank 3's iteration 1 again: its converted summary is the one replaced,
+    # and its abnormal op goes with it
+    store._db.execute("INSERT INTO jobs (job, created_at, mode) VALUES ('j', 0, 'agent')")
+    store.ingest_agent("j", _summaries("a", 5, [(1, 3, 9)]), "d")
+    assert store.iteration_summaries("j", 1)["n_ops"].tolist() == [1, 2, 3, 9]
+    assert store.agent_data("j", 1)["abnormal"]["rank"].tolist() == [0, 1]
+    assert store.counts()["iterations"] == 16
+    store.close()
+    again = Store(path)  # opened again: nothing to convert
+    assert again.iteration_summaries("k").equals(got)
+    assert again.agent_data("k")["abnormal"].equals(ab)
+
+
+def test_a_database_of_a_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "new.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(ValueError, match="schema version 3; expected 2 or 1"):
+        Store(path)
