@@ -35,8 +35,8 @@ def test_raw_batches_of_older_iterations_are_not_read(tmp_path):
     assert sorted(store.raw_ops("job", 10)["iteration"].unique()) == list(range(20, 30))
     with pytest.raises(pa.ArrowInvalid):
         store.raw_ops("job")  # everything: the spoilt batch is read
-    # a batch without a span (written by an older holmes_ml) is read, and cut to the window
-    store._db.execute("DELETE FROM raw_span WHERE batch_id='b0'")
+    # a batch whose iterations are unknown is read, and cut to the window
+    store._db.execute("UPDATE batches SET last_iteration=NULL WHERE batch_id='b0'")
     got = store.raw_ops("job", 10)
     assert sorted(got["iteration"].unique()) == list(range(20, 30))
     store._db.execute("UPDATE raw SET payload=x'00' WHERE batch_id='b0'")
@@ -79,13 +79,23 @@ def test_a_store_older_than_pruning_gets_its_columns(tmp_path):
             received_at REAL NOT NULL, PRIMARY KEY (job, source, batch_id));
         CREATE TABLE sources (job TEXT NOT NULL, source TEXT NOT NULL,
             last_seq INTEGER NOT NULL, PRIMARY KEY (job, source));
+        CREATE TABLE raw_span (
+            job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL,
+            first_iteration INTEGER NOT NULL, last_iteration INTEGER NOT NULL,
+            PRIMARY KEY (job, source, batch_id));
         INSERT INTO meta VALUES ('schema_version', '1');
         INSERT INTO batches VALUES ('job', 'a', 'b0', 0, 'd', 1, '{}', 0);
-        INSERT INTO sources VALUES ('job', 'a', 0);""")
+        INSERT INTO batches VALUES ('job', 'a', 'b1', 1, 'd', 1, '{}', 0);
+        INSERT INTO raw_span VALUES ('job', 'a', 'b1', 3, 7);
+        INSERT INTO sources VALUES ('job', 'a', 1);""")
     db.close()
     store = Store(path)
-    assert store._query("SELECT last_iteration FROM batches") == [(None,)]
+    # b1's iterations were recorded apart (raw_span); b0's not at all
+    assert store._query("SELECT batch_id, last_iteration FROM batches ORDER BY batch_id") == [
+        ("b0", None), ("b1", 7)]
     assert store._query("SELECT pruned_seq FROM sources") == [(-1,)]
+    assert store._query("SELECT name FROM sqlite_master WHERE name='raw_span'") == []
+    assert store._query("SELECT value FROM meta") == [("2",)]
 
 
 def test_a_job_kept_to_its_recent_iterations_stops_growing(tmp_path):

@@ -71,10 +71,6 @@ CREATE TABLE IF NOT EXISTS facts (
 CREATE TABLE IF NOT EXISTS raw (
     job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, n INTEGER NOT NULL,
     payload BLOB NOT NULL, PRIMARY KEY (job, source, batch_id));
-CREATE TABLE IF NOT EXISTS raw_span (
-    job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL,
-    first_iteration INTEGER NOT NULL, last_iteration INTEGER NOT NULL,
-    PRIMARY KEY (job, source, batch_id));
 CREATE TABLE IF NOT EXISTS raw_iterations (
     job TEXT NOT NULL, iteration INTEGER NOT NULL, PRIMARY KEY (job, iteration));
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -276,23 +272,28 @@ class Store:
             self._db.execute(
                 "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
-        elif int(row[0]) == 1:
-            self._upgrade()
-        elif int(row[0]) != SCHEMA_VERSION:
+        elif int(row[0]) not in (1, SCHEMA_VERSION):
             self._db.close()
             raise DatabaseFileError(
                 f"--db {self.path}: database schema version {row[0]}; expected "
                 f"{SCHEMA_VERSION} or 1 (use a new --db file, or the holmes_ml that made it)"
             )
+        self._upgrade()
 
     def _upgrade(self) -> None:
-        """Convert a version-1 database: its ``iterations`` and ``abnormal`` tables (one row
-        per rank and iteration, resp. per operator) into ``iteration_blocks`` and
-        ``abnormal_blocks``, each rank under the agent that sent it (the ``ranks`` facts;
-        ``""`` for a rank no fact names). One transaction: interrupted, the database stays at
-        version 1 and the next opening converts it again."""
+        """Convert the tables of an older holmes_ml, if any: ``iterations`` and ``abnormal``
+        (one row per rank and iteration, resp. per operator; schema version 1) into
+        ``iteration_blocks`` and ``abnormal_blocks``, each rank under the agent that sent it
+        (the ``ranks`` facts; ``""`` for a rank no fact names), and ``raw_span`` (a raw
+        batch's iterations) into ``batches.last_iteration``. One transaction: interrupted,
+        nothing changed, and the next opening converts it again."""
+        legacy = {"iterations", "abnormal", "raw_span"}
+        tables = {t for (t,) in self._db.execute("SELECT name FROM sqlite_master")}
+        if not tables & legacy and self._db.execute(
+                "SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(
+                SCHEMA_VERSION):
+            return
         with self._tx() as db:
-            tables = {t for (t,) in db.execute("SELECT name FROM sqlite_master")}
             source = ("coalesce((SELECT f.value FROM facts f WHERE f.job=t.job AND "
                       "f.fact='ranks' AND f.key=CAST(t.rank AS TEXT)), '') AS source")
             if "iterations" in tables:
@@ -313,6 +314,12 @@ class Store:
                                (job, int(i), src, len(part), _pack_abnormal(
                                    part[list(_ABNORMAL.names)])))
                 db.execute("DROP TABLE abnormal")
+            if "raw_span" in tables:
+                # made between a567b45 and 11b3a19, a raw batch's record lacks its last iteration
+                db.execute("UPDATE batches SET last_iteration=(SELECT s.last_iteration FROM "
+                           "raw_span s WHERE s.job=batches.job AND s.source=batches.source AND "
+                           "s.batch_id=batches.batch_id) WHERE last_iteration IS NULL")
+                db.execute("DROP TABLE raw_span")
             db.execute("UPDATE meta SET value=? WHERE key='schema_version'",
                        (str(SCHEMA_VERSION),))
         logger.info("%s: upgraded the database to schema version %d", self.path, SCHEMA_VERSION)
@@ -624,9 +631,6 @@ class Store:
                 (job, source, batch_id, table.num_rows, sqlite3.Binary(payload)),
             )
             if its:
-                # what a window of recent iterations needs to find its batches (raw_ops)
-                db.execute("INSERT INTO raw_span VALUES (?,?,?,?,?)",
-                           (job, source, batch_id, min(its), max(its)))
                 db.executemany("INSERT OR IGNORE INTO raw_iterations VALUES (?,?)",
                                [(job, i) for i in its])
             return self._record_batch(db, job, source, batch_id, seq, digest, table.num_rows,
@@ -731,12 +735,9 @@ class Store:
                                (job, first)).rowcount
                 if table == "raw_iterations":
                     out[table] = n
-            old = db.execute("SELECT source, batch_id FROM raw_span WHERE job=? AND "
-                             "last_iteration<?", (job, first)).fetchall()
-            for table in ("raw", "raw_span"):
-                db.executemany(f"DELETE FROM {table} WHERE job=? AND source=? AND batch_id=?",
-                               [(job, s, b) for s, b in old])
-            out["raw_batches"] = len(old)
+            out["raw_batches"] = db.execute(
+                "DELETE FROM raw WHERE job=? AND (source, batch_id) IN (SELECT source, batch_id "
+                "FROM batches WHERE job=? AND last_iteration<?)", (job, job, first)).rowcount
             # the watermark first: it answers for the records deleted next
             gone = "job=? AND last_iteration<? AND seq IS NOT NULL"
             for source, seq in db.execute(f"SELECT source, max(seq) FROM batches WHERE {gone} "
@@ -832,11 +833,12 @@ class Store:
         those of its ``last`` most recent iterations only (:meth:`first_of_last`): the batches
         that hold none of them are not read."""
         since = self._since(job, last)
-        # a batch without a span (written by an older holmes_ml) is always read
+        # a batch whose iterations are not known (its records have no iteration column) is
+        # always read
         rows = self._query(
-            "SELECT r.payload FROM raw r LEFT JOIN raw_span s ON s.job=r.job AND "
-            "s.source=r.source AND s.batch_id=r.batch_id WHERE r.job=? AND "
-            "(s.last_iteration IS NULL OR s.last_iteration>=?) ORDER BY r.rowid", (job, since)
+            "SELECT r.payload FROM raw r LEFT JOIN batches b ON b.job=r.job AND b.source=r.source "
+            "AND b.batch_id=r.batch_id WHERE r.job=? AND (b.last_iteration IS NULL OR "
+            "b.last_iteration>=?) ORDER BY r.rowid", (job, since)
         )
         tables = [pa.ipc.open_stream(pa.py_buffer(r[0])).read_all() for r in rows]
         if not tables:
