@@ -66,6 +66,57 @@ def test_directory_of_mixed_per_rank_files(tmp_path):
     assert sorted(out["rank"].unique()) == list(range(8))
 
 
+@pytest.mark.parametrize("peer_in_one_file", [False, True])
+def test_a_directory_reads_as_its_files_read_one_by_one(tmp_path, monkeypatch,
+                                                        peer_in_one_file):
+    # The files are validated together, one check instead of one per file, unless that fails
+    # (here: a peer column in one file only, missing values in the others): either way what
+    # comes out is what validating each file and then the whole gives.
+    from holmes_ml.io import readers
+    from holmes_ml.io.schema import concat_ops, validate
+
+    df = _ops(n_ranks=8)
+    df["host"] = [f"h{r // 4}" for r in df["rank"]]
+    d = _write_per_rank(df, tmp_path / "d")
+    if peer_in_one_file:
+        f = d / "rank-3.parquet"
+        pd.read_parquet(f).assign(peer=-1).to_parquet(f)
+    files = sorted(d.iterdir())
+    one_by_one = validate(concat_ops([readers._read_native(f) for f in files]))
+    each = []
+    monkeypatch.setattr(readers, "_read_native", lambda f, t=None: each.append(f) or
+                        validate(t, source=str(f)))
+    out = read_ops(d)
+    assert out.equals(one_by_one) and list(out.dtypes) == list(one_by_one.dtypes)
+    assert len(each) == (len(files) if peer_in_one_file else 0)
+
+
+@pytest.mark.parametrize("kinds", [("csv",), ("jsonl", "csv", "parquet")])
+def test_a_bad_file_among_many_is_named_as_when_read_alone(tmp_path, kinds):
+    df = _ops(n_ranks=6).astype({"duration_us": object})
+    df.loc[(df["rank"] == 4) & (df["iteration"] == 1), "duration_us"] = "slow"
+    d = _write_per_rank(df, tmp_path / "d", kinds=kinds)
+    bad = next(f for f in d.iterdir() if f.name.startswith("rank-4."))
+    with pytest.raises(SchemaError) as alone:
+        read_ops(bad)
+    with pytest.raises(SchemaError) as among:
+        read_ops(d)
+    assert str(among.value) == str(alone.value) and among.value.line == alone.value.line
+    assert bad.name in str(among.value) and "'slow'" in str(among.value)
+    # a column missing from one file is named with that file, not as values missing
+    d2 = _write_per_rank(_ops(n_ranks=6), tmp_path / "d2", kinds=kinds)
+    f = next(f for f in d2.iterdir() if f.name.startswith("rank-2."))
+    if f.suffix == ".parquet":
+        pd.read_parquet(f).drop(columns="nbytes").to_parquet(f)
+    elif f.suffix == ".csv":
+        pd.read_csv(f).drop(columns="nbytes").to_csv(f, index=False)
+    else:
+        pd.read_json(f, lines=True).drop(columns="nbytes").to_json(f, orient="records",
+                                                                     lines=True)
+    with pytest.raises(SchemaError, match=r"rank-2\..*missing required column\(s\) nbytes"):
+        read_ops(d2)
+
+
 def test_tar_archive_of_per_rank_files(tmp_path):
     import tarfile
 

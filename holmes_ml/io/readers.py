@@ -459,14 +459,10 @@ def _line_of(path: Path, row: int) -> int | None:
     return None
 
 
-def _read_native(f: Path) -> pd.DataFrame:
-    table = read_native(f)
-    if table.empty and len(table.columns) == 0:
-        # no header, no record: "missing columns" would send the user looking for a typo
-        raise SchemaError("empty file", source=str(f),
-                          expected="a header line and one operator per line" if
-                          _strip_gz(f.name.lower()).endswith(".csv") else "one JSON object "
-                          "(operator) per line")
+def _read_native(f: Path, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Native file ``f`` (already read: ``table``) validated, errors naming its line."""
+    if table is None:
+        table = _read_unvalidated(f)
     try:
         return validate(table, source=str(f))
     except SchemaError as exc:
@@ -480,6 +476,18 @@ def _read_native(f: Path) -> pd.DataFrame:
             raise short from None
         # Editors and `sed -n Np` count file lines, not 0-based data rows.
         raise exc.at(line=line) from None
+
+
+def _read_unvalidated(f: Path) -> pd.DataFrame:
+    """:func:`read_native`, refusing a file with neither header nor record."""
+    table = read_native(f)
+    if table.empty and len(table.columns) == 0:
+        # no header, no record: "missing columns" would send the user looking for a typo
+        raise SchemaError("empty file", source=str(f),
+                          expected="a header line and one operator per line" if
+                          _strip_gz(f.name.lower()).endswith(".csv") else "one JSON object "
+                          "(operator) per line")
+    return table
 
 
 def _in_file(
@@ -559,6 +567,10 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
     return kinds
 
 
+#: The columns the schema knows, in the order :func:`validate` gives them.
+_SCHEMA_ORDER = [*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS]
+
+
 def _read_files(
     inputs: list[_Input], format: str, trust_pickle: bool, shown: dict[str, str] | None = None
 ) -> pd.DataFrame:
@@ -587,17 +599,29 @@ def _read_files(
                               value=len(files), expected="a single trace-*.parquet")
         ops = validate(_converted(format, files, trust_pickle, source), source=source)
     else:
-        # Native: validate each file so errors name it, then concatenate.
-        frames = [_read_native(f) for f in files]
-        if len(frames) == 1:
-            return _drop_duplicate_rows(frames[0], source)
-        origin = np.repeat(np.arange(len(files)), [len(f) for f in frames])
+        tables = [_read_unvalidated(f) for f in files]
+        if len(tables) == 1:
+            return _drop_duplicate_rows(_read_native(files[0], tables[0]), source)
+        origin = np.repeat(np.arange(len(files)), [len(t) for t in tables])
         names = [_display(str(f), shown or {}) for f in files]
         try:
-            ops = validate(concat_ops(frames), source=source)
-        except SchemaError as exc:
-            # only what files say against each other is left: name the file of the row
-            raise _in_file(exc, files, names, origin) from None
+            # the files as one table, validated once: checking each file first costs about
+            # 15 ms a file, three quarters of the time a directory of per-rank logs takes
+            ops = validate(concat_ops(tables), source=source)
+            known = [c for c in _SCHEMA_ORDER if c in ops.columns]
+            if list(ops.columns[:len(known)]) != known:
+                # validate adds a missing peer column after the others the schema knows;
+                # files validated one by one all have it by the time they are joined
+                ops = ops[known + [c for c in ops.columns if c not in known]]
+        except Exception:  # any error: found and named again below
+            # Validate each file so errors name it and its line, then the files together.
+            frames = [_read_native(f, t) for f, t in zip(files, tables, strict=True)]
+            del tables
+            try:
+                ops = validate(concat_ops(frames), source=source)
+            except SchemaError as exc:
+                # only what files say against each other is left: name the file of the row
+                raise _in_file(exc, files, names, origin) from None
         return _drop_duplicate_rows(ops, source, names, origin)
     return _drop_duplicate_rows(ops, source)
 
