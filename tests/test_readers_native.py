@@ -66,9 +66,10 @@ def test_directory_of_mixed_per_rank_files(tmp_path):
     assert sorted(out["rank"].unique()) == list(range(8))
 
 
+@pytest.mark.parametrize("at_once", [256, 3])
 @pytest.mark.parametrize("peer_in_one_file", [False, True])
 def test_a_directory_reads_as_its_files_read_one_by_one(tmp_path, monkeypatch,
-                                                        peer_in_one_file):
+                                                        peer_in_one_file, at_once):
     # The files are validated together, one check instead of one per file, unless that fails
     # (here: a peer column in one file only, missing values in the others): either way what
     # comes out is what validating each file and then the whole gives.
@@ -86,13 +87,33 @@ def test_a_directory_reads_as_its_files_read_one_by_one(tmp_path, monkeypatch,
     each = []
     monkeypatch.setattr(readers, "_read_native", lambda f, t=None: each.append(f) or
                         validate(t, source=str(f)))
+    monkeypatch.setattr(readers, "_FILES_AT_ONCE", at_once)  # read and checked 3 at a time
     out = read_ops(d)
     assert out.equals(one_by_one) and list(out.dtypes) == list(one_by_one.dtypes)
-    assert len(each) == (len(files) if peer_in_one_file else 0)
+    # with 3 at a time, only the 3 read with the file that has a peer column are checked
+    # one by one
+    assert len(each) == (min(len(files), at_once) if peer_in_one_file else 0)
 
 
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "parquet"])
+def test_member_lists_are_held_once_each_while_files_are_read(tmp_path, kind):
+    # an 8,192-rank member list is 40 kB on every row of its communicator: held as text in
+    # every file until all are read, a directory of per-rank logs would take gigabytes
+    from holmes_ml.io.readers import _read_unvalidated
+
+    d = _write_per_rank(_ops(n_ranks=2), tmp_path / "d", kinds=(kind,))
+    table = _read_unvalidated(d / f"rank-0.{kind}")
+    assert isinstance(table["group_ranks"].dtype, pd.CategoricalDtype)
+    assert list(table["group_ranks"].cat.categories) == ["0 1"]
+
+
+@pytest.mark.parametrize("at_once", [256, 3])
 @pytest.mark.parametrize("kinds", [("csv",), ("jsonl", "csv", "parquet")])
-def test_a_bad_file_among_many_is_named_as_when_read_alone(tmp_path, kinds):
+def test_a_bad_file_among_many_is_named_as_when_read_alone(tmp_path, monkeypatch, kinds,
+                                                          at_once):
+    from holmes_ml.io import readers
+
+    monkeypatch.setattr(readers, "_FILES_AT_ONCE", at_once)
     df = _ops(n_ranks=6).astype({"duration_us": object})
     df.loc[(df["rank"] == 4) & (df["iteration"] == 1), "duration_us"] = "slow"
     d = _write_per_rank(df, tmp_path / "d", kinds=kinds)

@@ -6,7 +6,9 @@ the speed-up, and the bytes nodes ship (abnormal-op summaries) against the raw l
 ``holmes localize`` on the Parquet log of a data-parallel job of as many GPUs, whose one
 communicator spans every rank (as under FSDP across the whole job; each row lists all members):
 seconds from reading the file to the verdict, how far resident memory rose, and the first rank
-of the first suspect (the slowed one is rank 77).
+of the first suspect (the slowed one is rank 77); and the same from a directory of one file per
+rank, as the logger of :mod:`holmes_ml.collect` writes them
+(``world_communicator_per_rank_files_*``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import pandas as pd
+
 from holmes_ml.bench.localize import _speed
 from holmes_ml.bench.record import BenchResult, rss_rise_mb
 
@@ -24,7 +28,10 @@ from holmes_ml.bench.record import BenchResult, rss_rise_mb
 _SLOW_RANK = 77
 
 
-def _world_communicator(gpus: int) -> dict[str, float]:
+def _world_communicator(gpus: int, per_rank: bool = False) -> dict[str, float]:
+    """Localize the log of a data-parallel job of ``gpus`` GPUs (one communicator of every
+    rank) from one Parquet file or, with ``per_rank``, from a directory of one file per rank
+    as :mod:`holmes_ml.collect`'s logger writes them."""
     from holmes_ml import pipeline
     from holmes_ml.io import without_labels
     from holmes_ml.simulator import FaultSpec, SimConfig, simulate
@@ -33,7 +40,11 @@ def _world_communicator(gpus: int) -> dict[str, float]:
         FaultSpec.parse(f"gpu_slow:rank={_SLOW_RANK},severity=0.5,start=10"),)))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ops.parquet"
-        without_labels(sim.ops).to_parquet(path)
+        if per_rank:
+            path = Path(tmp) / "logs"
+            _logger_files(sim.ops, path)
+        else:
+            without_labels(sim.ops).to_parquet(path)
         del sim
 
         def localize() -> tuple[object, int]:
@@ -45,10 +56,24 @@ def _world_communicator(gpus: int) -> dict[str, float]:
         (verdict, n_ops), rise = rss_rise_mb(localize)
         seconds = time.perf_counter() - t0
     top = verdict.candidates[0].ranks[0] if verdict.candidates else -1  # type: ignore[attr-defined]
-    return {"world_communicator_ops": float(n_ops),
-            "world_communicator_localize_seconds": seconds,
-            "world_communicator_rss_rise_mb": float("nan") if rise is None else rise,
-            "world_communicator_top_rank": float(top)}
+    name = "world_communicator_per_rank_files" if per_rank else "world_communicator"
+    return {f"{name}_ops": float(n_ops),
+            f"{name}_localize_seconds": seconds,
+            f"{name}_rss_rise_mb": float("nan") if rise is None else rise,
+            f"{name}_top_rank": float(top)}
+
+
+def _logger_files(ops: pd.DataFrame, root: Path) -> None:
+    """``ops`` as the logger writes them (:class:`~holmes_ml.collect.writer.RowSink`): one
+    Parquet file per rank under ``root``."""
+    from holmes_ml.collect.writer import COLUMNS, Coded, RowSink
+
+    for rank, part in ops.groupby("rank", sort=True):
+        sink = RowSink(root / f"rank-{int(rank):05d}.parquet")
+        sink.write({c: Coded(part[c].cat.codes.to_numpy(), list(part[c].cat.categories))
+                    if isinstance(part[c].dtype, pd.CategoricalDtype) else part[c].to_numpy()
+                    for c in COLUMNS})
+        sink.close()
 
 
 def run(quick: bool = False) -> BenchResult:
@@ -56,8 +81,10 @@ def run(quick: bool = False) -> BenchResult:
     figures: dict[str, float] = dict(_speed(quick))
     # in a process of its own: memory the window above left in this one's allocators would
     # hide what localizing this log needs
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        figures.update(pool.submit(_world_communicator, 2048 if quick else 8192).result())
+    for per_rank in (False, True):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            figures.update(pool.submit(_world_communicator, 2048 if quick else 8192,
+                                       per_rank).result())
     figures["bench_seconds"] = round(time.perf_counter() - t0, 1)
     return BenchResult(
         name="latency",

@@ -487,6 +487,14 @@ def _read_unvalidated(f: Path) -> pd.DataFrame:
                           expected="a header line and one operator per line" if
                           _strip_gz(f.name.lower()).endswith(".csv") else "one JSON object "
                           "(operator) per line")
+    members = table.get("group_ranks")
+    # (a Series: not several columns of that name or a level of several)
+    if isinstance(members, pd.Series) and isinstance(members.dtype, pd.StringDtype):
+        # Each distinct member list once, as validate keeps them: held as text until all files
+        # are read, the 40 kB list of an 8,192-rank communicator on each of its rows would
+        # take gigabytes per thousand files.
+        codes, lists = pd.factorize(members, sort=False)
+        table["group_ranks"] = pd.Categorical.from_codes(codes, categories=lists)
     return table
 
 
@@ -569,6 +577,28 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
 
 #: The columns the schema knows, in the order :func:`validate` gives them.
 _SCHEMA_ORDER = [*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS]
+#: Native files read before they are validated as one table: checking each file on its own
+#: costs about 15 ms a file, three quarters of the time a directory of per-rank logs takes,
+#: and holding every file as read until the end costs more memory than their validated parts.
+_FILES_AT_ONCE = 256
+
+
+def _validated_together(files: list[Path], tables: list[pd.DataFrame], source: str
+                        ) -> tuple[pd.DataFrame, bool]:
+    """The native files ``files`` (as read: ``tables``) as one validated table, and whether
+    it was validated as a whole. When that fails, each file is validated on its own, so that
+    an error names the file and its line; what files say against each other is then left to
+    the caller (``False``)."""
+    try:
+        ops = validate(concat_ops(tables), source=source)
+    except Exception:  # any error: found and named below
+        return concat_ops([_read_native(f, t) for f, t in zip(files, tables, strict=True)]), False
+    known = [c for c in _SCHEMA_ORDER if c in ops.columns]
+    if list(ops.columns[:len(known)]) != known:
+        # validate adds a missing peer column after the others the schema knows; files
+        # validated one by one all have it by the time they are joined
+        ops = ops[known + [c for c in ops.columns if c not in known]]
+    return ops, True
 
 
 def _read_files(
@@ -599,28 +629,27 @@ def _read_files(
                               value=len(files), expected="a single trace-*.parquet")
         ops = validate(_converted(format, files, trust_pickle, source), source=source)
     else:
-        tables = [_read_unvalidated(f) for f in files]
-        if len(tables) == 1:
-            return _drop_duplicate_rows(_read_native(files[0], tables[0]), source)
-        origin = np.repeat(np.arange(len(files)), [len(t) for t in tables])
+        if len(files) == 1:
+            return _drop_duplicate_rows(_read_native(files[0]), source)
         names = [_display(str(f), shown or {}) for f in files]
-        try:
-            # the files as one table, validated once: checking each file first costs about
-            # 15 ms a file, three quarters of the time a directory of per-rank logs takes
-            ops = validate(concat_ops(tables), source=source)
-            known = [c for c in _SCHEMA_ORDER if c in ops.columns]
-            if list(ops.columns[:len(known)]) != known:
-                # validate adds a missing peer column after the others the schema knows;
-                # files validated one by one all have it by the time they are joined
-                ops = ops[known + [c for c in ops.columns if c not in known]]
-        except Exception:  # any error: found and named again below
-            # Validate each file so errors name it and its line, then the files together.
-            frames = [_read_native(f, t) for f, t in zip(files, tables, strict=True)]
+        counts: list[int] = []
+        parts, checked = [], True
+        for start in range(0, len(files), _FILES_AT_ONCE):
+            some = files[start:start + _FILES_AT_ONCE]
+            tables = [_read_unvalidated(f) for f in some]
+            counts += [len(t) for t in tables]
+            part, whole = _validated_together(some, tables, source)
             del tables
+            parts.append(part)
+            checked &= whole
+        origin = np.repeat(np.arange(len(files)), counts)
+        ops = parts[0]
+        if len(parts) > 1 or not checked:
             try:
-                ops = validate(concat_ops(frames), source=source)
+                # what files say against each other
+                ops = validate(concat_ops(parts), source=source)
             except SchemaError as exc:
-                # only what files say against each other is left: name the file of the row
+                # name the file of the row
                 raise _in_file(exc, files, names, origin) from None
         return _drop_duplicate_rows(ops, source, names, origin)
     return _drop_duplicate_rows(ops, source)
