@@ -728,11 +728,13 @@ def resolve_paths(
     return files, topology
 
 
-def read_paths(files: Sequence[Path], format: str = "auto") -> pd.DataFrame:
-    """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`)."""
+def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = False
+               ) -> pd.DataFrame:
+    """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`;
+    ``progress``: a progress bar over the files on stderr)."""
     from holmes_ml.io import read_ops
 
-    ops = read_ops([str(f) for f in files], format=format)
+    ops = read_ops([str(f) for f in files], format=format, progress=progress)
     if len(ops) == 0:
         raise SchemaError(
             "no operator rows in " + ", ".join(str(f) for f in files),

@@ -237,3 +237,25 @@ def test_unrecognised_content(tmp_path):
     with pytest.raises(SchemaError) as err:
         detect_format(p)
     assert "notes.bin" in str(err.value) and "format" in str(err.value)
+
+
+def test_a_progress_bar_follows_the_files_when_asked(tmp_path, monkeypatch):
+    from holmes_ml.io import _common
+
+    shown = []
+
+    def each_file(paths):
+        shown.append((_common._PROGRESS.get(), len(paths)))
+        return paths
+
+    monkeypatch.setattr("holmes_ml.io.readers.each_file", each_file)
+    d = _write_per_rank(_ops(n_ranks=4), tmp_path / "d")
+    quiet = read_ops(d)
+    assert read_ops(d, progress=True).equals(quiet)
+    assert shown == [(False, 4), (True, 4)]
+    assert not _common._PROGRESS.get()  # only while read_ops runs
+    with _common.showing_progress(True):
+        bar = _common.each_file([1, 2])
+        assert list(bar) == [1, 2] and hasattr(bar, "close")  # a tqdm
+        assert _common.each_file([1]) == [1]  # one file: no bar
+    assert _common.each_file([1, 2]) == [1, 2]

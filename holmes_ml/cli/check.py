@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
         topo = Topology.from_json(topology) if topology is not None else None
         files, topo = pipeline.resolve_paths(paths, topo)
-        ops = pipeline.read_paths(files, format)
+        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
         report = inventory(ops, topo)
         if as_json:
             typer.echo(json.dumps(report))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -70,7 +71,7 @@ def register(app: typer.Typer) -> None:
         rule = model is not None and str(model) == "rule"
         det = None if rule else load_model(model) if model is not None else default_model()
         files, _ = pipeline.resolve_paths(paths)
-        ops = pipeline.read_paths(files, format)
+        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
         scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
         cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
         table = ops.assign(score=scores, predicted=scores >= cut)

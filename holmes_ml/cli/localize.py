@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def register(app: typer.Typer) -> None:
                 mdl = load_model(model)
         topo = Topology.from_json(topology) if topology is not None else None
         files, topo = pipeline.resolve_paths(paths, topo)
-        ops = pipeline.read_paths(files, format)
+        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
         summary = pipeline.summarize(ops, mdl, cfg)
         verdict = pipeline.note_input(pipeline.localize_summaries([summary], topo, cfg), ops)
         evidence = None

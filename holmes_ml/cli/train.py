@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -195,7 +196,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
     from holmes_ml.models import save_model
 
     files, _ = pipeline.resolve_paths(paths)
-    ops = pipeline.read_paths(files, format)
+    ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
     if "abnormal" not in ops.columns:
         raise SchemaError("missing; training needs op-level labels",
                           source=", ".join(map(str, paths)), column="abnormal",

@@ -11,9 +11,11 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from holmes_ml._text import shown
 from holmes_ml.io.schema import OP_TYPES, SchemaError
@@ -29,6 +31,31 @@ DTYPE_BYTES: dict[str, int] = {
     "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1,
     "c10::float8_e5m2": 1, "complexdouble": 16, "complex128": 16,
 }
+
+#: Whether the files being read get a progress bar (:func:`showing_progress`).
+_PROGRESS: ContextVar[bool] = ContextVar("holmes_io_progress", default=False)
+_T = TypeVar("_T")
+
+
+@contextmanager
+def showing_progress(show: bool) -> Iterator[None]:
+    """While inside, :func:`each_file` shows a progress bar (or not: ``show``)."""
+    token = _PROGRESS.set(show)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def each_file(paths: Sequence[_T]) -> Iterable[_T]:
+    """``paths`` to read one by one: with a progress bar on stderr inside
+    ``showing_progress(True)`` when there are several, once reading takes over a second."""
+    if not _PROGRESS.get() or len(paths) < 2:
+        return paths
+    from tqdm.auto import tqdm
+
+    return tqdm(paths, desc="reading", unit="file", leave=False, delay=1.0)
+
 
 # Spellings of communication operators in PyTorch/NCCL/gloo, reduced to a key by _op_key().
 _OP_ALIASES: dict[str, str] = {

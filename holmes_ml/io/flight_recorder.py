@@ -37,6 +37,7 @@ from holmes_ml.io._common import (
     check_unicode,
     cut,
     dtype_bytes,
+    each_file,
     head_bytes,
     load_json,
     open_bytes,
@@ -349,7 +350,7 @@ def read_flight_recorder(
         paths = [paths]
     rows: list[dict] = []
     seen: dict[int, str] = {}
-    for p in paths:
+    for p in each_file(paths):
         doc = load_dump(p, trust_pickle)
         _claim(seen, doc["rank"], str(p))
         rows.extend(_rows(doc, str(p)))

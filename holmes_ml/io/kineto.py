@@ -58,6 +58,7 @@ from holmes_ml.io._common import (
     as_obj,
     canonical_op,
     dtype_bytes,
+    each_file,
     load_json,
     parse_rank_list,
     rank_from_name,
@@ -596,7 +597,7 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
     frames: list[pd.DataFrame] = []
     seen: dict[int, str] = {}
     world: tuple[int, str] | None = None  # the job's world size and the first file giving it
-    for p in paths:
+    for p in each_file(paths):
         df, rank, size = _read_one(Path(p))
         if rank in seen:
             raise SchemaError(

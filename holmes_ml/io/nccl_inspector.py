@@ -54,7 +54,15 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import shown
-from holmes_ml.io._common import MAX_WORLD, check_unicode, cut, iter_jsonl, kind_name, require_op
+from holmes_ml.io._common import (
+    MAX_WORLD,
+    check_unicode,
+    cut,
+    each_file,
+    iter_jsonl,
+    kind_name,
+    require_op,
+)
 from holmes_ml.io.schema import OP_TYPES, P2P_OPS, SchemaError
 
 logger = logging.getLogger(__name__)
@@ -458,7 +466,7 @@ def read_nccl_inspector(paths: Sequence[str | Path] | str | Path) -> pd.DataFram
     if isinstance(paths, (str, Path)):
         paths = [paths]
     sources = [str(p) for p in paths]
-    rows = [r for i, p in enumerate(paths) for r in _read_one(Path(p), i)]
+    rows = [r for i, p in enumerate(each_file(paths)) for r in _read_one(Path(p), i)]
     if not rows:
         raise SchemaError("no coll_perf or p2p_perf records",
                           source=sources[0] if sources else None,

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from holmes_ml.io._common import head_bytes, iter_jsonl, open_bytes
+from holmes_ml.io._common import each_file, head_bytes, iter_jsonl, open_bytes, showing_progress
 from holmes_ml.io.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -363,6 +363,7 @@ def read_ops(
     paths: str | Path | Sequence[str | Path],
     format: str = "auto",
     trust_pickle: bool = False,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Read CommOps logs of any supported format into one validated canonical table.
 
@@ -378,6 +379,8 @@ def read_ops(
     trust_pickle:
         Allow pickled Flight Recorder dumps. Unpickling runs code from the file: only for
         files you produced yourself.
+    progress:
+        Show a progress bar over the files on stderr (when reading takes over a second).
 
     Returns
     -------
@@ -402,7 +405,8 @@ def read_ops(
         shown: dict[str, str] = {}
         try:
             files = _expand(paths, lambda: Path(tmp) / f"archive-{next(counter)}", shown)
-            return _read_files(files, format, trust_pickle, shown)
+            with showing_progress(progress):
+                return _read_files(files, format, trust_pickle, shown)
         except SchemaError as exc:
             # Members of an archive live in a directory deleted on return: name them as
             # archive.tar.gz:member instead.
@@ -634,14 +638,17 @@ def _read_files(
         names = [_display(str(f), shown or {}) for f in files]
         counts: list[int] = []
         parts, checked = [], True
-        for start in range(0, len(files), _FILES_AT_ONCE):
-            some = files[start:start + _FILES_AT_ONCE]
-            tables = [_read_unvalidated(f) for f in some]
-            counts += [len(t) for t in tables]
-            part, whole = _validated_together(some, tables, source)
-            del tables
-            parts.append(part)
-            checked &= whole
+        some: list[Path] = []
+        tables: list[pd.DataFrame] = []
+        for i, f in enumerate(each_file(files)):
+            tables.append(_read_unvalidated(f))
+            some.append(f)
+            counts.append(len(tables[-1]))
+            if len(some) == _FILES_AT_ONCE or i == len(files) - 1:
+                part, whole = _validated_together(some, tables, source)
+                parts.append(part)
+                checked &= whole
+                some, tables = [], []
         origin = np.repeat(np.arange(len(files)), counts)
         ops = parts[0]
         if len(parts) > 1 or not checked:
