@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from holmes_ml.io import FORMATS, SchemaError, detect_format, read_ops
@@ -37,6 +39,9 @@ def _write_per_rank(df: pd.DataFrame, d, kinds=("csv", "csv.gz", "jsonl", "parqu
             sub.to_json(p, orient="records", lines=True)
         elif kind == "jsonl.gz":
             p.write_bytes(gzip.compress(sub.to_json(orient="records", lines=True).encode()))
+        elif kind == "plain.parquet":  # as the logger writes them: no pandas metadata
+            table = pa.Table.from_pandas(sub, preserve_index=False)
+            pq.write_table(table.replace_schema_metadata(None), p)
         else:
             sub.to_parquet(p)
     return d
@@ -66,10 +71,12 @@ def test_directory_of_mixed_per_rank_files(tmp_path):
     assert sorted(out["rank"].unique()) == list(range(8))
 
 
+@pytest.mark.parametrize("kinds", [("csv", "csv.gz", "jsonl", "parquet"),
+                                   ("plain.parquet", "plain.parquet", "csv", "plain.parquet")])
 @pytest.mark.parametrize("at_once", [256, 3])
 @pytest.mark.parametrize("peer_in_one_file", [False, True])
 def test_a_directory_reads_as_its_files_read_one_by_one(tmp_path, monkeypatch,
-                                                        peer_in_one_file, at_once):
+                                                        peer_in_one_file, at_once, kinds):
     # The files are validated together, one check instead of one per file, unless that fails
     # (here: a peer column in one file only, missing values in the others): either way what
     # comes out is what validating each file and then the whole gives.
@@ -78,10 +85,10 @@ def test_a_directory_reads_as_its_files_read_one_by_one(tmp_path, monkeypatch,
 
     df = _ops(n_ranks=8)
     df["host"] = [f"h{r // 4}" for r in df["rank"]]
-    d = _write_per_rank(df, tmp_path / "d")
+    d = _write_per_rank(df, tmp_path / "d", kinds=kinds)
     if peer_in_one_file:
-        f = d / "rank-3.parquet"
-        pd.read_parquet(f).assign(peer=-1).to_parquet(f)
+        f = next(d.glob("rank-3.*"))
+        pq.write_table(pq.read_table(f).append_column("peer", pa.array([-1] * 3)), f)
     files = sorted(d.iterdir())
     one_by_one = validate(concat_ops([readers._read_native(f) for f in files]))
     each = []

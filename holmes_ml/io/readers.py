@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from holmes_ml.io._common import each_file, head_bytes, iter_jsonl, open_bytes, showing_progress
 from holmes_ml.io.schema import (
@@ -491,15 +493,57 @@ def _read_unvalidated(f: Path) -> pd.DataFrame:
                           expected="a header line and one operator per line" if
                           _strip_gz(f.name.lower()).endswith(".csv") else "one JSON object "
                           "(operator) per line")
+    return _lists_once(table)
+
+
+def _lists_once(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with each distinct member list held once (categorical), as validate keeps
+    them: held as text until all files are read, the 40 kB list of an 8,192-rank communicator
+    on each of its rows would take gigabytes per thousand files."""
     members = table.get("group_ranks")
     # (a Series: not several columns of that name or a level of several)
     if isinstance(members, pd.Series) and isinstance(members.dtype, pd.StringDtype):
-        # Each distinct member list once, as validate keeps them: held as text until all files
-        # are read, the 40 kB list of an 8,192-rank communicator on each of its rows would
-        # take gigabytes per thousand files.
         codes, lists = pd.factorize(members, sort=False)
         table["group_ranks"] = pd.Categorical.from_codes(codes, categories=lists)
     return table
+
+
+def _plain_parquet(f: Path) -> pa.Table | None:
+    """``f`` as an Arrow table (member lists dictionary-encoded) when it is a Parquet file
+    without pandas metadata, as the logger writes them: turning each such file into a pandas
+    table on its own costs more than reading it. None for any other file, or one that does
+    not read so (:func:`read_native` then reads it, or says why it cannot)."""
+    if not f.name.lower().endswith(".parquet") or head_bytes(f, 4)[:4] != b"PAR1":
+        return None
+    try:
+        schema = pq.read_schema(f)
+        if len(schema) == 0 or (schema.metadata and b"pandas" in schema.metadata):
+            return None
+        return pq.read_table(f, read_dictionary=[c for c in ("group_ranks",)
+                                                  if c in schema.names])
+    except (OSError, ValueError, TypeError, pa.ArrowException):
+        return None
+
+
+def _as_frames(read: Sequence[pd.DataFrame | pa.Table]) -> list[pd.DataFrame]:
+    """What files read as (:func:`_read_unvalidated` or :func:`_plain_parquet`) as pandas
+    tables, in order; Arrow tables next to each other become one."""
+    out: list[pd.DataFrame] = []
+    run: list[pa.Table] = []
+    for item in [*read, None]:
+        if isinstance(item, pa.Table):
+            run.append(item)
+            continue
+        if run:
+            try:
+                joined = [pa.concat_tables(run, promote_options="default")]
+            except (pa.ArrowInvalid, pa.ArrowTypeError):  # columns of other types
+                joined = run
+            out += [_lists_once(t.to_pandas()) for t in joined]
+            run = []
+        if item is not None:
+            out.append(item)
+    return out
 
 
 def _in_file(
@@ -587,16 +631,17 @@ _SCHEMA_ORDER = [*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS]
 _FILES_AT_ONCE = 256
 
 
-def _validated_together(files: list[Path], tables: list[pd.DataFrame], source: str
+def _validated_together(files: list[Path], read: list[pd.DataFrame | pa.Table], source: str
                         ) -> tuple[pd.DataFrame, bool]:
-    """The native files ``files`` (as read: ``tables``) as one validated table, and whether
+    """The native files ``files`` (as read: ``read``) as one validated table, and whether
     it was validated as a whole. When that fails, each file is validated on its own, so that
     an error names the file and its line; what files say against each other is then left to
     the caller (``False``)."""
     try:
-        ops = validate(concat_ops(tables), source=source)
+        ops = validate(concat_ops(_as_frames(read)), source=source)
     except Exception:  # any error: found and named below
-        return concat_ops([_read_native(f, t) for f, t in zip(files, tables, strict=True)]), False
+        return concat_ops([_read_native(f, _as_frames([t])[0])
+                           for f, t in zip(files, read, strict=True)]), False
     known = [c for c in _SCHEMA_ORDER if c in ops.columns]
     if list(ops.columns[:len(known)]) != known:
         # validate adds a missing peer column after the others the schema knows; files
@@ -639,16 +684,17 @@ def _read_files(
         counts: list[int] = []
         parts, checked = [], True
         some: list[Path] = []
-        tables: list[pd.DataFrame] = []
+        read: list[pd.DataFrame | pa.Table] = []
         for i, f in enumerate(each_file(files)):
-            tables.append(_read_unvalidated(f))
+            table = _plain_parquet(f)
+            read.append(_read_unvalidated(f) if table is None else table)
             some.append(f)
-            counts.append(len(tables[-1]))
+            counts.append(len(read[-1]))
             if len(some) == _FILES_AT_ONCE or i == len(files) - 1:
-                part, whole = _validated_together(some, tables, source)
+                part, whole = _validated_together(some, read, source)
                 parts.append(part)
                 checked &= whole
-                some, tables = [], []
+                some, read = [], []
         origin = np.repeat(np.arange(len(files)), counts)
         ops = parts[0]
         if len(parts) > 1 or not checked:
