@@ -95,7 +95,7 @@ def test_a_store_older_than_pruning_gets_its_columns(tmp_path):
         ("b0", None), ("b1", 7)]
     assert store._query("SELECT pruned_seq FROM sources") == [(-1,)]
     assert store._query("SELECT name FROM sqlite_master WHERE name='raw_span'") == []
-    assert store._query("SELECT value FROM meta") == [("2",)]
+    assert store._query("SELECT value FROM meta") == [("3",)]
 
 
 def test_a_job_kept_to_its_recent_iterations_stops_growing(tmp_path):
@@ -138,7 +138,7 @@ def test_a_service_keeping_250_iterations_stops_growing_and_still_knows_old_batc
         assert again.status_code == 200 and again.json()["duplicate"], again.text
         assert again.json()["records"] == 100 * 2 * 3  # its record is kept: the stored answer
         db = sqlite3.connect(tmp_path / "s.db")
-        assert db.execute("SELECT min(iteration), sum(n) FROM abnormal_blocks").fetchone() == (50, 100)
+        assert db.execute("SELECT min(iteration), sum(n) FROM abnormal_records").fetchone() == (50, 100)
         # 100 iterations more: batch 0 (iterations 0-99) now lies wholly before the kept ones
         assert c.post("/v1/jobs/k/batches", json=window_batch(3, range(300, 400), None),
                       headers=auth()).status_code == 200
@@ -254,6 +254,11 @@ def test_an_iteration_shipped_again_replaces_that_ranks_summary_alone(tmp_path):
     store.ingest_agent("job", again, "d")
     ab = store.agent_data("job")["abnormal"]
     assert _tuples(ab, "rank", "score") == [(2, 0.5), (3, 0.6)]
+    # 88 bytes an operator, its strings numbered once per job
+    assert store._query("SELECT n, length(rows) FROM abnormal_records WHERE source='n2'") == [
+        (2, 2 * 88)]
+    assert store._query("SELECT text FROM names ORDER BY id") == [("all_reduce",), ("dp-0",),
+                                                                    ("",)]
     assert store.counts()["abnormal"] == 2
     assert store.job("job")["records"] == 3 + 8 + (3 + 7 - 3 + 2)
     assert store.counts()["iterations"] == 5
@@ -301,7 +306,7 @@ def test_a_version_1_database_is_converted_on_opening(tmp_path):
     db.commit()
     db.close()
     store = Store(path)
-    assert store._query("SELECT value FROM meta") == [("2",)]
+    assert store._query("SELECT value FROM meta") == [("3",)]
     assert store._query("SELECT name FROM sqlite_master WHERE name IN ('iterations', "
                         "'abnormal')") == []
     assert store._query("SELECT job, iteration, source, n FROM iteration_blocks "
@@ -335,8 +340,8 @@ def test_a_database_of_a_newer_schema_is_refused(tmp_path):
     path = tmp_path / "new.db"
     Store(path).close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
     db.commit()
     db.close()
-    with pytest.raises(ValueError, match="schema version 3; expected 2 or 1"):
+    with pytest.raises(ValueError, match="schema version 4; expected 3 or older"):
         Store(path)

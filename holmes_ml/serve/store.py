@@ -19,7 +19,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,10 @@ from holmes_ml.io.schema import FACTS, facts_of, job_of, member_ranks, members_k
 
 logger = logging.getLogger(__name__)
 
-#: 2: what agents send is stored packed, one row per iteration and agent: iteration summaries
-#: (``iteration_blocks``) and abnormal operators (``abnormal_blocks``); a version-1 database is
-#: converted on opening (:meth:`Store._upgrade`).
-SCHEMA_VERSION = 2
+#: 3: what agents send is stored packed, one row per iteration and agent: iteration summaries
+#: (``iteration_blocks``) and abnormal operators (``abnormal_records``, their strings numbered
+#: in ``names``); a database of version 1 or 2 is converted on opening (:meth:`Store._upgrade`).
+SCHEMA_VERSION = 3
 COORDS = ("dp", "pp", "tp", "cp", "ep")
 
 _DDL = """
@@ -62,9 +62,11 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE TABLE IF NOT EXISTS iteration_blocks (
     job TEXT NOT NULL, iteration INTEGER NOT NULL, source TEXT NOT NULL, n INTEGER NOT NULL,
     rows BLOB NOT NULL, PRIMARY KEY (job, iteration, source));
-CREATE TABLE IF NOT EXISTS abnormal_blocks (
+CREATE TABLE IF NOT EXISTS abnormal_records (
     job TEXT NOT NULL, iteration INTEGER NOT NULL, source TEXT NOT NULL, n INTEGER NOT NULL,
     rows BLOB NOT NULL, PRIMARY KEY (job, iteration, source));
+CREATE TABLE IF NOT EXISTS names (
+    job TEXT NOT NULL, text TEXT NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (job, text));
 CREATE TABLE IF NOT EXISTS facts (
     job TEXT NOT NULL, fact TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
     source TEXT NOT NULL, batch_id TEXT NOT NULL, PRIMARY KEY (job, fact, key));
@@ -94,19 +96,17 @@ _SUMMARY_COLUMNS = ("iteration", "rank", "start_ns", "end_ns", "comm_us", "n_ops
 _SUMMARY_FIELDS = _SUMMARY_COLUMNS[1:]
 _SUMMARY_ROW = np.dtype([(name, "<f8" if name == "comm_us" else "<i8")
                          for name in _SUMMARY_FIELDS])
-#: An abnormal operator as ``abnormal_blocks.rows`` holds it (an Arrow IPC stream of the rows an
-#: agent sent for an iteration), and the default of each column an older agent leaves out.
-_ABNORMAL = pa.schema([("iteration", pa.int64()), ("rank", pa.int64()), ("op", pa.string()),
-                       ("group", pa.string()), ("seq", pa.int64()), ("nbytes", pa.int64()),
-                       ("start_ns", pa.int64()), ("duration_us", pa.float64()),
-                       ("score", pa.float64()), ("peer", pa.int64()), ("host", pa.string()),
-                       ("group_kind", pa.string()), ("excess_us", pa.float64())])
-_ABNORMAL_DEFAULTS = {"peer": -1, "host": "", "group_kind": "", "excess_us": 0.0}
-#: What makes an abnormal operator of an iteration one: a second one sent replaces the first.
-_ABNORMAL_KEY = ["rank", "group", "seq", "peer"]
-#: How :meth:`Store.agent_data` orders abnormal operators.
-_ABNORMAL_ORDER = [("iteration", "ascending"), ("group", "ascending"), ("seq", "ascending"),
-                   ("rank", "ascending")]
+#: An abnormal operator as ``abnormal_records.rows`` holds it: the rows an agent sent for an
+#: iteration, little-endian, each string (op, communicator, host, kind) as its number among the
+#: job's ``names``. 88 bytes a row; an Arrow IPC stream took 1.7 kB for a block of one row.
+_ABNORMAL_TEXT = ("op", "group", "host", "group_kind")
+_ABNORMAL_COLUMNS = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns",
+                     "duration_us", "score", "peer", "host", "group_kind", "excess_us")
+_ABNORMAL_ROW = np.dtype([
+    (c, "<i4" if c in _ABNORMAL_TEXT else "<f8" if c in ("duration_us", "score", "excess_us")
+     else "<i8") for c in _ABNORMAL_COLUMNS])
+#: The value of each column an older agent leaves out.
+_ABNORMAL_DEFAULTS: dict[str, Any] = {"peer": -1, "host": "", "group_kind": "", "excess_us": 0.0}
 
 #: The first iteration of a window that holds every one (the smallest int64).
 _EVERY_ITERATION = -(2**63)
@@ -205,28 +205,78 @@ def _raw_facts(table: pa.Table) -> dict[str, dict[str, str]]:
 
 #: What agents send, stored in blocks (one per job, iteration and agent): the name the store's
 #: counts give their rows -> the table.
-_BLOCKS = {"iterations": "iteration_blocks", "abnormal": "abnormal_blocks"}
+_BLOCKS = {"iterations": "iteration_blocks", "abnormal": "abnormal_records"}
 
 
 def _block_rows(db: sqlite3.Connection, table: str, where: str, args: tuple) -> int:
-    """Rows the blocks of ``table`` (``iteration_blocks`` or ``abnormal_blocks``) hold where
+    """Rows the blocks of ``table`` (``iteration_blocks`` or ``abnormal_records``) hold where
     ``where``."""
     return int(db.execute(f"SELECT coalesce(sum(n), 0) FROM {table} WHERE {where}",
                           args).fetchone()[0])
 
 
-def _pack_abnormal(rows: pd.DataFrame) -> bytes:
-    """Abnormal operators as an ``abnormal_blocks.rows`` blob."""
-    table = pa.Table.from_pandas(rows, schema=_ABNORMAL, preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, _ABNORMAL) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+def _name_ids(db: sqlite3.Connection, job: str, texts: Sequence[str]) -> np.ndarray:
+    """The numbers of ``texts`` among ``job``'s names, new ones numbered on."""
+    wanted = sorted(set(texts))
+    known: dict[str, int] = {}
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i:i + 500]
+        known.update(db.execute(f"SELECT text, id FROM names WHERE job=? AND text IN "
+                                f"({','.join('?' * len(chunk))})", (job, *chunk)).fetchall())
+    new = [t for t in wanted if t not in known]
+    if new:
+        (start,) = db.execute("SELECT coalesce(max(id), -1) + 1 FROM names WHERE job=?",
+                              (job,)).fetchone()
+        db.executemany("INSERT INTO names VALUES (?,?,?)",
+                       [(job, t, start + k) for k, t in enumerate(new)])
+        known.update((t, start + k) for k, t in enumerate(new))
+    return np.array([known[t] for t in texts], dtype=np.int32)
 
 
-def _unpack_abnormal(blob: bytes) -> pa.Table:
-    """An ``abnormal_blocks.rows`` blob as the table it packs."""
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+def _abnormal_rows(db: sqlite3.Connection, job: str, part: Mapping[str, Any]) -> np.ndarray:
+    """Abnormal operators given by column (lists or arrays, as agents send them) as
+    ``abnormal_records`` rows, their strings numbered (:func:`_name_ids`)."""
+    k = len(part["iteration"])
+    rows = np.empty(k, dtype=_ABNORMAL_ROW)
+    for c in _ABNORMAL_COLUMNS:
+        values = part.get(c)
+        if values is None or len(values) == 0:
+            values = [_ABNORMAL_DEFAULTS[c]] * k
+        if c in _ABNORMAL_TEXT:
+            codes, texts = pd.factorize(np.asarray(values, dtype=object).astype(str))
+            rows[c] = _name_ids(db, job, list(texts))[codes]
+        else:
+            rows[c] = values
+    return rows
+
+
+def _last_of_each(rows: np.ndarray) -> np.ndarray:
+    """``rows`` keeping the last of those of one operator (rank, communicator, seq, peer),
+    in their order."""
+    back = rows[::-1]
+    order = np.lexsort((back["peer"], back["seq"], back["group"], back["rank"]))  # stable
+    s = back[order]
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = ((s["rank"][1:] != s["rank"][:-1]) | (s["group"][1:] != s["group"][:-1])
+                 | (s["seq"][1:] != s["seq"][:-1]) | (s["peer"][1:] != s["peer"][:-1]))
+    return rows[np.sort(len(rows) - 1 - order[first])]
+
+
+def _abnormal_frame(rows: np.ndarray, names: np.ndarray) -> pd.DataFrame:
+    """``abnormal_records`` rows as the table :meth:`Store.agent_data` returns: by iteration,
+    communicator (name), seq and rank; ``names``: the job's names by number."""
+    by_text = np.empty(len(names), dtype=np.int64)
+    by_text[np.argsort(names.astype(str), kind="stable")] = np.arange(len(names))
+    group = by_text[rows["group"]] if len(names) else rows["group"]
+    rows = rows[np.lexsort((rows["rank"], rows["seq"], group, rows["iteration"]))]
+    out: dict[str, Any] = {}
+    for c in _ABNORMAL_COLUMNS:
+        if c in _ABNORMAL_TEXT:
+            out[c] = pd.Series(names[rows[c]] if len(names) else np.array([], dtype=object),
+                               dtype="str")
+        else:
+            out[c] = rows[c].astype(_ABNORMAL_ROW[c].newbyteorder("="))
+    return pd.DataFrame(out, columns=list(_ABNORMAL_COLUMNS))
 
 
 class Store:
@@ -272,27 +322,30 @@ class Store:
             self._db.execute(
                 "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
-        elif int(row[0]) not in (1, SCHEMA_VERSION):
+        elif int(row[0]) not in range(1, SCHEMA_VERSION + 1):
             self._db.close()
             raise DatabaseFileError(
                 f"--db {self.path}: database schema version {row[0]}; expected "
-                f"{SCHEMA_VERSION} or 1 (use a new --db file, or the holmes_ml that made it)"
+                f"{SCHEMA_VERSION} or older (use a new --db file, or the holmes_ml that made it)"
             )
         self._upgrade()
 
     def _upgrade(self) -> None:
         """Convert the tables of an older holmes_ml, if any: ``iterations`` and ``abnormal``
-        (one row per rank and iteration, resp. per operator; schema version 1) into
-        ``iteration_blocks`` and ``abnormal_blocks``, each rank under the agent that sent it
-        (the ``ranks`` facts; ``""`` for a rank no fact names), and ``raw_span`` (a raw
-        batch's iterations) into ``batches.last_iteration``. One transaction: interrupted,
-        nothing changed, and the next opening converts it again."""
-        legacy = {"iterations", "abnormal", "raw_span"}
+        (one row per rank and iteration, resp. per operator; schema version 1) and
+        ``abnormal_blocks`` (Arrow IPC; version 2) into ``iteration_blocks`` and
+        ``abnormal_records``, each rank under the agent that sent it (the ``ranks`` facts;
+        ``""`` for a rank no fact names), and ``raw_span`` (a raw batch's iterations) into
+        ``batches.last_iteration``. One transaction: interrupted, nothing changed, and the next
+        opening converts it again."""
+        legacy = {"iterations", "abnormal", "abnormal_blocks", "raw_span"}
         tables = {t for (t,) in self._db.execute("SELECT name FROM sqlite_master")}
         if not tables & legacy and self._db.execute(
                 "SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(
                 SCHEMA_VERSION):
             return
+        logger.info("%s: converting the database to schema version %d (once)", self.path,
+                    SCHEMA_VERSION)
         with self._tx() as db:
             source = ("coalesce((SELECT f.value FROM facts f WHERE f.job=t.job AND "
                       "f.fact='ranks' AND f.key=CAST(t.rank AS TEXT)), '') AS source")
@@ -306,14 +359,24 @@ class Store:
                     db.execute("INSERT INTO iteration_blocks VALUES (?,?,?,?,?)",
                                (job, int(i), src, len(packed), packed.tobytes()))
                 db.execute("DROP TABLE iterations")
+            old: list[tuple[str, int, str, pd.DataFrame]] = []
             if "abnormal" in tables:
                 rows = pd.read_sql_query(
                     f"SELECT t.*, t.grp AS 'group', {source} FROM abnormal t", db)
-                for (job, i, src), part in rows.groupby(["job", "iteration", "source"]):
-                    db.execute("INSERT INTO abnormal_blocks VALUES (?,?,?,?,?)",
-                               (job, int(i), src, len(part), _pack_abnormal(
-                                   part[list(_ABNORMAL.names)])))
-                db.execute("DROP TABLE abnormal")
+                old += [(job, int(i), src, part) for (job, i, src), part in
+                        rows.groupby(["job", "iteration", "source"])]
+            if "abnormal_blocks" in tables:
+                old += [(job, int(i), src, pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+                         .to_pandas()) for job, i, src, blob in db.execute(
+                             "SELECT job, iteration, source, rows FROM abnormal_blocks")]
+            for job, i, src, part in old:
+                packed = _abnormal_rows(db, job, {c: part[c].to_numpy() for c in
+                                                  _ABNORMAL_COLUMNS if c in part.columns})
+                db.execute("INSERT INTO abnormal_records VALUES (?,?,?,?,?)",
+                           (job, i, src, len(packed), packed.tobytes()))
+            for table in ("abnormal", "abnormal_blocks"):
+                if table in tables:
+                    db.execute(f"DROP TABLE {table}")
             if "raw_span" in tables:
                 # made between a567b45 and 11b3a19, a raw batch's record lacks its last iteration
                 db.execute("UPDATE batches SET last_iteration=(SELECT s.last_iteration FROM "
@@ -323,6 +386,16 @@ class Store:
             db.execute("UPDATE meta SET value=? WHERE key='schema_version'",
                        (str(SCHEMA_VERSION),))
         logger.info("%s: upgraded the database to schema version %d", self.path, SCHEMA_VERSION)
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2 and self.path != ":memory:":
+            # Made before holmes_ml gave freed pages back (_reclaim): once rewritten with
+            # incremental vacuum on, the space the old tables held, and what pruning frees
+            # from now on, goes back to the file system.
+            before = Path(self.path).stat().st_size
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            logger.info("%s: rewritten to give freed space back: %.1f MB -> %.1f MB", self.path,
+                        before / 2**20, Path(self.path).stat().st_size / 2**20)
 
     def close(self) -> None:
         with self._lock:
@@ -526,29 +599,24 @@ class Store:
     def _store_abnormal(db: sqlite3.Connection, job: str, source: str,
                         part: dict[str, list] | None, replaced: dict[int, np.ndarray]) -> None:
         """Store the abnormal operators of one agent batch (its ``abnormal`` part, if any) in
-        ``abnormal_blocks``: an operator sent again (same rank, communicator, ``seq`` and peer)
-        replaces the one stored, and ``replaced`` ({iteration: ranks} whose summaries the
-        batch replaced) drops those ranks' operators of the iteration sent before."""
-        new = pd.DataFrame(columns=_ABNORMAL.names)
-        if part is not None:
-            k = len(part["iteration"])
-            new = pa.table({f.name: pa.array(part.get(f.name) or
-                                             [_ABNORMAL_DEFAULTS[f.name]] * k, f.type)
-                            for f in _ABNORMAL}).to_pandas()
-        for i in sorted({*replaced, *(int(x) for x in new["iteration"].unique())}):
+        ``abnormal_records``: an operator sent again (same rank, communicator, ``seq`` and
+        peer) replaces the one stored, and ``replaced`` ({iteration: ranks} whose summaries
+        the batch replaced) drops those ranks' operators of the iteration sent before."""
+        new = (np.empty(0, dtype=_ABNORMAL_ROW) if part is None
+               else _abnormal_rows(db, job, part))
+        for i in sorted({*replaced, *(int(x) for x in np.unique(new["iteration"]))}):
             rows = new[new["iteration"] == i]
-            found = db.execute("SELECT rows FROM abnormal_blocks WHERE job=? AND iteration=? "
+            found = db.execute("SELECT rows FROM abnormal_records WHERE job=? AND iteration=? "
                                "AND source=?", (job, i, source)).fetchone()
             if found is not None:
-                old = _unpack_abnormal(found[0]).to_pandas()
-                old = old[~old["rank"].isin(replaced.get(i, ()))]
-                rows = pd.concat([old, rows], ignore_index=True) if len(rows) else old
-            rows = rows.drop_duplicates(_ABNORMAL_KEY, keep="last")
+                old = np.frombuffer(found[0], dtype=_ABNORMAL_ROW)
+                rows = np.concatenate([old[~np.isin(old["rank"], replaced.get(i, ()))], rows])
+            rows = _last_of_each(rows)
             if len(rows):
-                db.execute("INSERT OR REPLACE INTO abnormal_blocks VALUES (?,?,?,?,?)",
-                           (job, i, source, len(rows), _pack_abnormal(rows)))
+                db.execute("INSERT OR REPLACE INTO abnormal_records VALUES (?,?,?,?,?)",
+                           (job, i, source, len(rows), rows.tobytes()))
             else:
-                db.execute("DELETE FROM abnormal_blocks WHERE job=? AND iteration=? AND "
+                db.execute("DELETE FROM abnormal_records WHERE job=? AND iteration=? AND "
                            "source=?", (job, i, source))
 
     @staticmethod
@@ -769,17 +837,16 @@ class Store:
         since_ab = since
         if abnormal_last:
             (oldest,) = self._query(
-                "SELECT min(iteration) FROM (SELECT DISTINCT iteration FROM abnormal_blocks "
+                "SELECT min(iteration) FROM (SELECT DISTINCT iteration FROM abnormal_records "
                 "WHERE job=? AND iteration>=? ORDER BY iteration DESC LIMIT ?)",
                 (job, since, int(abnormal_last)))[0]
             since_ab = since if oldest is None else int(oldest)
         with self._lock:
             it = self._iterations(job, since)
-            blobs = self._db.execute("SELECT rows FROM abnormal_blocks WHERE job=? AND "
+            blobs = self._db.execute("SELECT rows FROM abnormal_records WHERE job=? AND "
                                      "iteration>=?", (job, since_ab)).fetchall()
-            ab = pa.concat_tables([_ABNORMAL.empty_table(),
-                                   *(_unpack_abnormal(b) for (b,) in blobs)])
-            ab = ab.sort_by(_ABNORMAL_ORDER).to_pandas()
+            ab = _abnormal_frame(np.frombuffer(b"".join(b for (b,) in blobs),
+                                               dtype=_ABNORMAL_ROW), self._names(job))
             groups = self._db.execute(
                 "SELECT name, kind, ranks FROM groups WHERE job=? ORDER BY name", (job,)
             ).fetchall()
@@ -794,6 +861,14 @@ class Store:
             "groups": {n: (k, member_ranks(r)) for n, k, r in groups},
             "ranks": ranks,
         }
+
+    def _names(self, job: str) -> np.ndarray:
+        """``job``'s names (the strings of its abnormal operators) by number."""
+        rows = self._db.execute("SELECT id, text FROM names WHERE job=?", (job,)).fetchall()
+        names = np.empty(max((i for i, _ in rows), default=-1) + 1, dtype=object)
+        for i, text in rows:
+            names[i] = text
+        return names
 
     def iteration_summaries(self, job: str, last: int | None = None) -> pd.DataFrame:
         """The ``iterations`` part of :meth:`agent_data` alone."""
