@@ -87,13 +87,13 @@ _ADDED_COLUMNS = (
     ("sources", "pruned_seq", "INTEGER NOT NULL DEFAULT -1"),
 )
 
+#: The columns of :meth:`Store.iteration_summaries`; a block's rows hold all but the first.
+_SUMMARY_COLUMNS = ("iteration", "rank", "start_ns", "end_ns", "comm_us", "n_ops")
+_SUMMARY_FIELDS = _SUMMARY_COLUMNS[1:]
 #: One rank's summary of one iteration as ``iteration_blocks.rows`` packs it: the rows an agent
 #: sent for an iteration, by rank, little-endian. A verdict over an 8,192-rank job's window
 #: reads 200 x 1,024 such blobs in a fraction of a second, where 1.6 M rows of a table took
 #: seconds to come out of SQLite as Python tuples.
-#: The columns of :meth:`Store.iteration_summaries`; a block's rows hold all but the first.
-_SUMMARY_COLUMNS = ("iteration", "rank", "start_ns", "end_ns", "comm_us", "n_ops")
-_SUMMARY_FIELDS = _SUMMARY_COLUMNS[1:]
 _SUMMARY_ROW = np.dtype([(name, "<f8" if name == "comm_us" else "<i8")
                          for name in _SUMMARY_FIELDS])
 #: An abnormal operator as ``abnormal_records.rows`` holds it: the rows an agent sent for an
