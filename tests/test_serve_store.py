@@ -268,7 +268,14 @@ def test_an_iteration_shipped_again_replaces_that_ranks_summary_alone(tmp_path):
     assert store.iteration_summaries("job")["rank"].tolist() == [1]
 
 
-def test_a_version_1_database_is_converted_on_opening(tmp_path):
+def test_a_version_1_database_is_converted_on_opening(tmp_path, monkeypatch):
+    from functools import partial
+
+    from holmes_ml.serve import store as store_module
+
+    # converted one iteration at a time (1,000 in the service), as a large database would be
+    monkeypatch.setattr(store_module, "_legacy_rows",
+                        partial(store_module._legacy_rows, iterations=1))
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)
     # the iteration summaries as holmes_ml stored them before they were packed per agent

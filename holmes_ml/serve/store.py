@@ -279,6 +279,31 @@ def _abnormal_frame(rows: np.ndarray, names: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(_ABNORMAL_COLUMNS))
 
 
+def _legacy_rows(db: sqlite3.Connection, table: str, select: str,
+                 iterations: int = 1000) -> Iterator[tuple[str, pd.DataFrame]]:
+    """The rows of a table of an older layout (keyed by job and iteration; ``select`` names it
+    ``t``), job by job and ``iterations`` iterations at a time, so that converting a large
+    database does not need it all in memory."""
+    for (job,) in db.execute(f"SELECT DISTINCT job FROM {table}").fetchall():
+        lo, hi = db.execute(f"SELECT min(iteration), max(iteration) FROM {table} WHERE job=?",
+                            (job,)).fetchone()
+        for start in range(int(lo), int(hi) + 1, iterations):
+            part = pd.read_sql_query(f"{select} WHERE t.job=? AND t.iteration>=? AND "
+                                     "t.iteration<?", db, params=(job, start, start + iterations))
+            if len(part):
+                yield job, part
+
+
+def _insert_abnormal(db: sqlite3.Connection, job: str, iteration: int, source: str,
+                     rows: pd.DataFrame) -> None:
+    """Store abnormal operators of an older layout (a table of the columns agents send) as one
+    ``abnormal_records`` block."""
+    packed = _abnormal_rows(db, job, {c: rows[c].to_numpy() for c in _ABNORMAL_COLUMNS
+                                      if c in rows.columns})
+    db.execute("INSERT INTO abnormal_records VALUES (?,?,?,?,?)",
+               (job, iteration, source, len(packed), packed.tobytes()))
+
+
 class Store:
     """The service's SQLite database.
 
@@ -350,33 +375,28 @@ class Store:
             source = ("coalesce((SELECT f.value FROM facts f WHERE f.job=t.job AND "
                       "f.fact='ranks' AND f.key=CAST(t.rank AS TEXT)), '') AS source")
             if "iterations" in tables:
-                rows = pd.read_sql_query(
-                    f"SELECT t.*, {source} FROM iterations t ORDER BY t.rank", db)
-                for (job, i, src), part in rows.groupby(["job", "iteration", "source"]):
-                    packed = np.empty(len(part), dtype=_SUMMARY_ROW)
-                    for name in _SUMMARY_FIELDS:
-                        packed[name] = part[name].to_numpy()
-                    db.execute("INSERT INTO iteration_blocks VALUES (?,?,?,?,?)",
-                               (job, int(i), src, len(packed), packed.tobytes()))
+                for job, part in _legacy_rows(
+                        db, "iterations", f"SELECT t.*, {source} FROM iterations t"):
+                    for (i, src), rows in part.groupby(["iteration", "source"]):
+                        packed = np.empty(len(rows), dtype=_SUMMARY_ROW)
+                        for name in _SUMMARY_FIELDS:
+                            packed[name] = rows[name].to_numpy()
+                        packed = packed[np.argsort(packed["rank"], kind="stable")]
+                        db.execute("INSERT INTO iteration_blocks VALUES (?,?,?,?,?)",
+                                   (job, int(i), src, len(packed), packed.tobytes()))
                 db.execute("DROP TABLE iterations")
-            old: list[tuple[str, int, str, pd.DataFrame]] = []
             if "abnormal" in tables:
-                rows = pd.read_sql_query(
-                    f"SELECT t.*, t.grp AS 'group', {source} FROM abnormal t", db)
-                old += [(job, int(i), src, part) for (job, i, src), part in
-                        rows.groupby(["job", "iteration", "source"])]
+                for job, part in _legacy_rows(db, "abnormal", f"SELECT t.*, t.grp AS 'group', "
+                                              f"{source} FROM abnormal t"):
+                    for (i, src), rows in part.groupby(["iteration", "source"]):
+                        _insert_abnormal(db, job, int(i), src, rows)
+                db.execute("DROP TABLE abnormal")
             if "abnormal_blocks" in tables:
-                old += [(job, int(i), src, pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
-                         .to_pandas()) for job, i, src, blob in db.execute(
-                             "SELECT job, iteration, source, rows FROM abnormal_blocks")]
-            for job, i, src, part in old:
-                packed = _abnormal_rows(db, job, {c: part[c].to_numpy() for c in
-                                                  _ABNORMAL_COLUMNS if c in part.columns})
-                db.execute("INSERT INTO abnormal_records VALUES (?,?,?,?,?)",
-                           (job, i, src, len(packed), packed.tobytes()))
-            for table in ("abnormal", "abnormal_blocks"):
-                if table in tables:
-                    db.execute(f"DROP TABLE {table}")
+                for job, i, src, blob in db.execute(
+                        "SELECT job, iteration, source, rows FROM abnormal_blocks").fetchall():
+                    _insert_abnormal(db, job, i, src, pa.ipc.open_stream(
+                        pa.py_buffer(blob)).read_all().to_pandas())
+                db.execute("DROP TABLE abnormal_blocks")
             if "raw_span" in tables:
                 # made between a567b45 and 11b3a19, a raw batch's record lacks its last iteration
                 db.execute("UPDATE batches SET last_iteration=(SELECT s.last_iteration FROM "
