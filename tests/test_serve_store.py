@@ -67,16 +67,22 @@ def test_pruning_deletes_only_rows_before_the_kept_iterations(tmp_path):
     assert store.counts()["raw"] == 2
 
 
-def test_a_store_older_than_pruning_gets_its_columns(tmp_path):
-    path = tmp_path / "old.db"
-    db = sqlite3.connect(path)
-    # the tables as holmes_ml made them before batch records were pruned
-    db.executescript("""
+#: The first tables of a database as holmes_ml made them at schema version 1 (before batch
+#: records were pruned).
+_V1_META_AND_BATCHES = """
         CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
         CREATE TABLE batches (
             job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, seq INTEGER,
             digest TEXT NOT NULL, records INTEGER NOT NULL, ack TEXT NOT NULL,
             received_at REAL NOT NULL, PRIMARY KEY (job, source, batch_id));
+"""
+
+
+def test_a_store_older_than_pruning_gets_its_columns(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    # the tables as holmes_ml made them before batch records were pruned
+    db.executescript(_V1_META_AND_BATCHES + """
         CREATE TABLE sources (job TEXT NOT NULL, source TEXT NOT NULL,
             last_seq INTEGER NOT NULL, PRIMARY KEY (job, source));
         CREATE TABLE raw_span (
@@ -279,12 +285,7 @@ def test_a_version_1_database_is_converted_on_opening(tmp_path, monkeypatch):
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)
     # the iteration summaries as holmes_ml stored them before they were packed per agent
-    db.executescript("""
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE batches (
-            job TEXT NOT NULL, source TEXT NOT NULL, batch_id TEXT NOT NULL, seq INTEGER,
-            digest TEXT NOT NULL, records INTEGER NOT NULL, ack TEXT NOT NULL,
-            received_at REAL NOT NULL, PRIMARY KEY (job, source, batch_id));
+    db.executescript(_V1_META_AND_BATCHES + """
         CREATE TABLE iterations (
             job TEXT NOT NULL, iteration INTEGER NOT NULL, rank INTEGER NOT NULL,
             start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, comm_us REAL NOT NULL,

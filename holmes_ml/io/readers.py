@@ -513,15 +513,15 @@ def _plain_parquet(f: Path) -> pa.Table | None:
     without pandas metadata, as the logger writes them: turning each such file into a pandas
     table on its own costs more than reading it. None for any other file, or one that does
     not read so (:func:`read_native` then reads it, or says why it cannot)."""
-    if not f.name.lower().endswith(".parquet") or head_bytes(f, 4)[:4] != b"PAR1":
+    if not f.name.lower().endswith(".parquet"):
         return None
     try:
-        schema = pq.read_schema(f)
+        schema = pq.read_schema(f)  # not Parquet: raises
         if len(schema) == 0 or (schema.metadata and b"pandas" in schema.metadata):
             return None
         return pq.read_table(f, read_dictionary=[c for c in ("group_ranks",)
                                                   if c in schema.names])
-    except (OSError, ValueError, TypeError, pa.ArrowException):
+    except (OSError, ValueError, TypeError, KeyError, pa.ArrowException):
         return None
 
 

@@ -215,6 +215,16 @@ def _block_rows(db: sqlite3.Connection, table: str, where: str, args: tuple) -> 
                           args).fetchone()[0])
 
 
+def _delete_blocks(db: sqlite3.Connection, where: str, args: tuple) -> dict[str, int]:
+    """Delete the blocks of what agents sent where ``where``; returns the rows they held, by
+    the name the store's counts give them."""
+    out = {}
+    for name, table in _BLOCKS.items():
+        out[name] = _block_rows(db, table, where, args)
+        db.execute(f"DELETE FROM {table} WHERE {where}", args)
+    return out
+
+
 def _name_ids(db: sqlite3.Connection, job: str, texts: Sequence[str]) -> np.ndarray:
     """The numbers of ``texts`` among ``job``'s names, new ones numbered on."""
     wanted = sorted(set(texts))
@@ -734,12 +744,9 @@ class Store:
             tables = [t for (t,) in db.execute(
                 "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
                 if "job" in {r[1] for r in db.execute(f"PRAGMA table_info({t})")}]
-            out = {name: _block_rows(db, table, "job=?", (job,))
-                   for name, table in _BLOCKS.items()}
+            out = _delete_blocks(db, "job=?", (job,))
             out.update({t: db.execute(f"DELETE FROM {t} WHERE job=?", (job,)).rowcount
                         for t in tables if t not in _BLOCKS.values()})
-            for table in _BLOCKS.values():
-                db.execute(f"DELETE FROM {table} WHERE job=?", (job,))
         self._reclaim()
         return {t: n for t, n in out.items() if n}
 
@@ -816,13 +823,9 @@ class Store:
         if first is None:
             return {}
         with self._tx() as db:
-            out = {name: _block_rows(db, table, "job=? AND iteration<?", (job, first))
-                   for name, table in _BLOCKS.items()}
-            for table in (*_BLOCKS.values(), "raw_iterations"):
-                n = db.execute(f"DELETE FROM {table} WHERE job=? AND iteration<?",
-                               (job, first)).rowcount
-                if table == "raw_iterations":
-                    out[table] = n
+            out = _delete_blocks(db, "job=? AND iteration<?", (job, first))
+            out["raw_iterations"] = db.execute(
+                "DELETE FROM raw_iterations WHERE job=? AND iteration<?", (job, first)).rowcount
             out["raw_batches"] = db.execute(
                 "DELETE FROM raw WHERE job=? AND (source, batch_id) IN (SELECT source, batch_id "
                 "FROM batches WHERE job=? AND last_iteration<?)", (job, job, first)).rowcount
