@@ -249,6 +249,10 @@ def test_top1_split_credits_declared_ties_only():
     # a tie with devices the verdict did not list still divides the credit
     assert _top1_split([nic(a, 0, 0.5, (b, c))], {0}) == pytest.approx(1 / 3)
     assert _top1_split([3, 5], {3}) == 1.0 and _top1_split([], {3}) == 0.0
+    # a GPU tied with its host: two readings of one rank, both naming it
+    gpu = Candidate(kind=DeviceKind.GPU, device="gpu:node000/5", ranks=(5,), hosts=("node000",),
+                    score=1.0, tied_with=("host:node000",))
+    assert _top1_split([gpu], {5}) == 1.0 and _top1_split([gpu], {4}) == 0.0
 
 
 def test_a_first_suspect_tied_with_the_faulty_device_counts_for_device_top1_ties_only():

@@ -69,6 +69,24 @@ def test_demo_says_when_its_first_suspect_is_tied(tmp_path):
     assert all(d in line for d in first["tied_with"]), line
 
 
+def test_localize_says_when_a_slow_gpu_and_a_host_pause_look_alike(tmp_path):
+    # Pure data parallelism: rank 5 meets its peers in two operators per step, so its one late
+    # arrival per step may be its GPU or its host; the verdict names both and says why.
+    sim = tmp_path / "dp"
+    out = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--model", "llama2-7b", "--tp",
+                                   "1", "--pp", "1", "--iterations", "12", "--fault",
+                                   "gpu_slow:rank=5,severity=0.5,start=3", "--out", str(sim),
+                                   "--no-progress"])
+    assert out.exit_code == 0, out.output
+    out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["localize", str(sim / "ops.parquet")])
+    assert out.exit_code == 0, out.output
+    text = _flat(out.stdout)
+    said = text[text.index("tied: "):]
+    assert said.startswith("tied: gpu:node000/5 and host:node000 (a pause of rank 5's host "
+                           "process): rank 5 meets its peers too rarely"), said
+    assert "check both" in said and "same slow flows" not in said
+
+
 def test_version_and_short_help():
     from holmes_ml import __version__
 

@@ -46,3 +46,30 @@ def test_slow_nic_is_told_apart_from_the_other_nics_of_its_ring(seed: int, rank:
     assert top.device == res.faults[0].devices[0]
     others = [c for c in verdict.candidates if c.kind == DeviceKind.NIC and c.device != top.device]
     assert all(c.score < top.score for c in others)
+
+
+@pytest.mark.parametrize(("fault", "seed"), [("gpu_slow", 1), ("host_stall", 1), ("gpu_slow", 2),
+                                             ("host_stall", 3)])
+def test_pure_data_parallel_straggler_is_a_gpu_tied_with_its_host(fault: str, seed: int) -> None:
+    # One gradient all-reduce per step: a slow GPU and a host pause both make the rank one
+    # late arrival per step, so the verdict names the rank's GPU and declares its host tied.
+    res = simulate(SimConfig(gpus=16, model="llama2-7b", tp=1, pp=1, iterations=12, seed=seed,
+                             faults=(FaultSpec.parse(f"{fault}:severity=0.5,start=3"),)))
+    verdict = analyze(without_labels(res.ops), res.topology, model="rule")
+    top = verdict.candidates[0]
+    (rank,) = res.faults[0].ranks
+    host = res.topology.ranks.set_index("rank").loc[rank, "host"]
+    assert (top.kind, top.ranks) == (DeviceKind.GPU, (rank,))
+    assert top.tied_with == (f"host:{host}",)
+
+
+def test_pipeline_stages_meet_often_enough_to_tell_a_pause_from_a_slow_gpu() -> None:
+    # With two pipeline stages each step holds ten operators per rank: the test decides again.
+    def top(fault: str):
+        res = simulate(SimConfig(gpus=32, model="llama2-7b", tp=1, pp=2, iterations=12, seed=2,
+                                 faults=(FaultSpec.parse(f"{fault}:severity=0.5,start=3"),)))
+        return analyze(without_labels(res.ops), res.topology, model="rule").candidates[0]
+
+    gpu, host = top("gpu_slow"), top("host_stall")
+    assert (gpu.kind, gpu.tied_with) == (DeviceKind.GPU, ())
+    assert (host.kind, host.tied_with) == (DeviceKind.HOST, ())

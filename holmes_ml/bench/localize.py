@@ -318,10 +318,14 @@ def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> f
     if not suspects:
         return 0.0
     top = suspects[0]
-    tied = set(getattr(top, "tied_with", ()) or ())
-    group = [top] + [s for s in suspects[1:] if getattr(s, "device", None) in tied]
-    hits = sum(bool(_suspect_ranks(s, topology) & truth) for s in group)
-    return hits / (1 + len(tied))
+    tied = list(getattr(top, "tied_with", ()) or ())
+    listed = {getattr(s, "device", None): s for s in suspects[1:]}
+    # A GPU is tied with its host (two readings of one rank's lateness): both name that rank.
+    # A tied network device the verdict did not list (beyond top_k) names no one.
+    same = top if getattr(getattr(top, "kind", None), "value", None) == "gpu" else None
+    group = [top] + [listed.get(d, same) for d in tied]
+    hits = sum(s is not None and bool(_suspect_ranks(s, topology) & truth) for s in group)
+    return hits / len(group)
 
 
 def _flows_by_device(ops: pd.DataFrame, topology: Any) -> dict[str, frozenset[str]]:

@@ -52,15 +52,24 @@ def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:
         table.add_row(str(i), c["kind"], device, _ranks(c.get("ranks") or []),
                       f"{c['score']:.3f}", evidence[0]["detail"] if evidence else "")
     console.print(table)
-    if not any(c.get("tied_with") for c in candidates):
+    tied = [c for c in candidates if c.get("tied_with")]
+    for c in tied:
+        if c["kind"] == "gpu":
+            rank = _ranks(c.get("ranks") or [])
+            console.print(f"[yellow]tied[/yellow]: {c['device']} and "
+                          f"{', '.join(c['tied_with'])} (a pause of rank {rank}'s host "
+                          f"process): rank {rank} meets its peers too rarely in a step for the "
+                          "logs to tell a slow GPU (late a little at each operator) from a "
+                          "host pause (late all at once); check both")
+    if not any(c["kind"] != "gpu" for c in tied):
         return
     console.print("[yellow]tied[/yellow]: these devices carry the same slow flows and the logs "
                   "cannot tell them apart; check each (e.g. a bandwidth test between their "
                   "hosts)")
     seen: set[frozenset[str]] = set()
-    for c in candidates:
-        names = [c["device"], *(c.get("tied_with") or ())]
-        if len(names) > 1 and frozenset(names) not in seen:
+    for c in tied:
+        names = [c["device"], *c["tied_with"]]
+        if c["kind"] != "gpu" and frozenset(names) not in seen:
             seen.add(frozenset(names))
             console.print(f"  {len(names)} tied: " + ", ".join(names[:8])
                           + (f" (+{len(names) - 8})" if len(names) > 8 else ""))

@@ -88,11 +88,11 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         top = verdict.candidates[0] if verdict.candidates else None
         if top is not None and top.tied_with:
-            console.print(
-                f"[yellow]tied[/yellow]: suspect #1 and {', '.join(top.tied_with)} carry the "
-                "same slow flows; the logs cannot tell them apart (their order carries no "
-                "information), so check each"
-            )
+            what = ("are a slow GPU and a pause of its host, which one late arrival per step "
+                    "cannot tell apart" if top.kind.value == "gpu" else "carry the same slow "
+                    "flows; the logs cannot tell them apart (their order carries no information)")
+            console.print(f"[yellow]tied[/yellow]: suspect #1 and {', '.join(top.tied_with)} "
+                          f"{what}, so check each")
         hit = top is not None and set(top.ranks) & set(truth[0]["ranks"])
         console.print(f"irregular iterations: {spans(verdict.irregular_iterations)}")
         console.print(

@@ -89,6 +89,14 @@ class LocalizeConfig:
         A straggler is called a *host* stall (not a slow GPU) when, in the iterations it is
         blamed for, at least this share of its lateness arrives in one jump (partners wait for
         it a full pause at once) rather than in many small waits (a slow GPU falling behind).
+    kind_min_ops:
+        That test needs a rank that meets its peers again and again while it computes: one that
+        takes part in fewer operators than this per iteration (median), such as a pure
+        data-parallel rank whose step ends in one gradient all-reduce, shows a slow GPU and a
+        pause of its host alike, as one late arrival per step. Such a straggler is named a GPU
+        ``tied_with`` its host rather than one of them by a coin flip, unless another rank of
+        its host was about as late in the same step (a pause of the whole host). Pipeline or
+        tensor parallelism puts 10 or more operators in a step, and there the test decides.
     workload_min_iterations:
         Workload rules need at least this many analysed iterations.
     workload_persistence:
@@ -138,6 +146,7 @@ class LocalizeConfig:
     together_fraction: float = 0.01
     top_k: int = 5
     host_concentration: float = 0.7
+    kind_min_ops: int = 4
     workload_min_iterations: int = 4
     workload_persistence: float = 0.5
     with_rule: bool = True
@@ -147,7 +156,7 @@ class LocalizeConfig:
 
     def __post_init__(self) -> None:
         for name in ("window", "top_k", "min_evidence", "workload_min_iterations",
-                     "max_step_hosts"):
+                     "max_step_hosts", "kind_min_ops"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")

@@ -173,7 +173,8 @@ def localize_records(
         # slowdown older than the window, which the reference has absorbed, still shows.
         step_us = (cfg.delta - 1.0) * _usual_iteration_us(times, irregular_iterations)
         rank_cands, workload, rank_total = _rank_candidates(
-            strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us)
+            strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us,
+            _ops_per_iteration(iterations, its))
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
@@ -360,7 +361,18 @@ def _usual_iteration_us(times: pd.Series, irregular: tuple[int, ...]) -> float:
 
 
 def _with_score(c: Candidate, score: float) -> Candidate:
-    return Candidate(c.kind, c.device, c.ranks, c.hosts, float(score), c.coords, c.evidence)
+    return replace(c, score=float(score))
+
+
+def _ops_per_iteration(iterations: pd.DataFrame, its: np.ndarray) -> pd.Series | None:
+    """Per rank, the median number of operators it took part in per iteration, over the
+    iterations ``its`` (all of them if the summaries hold none of those); ``None`` without an
+    ``n_ops`` column."""
+    if "n_ops" not in iterations.columns or len(iterations) == 0:
+        return None
+    rows = iterations[iterations["iteration"].isin(its)]
+    rows = rows if len(rows) else iterations
+    return rows.groupby("rank")["n_ops"].median()
 
 
 def _mark_ties(cands: list[Candidate]) -> list[Candidate]:
@@ -608,11 +620,13 @@ def _rank_candidates(
     n_its: int,
     floor: float,
     step_floor: float = 0.0,
+    ops_per_it: pd.Series | None = None,
 ) -> tuple[list[Candidate], list[WorkloadFinding], float]:
     """GPU / host candidates from straggler evidence, unless the pattern says workload.
 
     ``step_floor``: a candidate must have held its partners back that long in at least one
-    iteration.
+    iteration. ``ops_per_it``: per rank, its operators per iteration (see
+    :attr:`LocalizeConfig.kind_min_ops`); unknown ranks are taken to meet their peers often.
     """
     if len(strag) == 0:
         return [], [], 0.0
@@ -677,6 +691,12 @@ def _rank_candidates(
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
     best_ev = best_ev.groupby("rank").head(5)
+    # Where one late arrival per step cannot tell a GPU from a pause (kind_min_ops), several
+    # late ranks of one host still can: a pause of the whole host holds them back together.
+    # ``together`` holds the ranks that meet their peers too rarely, and whether they do
+    rare = top_ranks.index[:0] if ops_per_it is None else top_ranks.index[
+        ops_per_it.reindex(top_ranks.index).fillna(np.inf).to_numpy() < cfg.kind_min_ops]
+    together = _late_with_host_mates(per_it, rare, fabric)
     for rank, row in top_ranks.iterrows():
         rank = int(rank)
         ev = best_ev[best_ev["rank"] == rank]
@@ -688,17 +708,38 @@ def _rank_candidates(
             )
             for e in ev.itertuples()
         )
-        is_host = conc.get(rank, 0.0) >= cfg.host_concentration
-        device = f"host:{fabric.host(rank)}" if is_host else fabric.gpu(rank)
+        host = fabric.host(rank)
+        told_apart = rank not in together or together[rank]
+        is_host = told_apart and conc.get(rank, 0.0) >= cfg.host_concentration
+        device = f"host:{host}" if is_host else fabric.gpu(rank)
         cands.append(Candidate(
             DeviceKind.HOST if is_host else DeviceKind.GPU, device, (rank,),
-            (fabric.host(rank),), float(row["sum"]), coords.get(rank), evidence,
+            (host,), float(row["sum"]), coords.get(rank), evidence,
+            () if told_apart else (f"host:{host}",),
         ))
     # The slowdown the ranks explain, for the candidates' shares: one delay that every rank of
     # a replica (or every first pipeline stage) passes on is waited for once per step, not once
     # per rank that relayed it, so each iteration counts its largest lateness only.
     explained = float(per_it.groupby("iteration")["weight"].max().sum())
     return cands, [], min(total, explained)
+
+
+def _late_with_host_mates(per_it: pd.DataFrame, ranks: pd.Index, fabric: Fabric
+                          ) -> dict[int, bool]:
+    """Per rank of ``ranks``: in the iteration it was latest in (``per_it``: ``iteration,
+    rank, weight``), was another rank of its host at least half as late?"""
+    out = {}
+    for rank in ranks:  # the few candidate ranks, not every rank
+        mine = per_it[per_it["rank"] == rank]
+        if len(mine) == 0:
+            out[int(rank)] = False
+            continue
+        worst = mine.loc[mine["weight"].idxmax()]
+        step = per_it[(per_it["iteration"] == worst["iteration"]) & (per_it["rank"] != rank)
+                      & (per_it["weight"] >= 0.5 * worst["weight"])]
+        host = fabric.host(int(rank))
+        out[int(rank)] = any(fabric.host(int(r)) == host for r in step["rank"])
+    return out
 
 
 def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
