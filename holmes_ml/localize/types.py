@@ -83,7 +83,9 @@ class Candidate:
     other network candidates (NIC, link, switch) with exactly this score: devices the logs
     cannot tell apart (the two NICs of a slow send/recv pair with no other traffic, the NICs of
     one slow ring, a NIC and the leaf-spine link that only its flows cross); their order among
-    themselves carries no information.
+    themselves carries no information. A GPU candidate may be tied with its host: a rank that
+    meets its peers too rarely in a step for the logs to tell a slow GPU from a pause of its
+    host (:attr:`LocalizeConfig.kind_min_ops`).
     """
 
     kind: DeviceKind
