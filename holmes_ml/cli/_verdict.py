@@ -54,22 +54,23 @@ def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
     tied = [c for c in candidates if c.get("tied_with")]
     for c in tied:
-        if c["kind"] == "gpu":
+        if c["kind"] == "gpu":  # a GPU tied with its host (LocalizeConfig.kind_min_ops)
             rank = _ranks(c.get("ranks") or [])
             console.print(f"[yellow]tied[/yellow]: {c['device']} and "
                           f"{', '.join(c['tied_with'])} (a pause of rank {rank}'s host "
                           f"process): rank {rank} meets its peers too rarely in a step for the "
                           "logs to tell a slow GPU (late a little at each operator) from a "
                           "host pause (late all at once); check both")
-    if not any(c["kind"] != "gpu" for c in tied):
+    network = [c for c in tied if c["kind"] != "gpu"]
+    if not network:
         return
     console.print("[yellow]tied[/yellow]: these devices carry the same slow flows and the logs "
                   "cannot tell them apart; check each (e.g. a bandwidth test between their "
                   "hosts)")
     seen: set[frozenset[str]] = set()
-    for c in tied:
+    for c in network:
         names = [c["device"], *c["tied_with"]]
-        if c["kind"] != "gpu" and frozenset(names) not in seen:
+        if frozenset(names) not in seen:
             seen.add(frozenset(names))
             console.print(f"  {len(names)} tied: " + ", ".join(names[:8])
                           + (f" (+{len(names) - 8})" if len(names) > 8 else ""))

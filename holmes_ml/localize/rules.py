@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -174,7 +175,7 @@ def localize_records(
         step_us = (cfg.delta - 1.0) * _usual_iteration_us(times, irregular_iterations)
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us,
-            _ops_per_iteration(iterations, its))
+            lambda ranks: _ops_per_iteration(iterations, its, ranks))
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
@@ -364,15 +365,16 @@ def _with_score(c: Candidate, score: float) -> Candidate:
     return replace(c, score=float(score))
 
 
-def _ops_per_iteration(iterations: pd.DataFrame, its: np.ndarray) -> pd.Series | None:
-    """Per rank, the median number of operators it took part in per iteration, over the
-    iterations ``its`` (all of them if the summaries hold none of those); ``None`` without an
-    ``n_ops`` column."""
+def _ops_per_iteration(iterations: pd.DataFrame, its: np.ndarray, ranks: pd.Index
+                       ) -> pd.Series | None:
+    """Per rank of ``ranks``, the median number of operators it took part in per iteration,
+    over the iterations ``its`` (all of them if the summaries hold none of those); ``None``
+    without an ``n_ops`` column."""
     if "n_ops" not in iterations.columns or len(iterations) == 0:
         return None
-    rows = iterations[iterations["iteration"].isin(its)]
-    rows = rows if len(rows) else iterations
-    return rows.groupby("rank")["n_ops"].median()
+    rows = iterations[iterations["rank"].isin(ranks)]
+    within = rows[rows["iteration"].isin(its)]
+    return (within if len(within) else rows).groupby("rank")["n_ops"].median()
 
 
 def _mark_ties(cands: list[Candidate]) -> list[Candidate]:
@@ -620,13 +622,14 @@ def _rank_candidates(
     n_its: int,
     floor: float,
     step_floor: float = 0.0,
-    ops_per_it: pd.Series | None = None,
+    ops_per_it: Callable[[pd.Index], pd.Series | None] | None = None,
 ) -> tuple[list[Candidate], list[WorkloadFinding], float]:
     """GPU / host candidates from straggler evidence, unless the pattern says workload.
 
     ``step_floor``: a candidate must have held its partners back that long in at least one
-    iteration. ``ops_per_it``: per rank, its operators per iteration (see
-    :attr:`LocalizeConfig.kind_min_ops`); unknown ranks are taken to meet their peers often.
+    iteration. ``ops_per_it``: given ranks, their operators per iteration (see
+    :attr:`LocalizeConfig.kind_min_ops`), asked for the few candidates only; unknown ranks are
+    taken to meet their peers often.
     """
     if len(strag) == 0:
         return [], [], 0.0
@@ -694,8 +697,9 @@ def _rank_candidates(
     # Where one late arrival per step cannot tell a GPU from a pause (kind_min_ops), several
     # late ranks of one host still can: a pause of the whole host holds them back together.
     # ``together`` holds the ranks that meet their peers too rarely, and whether they do
-    rare = top_ranks.index[:0] if ops_per_it is None else top_ranks.index[
-        ops_per_it.reindex(top_ranks.index).fillna(np.inf).to_numpy() < cfg.kind_min_ops]
+    per_op = ops_per_it(top_ranks.index) if ops_per_it is not None else None
+    rare = top_ranks.index[:0] if per_op is None else top_ranks.index[
+        per_op.reindex(top_ranks.index).fillna(np.inf).to_numpy() < cfg.kind_min_ops]
     together = _late_with_host_mates(per_it, rare, fabric)
     for rank, row in top_ranks.iterrows():
         rank = int(rank)
