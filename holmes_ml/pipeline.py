@@ -639,6 +639,13 @@ def _few(ranks: Sequence[int]) -> str:
     return " ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
 
 
+def irregular_iterations(iterations: pd.DataFrame, config: LocalizeConfig | None = None
+                         ) -> tuple[int, ...]:
+    """The iterations :func:`localize_summaries` finds ``config.delta``-irregular in a span
+    table (the ``iterations`` of a :class:`NodeSummary`)."""
+    return _irregular(iterations, (config or LocalizeConfig()).delta, log=False)
+
+
 def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
                ) -> tuple[int, ...]:
     """The ``delta``-irregular iterations of a span table (``iteration``, ``start_ns``,
@@ -679,6 +686,26 @@ def analyze(
     """
     cfg = config or LocalizeConfig()
     return note_input(localize_summaries([summarize(ops, model, cfg)], topology, cfg), ops)
+
+
+def only_iterations(ops: pd.DataFrame, first: int | None, last: int | None) -> pd.DataFrame:
+    """The rows of ``ops`` in iterations ``first`` to ``last`` (both included; ``None`` leaves
+    that side open). Raises ``ValueError`` naming the iterations the logs hold when none is in
+    the range."""
+    it = ops["iteration"].to_numpy(dtype=np.int64)
+    keep = np.ones(len(it), dtype=bool)
+    if first is not None:
+        keep &= it >= first
+    if last is not None:
+        keep &= it <= last
+    if not keep.any():
+        held = f"{it.min()}-{it.max()}" if len(it) else "none"
+        asked = f"{'' if first is None else first}:{'' if last is None else last}"
+        raise ValueError(f"--iterations {asked}: no operator of the logs is in that range; "
+                         f"expected a range within the iterations they hold ({held})")
+    out = ops[keep].reset_index(drop=True)
+    out.attrs = dict(ops.attrs)
+    return out
 
 
 def note_input(verdict: Verdict, ops: pd.DataFrame) -> Verdict:

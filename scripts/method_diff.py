@@ -9,7 +9,9 @@ device's slow flows over the window, its excess and the floor it must reach, and
 had slow as a whole in each step). Run it with ``PYTHONPATH`` at another checkout to compare
 versions, or with ``--undo RULE`` to see what one localization rule changes on the same jobs
 (``hand-down``: a long send whose receiver had itself been waiting counts as a slow transfer
-again; ``released-together``: ranks let go at one instant are singled out again).
+again; ``released-together``: ranks let go at one instant are singled out again;
+``lone-pause``: a rank late in a single operator instance is dropped however long its partners
+waited).
 
 Usage:
 ``.venv/bin/python scripts/method_diff.py --sweep noisy`` (the noisy sweep, holmes_ml against
@@ -57,6 +59,9 @@ def _undo(rule: str | None) -> None:
         rules._slow_transfers = lambda sends, *_: rules._as_transfers(sends)
     elif rule == "released-together":
         rules._released_together = lambda strag, held, *_: np.zeros(len(held), dtype=bool)
+    elif rule == "lone-pause":
+        keep = rules._rank_candidates
+        rules._rank_candidates = lambda *a, **k: keep(*a[:8], np.inf)
 
 
 def main() -> None:
@@ -72,7 +77,7 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["holmes", "3sigma+rule (no ML)"])
     ap.add_argument("--debug", action="store_true", help="log the network rules' working")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--undo", choices=("hand-down", "released-together"),
+    ap.add_argument("--undo", choices=("hand-down", "released-together", "lone-pause"),
                     help="run with this localization rule turned off")
     args = ap.parse_args()
     if args.debug:

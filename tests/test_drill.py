@@ -223,3 +223,18 @@ def test_bandwidth_drill_netns(tmp_path):
     # namespaces of this drill are gone
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"hd{os.getpid() % 100000}-r" not in left
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.drill
+def test_ci_drill_pure_data_parallel_stall(tmp_path):
+    # tp1 pp1 dp8: one gradient all_reduce a step, so the stalled rank's partners wait for it
+    # in a single operator instance; the rules name it from that one wait (longer than a step)
+    pytest.importorskip("torch")
+    res = run_drill(DrillConfig(fault="stall", rank=3, tp=1, pp=1, dp=8, iterations=12,
+                                out=str(tmp_path), timeout_s=110))
+    assert res.top_ranks == (3,), res.verdict
+    first = res.verdict["candidates"][0]
+    assert first["evidence"][0]["rule"] == "straggler"
+    assert res.ok

@@ -36,6 +36,32 @@ def check_delta(delta: float) -> None:
         raise ValueError(f"--delta {delta:g}: expected a finite factor > 1 (e.g. 1.1)")
 
 
+def iteration_range(text: str) -> tuple[int | None, int | None]:
+    """``--iterations A:B`` as its first and last iteration, both included; either side may
+    be left open (``A:``, ``:B``) and ``A`` alone is one iteration.
+
+    >>> iteration_range("20:40"), iteration_range("41:"), iteration_range("7")
+    ((20, 40), (41, None), (7, 7))
+    >>> iteration_range("40:20")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --iterations 40:20: expected A:B with 0 <= A <= B (both included; ...)
+    """
+    expected = "expected A:B with 0 <= A <= B (both included; A: or :B leave a side open)"
+    first, colon, last = text.strip().partition(":")
+    try:
+        a = int(first) if first.strip() else None
+        b = int(last) if last.strip() else None
+    except ValueError:
+        raise ValueError(f"--iterations {text}: {expected}") from None
+    if not colon:
+        b = a
+    if (a is None and b is None) or any(v is not None and v < 0 for v in (a, b)) or (
+            a is not None and b is not None and a > b):
+        raise ValueError(f"--iterations {text}: {expected}")
+    return a, b
+
+
 def check_writable(path: Path, option: str, *, directory: bool = False) -> None:
     """Refuse an output ``path`` that cannot be written once the work is done.
 

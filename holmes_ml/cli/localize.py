@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from holmes_ml.cli._checks import check_delta, check_writable
+from holmes_ml.cli._checks import check_delta, check_writable, iteration_range
 from holmes_ml.cli._verdict import print_verdict
 from holmes_ml.io import FORMATS
 
@@ -37,6 +37,13 @@ def register(app: typer.Typer) -> None:
             1.1, "--delta",
             help="Irregularity factor (finite, > 1): an iteration this many times longer than "
             "its robust reference is analysed (below ~1.04 jitter swamps the signal).",
+        ),
+        iterations: str | None = typer.Option(
+            None, "--iterations", metavar="A:B",
+            help="Analyse only iterations A to B (both included; A: or :B leave a side "
+            "open). By default the 50 most recent iterations with abnormal operators are "
+            "analysed, up to the last irregular one; the verdict's note names irregular "
+            "iterations left out, e.g. an earlier episode.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(
@@ -66,13 +73,16 @@ def register(app: typer.Typer) -> None:
         * `holmes localize traces/ --format kineto --json` — PyTorch profiler traces of every
         rank, the verdict as one JSON object;
 
-        * `holmes localize trace-AR.parquet --plot plots/ --graph evidence.graphml`.
+        * `holmes localize trace-AR.parquet --plot plots/ --graph evidence.graphml`;
+
+        * `holmes localize run/ --iterations 1200:1400` — one episode of a long log.
         """
         from holmes_ml import pipeline
         from holmes_ml.localize import LocalizeConfig
         from holmes_ml.topology import Topology
 
         check_delta(delta)
+        span = iteration_range(iterations) if iterations is not None else None
         if plot is not None:
             check_writable(plot, "--plot", directory=True)
         if graph is not None:
@@ -89,6 +99,8 @@ def register(app: typer.Typer) -> None:
         topo = Topology.from_json(topology) if topology is not None else None
         files, topo = pipeline.resolve_paths(paths, topo)
         ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
+        if span is not None:
+            ops = pipeline.only_iterations(ops, *span)
         summary = pipeline.summarize(ops, mdl, cfg)
         verdict = pipeline.note_input(pipeline.localize_summaries([summary], topo, cfg), ops)
         evidence = None

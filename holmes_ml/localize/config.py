@@ -15,7 +15,11 @@ class LocalizeConfig:
         Most recent iterations with abnormal operator records that are analysed (older ones are
         ignored). Every such iteration counts, irregular or not: a fault present from the first
         step never makes an iteration *irregular* relative to its neighbours, but its abnormal
-        operators are still there.
+        operators are still there. When the last irregular iteration comes before them (a long
+        log whose slow episode is over: later steps still hold a few abnormal operators, jitter
+        the detector flags), the window is the ``window`` most recent up to that iteration, so
+        that the verdict speaks of the steps it reports irregular; its note names what was left
+        out (earlier irregular iterations, the steps after the window).
     score_threshold:
         Operator score at or above which an operator copy is abnormal. ``None``: the model's
         ``threshold_`` (or 0.5).
@@ -36,7 +40,10 @@ class LocalizeConfig:
         3 % jitter 3 sigma is 0.09 and ``gap_fraction`` decides; on a cluster with 10 % jitter
         the bar rises to 0.3 of the gap.
     min_evidence:
-        Operator instances a candidate needs.
+        Operator instances a candidate needs. A late rank with fewer still counts when, in one
+        of them, its partners waited longer than a usual step (measured end to end: that step
+        took twice as long or more). In a pure data-parallel job a one-off pause of a rank is
+        a single late arrival at the step's one gradient all-reduce.
     min_weight_fraction:
         A candidate's explained time per analysed iteration must reach this fraction of the
         median iteration time; below it the slowdown is within normal jitter.

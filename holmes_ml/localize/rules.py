@@ -82,6 +82,22 @@ def _iteration_times_us(iterations: pd.DataFrame) -> pd.Series:
     return (span["end"] - span["start"]).astype(np.float64) / 1e3
 
 
+def _usual_step_us(iterations: pd.DataFrame, span_us: pd.Series) -> float:
+    """How long a step usually lasts, in microseconds: the median time from one iteration's
+    last end to the next one's (consecutive iterations only), or the median span
+    (``span_us``, :func:`_iteration_times_us`) when that is longer. The span of a step whose
+    operators come at its end (one gradient all-reduce after the compute: pure data
+    parallelism) is a small part of the step; end to end it is all there."""
+    usual = float(span_us.median()) if len(span_us) else 0.0
+    if len(span_us) < 2:
+        return usual
+    end = iterations.groupby("iteration")["end_ns"].max()
+    step = np.diff(end.index.to_numpy(dtype=np.int64))
+    gap = np.diff(end.to_numpy(dtype=np.int64)) / 1e3
+    period = gap[step == 1]
+    return max(usual, float(np.median(period))) if len(period) else usual
+
+
 def _iteration_weights(dur: pd.Series) -> tuple[pd.Series, float]:
     """Per-iteration weight (1 + relative excess of the iteration time) and the median
     iteration time in microseconds, from the iteration times (:func:`_iteration_times_us`)."""
@@ -131,11 +147,18 @@ def localize_records(
     times = _iteration_times_us(iterations)
     it_weight, med_iter_us = _iteration_weights(times)
     ab = abnormal.reset_index(drop=True)
-    # Only the most recent `window` iterations with abnormal records are analysed.
-    its = np.sort(ab["iteration"].unique())[-cfg.window :]
+    with_records = np.sort(ab["iteration"].unique())
+    its = _window(with_records, irregular_iterations, cfg.window)
     ab = ab[ab["iteration"].isin(its)].reset_index(drop=True)
     n_its = len(its)
-    stats["analysed_iterations"] = float(n_its)
+    stats.update(analysed_iterations=float(n_its), analysed_first=float(its[0]),
+                 analysed_last=float(its[-1]),
+                 later_iterations=float((with_records > its[-1]).sum()))
+    # irregular iterations whose abnormal operators the window left out (an earlier episode)
+    left = np.intersect1d(with_records[with_records < its[0]], np.asarray(irregular_iterations))
+    if len(left):
+        stats.update(left_out_irregular=float(len(left)), left_out_first=float(left[0]),
+                     left_out_last=float(left[-1]))
     op = ab["op"].astype(str).to_numpy()
     p2p = np.isin(op, list(P2P_OPS))
     ab = ab.assign(
@@ -175,7 +198,8 @@ def localize_records(
         step_us = (cfg.delta - 1.0) * _usual_iteration_us(times, irregular_iterations)
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us,
-            lambda ranks: _ops_per_iteration(iterations, its, ranks))
+            lambda ranks: _ops_per_iteration(iterations, its, ranks),
+            _usual_step_us(iterations, times))
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
@@ -211,6 +235,19 @@ def localize_records(
     return _with_comm_gap(
         Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats),
         iterations, topology, cfg, fabric)
+
+
+def _window(its: np.ndarray, irregular: tuple[int, ...], size: int) -> np.ndarray:
+    """The iterations analysed, of ``its`` (sorted, those with abnormal records): the ``size``
+    most recent, unless the last irregular iteration would fall before them (a long log whose
+    slow episode is over, later steps holding a few abnormal operators of their own): then the
+    ``size`` most recent up to that iteration, so that the verdict speaks of the steps the
+    monitor flagged."""
+    recent = its[-size:]
+    if not irregular or len(recent) == 0 or max(irregular) >= recent[0]:
+        return recent
+    upto = its[its <= max(irregular)][-size:]
+    return upto if len(upto) else recent
 
 
 def _with_comm_gap(verdict: Verdict, iterations: pd.DataFrame, topology: Topology,
@@ -623,13 +660,18 @@ def _rank_candidates(
     floor: float,
     step_floor: float = 0.0,
     ops_per_it: Callable[[pd.Index], pd.Series | None] | None = None,
+    pause_us: float = np.inf,
 ) -> tuple[list[Candidate], list[WorkloadFinding], float]:
     """GPU / host candidates from straggler evidence, unless the pattern says workload.
 
     ``step_floor``: a candidate must have held its partners back that long in at least one
     iteration. ``ops_per_it``: given ranks, their operators per iteration (see
     :attr:`LocalizeConfig.kind_min_ops`), asked for the few candidates only; unknown ranks are
-    taken to meet their peers often.
+    taken to meet their peers often. ``pause_us``: a rank with fewer operator instances than
+    :attr:`LocalizeConfig.min_evidence` still counts when one of them kept its partners waiting
+    at least this long (a usual step, :func:`_usual_step_us`: that step took twice as long or
+    more, a pause no jitter makes; in a pure data-parallel job a one-off pause is one
+    instance).
     """
     if len(strag) == 0:
         return [], [], 0.0
@@ -677,8 +719,10 @@ def _rank_candidates(
     # A candidate must explain, in the iterations where it shows up, a visible share of the
     # iteration time (a one-iteration spike counts against one iteration, not the window).
     per_it_floor = floor / max(n_its, 1)
-    ok = (per_rank["size"] >= cfg.min_evidence) & (per_rank["sum"] >= per_it_floor * per_rank[
-        "n_it"])
+    lag = strag["lag_us"] if "lag_us" in strag.columns else strag["weight"]
+    longest = lag.groupby(strag["rank"]).max().reindex(per_rank.index)
+    ok = ((per_rank["size"] >= cfg.min_evidence) | (longest >= pause_us)) & (
+        per_rank["sum"] >= per_it_floor * per_rank["n_it"])
     if step_floor > 0:
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
         # the microbatches of a step; a host pause comes at once), over the steps that single
@@ -704,13 +748,14 @@ def _rank_candidates(
     for rank, row in top_ranks.iterrows():
         rank = int(rank)
         ev = best_ev[best_ev["rank"] == rank]
+        # (ordered by weight, which counts a wait more in a slower step; told in plain time)
+        waited = ev["lag_us"] if "lag_us" in ev.columns else ev["weight"]
         evidence = tuple(
             Evidence(
                 int(e.iteration), str(e.group), int(e.seq), str(e.op), str(e.rule),
-                f"rank {rank} arrived last; the other copies waited {duration(e.weight)}",
-                float(e.weight),
+                f"rank {rank} arrived last; the other copies waited {duration(w)}", float(w),
             )
-            for e in ev.itertuples()
+            for e, w in zip(ev.itertuples(), waited, strict=True)
         )
         host = fabric.host(rank)
         told_apart = rank not in together or together[rank]
@@ -1020,7 +1065,8 @@ def _device_candidates(
     whole_iters = steps[steps["n"] >= cfg.min_evidence].groupby("flow")["iteration"].unique()
     per_flow = by_flow.groupby("flow").agg(
         w=("weight", "sum"), n=("weight", "size"), it=("iteration", "first"),
-        seq=("seq", "first"), op=("op", "first"), group=("group", "first"))
+        seq=("seq", "first"), op=("op", "first"), group=("group", "first"),
+        lag=("lag_us" if "lag_us" in by_flow.columns else "weight", "sum"))
 
     weight: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
@@ -1045,7 +1091,7 @@ def _device_candidates(
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
                 "communication", f"every copy of {row['group']} was slow ({row['n']} instances)",
-                float(row["w"]),
+                float(row["lag"]),
             ))
     net_total = float(per_flow["w"].sum())
     # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring

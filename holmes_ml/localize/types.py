@@ -164,7 +164,9 @@ class Verdict:
 
         Suspects or workload findings without any irregular iteration come from the abnormal
         operators of the last iterations alone: the slowdown was there since the log began, or
-        is smaller than ``delta``. Fewer than two ranks leave nothing to compare a copy with.
+        is smaller than ``delta``. A log longer than the window is analysed over the most
+        recent irregular iterations: earlier ones, and later steps, are left out, and the note
+        says how to look at them. Fewer than two ranks leave nothing to compare a copy with.
         Rows of two runs read together mix every statistic.
         """
         notes = []
@@ -176,6 +178,20 @@ class Verdict:
         if self.stats.get("ranks", 2.0) < 2:
             notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
                          "may go unnamed")
+        first, last = self.stats.get("analysed_first"), self.stats.get("analysed_last")
+        if first is not None and last is not None:
+            left = int(self.stats.get("left_out_irregular", 0))
+            if left:
+                a, b = int(self.stats["left_out_first"]), int(self.stats["left_out_last"])
+                notes.append(
+                    f"{left} irregular iteration(s) from {a} to {b} come before the "
+                    f"{int(self.stats.get('analysed_iterations', 0))} analysed ones "
+                    f"({int(first)}-{int(last)}, the most recent): localize them on their own "
+                    f"(holmes localize --iterations {a}:{b})")
+            if self.stats.get("later_iterations", 0) and self.irregular:
+                notes.append(
+                    f"the iterations after {int(last)}, the last irregular one, were not "
+                    f"analysed (holmes localize --iterations {int(last) + 1}: looks at them)")
         if not self.irregular and (self.candidates or self.workload_findings):
             n = int(self.stats.get("analysed_iterations", 0))
             notes.append(

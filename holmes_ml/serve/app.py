@@ -100,8 +100,9 @@ class ServeSettings:
         ``POST /v1/jobs/{job}/analyze``).
     analyze_last:
         A verdict (and ``GET /v1/jobs/{job}/iterations`` by default) reads a job's this many
-        most recent iterations: the localizer looks at the last 50 with abnormal operators and
-        the irregularity monitor at the 20 before each, so 200 leaves room, and the work per
+        most recent iterations: the localizer looks at the last 50 with abnormal operators (up
+        to the last irregular one, when that comes before them) and the irregularity monitor
+        at the 20 before each, so 200 leaves room, and the work per
         verdict stays the same however long the job has run. Older rows stay stored. 0: every
         iteration (the cost then grows with the job's age).
     keep_iterations:

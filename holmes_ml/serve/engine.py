@@ -38,12 +38,17 @@ class Analyzers:
         ``localize_summaries`` looks at the abnormal operators of this many most recent
         iterations that have any, and no others; only those are read from the store. ``None``:
         all of the verdict's window.
+    last_irregular:
+        ``(iterations) -> int | None``: the last irregular iteration of the iteration
+        summaries, where the localizer's window reaches back to when the most recent
+        iterations with abnormal operators all come after it (read from the store too).
     """
 
     localize_summaries: Callable[..., Any]
     analyze: Callable[..., Any]
     node_summary: Callable[..., Any]
     abnormal_window: int | None = None
+    last_irregular: Callable[[pd.DataFrame], int | None] | None = None
 
 
 def pipeline_analyzers() -> Analyzers:
@@ -56,6 +61,7 @@ def pipeline_analyzers() -> Analyzers:
         analyze=pipeline.analyze,
         node_summary=pipeline.NodeSummary,
         abnormal_window=LocalizeConfig().window,
+        last_irregular=lambda it: max(pipeline.irregular_iterations(it), default=None),
     )
 
 
@@ -117,7 +123,8 @@ def compute_verdict(
         ops = store.raw_ops(job, last)
         verdict = analyzers.analyze(ops, topology=topology, model=model)
     elif info["mode"] == "agent":
-        frames = agent_summary_frames(store.agent_data(job, last, analyzers.abnormal_window))
+        frames = agent_summary_frames(store.agent_data(job, last, analyzers.abnormal_window,
+                                                       analyzers.last_irregular))
         summary = analyzers.node_summary(**frames)
         verdict = analyzers.localize_summaries([summary], topology=topology)
     else:

@@ -19,7 +19,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,9 @@ _ABNORMAL_ROW = np.dtype([
 #: The value of each column an older agent leaves out.
 _ABNORMAL_DEFAULTS: dict[str, Any] = {"peer": -1, "host": "", "group_kind": "", "excess_us": 0.0}
 
-#: The first iteration of a window that holds every one (the smallest int64).
+#: The first iteration of a window that holds every one (the smallest int64), and the last.
 _EVERY_ITERATION = -(2**63)
+_LAST_ITERATION = 2**63 - 1
 
 #: Verdicts a job keeps when its old iterations are pruned (only the latest is served).
 VERDICTS_KEPT = 100
@@ -850,24 +851,29 @@ class Store:
             # executescript steps it to the end (execute frees a single page)
             self._db.executescript("PRAGMA incremental_vacuum;")
 
-    def agent_data(self, job: str, last: int | None = None,
-                   abnormal_last: int | None = None) -> dict[str, Any]:
+    def agent_data(self, job: str, last: int | None = None, abnormal_last: int | None = None,
+                   upto: Callable[[pd.DataFrame], int | None] | None = None) -> dict[str, Any]:
         """What agents sent for ``job``: iteration summaries, abnormal ops, groups, ranks;
         with ``last``, the iteration summaries and abnormal ops of its ``last`` most recent
         iterations only (:meth:`first_of_last`); with ``abnormal_last``, the abnormal ops of
-        the ``abnormal_last`` most recent of those iterations that have any."""
+        the ``abnormal_last`` most recent of those iterations that have any - counted back
+        from the iteration ``upto`` names given the iteration summaries read (the last
+        irregular one), when that lies before them, and then with every later one too (the
+        localizer's window, :func:`holmes_ml.localize.rules.localize_records`)."""
         since = self._since(job, last)
-        since_ab = since
-        if abnormal_last:
-            (oldest,) = self._query(
-                "SELECT min(iteration) FROM (SELECT DISTINCT iteration FROM abnormal_records "
-                "WHERE job=? AND iteration>=? ORDER BY iteration DESC LIMIT ?)",
-                (job, since, int(abnormal_last)))[0]
-            since_ab = since if oldest is None else int(oldest)
         with self._lock:
             it = self._iterations(job, since)
+            since_ab = self._abnormal_since(job, since, abnormal_last) if abnormal_last else since
+        # (outside the lock: ingest need not wait for the irregularity monitor)
+        until = upto(it) if upto is not None and since_ab > since else None
+        with self._lock:
+            if abnormal_last and until is not None and until < since_ab:
+                since_ab = self._abnormal_since(job, since, abnormal_last, until)
+            # (no later iteration than the summaries read: a batch may have come meanwhile)
+            newest = int(it["iteration"].max()) if len(it) else _LAST_ITERATION
             blobs = self._db.execute("SELECT rows FROM abnormal_records WHERE job=? AND "
-                                     "iteration>=?", (job, since_ab)).fetchall()
+                                     "iteration>=? AND iteration<=?",
+                                     (job, since_ab, newest)).fetchall()
             ab = _abnormal_frame(np.frombuffer(b"".join(b for (b,) in blobs),
                                                dtype=_ABNORMAL_ROW), self._names(job))
             groups = self._db.execute(
@@ -884,6 +890,15 @@ class Store:
             "groups": {n: (k, member_ranks(r)) for n, k, r in groups},
             "ranks": ranks,
         }
+
+    def _abnormal_since(self, job: str, since: int, n: int, until: int | None = None) -> int:
+        """The earliest of ``job``'s ``n`` most recent iterations from ``since`` on (up to
+        ``until``) that have abnormal operators; ``since`` when none has."""
+        (oldest,) = self._db.execute(
+            "SELECT min(iteration) FROM (SELECT DISTINCT iteration FROM abnormal_records "
+            "WHERE job=? AND iteration>=? AND iteration<=? ORDER BY iteration DESC LIMIT ?)",
+            (job, since, _LAST_ITERATION if until is None else int(until), int(n))).fetchone()
+        return since if oldest is None else int(oldest)
 
     def _names(self, job: str) -> np.ndarray:
         """``job``'s names (the strings of its abnormal operators) by number."""
