@@ -42,8 +42,8 @@ def register(app: typer.Typer) -> None:
             None, "--iterations", metavar="A:B",
             help="Analyse only iterations A to B (both included; A: or :B leave a side "
             "open). By default the 50 most recent iterations with abnormal operators are "
-            "analysed, up to the last irregular one; the verdict's note names irregular "
-            "iterations left out, e.g. an earlier episode.",
+            "analysed, reaching back to the last irregular one when it is older; the "
+            "verdict's note names irregular iterations left out, e.g. an earlier episode.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(
