@@ -74,28 +74,38 @@ def parse_members(group_ranks: pd.Series) -> pd.DataFrame:
     )
 
 
-def _iteration_times_us(iterations: pd.DataFrame) -> pd.Series:
-    """Each iteration's time (first start to last end over its ranks) in microseconds."""
+def _iteration_spans(iterations: pd.DataFrame) -> pd.DataFrame:
+    """Per iteration (index, increasing): its first start and last end over its ranks, ns."""
     if iterations is None or len(iterations) == 0:
-        return pd.Series(dtype=float)
-    span = iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"))
-    return (span["end"] - span["start"]).astype(np.float64) / 1e3
+        return pd.DataFrame({"start": pd.Series(dtype=np.int64),
+                             "end": pd.Series(dtype=np.int64)})
+    return iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"))
 
 
-def _usual_step_us(iterations: pd.DataFrame, span_us: pd.Series) -> float:
+def _iteration_times_us(spans: pd.DataFrame) -> pd.Series:
+    """Each iteration's time (first start to last end over its ranks) in microseconds, from
+    its :func:`_iteration_spans`."""
+    return (spans["end"] - spans["start"]).astype(np.float64) / 1e3
+
+
+def _usual_step_us(spans: pd.DataFrame) -> float:
     """How long a step usually lasts, in microseconds: the median time from one iteration's
-    last end to the next one's (consecutive iterations only), or the median span
-    (``span_us``, :func:`_iteration_times_us`) when that is longer. The span of a step whose
+    last end to the next one's (consecutive iterations only), or the median span (first start
+    to last end, of its :func:`_iteration_spans`) when that is longer. The span of a step whose
     operators come at its end (one gradient all-reduce after the compute: pure data
     parallelism) is a small part of the step; end to end it is all there."""
+    span_us = _iteration_times_us(spans)
     usual = float(span_us.median()) if len(span_us) else 0.0
-    if len(span_us) < 2:
-        return usual
-    end = iterations.groupby("iteration")["end_ns"].max()
-    step = np.diff(end.index.to_numpy(dtype=np.int64))
-    gap = np.diff(end.to_numpy(dtype=np.int64)) / 1e3
+    step = np.diff(spans.index.to_numpy(dtype=np.int64))
+    gap = np.diff(spans["end"].to_numpy(dtype=np.int64)) / 1e3
     period = gap[step == 1]
     return max(usual, float(np.median(period))) if len(period) else usual
+
+
+def _lag_us(events: pd.DataFrame) -> pd.Series:
+    """How long each event kept someone waiting, in microseconds before any iteration
+    weighting (``lag_us``; ``weight`` for events that were never weighted)."""
+    return events["lag_us"] if "lag_us" in events.columns else events["weight"]
 
 
 def _iteration_weights(dur: pd.Series) -> tuple[pd.Series, float]:
@@ -144,7 +154,8 @@ def localize_records(
     if len(abnormal) == 0:
         return _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
                               iterations, topology, cfg)
-    times = _iteration_times_us(iterations)
+    spans = _iteration_spans(iterations)
+    times = _iteration_times_us(spans)
     it_weight, med_iter_us = _iteration_weights(times)
     ab = abnormal.reset_index(drop=True)
     with_records = np.sort(ab["iteration"].unique())
@@ -199,7 +210,7 @@ def localize_records(
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us,
             lambda ranks: _ops_per_iteration(iterations, its, ranks),
-            _usual_step_us(iterations, times))
+            _usual_step_us(spans))
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
@@ -329,7 +340,7 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
         beyond = "beyond what the same GPU of the other replicas shows"
     if len(frame) == 0:
         return []
-    times = _iteration_times_us(iterations)
+    times = _iteration_times_us(_iteration_spans(iterations))
     step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(times, tuple(irr))
     if step_floor <= 0:
         return []
@@ -617,7 +628,7 @@ def _drop_echoes(
         waiting[chain] = lookup(ev["iteration"], ev["peer"].fillna(-1))
     other = strag["peer"].fillna(-1) if "peer" in strag.columns else pd.Series(-1, strag.index)
     side = np.where(chain, other.to_numpy(), -2)  # collectives: one waiting side per group
-    lag = strag["lag_us"] if "lag_us" in strag.columns else strag["weight"]
+    lag = _lag_us(strag)
     caused = strag.assign(_lag=lag, _side=side).groupby(["iteration", "group", "rank", "_side"])[
         "_lag"].transform("sum").to_numpy()
     deficit = waiting - lookup(strag["iteration"], strag["rank"])
@@ -719,7 +730,7 @@ def _rank_candidates(
     # A candidate must explain, in the iterations where it shows up, a visible share of the
     # iteration time (a one-iteration spike counts against one iteration, not the window).
     per_it_floor = floor / max(n_its, 1)
-    lag = strag["lag_us"] if "lag_us" in strag.columns else strag["weight"]
+    lag = _lag_us(strag)
     longest = lag.groupby(strag["rank"]).max().reindex(per_rank.index)
     ok = ((per_rank["size"] >= cfg.min_evidence) | (longest >= pause_us)) & (
         per_rank["sum"] >= per_it_floor * per_rank["n_it"])
@@ -749,7 +760,7 @@ def _rank_candidates(
         rank = int(rank)
         ev = best_ev[best_ev["rank"] == rank]
         # (ordered by weight, which counts a wait more in a slower step; told in plain time)
-        waited = ev["lag_us"] if "lag_us" in ev.columns else ev["weight"]
+        waited = _lag_us(ev)
         evidence = tuple(
             Evidence(
                 int(e.iteration), str(e.group), int(e.seq), str(e.op), str(e.rule),
@@ -801,7 +812,7 @@ def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
     one after the other, and those intervals add up. For a network device, the slow transfers
     of the flows crossing it, likewise.
     """
-    lag = events["lag_us"] if "lag_us" in events.columns else events["weight"]
+    lag = _lag_us(events)
     start = events["t"].to_numpy(dtype=np.float64)
     iv = pd.DataFrame({"iteration": events["iteration"].to_numpy(),
                        by: events[by].to_numpy(), "start": start,
@@ -834,7 +845,7 @@ def _released_together(strag: pd.DataFrame, held: pd.Series, fabric: Fabric, fra
     out = np.zeros(len(held), dtype=bool)
     if fraction <= 0 or len(held) == 0 or len(strag) == 0:
         return out
-    lag = strag["lag_us"] if "lag_us" in strag.columns else strag["weight"]
+    lag = _lag_us(strag)
     ev = pd.DataFrame({"iteration": strag["iteration"].to_numpy(),
                        "rank": strag["rank"].to_numpy(dtype=np.int64),
                        "lag": lag.to_numpy(dtype=np.float64)})
@@ -1056,7 +1067,7 @@ def _device_candidates(
     flow = np.where(is_p2p | two, _pair_key(src, dst), comm["group"].astype(str).to_numpy())
     for key, a, b in zip(flow[is_p2p | two], src[is_p2p | two], dst[is_p2p | two], strict=True):
         flows.setdefault(str(key), (int(a), int(b)))
-    by_flow = comm.assign(flow=flow)
+    by_flow = comm.assign(flow=flow, lag=_lag_us(comm))
     # Per flow, the iterations where it was slow, and those where it was slow as a whole: at
     # least min_evidence of its transfers there (a faulty device slows every transfer of its
     # flows in a step, jitter one here and there).
@@ -1066,7 +1077,7 @@ def _device_candidates(
     per_flow = by_flow.groupby("flow").agg(
         w=("weight", "sum"), n=("weight", "size"), it=("iteration", "first"),
         seq=("seq", "first"), op=("op", "first"), group=("group", "first"),
-        lag=("lag_us" if "lag_us" in by_flow.columns else "weight", "sum"))
+        lag=("lag", "sum"))
 
     weight: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
