@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ from holmes_ml.drill import DrillConfig, run_drill
 from holmes_ml.drill.fallback import arrival_localize
 from holmes_ml.drill.job import layout_groups
 from holmes_ml.drill.runner import _pauses_explain, judge, machine_pauses
+
+HOLMES = "from holmes_ml.cli import main; main()"
 
 
 def test_config_validation():
@@ -37,6 +40,39 @@ def test_cli_rejects_bad_layout_and_compute():
     assert r.exit_code == 2 and "tp*pp*dp" in r.output
     r = CliRunner().invoke(app, ["drill", "--compute-s", "-1"])
     assert r.exit_code == 2 and "compute_s=-1" in r.output
+    r = CliRunner().invoke(app, ["drill", "--timeout", "0"])
+    assert r.exit_code == 2 and "timeout_s=0" in r.output
+
+
+def test_cli_without_torch_says_how_to_install_it(tmp_path):
+    """Without PyTorch the drill stops before any rank starts, with one line saying what to do.
+
+    A ``torch`` package that fails to import shadows the real one on ``PYTHONPATH`` (the ranks
+    would inherit it), so the test runs the real CLI whether or not torch is installed.
+    """
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named torch (test)')\n")
+    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", HOLMES, "drill", "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "holmes drill runs a real multi-process gloo job with PyTorch" in r.stderr
+    assert "pip install 'holmes-ml[torch]'" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not list(out.glob("rank*.stderr"))  # no rank was started
+
+
+@pytest.mark.torch
+def test_cli_a_job_past_its_timeout_is_an_error_not_a_traceback(tmp_path):
+    pytest.importorskip("torch")
+    r = subprocess.run(
+        [sys.executable, "-c", HOLMES, "drill", "--iterations", "400", "--timeout",
+         "1", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "did not finish within timeout_s=1 seconds (holmes drill --timeout)" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_machine_pauses_and_explanation(tmp_path):

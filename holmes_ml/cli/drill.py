@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         network namespace, RANK's veth capped with tc tbf), none (must come back healthy).
 
         Exit codes: 0 found (or healthy with --fault none), 1 missed, 2 the drill cannot run
-        here, 3 a no-fault drill blamed a rank that the machine itself kept off the CPU (a
+        here (no PyTorch, no root for --fault bandwidth, a rank crashed, --timeout hit), 3 a no-fault drill blamed a rank that the machine itself kept off the CPU (a
         loaded machine: rerun on a quieter one).
 
         Example: holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5
@@ -56,7 +56,10 @@ def register(app: typer.Typer) -> None:
         try:
             res = run_drill(cfg)
         except ImportError as exc:  # torch missing: say how to install it
-            typer.echo(str(exc), err=True)
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        except RuntimeError as exc:  # a rank died or the job outlived --timeout
+            typer.echo(f"error: the drill job failed: {exc}", err=True)
             raise typer.Exit(2) from exc
         if res.skipped:
             typer.echo(f"drill skipped: {res.skipped}", err=True)

@@ -12,8 +12,15 @@ TORCH_INSTALL_HINT = (
 )
 
 
-def import_torch_distributed() -> ModuleType:
+def import_torch_distributed(
+    needed_by: str = "holmes_ml.collect needs PyTorch to record torch.distributed calls",
+) -> ModuleType:
     """Import and return ``torch.distributed``, or explain how to install it.
+
+    Parameters
+    ----------
+    needed_by:
+        What needs torch, the start of the error message.
 
     Returns
     -------
@@ -30,8 +37,8 @@ def import_torch_distributed() -> ModuleType:
         dist = importlib.import_module("torch.distributed")
     except ImportError as exc:
         raise ImportError(
-            f"holmes_ml.collect needs PyTorch to record torch.distributed calls, but it could not "
-            f"be imported ({exc}). Install it with: {TORCH_INSTALL_HINT}"
+            f"{needed_by}, but it could not be imported ({exc}). Install it with: "
+            f"{TORCH_INSTALL_HINT}"
         ) from exc
     if not dist.is_available():
         raise ImportError(

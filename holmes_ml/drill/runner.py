@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from holmes_ml.collect.torch_import import import_torch_distributed
+
 logger = logging.getLogger(__name__)
 
 #: Faults the drill can inject (``bandwidth`` needs root and network namespaces).
@@ -91,6 +93,8 @@ class DrillConfig:
         for name in ("compute_s", "straggler_s", "stall_s"):
             if not float(getattr(self, name)) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected seconds >= 0")
+        if not float(self.timeout_s) > 0:
+            raise ValueError(f"timeout_s={self.timeout_s!r}: expected seconds > 0")
         if not 0 <= self.rank < self.ranks:
             raise ValueError(f"rank={self.rank}: expected 0 <= rank < {self.ranks}")
 
@@ -180,7 +184,9 @@ def launch(
                 tail = (out / f"rank{r}.stderr").read_text()[-2000:]
                 raise RuntimeError(f"drill rank {r} exited with code {rc}:\n{tail}")
     except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"drill job did not finish within timeout_s={cfg.timeout_s}") from exc
+        raise RuntimeError(
+            f"the job did not finish within timeout_s={cfg.timeout_s:g} seconds (holmes drill "
+            "--timeout); ranks still running were killed") from exc
     finally:
         for p in procs:
             if p.poll() is None:
@@ -268,12 +274,23 @@ def _pauses_explain(verdict: dict[str, Any], pauses: pd.DataFrame) -> bool:
 def run_drill(cfg: DrillConfig) -> DrillResult:
     """Launch, log, localize and judge; write ``<out>/drill.json``.
 
+    Raises
+    ------
+    ImportError
+        PyTorch (``torch.distributed``) cannot be imported by this interpreter, which the ranks
+        run on; checked before any rank is started. The message says how to install it.
+    RuntimeError
+        A rank exited with an error (the message ends with its stderr) or the job outlived
+        ``cfg.timeout_s``.
+
     Examples
     --------
     >>> res = run_drill(DrillConfig(fault="straggler", rank=5, out="/tmp/d"))  # doctest: +SKIP
     >>> res.ok, res.top_ranks  # doctest: +SKIP
     (True, (5,))
     """
+    # Every rank would die of it, each with its own traceback: say it once, up front.
+    import_torch_distributed("holmes drill runs a real multi-process gloo job with PyTorch")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("sched-rank*.json"):  # an earlier drill in the same directory
