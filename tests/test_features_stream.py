@@ -26,7 +26,7 @@ def test_stream_matches_whole_log(ops, step):
         got = stream.update(batch)
         assert got.index.equals(batch.index)
         parts.append(got)
-        assert stream.context_rows <= len(ops[ops["iteration"] < 22]) + len(batch)
+        assert stream.context_rows <= len(ops[ops["iteration"] < 23]) + len(batch)
     streamed = pd.concat(parts).loc[ops.index]
     exact = [c for c in whole.columns if c != "iter_time_ratio"]
     np.testing.assert_array_equal(streamed[exact].to_numpy(), whole[exact].to_numpy())
@@ -42,7 +42,7 @@ def test_stream_without_context_has_no_history(ops):
     assert (got["history_len"] == 0).all()
     assert stream.context_rows == 0
     stream = FeatureStream(FeatureConfig(window=5))
-    assert stream.context_iterations == 21  # the irregularity window dominates
+    assert stream.context_iterations == 22  # the irregularity window dominates
     stream.update(ops[ops["iteration"] <= 3])
     assert stream.context_rows > 0
     stream.reset()

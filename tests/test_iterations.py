@@ -6,7 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from holmes_ml.features import IrregularityConfig, detect_irregular, iteration_table
+from holmes_ml.features import (
+    IrregularityConfig,
+    detect_irregular,
+    iteration_table,
+    iteration_times,
+)
 from holmes_ml.io.schema import SchemaError
 
 
@@ -185,3 +190,97 @@ def test_published_column_lists_match_the_output_empty_or_not():
         out = detect_irregular(t)
         assert tuple(out.columns) == ITERATION_COLUMNS + IRREGULARITY_COLUMNS
         assert set(out["pattern"]) <= set(PATTERNS)
+
+
+# --------------------------------------------------------------- timed end to end
+
+
+def _end_of_step_ops(steps: int = 40, ranks: int = 8, pause: tuple[int, int, float] | None = None,
+                     seed: int = 0) -> pd.DataFrame:
+    """Pure data parallelism: 100 ms of compute per step, then one all-reduce that ends 2 ms
+    after the last rank arrives. Ranks arrive up to 10 ms apart, so the all-reduce's span
+    (first start to last end) is 2-12 ms: a small, noisy part of the step. ``pause``:
+    ``(iteration, rank, seconds)`` that rank spends before that all-reduce."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    t = 0.0
+    for it in range(steps):
+        arrive = t + 0.1 + rng.uniform(0.0, 0.01, ranks)
+        if pause is not None and pause[0] == it:
+            arrive[pause[1]] += pause[2]
+        end = arrive.max() + 0.002
+        for r in range(ranks):
+            rows.append((it, r, "all_reduce", "dp-0", it, 1 << 20, int(arrive[r] * 1e9),
+                         (end - arrive[r]) * 1e6))
+        t = end
+    return pd.DataFrame(rows, columns=["iteration", "rank", "op", "group", "seq", "nbytes",
+                                       "start_ns", "duration_us"])
+
+
+def test_operators_at_the_end_of_each_step_are_timed_end_to_end():
+    ops = _end_of_step_ops()
+    t = iteration_table(ops)
+    assert not t["end_to_end"].iloc[0] and t["end_to_end"].iloc[1:].all()
+    steps = t["duration_s"].iloc[1:].to_numpy()
+    assert ((steps > 0.102) & (steps < 0.113)).all()  # compute + spread + all-reduce
+    assert not detect_irregular(t)["irregular"].any()
+    # the span alone is mostly arrival spread: the same healthy job would raise alarms
+    spans = (t["end_ns"] - t["start_ns"]).to_numpy()
+    by_span, _ = iteration_times(t.index.to_numpy(), t["start_ns"].to_numpy(),
+                                 t["end_ns"].to_numpy(), span_fraction=0.0)
+    np.testing.assert_array_equal(by_span, spans)
+    assert detect_irregular(_times(by_span / 1e9))["irregular"].sum() >= 3
+
+
+def test_a_pause_before_the_all_reduce_flags_its_step_and_only_it():
+    ops = _end_of_step_ops(pause=(25, 3, 0.04))
+    out = detect_irregular(ops)
+    assert out.index[out["irregular"]].tolist() == [25]
+    # the step lost 30-40 ms (the pause, less how early rank 3 was), against ~106 ms
+    assert out.loc[25, "end_to_end"] and 1.25 < out.loc[25, "ratio"] < 1.45
+    # a pause longer than the step makes the span most of it: the span times that step
+    long = detect_irregular(_end_of_step_ops(pause=(25, 3, 0.5)))
+    assert long.index[long["irregular"]].tolist() == [25]
+    assert not long.loc[25, "end_to_end"] and long.loc[25, "ratio"] > 4
+
+
+def test_a_gap_in_the_iterations_shares_the_end_to_end_time_over_its_steps():
+    ops = _end_of_step_ops()
+    ops = ops[~ops["iteration"].isin([10, 11])]
+    t = iteration_table(ops)
+    assert t.loc[12, "end_to_end"]
+    assert t.loc[12, "duration_s"] == pytest.approx(
+        (t.loc[12, "end_ns"] - t.loc[9, "end_ns"]) / 3e9)
+    assert not detect_irregular(t)["irregular"].any()
+
+
+def test_summaries_and_features_time_iterations_as_the_table_does():
+    from holmes_ml.features import FeatureStream, build_features
+    from holmes_ml.pipeline import _rank_spans, irregular_iterations
+
+    ops = _end_of_step_ops(pause=(25, 3, 0.04), seed=1)
+    table = detect_irregular(ops)
+    # the localizer times iterations from the per-rank spans the node agents send
+    assert list(irregular_iterations(_rank_spans(ops))) == table.index[table["irregular"]].tolist()
+    whole = build_features(ops)
+    np.testing.assert_allclose(
+        whole["iter_time_ratio"].to_numpy(),
+        table["ratio"].reindex(ops["iteration"]).to_numpy(), rtol=1e-6)
+    # a stream that keeps the previous iteration as context times each batch the same way
+    stream = FeatureStream()
+    parts = [stream.update(ops[ops["iteration"] == k]) for k in range(40)]
+    np.testing.assert_array_equal(pd.concat(parts).loc[ops.index].to_numpy(), whole.to_numpy())
+
+
+@pytest.mark.parametrize("layout", [dict(tp=2, pp=2), dict(tp=1, pp=1)])
+def test_simulated_jobs_keep_their_spans_unless_operators_sit_at_the_end(layout):
+    from holmes_ml.simulator import SimConfig, simulate
+
+    ops = simulate(SimConfig(gpus=16, model="llama2-7b", iterations=8, seed=3, **layout)).ops
+    t = iteration_table(ops)
+    if layout["tp"] > 1:  # tensor and pipeline parallel operators fill every step
+        assert not t["end_to_end"].any()
+        np.testing.assert_array_equal(t["time_us"].to_numpy(),
+                                      (t["end_ns"] - t["start_ns"]).to_numpy() / 1e3)
+    else:  # pure data parallelism: the gradient all-reduces come after the compute
+        assert t["end_to_end"].iloc[1:].all()

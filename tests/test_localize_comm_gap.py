@@ -29,6 +29,7 @@ def _iterations(slow: dict[int, list[int]], wait_us: float, iterations: int = 8,
     rng = np.random.default_rng(seed)
     rows = []
     n = HOSTS * GPUS
+    start = 0
     for it in range(iterations):
         late = slow.get(it, [])
         span = ITER_US + (wait_us if late else 0.0)
@@ -37,8 +38,8 @@ def _iterations(slow: dict[int, list[int]], wait_us: float, iterations: int = 8,
             comm += (structural or {}).get(r, 0.0)
             if late and r not in late and any(r // GPUS == s // GPUS for s in late):
                 comm += wait_us
-            start = int(it * 3 * ITER_US * 1e3)
             rows.append((it, r, start, start + int(span * 1e3), comm, 50))
+        start += int(span * 1e3)  # one step after the other
     return pd.DataFrame(rows, columns=["iteration", "rank", "start_ns", "end_ns", "comm_us",
                                        "n_ops"])
 

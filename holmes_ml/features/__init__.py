@@ -1,7 +1,7 @@
 """Per-operator features and the iteration monitor.
 
-* :func:`iteration_table` / :func:`detect_irregular`: job-wide iteration times and the
-  delta-irregular iterations that trigger localization.
+* :func:`iteration_table` / :func:`detect_irregular`: job-wide iteration times
+  (:func:`iteration_times`) and the delta-irregular iterations that trigger localization.
 * :func:`build_features`: one float32 feature row per operator (:data:`FEATURE_COLUMNS`), with the
   microsecond-valued columns listed in :data:`TIME_FEATURES`.
 * :class:`FeatureStream`: the same features for logs arriving in batches (keeps recent
@@ -21,6 +21,7 @@ from holmes_ml.features.iterations import (
     IrregularityConfig,
     detect_irregular,
     iteration_table,
+    iteration_times,
 )
 from holmes_ml.features.stream import FeatureStream
 
@@ -36,4 +37,5 @@ __all__ = [
     "build_features",
     "detect_irregular",
     "iteration_table",
+    "iteration_times",
 ]

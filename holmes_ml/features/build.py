@@ -33,7 +33,12 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import _segments as seg
-from holmes_ml.features.iterations import IrregularityConfig, detect_irregular, iteration_spans
+from holmes_ml.features.iterations import (
+    IrregularityConfig,
+    detect_irregular,
+    iteration_spans,
+    iteration_times,
+)
 from holmes_ml.io.schema import OP_TYPES, SchemaError
 
 logger = logging.getLogger(__name__)
@@ -699,12 +704,12 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
 def _iteration_context(
     iteration: np.ndarray, start: np.ndarray, dur: np.ndarray, cfg: FeatureConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row: job-wide iteration duration over its reference (only earlier iterations shape
-    it), whether the row's iteration is regular, and when the iteration started (ns)."""
+    """Per row: job-wide iteration time (:func:`iteration_times`) over its reference (only
+    earlier iterations shape it), whether the row's iteration is regular, and when the
+    iteration started (ns)."""
     uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur)
-    table = pd.DataFrame(
-        {"duration_s": (it_end - it_start) / 1e9}, index=pd.Index(uniq, name="iteration")
-    )
+    time_ns, _ = iteration_times(uniq, it_start, it_end)
+    table = pd.DataFrame({"duration_s": time_ns / 1e9}, index=pd.Index(uniq, name="iteration"))
     det = detect_irregular(table, cfg.irregularity)
     where = np.searchsorted(det.index.to_numpy(), iteration)
     return (det["ratio"].to_numpy(dtype=np.float64)[where],

@@ -24,8 +24,10 @@ from holmes_ml.io.schema import SchemaError
 logger = logging.getLogger(__name__)
 
 #: Columns of :func:`iteration_table` (indexed by ``iteration``). ``time_us`` is ``duration_s``
-#: in microseconds, the unit of every other time in the CommOps schema.
-ITERATION_COLUMNS: tuple[str, ...] = ("start_ns", "end_ns", "duration_s", "time_us", "n_ops")
+#: in microseconds, the unit of every other time in the CommOps schema; ``end_to_end`` says the
+#: iteration was timed from the previous one's end (:func:`iteration_times`).
+ITERATION_COLUMNS: tuple[str, ...] = (
+    "start_ns", "end_ns", "duration_s", "time_us", "n_ops", "end_to_end")
 #: Columns :func:`detect_irregular` adds.
 IRREGULARITY_COLUMNS: tuple[str, ...] = (
     "reference_s",
@@ -57,6 +59,7 @@ def _empty_table() -> pd.DataFrame:
             "duration_s": np.empty(0, np.float64),
             "time_us": np.empty(0, np.float64),
             "n_ops": np.empty(0, np.int64),
+            "end_to_end": np.empty(0, bool),
         },
         index=pd.Index(np.empty(0, np.int64), name="iteration"),
     )
@@ -83,12 +86,71 @@ def iteration_spans(
     return uniq.astype(np.int64), it_start, it_end, n_ops
 
 
+#: An iteration whose operators (first start to last end over its ranks) cover less than this
+#: share of its step, measured end to end, is timed end to end (:func:`iteration_times`).
+SPAN_FRACTION = 0.5
+
+
+def iteration_times(
+    iterations: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+    span_fraction: float = SPAN_FRACTION,
+) -> tuple[np.ndarray, np.ndarray]:
+    """How long each iteration took, in nanoseconds, and whether it was timed end to end.
+
+    An iteration's time is its *span*, from the first start to the last end of its operators
+    over all ranks, unless that span is less than ``span_fraction`` of the time from the
+    previous iteration's last end to its own: then it is that end-to-end time. Where operators
+    fill the step (tensor or pipeline parallelism: their spans overlap the neighbouring steps),
+    the span is the step. Where they come at its end (pure data parallelism: one gradient
+    all-reduce after the compute), the span is that all-reduce and its arrival spread, a small
+    and noisy part of the step (a healthy 8-rank gloo job: 0.14 of it, 8 of 20 iterations
+    10 % "slower" than the ones before), and a slow step shows only end to end.
+
+    Each iteration reads itself and the one before (after missing iterations the end-to-end
+    time is shared evenly over the steps in between), so a stream of batches that keeps the
+    previous iteration gets the same times. The first iteration is timed by its span.
+
+    Parameters
+    ----------
+    iterations, start_ns, end_ns:
+        Per iteration, increasing: its number, its first start and its last end (int64 ns), as
+        :func:`iteration_spans` returns them.
+    span_fraction:
+        See :data:`SPAN_FRACTION`.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        Float64 nanoseconds and a bool array: timed end to end.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> t, e2e = iteration_times(np.array([0, 1, 2]), np.array([90, 190, 300]),
+    ...                          np.array([100, 200, 310]))
+    >>> t.tolist(), e2e.tolist()
+    ([10.0, 100.0, 110.0], [False, True, True])
+    """
+    span = (end_ns - start_ns).astype(np.float64)
+    if len(span) < 2:
+        return span, np.zeros(len(span), dtype=bool)
+    steps = np.maximum(np.diff(iterations), 1).astype(np.float64)
+    step = np.concatenate([[np.nan], np.diff(end_ns).astype(np.float64) / steps])
+    end_to_end = step > 0  # False for the first iteration (NaN)
+    end_to_end[end_to_end] = span[end_to_end] < span_fraction * step[end_to_end]
+    return np.where(end_to_end, step, span), end_to_end
+
+
 def iteration_table(ops: pd.DataFrame) -> pd.DataFrame:
     """Job-wide timing of every iteration.
 
     An iteration spans from the earliest start of any operator of any rank to the latest end
     (``start_ns + duration_us``) of any operator of any rank. Ranks missing from an iteration
     (sampled or partial logs) simply do not contribute; an iteration with one logged op is fine.
+    Its time (``duration_s``, ``time_us``) is that span, or the time from the previous
+    iteration's end to its own where the span is a small part of that
+    (:func:`iteration_times`: operators only at the end of each step, as with pure data
+    parallelism); ``end_to_end`` says which.
 
     Parameters
     ----------
@@ -100,8 +162,10 @@ def iteration_table(ops: pd.DataFrame) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Indexed by ``iteration`` (int64, increasing) with columns ``start_ns``, ``end_ns``
-        (int64), ``duration_s`` (``(end_ns - start_ns) / 1e9``), ``time_us`` (the same in
-        microseconds) and ``n_ops`` (operators logged in the iteration).
+        (int64), ``duration_s`` (the iteration's time in seconds: ``(end_ns - start_ns) / 1e9``
+        unless ``end_to_end``), ``time_us`` (the same in microseconds), ``n_ops`` (operators
+        logged in the iteration) and ``end_to_end`` (bool: timed from the previous
+        iteration's end).
 
     Raises
     ------
@@ -136,14 +200,15 @@ def iteration_table(ops: pd.DataFrame) -> pd.DataFrame:
             value=float(dur[i]), expected="a finite number of microseconds",
         )
     uniq, it_start, it_end, n_ops = iteration_spans(it, start, dur)
-    span_ns = (it_end - it_start).astype(np.float64)
+    time_ns, end_to_end = iteration_times(uniq, it_start, it_end)
     return pd.DataFrame(
         {
             "start_ns": it_start,
             "end_ns": it_end,
-            "duration_s": span_ns / 1e9,
-            "time_us": span_ns / 1e3,
+            "duration_s": time_ns / 1e9,
+            "time_us": time_ns / 1e3,
             "n_ops": n_ops,
+            "end_to_end": end_to_end,
         },
         index=pd.Index(uniq.astype(np.int64), name="iteration"),
     )

@@ -32,10 +32,12 @@ class FeatureStream:
         Feature configuration; defaults to ``FeatureConfig()``.
     context_iterations:
         How many of the most recent iterations to keep as context. The default,
-        ``max(cfg.window, cfg.irregularity.window) + 1``, covers the op history and the
-        rank-latency window exactly, and the iteration-time reference as long as those
-        iterations were regular. Each batch costs feature extraction on context + batch, so
-        batches of several iterations are cheaper per row than one iteration at a time.
+        ``max(cfg.window, cfg.irregularity.window) + 2``, covers the op history and the
+        rank-latency window exactly, and the iteration-time reference as long as at most one
+        of those iterations was irregular (the oldest one kept lends the next its end, for
+        iterations timed end to end: :func:`~holmes_ml.features.iteration_times`). Each batch
+        costs feature extraction on context + batch, so batches of several iterations are
+        cheaper per row than one iteration at a time.
 
     Examples
     --------
@@ -50,7 +52,7 @@ class FeatureStream:
     def __init__(self, cfg: FeatureConfig | None = None, context_iterations: int | None = None):
         self.cfg = cfg or FeatureConfig()
         if context_iterations is None:
-            context_iterations = max(int(self.cfg.window), int(self.cfg.irregularity.window)) + 1
+            context_iterations = max(int(self.cfg.window), int(self.cfg.irregularity.window)) + 2
         if not isinstance(context_iterations, (int, np.integer)) or context_iterations < 0:
             raise ValueError(
                 f"FeatureStream.context_iterations: got {context_iterations!r}; "

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import duration
+from holmes_ml.features.iterations import iteration_times
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.fabric import Fabric
@@ -83,9 +84,13 @@ def _iteration_spans(iterations: pd.DataFrame) -> pd.DataFrame:
 
 
 def _iteration_times_us(spans: pd.DataFrame) -> pd.Series:
-    """Each iteration's time (first start to last end over its ranks) in microseconds, from
-    its :func:`_iteration_spans`."""
-    return (spans["end"] - spans["start"]).astype(np.float64) / 1e3
+    """Each iteration's time in microseconds (:func:`~holmes_ml.features.iteration_times`: its
+    span, first start to last end over its ranks, or end to end where the span is a small part
+    of the step), from its :func:`_iteration_spans`."""
+    time_ns, _ = iteration_times(spans.index.to_numpy(dtype=np.int64),
+                                 spans["start"].to_numpy(dtype=np.int64),
+                                 spans["end"].to_numpy(dtype=np.int64))
+    return pd.Series(time_ns / 1e3, index=spans.index)
 
 
 def _usual_step_us(spans: pd.DataFrame) -> float:
@@ -94,7 +99,7 @@ def _usual_step_us(spans: pd.DataFrame) -> float:
     to last end, of its :func:`_iteration_spans`) when that is longer. The span of a step whose
     operators come at its end (one gradient all-reduce after the compute: pure data
     parallelism) is a small part of the step; end to end it is all there."""
-    span_us = _iteration_times_us(spans)
+    span_us = (spans["end"] - spans["start"]).astype(np.float64) / 1e3
     usual = float(span_us.median()) if len(span_us) else 0.0
     step = np.diff(spans.index.to_numpy(dtype=np.int64))
     gap = np.diff(spans["end"].to_numpy(dtype=np.int64)) / 1e3
