@@ -30,8 +30,8 @@ from holmes_ml.features import (
     IrregularityConfig,
     detect_irregular,
     iteration_table,
-    iteration_times,
 )
+from holmes_ml.features.iterations import span_times
 from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_ranks
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import localize_records
@@ -660,10 +660,7 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
         return ()
     span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),
                                                 end_ns=("end_ns", "max"))
-    time_ns, _ = iteration_times(span.index.to_numpy(dtype=np.int64),
-                                 span["start_ns"].to_numpy(dtype=np.int64),
-                                 span["end_ns"].to_numpy(dtype=np.int64))
-    table = pd.DataFrame({"duration_s": time_ns / 1e9}, index=span.index)
+    table = pd.DataFrame({"duration_s": span_times(span)[0] / 1e9}, index=span.index)
     table.index.name = "iteration"
     out = detect_irregular(table, IrregularityConfig(delta=delta))
     irregular = tuple(int(i) for i in out.index[out["irregular"].to_numpy()])

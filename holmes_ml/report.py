@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features.iterations import iteration_times
+from holmes_ml.features.iterations import span_times
 from holmes_ml.localize.types import Verdict
 
 if TYPE_CHECKING:
@@ -73,10 +73,8 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
 
     span = iterations.groupby("iteration").agg(s=("start_ns", "min"), e=("end_ns", "max"))
     # timed as the irregularity monitor times them (end to end where operators end each step)
-    time_ns, end_to_end = iteration_times(span.index.to_numpy(dtype=np.int64),
-                                          span["s"].to_numpy(dtype=np.int64),
-                                          span["e"].to_numpy(dtype=np.int64))
-    secs = pd.Series(time_ns / 1e9, index=span.index)
+    time_ns, end_to_end = span_times(span, "s", "e")
+    secs = time_ns / 1e9
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.plot(secs.index, secs.to_numpy(), marker="o", ms=3,
             label="iteration time" + (" (end to end)" if end_to_end.any() else ""))

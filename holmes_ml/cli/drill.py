@@ -39,8 +39,9 @@ def register(app: typer.Typer) -> None:
         network namespace, RANK's veth capped with tc tbf), none (must come back healthy).
 
         Exit codes: 0 found (or healthy with --fault none), 1 missed, 2 the drill cannot run
-        here (no PyTorch, no root for --fault bandwidth, a rank crashed, --timeout hit), 3 a no-fault drill blamed a rank that the machine itself kept off the CPU (a
-        loaded machine: rerun on a quieter one).
+        here (no PyTorch, no root for --fault bandwidth, a rank crashed, --timeout hit), 3 a
+        no-fault drill blamed a rank that the machine itself kept off the CPU (a loaded
+        machine: rerun on a quieter one).
 
         Example: holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5
         """

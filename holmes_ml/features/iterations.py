@@ -141,6 +141,17 @@ def iteration_times(
     return np.where(end_to_end, step, span), end_to_end
 
 
+def span_times(spans: pd.DataFrame, start: str = "start_ns", end: str = "end_ns"
+               ) -> tuple[pd.Series, np.ndarray]:
+    """:func:`iteration_times` of a table of iteration spans (indexed by iteration, increasing;
+    int64 ns columns ``start`` and ``end``): the times in nanoseconds as a Series on the same
+    index, and which were timed end to end."""
+    time_ns, end_to_end = iteration_times(spans.index.to_numpy(dtype=np.int64),
+                                          spans[start].to_numpy(dtype=np.int64),
+                                          spans[end].to_numpy(dtype=np.int64))
+    return pd.Series(time_ns, index=spans.index), end_to_end
+
+
 def iteration_table(ops: pd.DataFrame) -> pd.DataFrame:
     """Job-wide timing of every iteration.
 

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import duration
-from holmes_ml.features.iterations import iteration_times
+from holmes_ml.features.iterations import span_times
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.fabric import Fabric
@@ -87,10 +87,7 @@ def _iteration_times_us(spans: pd.DataFrame) -> pd.Series:
     """Each iteration's time in microseconds (:func:`~holmes_ml.features.iteration_times`: its
     span, first start to last end over its ranks, or end to end where the span is a small part
     of the step), from its :func:`_iteration_spans`."""
-    time_ns, _ = iteration_times(spans.index.to_numpy(dtype=np.int64),
-                                 spans["start"].to_numpy(dtype=np.int64),
-                                 spans["end"].to_numpy(dtype=np.int64))
-    return pd.Series(time_ns / 1e3, index=spans.index)
+    return span_times(spans, "start", "end")[0] / 1e3
 
 
 def _usual_step_us(spans: pd.DataFrame) -> float:
