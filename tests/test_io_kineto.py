@@ -357,3 +357,69 @@ def test_rank_beyond_world_of_another_trace(tmp_path):
     with pytest.raises(SchemaError, match=r"rank5\.json, rank: rank not below the world size "
                        r"\(got 5; expected a rank in \[0, 2\] \(world_size 3 in .*rank0\.json"):
         read_kineto(sorted(tmp_path.glob("*.json")))
+
+
+# --- gloo: the profiler does not say which process group ran a gloo:<op>; each group has
+# its own two worker threads, started in the order the groups were created (pg_config's order).
+
+
+def _gloo_trace(rank, groups, threads, default_backend="cpu:gloo,cuda:gloo"):
+    """A 4-rank gloo trace of ``rank``: ``groups`` is pg_config's (name, members) pairs (the
+    first one the default group), ``threads`` maps a worker thread id to the start times (µs)
+    of the ``gloo:all_reduce`` operations it ran, 100 µs each."""
+    config = [{"pg_name": name, "pg_desc": "default_pg" if j == 0 else "undefined",
+               "backend_config": default_backend if j == 0 else "cpu:gloo,cuda:gloo",
+               "pg_size": len(m), "ranks": m} for j, (name, m) in enumerate(groups)]
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1,
+           "tid": tid, "ts": ts, "dur": 100.0,
+           "args": {"Input type": ["float"], "Input Dims": [[1024]]}}
+          for tid, starts in threads.items() for ts in starts]
+    return {"traceEvents": ev, "baseTimeNanoseconds": BASE_NS,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 4,
+                                "pg_count": 3, "pg_config": config}}
+
+
+def test_gloo_operations_go_to_the_group_whose_worker_threads_ran_them(tmp_path, caplog):
+    """World group threads 20, 21 (created first), the pair's 35, 31 (later; ids need not be
+    adjacent): per step, one world all_reduce and two in the pair."""
+    for r in range(4):
+        # pg_config lists the groups this rank is in: new_group([0, 1]) is "1", [2, 3] is "2"
+        pair = ("1", [0, 1]) if r < 2 else ("2", [2, 3])
+        t0 = 100 * r  # thread ids are per process
+        _write(tmp_path / f"rank{r}.json", _gloo_trace(r, [("0", [0, 1, 2, 3]), pair], {
+            20: [0.0], 21: [1000.0], 30 + t0 + 5: [300.0, 1500.0], 31 + t0: [600.0, 1800.0]}))
+    with caplog.at_level("WARNING"):
+        ops = read_ops(tmp_path)
+    assert "gloo" not in caplog.text
+    groups = ops.groupby("group", observed=True).agg(
+        members=("group_ranks", "first"), ranks=("rank", lambda s: sorted(set(s))),
+        n=("rank", "size"), instances=("seq", "nunique"))
+    assert groups.to_dict("index") == {
+        "default": {"members": "0 1 2 3", "ranks": [0, 1, 2, 3], "n": 8, "instances": 2},
+        "1": {"members": "0 1", "ranks": [0, 1], "n": 8, "instances": 4},
+        "2": {"members": "2 3", "ranks": [2, 3], "n": 8, "instances": 4}}
+    # an instance is one operation of both members, in the same step
+    per = ops.groupby(["group", "seq"], observed=True)
+    assert (per["rank"].nunique() == per["group_ranks"].first().str.split().str.len()).all()
+    assert (per["start_ns"].agg(lambda s: s.max() - s.min()) == 0).all()
+
+
+def test_gloo_groups_that_cannot_be_told_apart_are_one_world_group_and_a_warning(
+        tmp_path, caplog):
+    """Rank 0's trace shows three worker threads for its two gloo groups (one of the world's
+    never ran in the window... or a custom thread count): nothing is guessed."""
+    _write(tmp_path / "rank0.json", _gloo_trace(0, [("0", [0, 1, 2, 3]), ("1", [0, 1])], {
+        20: [0.0, 1000.0], 30: [300.0, 1500.0], 31: [600.0, 1800.0]}))
+    with caplog.at_level("WARNING"):
+        ops = read_ops(tmp_path)
+    assert set(ops["group"]) == {"default"} and len(ops) == 6
+    assert ("gloo operations of 1 trace(s) (rank 0) are read as one communicator of the "
+            "whole world" in caplog.text and "2 gloo groups in pg_config, 3 threads, 4 needed"
+            in caplog.text), caplog.text
+
+
+def test_the_one_gloo_group_beside_an_nccl_default_group_runs_every_gloo_operation(tmp_path):
+    _write(tmp_path / "rank2.json", _gloo_trace(2, [("0", [0, 1, 2, 3]), ("1", [2, 3])], {
+        40: [0.0, 1000.0]}, default_backend="cuda:nccl"))
+    ops = read_ops(tmp_path)
+    assert set(ops["group"]) == {"1"} and set(ops["group_ranks"]) == {"2 3"}

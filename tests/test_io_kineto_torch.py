@@ -65,3 +65,57 @@ def test_real_profiler_traces_of_a_gloo_job_read_back(tmp_path):
     p2p = ops[ops["op"].isin(["send", "recv"])].groupby("op")["seq"].apply(sorted)
     assert p2p["send"] == p2p["recv"], p2p
     assert (ops["duration_us"] >= 0).all() and (ops["start_ns"] > 10**18).all()
+
+
+_SUBGROUPS = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+    rank, store_path, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 4), rank=rank, world_size=4)
+    # a 2 x 2 grid: tensor-parallel pairs along a row, data-parallel pairs down a column
+    tp = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
+    dp = [dist.new_group(r) for r in ([0, 2], [1, 3])][rank % 2]
+    t = torch.ones(1024)
+    export = lambda p: p.export_chrome_trace(f"{out}/rank{rank}.pt.trace.json")
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=export,
+                 schedule=schedule(wait=1, warmup=1, active=4, repeat=1)) as prof:
+        for step in range(7):                                # steps 2-5 are recorded
+            for _ in range(3):
+                dist.all_reduce(t, group=tp)
+            for _ in range(2):
+                dist.all_gather([torch.zeros(1024) for _ in range(2)], t, group=dp)
+                dist.all_reduce(t)
+            prof.step()
+    dist.destroy_process_group()
+    sys.stderr.flush()
+    os._exit(0)                                              # see _WORKER
+    """
+)
+
+
+@pytest.mark.torch
+def test_real_gloo_subgroups_are_read_as_their_own_communicators(tmp_path, caplog):
+    """The profiler does not record a gloo operation's process group; the reader tells the
+    groups apart by their worker threads (see holmes_ml.io.kineto._gloo_groups)."""
+    pytest.importorskip("torch")
+    out = run_workers(tmp_path, _SUBGROUPS, ranks=4)
+    with caplog.at_level("WARNING"):
+        ops = read_ops(out)
+    assert "gloo" not in caplog.text
+    # five communicators, each with one member list
+    assert (ops.groupby("group", observed=True)["group_ranks"].nunique() == 1).all()
+    assert ops["group"].nunique() == 5
+    # each group runs its own operations: 3 all_reduce per step in a row, 2 all_gather in a
+    # column, 2 all_reduce on the world; every instance has every member, in one step
+    kinds = ops.groupby("group_ranks", observed=True).agg(
+        op=("op", lambda s: set(s)), n=("op", "size"), ranks=("rank", "nunique"))
+    assert kinds.to_dict("index") == {
+        "0 1 2 3": {"op": {"all_reduce"}, "n": 4 * 2 * 4, "ranks": 4},
+        "0 1": {"op": {"all_reduce"}, "n": 4 * 3 * 2, "ranks": 2},
+        "2 3": {"op": {"all_reduce"}, "n": 4 * 3 * 2, "ranks": 2},
+        "0 2": {"op": {"all_gather"}, "n": 4 * 2 * 2, "ranks": 2},
+        "1 3": {"op": {"all_gather"}, "n": 4 * 2 * 2, "ranks": 2}}
+    per = ops.groupby(["group", "seq"], observed=True)
+    assert (per["rank"].nunique() == per["group_ranks"].first().str.split().str.len()).all()
+    assert (per["iteration"].nunique() == 1).all()

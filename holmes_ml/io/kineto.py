@@ -17,6 +17,10 @@ What a trace holds and how it is used
 * **gloo** collectives have no kernel: the ``gloo:<op>`` annotation runs on the gloo worker
   thread and its ``dur`` includes waiting for peers, so the CPU span is used (``clock='cpu'``);
   the main thread's ``c10d::<op>_`` dispatch span of the same operation is not a second one.
+  Nothing in the trace names a gloo operation's process group; each gloo group has its own two
+  worker threads, started in creation order, so a rank's worker thread ids in ascending order
+  follow its gloo groups in ``pg_config`` (see :func:`_gloo_groups`; when the threads seen do
+  not fit, a warning, and the operations are read as the world group).
   NCCL annotations whose kernels are absent from the trace also fall back to the CPU span.
 
 Time: old traces have epoch microseconds in ``ts``; newer ones add ``baseTimeNanoseconds`` to
@@ -385,22 +389,82 @@ def _rank(info: dict, path: Path, source: str, world: int | None) -> int:
     return rank
 
 
-def _pg_config(info: dict, source: str, world: int | None) -> dict[str, list[int] | None]:
-    """Members of each process group named in ``distributedInfo.pg_config`` (PyTorch 2.2+)."""
+def _pg_config(info: dict, source: str, world: int | None,
+               rank: int) -> tuple[dict[str, list[int] | None], list[str]]:
+    """Members of each process group named in ``distributedInfo.pg_config`` (PyTorch 2.2+),
+    and the names of the gloo groups this rank is in, in the order of the list (the order the
+    job created them; the default group first)."""
     configs = as_obj(info.get("pg_config"), "distributedInfo.pg_config", source, list,
                      default=[])
     out: dict[str, list[int] | None] = {}
+    gloo: list[str] = []
     for j, c in enumerate(configs):
         where = f"distributedInfo.pg_config[{j}]"
         c = as_obj(c, where, source, dict)
         ranks = c.get("ranks")
-        out[str(c.get("pg_name"))] = (None if ranks is None
-                                      else _ranks(ranks, f"{where}.ranks", source, world))
-    return out
+        name = str(c.get("pg_name"))
+        members = None if ranks is None else _ranks(ranks, f"{where}.ranks", source, world)
+        out[name] = members
+        backend = c.get("backend_config")
+        on_gloo = ("gloo" in backend if isinstance(backend, str)
+                   else info.get("backend") == "gloo")
+        if on_gloo and (members is None or rank in members):
+            gloo.append(name)
+    return out, gloo
 
 
-def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
-    """One rank's trace: its CommOps rows, its rank and its world size (None when unknown)."""
+#: Worker threads of one gloo process group (``ProcessGroupGloo.Options`` default).
+GLOO_THREADS = 2
+
+
+def _gloo_groups(by_tid: dict[Any, list[_Instance]], gloo: list[str],
+                 default: str | None) -> tuple[dict[Any, str | None], tuple[int, int] | None]:
+    """The process group of each gloo worker thread, ``tid -> pg_name`` (None: the default
+    group, read as ``"default"``), and None; or, when the trace cannot tell, ``{}`` and
+    (gloo groups of this rank, worker threads seen).
+
+    The profiler does not record which process group ran a ``gloo:`` operation. Each gloo
+    group runs its operations on its own :data:`GLOO_THREADS` worker threads, started when the
+    group is created, so the threads' ids, in creation order, follow the groups' order in
+    ``pg_config``. That is used only when the trace shows exactly ``GLOO_THREADS`` threads per
+    gloo group of this rank, with integer ids; otherwise (a group idle in the window, a custom
+    thread count) the caller reads the operations as one world communicator and warns.
+    """
+    tids = {i.tid for lst in by_tid.values() for i in lst
+            if any(e.name.startswith("gloo:") for e in i.events)}
+    if not tids or len(gloo) <= 1:
+        # One gloo group runs every gloo operation; the default one stays "default".
+        only = gloo[0] if gloo and gloo[0] != default else None
+        return {t: only for t in tids}, None
+    if (len(tids) != GLOO_THREADS * len(gloo)
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tids)):
+        return {}, (len(gloo), len(tids))
+    return {t: (None if gloo[j // GLOO_THREADS] == default else gloo[j // GLOO_THREADS])
+            for j, t in enumerate(sorted(tids))}, None
+
+
+def _warn_gloo_unresolved(unresolved: dict[int, tuple[str, int, int]]) -> None:
+    """One warning for the traces whose gloo operations could not be given their groups
+    (``rank -> (file, gloo groups, worker threads seen)``)."""
+    if not unresolved:
+        return
+    ranks = sorted(unresolved)
+    source, groups, seen = unresolved[ranks[0]]
+    shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    logger.warning(
+        "gloo operations of %d trace(s) (rank %s) are read as one communicator of the whole "
+        "world: the profiler does not record which process group ran a gloo operation, and "
+        "telling a rank's groups apart needs %d worker threads per group in its trace (%s: "
+        "%d gloo groups in pg_config, %d threads, %d needed). Instances of different groups "
+        "may be matched with each other; the holmes_ml.collect logger records every "
+        "operation's group.", len(ranks), shown, GLOO_THREADS, source, groups, seen,
+        GLOO_THREADS * groups)
+
+
+def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int] | None]:
+    """One rank's trace: its CommOps rows, its rank, its world size (None when unknown) and,
+    when its gloo operations could not be given their process groups, (gloo groups, worker
+    threads seen)."""
     source = str(path)
     doc = load_json(path, what="a PyTorch profiler (Kineto) JSON trace")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -415,7 +479,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
     rank = _rank(info, path, source, world)
     base_ns = as_int(doc.get("baseTimeNanoseconds"), "baseTimeNanoseconds", source, lo=0,
                      default=0)
-    pg_ranks = _pg_config(info, source, world)
+    pg_ranks, gloo_pgs = _pg_config(info, source, world, rank)
 
     cpu: list[_Event] = []
     kernels: list[_Event] = []
@@ -473,6 +537,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
             inst.kernels.append(k)
 
     _drop_gloo_dispatch(by_tid)
+    gloo_pg, unresolved = _gloo_groups(by_tid, gloo_pgs, next(iter(pg_ranks), None))
     steps.sort()
     step_starts = [s[0] for s in steps]
     # group_ranks text per process group (None: the default group, the whole world), built
@@ -483,6 +548,8 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
         d = _describe(inst, source, world)
         if d is None:
             continue
+        if d["pg"] is None and d["ranks"] is None and inst.tid in gloo_pg:
+            d["pg"] = gloo_pg[inst.tid]
         if inst.kernels:
             first = min(inst.kernels, key=lambda k: k.ts)
             t0 = first.ts
@@ -533,7 +600,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None]:
         "group_ranks", "peer", "clock",
     ])
     logger.debug("%s: rank %d, %d comm ops (%d kernels)", source, rank, len(df), len(kernels))
-    return df, rank, world
+    return df, rank, world, unresolved
 
 
 def assign_seq(df: pd.DataFrame) -> pd.DataFrame:
@@ -597,8 +664,11 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
     frames: list[pd.DataFrame] = []
     seen: dict[int, str] = {}
     world: tuple[int, str] | None = None  # the job's world size and the first file giving it
+    unresolved: dict[int, tuple[str, int, int]] = {}
     for p in each_file(paths):
-        df, rank, size = _read_one(Path(p))
+        df, rank, size, gloo = _read_one(Path(p))
+        if gloo is not None:
+            unresolved[rank] = (str(p), *gloo)
         if rank in seen:
             raise SchemaError(
                 f"two traces claim rank {rank} (also {seen[rank]})", source=str(p),
@@ -618,6 +688,7 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
         frames.append(df)
     if not frames:
         raise SchemaError("no Kineto trace given", expected="at least one trace file")
+    _warn_gloo_unresolved(unresolved)
     if world is not None:
         # A trace without world_size of its own must still fit the job's world.
         for rank, p in seen.items():
