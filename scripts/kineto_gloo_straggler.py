@@ -6,7 +6,8 @@ collectives. Each run's Kineto traces go through ``holmes localize``; the script
 run's top suspect and how many runs named rank 2. The README quotes
 ``python scripts/kineto_gloo_straggler.py --steps 16 --fault-from 9 --runs 8`` and
 ``--steps 38 --fault-from 21 --runs 4``; ``--keep-misses DIR`` keeps the traces of the runs that
-did not name rank 2.
+did not name rank 2. ``--grid`` runs the collectives on row and column subgroups of a 2 x 2
+grid instead of the world (the reader tells gloo groups apart by their worker threads).
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ from pathlib import Path
 STRAGGLER = 2
 
 
-def _worker(rank: int, world: int, out: str, steps: int, fault_from: int) -> None:
+def _worker(rank: int, world: int, out: str, steps: int, fault_from: int, grid: bool) -> None:
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
     dist.init_process_group("gloo", store=dist.FileStore(f"{out}/store", world), rank=rank,
                             world_size=world)
+    row = col = None  # the world group
+    if grid:  # 2 x 2: all_reduce along a row (tensor-parallel-like), all_gather down a column
+        row = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
+        col = [dist.new_group(r) for r in ([0, 2], [1, 3])][rank % 2]
     t = torch.ones(1 << 16)
     export = lambda p: p.export_chrome_trace(f"{out}/rank{rank}.pt.trace.json")  # noqa: E731
     with profile(activities=[ProfilerActivity.CPU], on_trace_ready=export,
@@ -39,9 +44,12 @@ def _worker(rank: int, world: int, out: str, steps: int, fault_from: int) -> Non
                 x = x @ x.T / 256
             if rank == STRAGGLER and step >= fault_from:
                 time.sleep(0.03)
-            dist.all_reduce(t)
-            dist.broadcast(t, src=0)
-            dist.all_gather([torch.zeros(1 << 16) for _ in range(world)], t)
+            dist.all_reduce(t, group=row)
+            dist.broadcast(t, src=rank - rank % 2 if grid else 0, group=row)
+            n = 2 if grid else world
+            dist.all_gather([torch.zeros(1 << 16) for _ in range(n)], t, group=col)
+            if grid:  # and a loss averaged over the world, so its group is not idle
+                dist.all_reduce(torch.ones(1))
             prof.step()
     dist.destroy_process_group()
     # No interpreter teardown: torch 2.13's profiler can abort there ("terminate called
@@ -55,6 +63,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16, help="profiled steps")
     ap.add_argument("--fault-from", type=int, default=9, help="first slowed step")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--grid", action="store_true",
+                    help="2 x 2 subgroups: all_reduce and broadcast in rows {0,1} {2,3}, "
+                    "all_gather in columns {0,2} {1,3}, a 4-byte all_reduce on the world "
+                    "(default: all on the world group)")
     ap.add_argument("--keep-misses", type=Path, metavar="DIR",
                     help="copy the traces of runs that did not name the straggler to DIR/run<N>/")
     args = ap.parse_args()
@@ -65,7 +77,7 @@ def main() -> int:
     named = 0
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as out:
-            mp.spawn(_worker, args=(4, out, args.steps, args.fault_from), nprocs=4)
+            mp.spawn(_worker, args=(4, out, args.steps, args.fault_from, args.grid), nprocs=4)
             traces = sorted(Path(out).glob("rank*.pt.trace.json"))
             verdict = analyze(read_paths(traces, "kineto"))
             top = verdict.candidates[0] if verdict.candidates else None
