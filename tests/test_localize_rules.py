@@ -134,13 +134,18 @@ def test_verdict_json_contract() -> None:
     v = Verdict(True, (3, 4), (c,), (WorkloadFinding("stage-imbalance", (1, 2), 0.5, "x"),))
     d = v.to_dict()
     assert set(d) == {"irregular", "irregular_iterations", "candidates", "workload", "note",
-                      "input"}
+                      "slowdown", "input"}
     assert d["irregular_iterations"] == [3, 4]
-    assert d["note"] is None and d["input"] is None  # irregular; built by hand, no input counts
+    # irregular; built by hand, no input counts or timing
+    assert d["note"] is None and d["input"] is None and d["slowdown"] is None
     lone = Verdict(False, (), (c,), stats={"ops": 10.0, "ranks": 1.0, "iterations": 1.0,
                                           "analysed_iterations": 1.0})
     lone_d = lone.to_dict()
     assert lone_d["input"] == {"ops": 10, "ranks": 1, "iterations": 1}
+    timed = Verdict(True, (3,), (c,), stats={"ops": 10.0, "ranks": 2.0, "iterations": 5.0,
+                                            "usual_iteration_us": 2_512_345.6,
+                                            "slowdown": 1.234567}).to_dict()
+    assert timed["input"]["usual_iteration_s"] == 2.512346 and timed["slowdown"] == 1.2346
     assert "one rank" in lone_d["note"] and "last 1 iteration(s)" in lone_d["note"]
     cand = d["candidates"][0]
     assert {"kind", "ranks", "hosts", "score", "coords", "evidence"} <= set(cand)
@@ -167,3 +172,15 @@ def test_bench_baselines_on_a_known_straggler() -> None:
     assert shortest_comm(ops)[0] == 10  # everybody else waits for it
     assert nvrx_relative(ops)[0] == 10
     assert longest_comm(ops)[0] != 10
+
+
+def test_slowdown_is_over_the_usual_iteration_not_the_median_of_all() -> None:
+    from holmes_ml.localize.rules import _slowdown
+
+    times = pd.Series([10.0, 10.0, 12.0, 30.0, 40.0, 30.0], index=[0, 1, 2, 3, 4, 5])
+    # half the iterations irregular: their median would be 21; the others' is 10
+    assert _slowdown(times, (3, 4, 5)) == {"usual_iteration_us": 10.0, "slowdown": 4.0}
+    assert _slowdown(times, ()) == {"usual_iteration_us": 21.0}  # none irregular: all
+    assert _slowdown(times, (0, 1, 2, 3, 4, 5)) == {"usual_iteration_us": 21.0,
+                                                   "slowdown": 40.0 / 21.0}
+    assert _slowdown(times.iloc[:0], ()) == {}

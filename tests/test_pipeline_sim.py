@@ -89,8 +89,17 @@ def test_cli_json_and_plots(tmp_path) -> None:
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert set(data) == {"irregular", "irregular_iterations", "candidates", "workload", "note",
-                         "input"}
+                         "slowdown", "input"}
+    usual = data["input"].pop("usual_iteration_s")
     assert data["input"] == {"ops": len(res.ops), "ranks": 32, "iterations": 8}
+    # the usual iteration: the median span (first start to last end) of those not irregular
+    end = res.ops["start_ns"] + res.ops["duration_us"] * 1e3
+    span = (end.groupby(res.ops["iteration"]).max()
+            - res.ops.groupby("iteration")["start_ns"].min()) / 1e9
+    flagged = span.index.isin(data["irregular_iterations"])
+    assert usual == pytest.approx(span[~flagged].median(), rel=1e-5)
+    assert data["slowdown"] == (pytest.approx(span[flagged].max() / usual, rel=1e-3)
+                                if flagged.any() else None)
     assert data["candidates"][0]["ranks"] == [5]
     assert data["candidates"][0]["kind"] == "gpu"
     for name in ("iterations.png", "heatmap.png", "evidence.png", "graph.png"):

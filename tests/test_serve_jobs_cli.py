@@ -39,10 +39,12 @@ def test_a_verdict_reads_as_holmes_localize_prints_one(service):
     answer = json.loads(holmes("jobs", "job7", "--json", "--server", srv.url).stdout)
     assert answer == httpx.get(srv.url + "/v1/jobs/job7/verdict").json()
     # what the verdict was computed from and its caveat travel with it, as from localize
-    assert answer["input"] == {"ops": len(ops), "ranks": 16, "iterations": 16}
+    usual = answer["input"].pop("usual_iteration_s")
+    assert answer["input"] == {"ops": len(ops), "ranks": 16, "iterations": 16} and usual > 0
     out = shown.stdout
     assert out.startswith(f"job job7: verdict {answer['version']}, computed "), out
-    assert f"read {len(ops):,} ops of 16 rank(s) over 16 iteration(s)" in out
+    assert (f"read {len(ops):,} ops of 16 rank(s) over 16 iteration(s) (usually {usual:.4g} s "
+            "each)") in out
     assert answer["candidates"][0]["ranks"] == [5], answer  # the slowed GPU
     assert "gpu:node000/5" in out and "rank 5 arrived last" in out
     listed = holmes("jobs", "--server", srv.url)

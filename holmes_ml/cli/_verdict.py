@@ -16,11 +16,13 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
     """Irregular iterations, what the verdict was computed from, its note, the suspects table
     (with ties spelled out) and the workload findings. ``delta``: the irregularity factor the
     verdict used, added to a note that mentions it."""
-    console.print(f"irregular iterations: {spans(body.get('irregular_iterations') or ())}")
+    console.print(irregular_line(body))
     read = body.get("input")
     if read:
+        usual = read.get("usual_iteration_s")
         console.print(f"read {read['ops']:,} ops of {read['ranks']:,} rank(s) over "
-                      f"{read['iterations']:,} iteration(s)")
+                      f"{read['iterations']:,} iteration(s)"
+                      + (f" (usually {usual:.4g} s each)" if usual else ""))
     note = body.get("note")
     if note:
         said = f" (delta = {delta})" if delta is not None and "delta" in note else ""
@@ -33,6 +35,14 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
     workload = body.get("workload")
     for w in [workload, *workload.get("others", [])] if isinstance(workload, dict) else []:
         console.print(f"[yellow]workload ({w['kind']})[/yellow]: {w['detail']}")
+
+
+def irregular_line(body: dict[str, Any]) -> str:
+    """``irregular iterations: 11-29 (the slowest 1.34x the usual time)`` from a verdict's
+    JSON."""
+    line = f"irregular iterations: {spans(body.get('irregular_iterations') or ())}"
+    slowdown = body.get("slowdown")
+    return line + (f" (the slowest {slowdown:.3g}x the usual time)" if slowdown else "")
 
 
 def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:

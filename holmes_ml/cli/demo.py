@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from holmes_ml._text import spans
 from holmes_ml.cli._checks import check_seed, check_writable
+from holmes_ml.cli._verdict import irregular_line
 
 DEFAULT_FAULT_KINDS = ("gpu_slow", "nic_slow", "host_stall")
 
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]tied[/yellow]: suspect #1 and {', '.join(top.tied_with)} "
                           f"{what}, so check each")
         hit = top is not None and set(top.ranks) & set(truth[0]["ranks"])
-        console.print(f"irregular iterations: {spans(verdict.irregular_iterations)}")
+        console.print(irregular_line(verdict.to_dict()))
         console.print(
             "[bold green]top suspect matches the injected fault"
             if hit

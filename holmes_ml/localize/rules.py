@@ -120,6 +120,20 @@ def _iteration_weights(dur: pd.Series) -> tuple[pd.Series, float]:
     return w, med
 
 
+def _slowdown(times: pd.Series, irregular: tuple[int, ...]) -> dict[str, float]:
+    """``usual_iteration_us``, the median time of the iterations that are not irregular (of
+    all when every one is), and, when some are irregular, ``slowdown``: the slowest irregular
+    iteration's time over it; from the :func:`_iteration_times_us`."""
+    flagged = times.index.isin(list(irregular))
+    usual = times[~flagged] if (~flagged).any() else times
+    if len(usual) == 0 or not float(usual.median()) > 0:
+        return {}
+    out = {"usual_iteration_us": float(usual.median())}
+    if flagged.any():
+        out["slowdown"] = float(times[flagged].max()) / out["usual_iteration_us"]
+    return out
+
+
 def localize_records(
     abnormal: pd.DataFrame,
     groups: pd.DataFrame,
@@ -153,12 +167,13 @@ def localize_records(
     cfg = config or LocalizeConfig()
     irregular = bool(irregular_iterations)
     stats: dict[str, float] = {"abnormal_rows": float(len(abnormal))}
-    if len(abnormal) == 0:
-        return _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
-                              iterations, topology, cfg)
     spans = _iteration_spans(iterations)
     times = _iteration_times_us(spans)
     it_weight, med_iter_us = _iteration_weights(times)
+    stats.update(_slowdown(times, irregular_iterations))
+    if len(abnormal) == 0:
+        return _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
+                              iterations, topology, cfg)
     ab = abnormal.reset_index(drop=True)
     with_records = np.sort(ab["iteration"].unique())
     its = _window(with_records, irregular_iterations, cfg.window)
@@ -244,7 +259,6 @@ def localize_records(
             continue
         out.append(_with_score(c, share))
     out = _mark_ties(out)[: cfg.top_k]
-    stats["median_iteration_us"] = med_iter_us
     return _with_comm_gap(
         Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats),
         iterations, topology, cfg, fabric)

@@ -205,19 +205,27 @@ class Verdict:
         """The JSON contract: ``irregular``, ``irregular_iterations``, ``candidates`` (each with
         ``kind, device, ranks, hosts, score, coords, evidence``) and ``workload``: ``None``, or
         the main workload finding (``kind, ranks, share, coords, detail``) with any further
-        findings under ``others``. Also ``note`` (:attr:`note`) and ``input``: the ``ops``,
-        ``ranks`` and ``iterations`` the verdict was computed from (when known)."""
+        findings under ``others``. Also ``note`` (:attr:`note`), ``slowdown``: the slowest
+        irregular iteration's time over the usual one (None when none is irregular), and
+        ``input``: the ``ops``, ``ranks`` and ``iterations`` the verdict was computed from and
+        ``usual_iteration_s``, the median time of those iterations not irregular (when known)."""
         workload: dict[str, Any] | None = None
         if self.workload_findings:
             workload = self.workload_findings[0].to_dict()
             workload["others"] = [w.to_dict() for w in self.workload_findings[1:]]
         known = ("ops", "ranks", "iterations")
+        read: dict[str, float] | None = None
+        if all(k in self.stats for k in known):
+            read = {k: int(self.stats[k]) for k in known}
+            if "usual_iteration_us" in self.stats:
+                read["usual_iteration_s"] = round(self.stats["usual_iteration_us"] / 1e6, 6)
+        slowdown = self.stats.get("slowdown")
         return {
             "irregular": bool(self.irregular),
             "irregular_iterations": [int(i) for i in self.irregular_iterations],
             "candidates": [c.to_dict(max_evidence) for c in self.candidates],
             "workload": workload,
             "note": self.note,
-            "input": ({k: int(self.stats[k]) for k in known}
-                      if all(k in self.stats for k in known) else None),
+            "slowdown": None if slowdown is None else round(float(slowdown), 4),
+            "input": read,
         }

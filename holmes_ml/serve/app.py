@@ -785,6 +785,7 @@ def create_app(
             candidates=[_candidate(c) for c in body.get("candidates", [])],
             workload=body.get("workload"),
             note=body.get("note"),
+            slowdown=body.get("slowdown"),
             input=body.get("input"),
         )
 

@@ -222,8 +222,11 @@ class VerdictOut(BaseModel):
     workload: dict | list | None = None
     note: str | None = Field(None, description="A caveat the reader needs (as from holmes "
                              "localize), e.g. that no iteration was irregular")
-    input: dict[str, int] | None = Field(None, description="ops, ranks and iterations the "
-                                         "verdict was computed from")
+    slowdown: float | None = Field(None, description="The slowest irregular iteration's time "
+                                   "over the usual one; null when none is irregular")
+    input: dict[str, int | float] | None = Field(
+        None, description="ops, ranks and iterations the verdict was computed from, and "
+        "usual_iteration_s: the median time in seconds of those iterations not irregular")
 
 
 class JobOut(BaseModel):
