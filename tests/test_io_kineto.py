@@ -363,17 +363,19 @@ def test_rank_beyond_world_of_another_trace(tmp_path):
 # its own two worker threads, started in the order the groups were created (pg_config's order).
 
 
-def _gloo_trace(rank, groups, threads, default_backend="cpu:gloo,cuda:gloo"):
+def _gloo_trace(rank, groups, threads, default_backend="cpu:gloo,cuda:gloo", sends=()):
     """A 4-rank gloo trace of ``rank``: ``groups`` is pg_config's (name, members) pairs (the
     first one the default group), ``threads`` maps a worker thread id to the start times (µs)
-    of the ``gloo:all_reduce`` operations it ran, 100 µs each."""
+    of the ``gloo:all_reduce`` operations it ran, 100 µs each; ``sends``: start times of
+    ``gloo:send`` operations on the main thread (tid 1), which is where gloo runs them."""
     config = [{"pg_name": name, "pg_desc": "default_pg" if j == 0 else "undefined",
                "backend_config": default_backend if j == 0 else "cpu:gloo,cuda:gloo",
                "pg_size": len(m), "ranks": m} for j, (name, m) in enumerate(groups)]
-    ev = [{"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1,
+    ev = [{"ph": "X", "cat": "user_annotation", "name": name, "pid": 1,
            "tid": tid, "ts": ts, "dur": 100.0,
            "args": {"Input type": ["float"], "Input Dims": [[1024]]}}
-          for tid, starts in threads.items() for ts in starts]
+          for name, tid, starts in [*(("gloo:all_reduce", t, s) for t, s in threads.items()),
+                                    ("gloo:send", 1, sends)] for ts in starts]
     return {"traceEvents": ev, "baseTimeNanoseconds": BASE_NS,
             "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 4,
                                 "pg_count": 3, "pg_config": config}}
@@ -402,6 +404,19 @@ def test_gloo_operations_go_to_the_group_whose_worker_threads_ran_them(tmp_path,
     per = ops.groupby(["group", "seq"], observed=True)
     assert (per["rank"].nunique() == per["group_ranks"].first().str.split().str.len()).all()
     assert (per["start_ns"].agg(lambda s: s.max() - s.min()) == 0).all()
+
+
+def test_a_gloo_send_on_the_main_thread_is_not_taken_for_a_worker_thread(tmp_path, caplog):
+    """Rank 0 of the job above also sends: gloo runs a send on the calling thread, a fifth
+    thread in the trace, which the grouping leaves out (and the send in the default group)."""
+    _write(tmp_path / "rank0.json", _gloo_trace(0, [("0", [0, 1, 2, 3]), ("1", [0, 1])], {
+        20: [0.0], 21: [1000.0], 35: [300.0, 1500.0], 31: [600.0, 1800.0]},
+        sends=[700.0, 1900.0]))
+    with caplog.at_level("WARNING"):
+        ops = read_ops(tmp_path)
+    assert "gloo" not in caplog.text
+    per = ops.groupby(["op", "group"], observed=True).size().to_dict()
+    assert per == {("all_reduce", "default"): 2, ("all_reduce", "1"): 4, ("send", "default"): 2}
 
 
 def test_gloo_groups_that_cannot_be_told_apart_are_one_world_group_and_a_warning(

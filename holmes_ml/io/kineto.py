@@ -424,14 +424,16 @@ def _gloo_groups(by_tid: dict[Any, list[_Instance]], gloo: list[str],
     (gloo groups of this rank, worker threads seen).
 
     The profiler does not record which process group ran a ``gloo:`` operation. Each gloo
-    group runs its operations on its own :data:`GLOO_THREADS` worker threads, started when the
+    group runs its collectives on its own :data:`GLOO_THREADS` worker threads, started when the
     group is created, so the threads' ids, in creation order, follow the groups' order in
     ``pg_config``. That is used only when the trace shows exactly ``GLOO_THREADS`` threads per
     gloo group of this rank, with integer ids; otherwise (a group idle in the window, a custom
-    thread count) the caller reads the operations as one world communicator and warns.
+    thread count) the caller reads the operations as one world communicator and warns. A gloo
+    send or recv runs on the calling thread, so it is not counted here and keeps no group.
     """
     tids = {i.tid for lst in by_tid.values() for i in lst
-            if any(e.name.startswith("gloo:") for e in i.events)}
+            if any(e.name.startswith("gloo:") and canonical_op(e.name) not in P2P_OPS
+                   for e in i.events)}
     if not tids or len(gloo) <= 1:
         # One gloo group runs every gloo operation; the default one stays "default".
         only = gloo[0] if gloo and gloo[0] != default else None
@@ -548,7 +550,8 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
         d = _describe(inst, source, world)
         if d is None:
             continue
-        if d["pg"] is None and d["ranks"] is None and inst.tid in gloo_pg:
+        if (d["pg"] is None and d["ranks"] is None and inst.tid in gloo_pg
+                and d["op"] not in P2P_OPS):
             d["pg"] = gloo_pg[inst.tid]
         if inst.kernels:
             first = min(inst.kernels, key=lambda k: k.ts)
