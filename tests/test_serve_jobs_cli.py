@@ -45,6 +45,10 @@ def test_a_verdict_reads_as_holmes_localize_prints_one(service):
     assert out.startswith(f"job job7: verdict {answer['version']}, computed "), out
     assert (f"read {len(ops):,} ops of 16 rank(s) over 16 iteration(s) (usually {usual:.4g} s "
             "each)") in out
+    # and for alerting, the service's gauges (slowdown 1 when nothing is irregular)
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert f'holmes_job_usual_iteration_seconds{{job="job7"}} {float(usual)}' in metrics
+    assert f'holmes_job_slowdown{{job="job7"}} {float(answer["slowdown"] or 1.0)}' in metrics
     assert answer["candidates"][0]["ranks"] == [5], answer  # the slowed GPU
     assert "gpu:node000/5" in out and "rank 5 arrived last" in out
     listed = holmes("jobs", "--server", srv.url)

@@ -389,6 +389,12 @@ class _JobCollector:
             labels=["job", "device", "kind"])
         records = GaugeMetricFamily(
             "holmes_job_records", "Operator records accepted for the job", labels=["job"])
+        slowdown = GaugeMetricFamily(
+            "holmes_job_slowdown", "The slowest irregular iteration's time over the usual one "
+            "in the latest verdict (1 when no iteration is irregular)", labels=["job"])
+        usual = GaugeMetricFamily(
+            "holmes_job_usual_iteration_seconds", "Median time of the iterations the latest "
+            "verdict read that are not irregular", labels=["job"])
         for job in self.service.store.jobs():
             name = job["job"]
             records.add_metric([name], float(job["records"]))
@@ -400,11 +406,15 @@ class _JobCollector:
             stale.add_metric([name], now - latest["computed_at"])
             body = latest["verdict"]
             irregular.add_metric([name], float(len(body.get("irregular_iterations", []))))
+            slowdown.add_metric([name], finite(body.get("slowdown") or 1.0))
+            read = body.get("input") or {}
+            if read.get("usual_iteration_s"):
+                usual.add_metric([name], finite(read["usual_iteration_s"]))
             if body.get("candidates"):
                 c = body["candidates"][0]
                 top.add_metric([name, str(c.get("device") or ""), str(c.get("kind", ""))],
                                finite(c.get("score", 0.0)))
-        yield from (lag, stale, irregular, top, records)
+        yield from (lag, stale, irregular, slowdown, usual, top, records)
 
 
 # ----------------------------------------------------------------------------- service
