@@ -422,6 +422,10 @@ class Store:
             # incremental vacuum on, the space the old tables held, and what pruning frees
             # from now on, goes back to the file system.
             before = Path(self.path).stat().st_size
+            # One pass over the whole file (minutes for tens of GB): say so before it starts.
+            logger.warning("%s: rewriting the database once (%.1f MB) so that pruned space "
+                           "goes back to the file system; the service starts when it is done",
+                           self.path, before / 2**20)
             self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
             self._db.execute("VACUUM")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
