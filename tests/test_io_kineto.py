@@ -363,11 +363,13 @@ def test_rank_beyond_world_of_another_trace(tmp_path):
 # its own two worker threads, started in the order the groups were created (pg_config's order).
 
 
-def _gloo_trace(rank, groups, threads, default_backend="cpu:gloo,cuda:gloo", sends=()):
+def _gloo_trace(rank, groups, threads, default_backend="cpu:gloo,cuda:gloo", sends=(),
+                dst="3"):
     """A 4-rank gloo trace of ``rank``: ``groups`` is pg_config's (name, members) pairs (the
     first one the default group), ``threads`` maps a worker thread id to the start times (µs)
     of the ``gloo:all_reduce`` operations it ran, 100 µs each; ``sends``: start times of
-    ``gloo:send`` operations on the main thread (tid 1), which is where gloo runs them."""
+    ``gloo:send`` operations on the main thread (tid 1), which is where gloo runs them, inside
+    their ``c10d::send`` dispatch to group rank ``dst``."""
     config = [{"pg_name": name, "pg_desc": "default_pg" if j == 0 else "undefined",
                "backend_config": default_backend if j == 0 else "cpu:gloo,cuda:gloo",
                "pg_size": len(m), "ranks": m} for j, (name, m) in enumerate(groups)]
@@ -376,6 +378,9 @@ def _gloo_trace(rank, groups, threads, default_backend="cpu:gloo,cuda:gloo", sen
            "args": {"Input type": ["float"], "Input Dims": [[1024]]}}
           for name, tid, starts in [*(("gloo:all_reduce", t, s) for t, s in threads.items()),
                                     ("gloo:send", 1, sends)] for ts in starts]
+    ev += [{"ph": "X", "cat": "cpu_op", "name": "c10d::send", "pid": 1, "tid": 1,
+            "ts": ts - 1.0, "dur": 102.0, "args": {"Concrete Inputs": ["", "", dst, "0"]}}
+           for ts in sends]
     return {"traceEvents": ev, "baseTimeNanoseconds": BASE_NS,
             "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 4,
                                 "pg_count": 3, "pg_config": config}}
@@ -415,8 +420,25 @@ def test_a_gloo_send_on_the_main_thread_is_not_taken_for_a_worker_thread(tmp_pat
     with caplog.at_level("WARNING"):
         ops = read_ops(tmp_path)
     assert "gloo" not in caplog.text
-    per = ops.groupby(["op", "group"], observed=True).size().to_dict()
-    assert per == {("all_reduce", "default"): 2, ("all_reduce", "1"): 4, ("send", "default"): 2}
+    per = ops.groupby(["op", "group", "peer"], observed=True).size().to_dict()
+    # its destination is rank 3 of the send's group, which the trace does not name: no peer
+    assert per == {("all_reduce", "default", -1): 2, ("all_reduce", "1", -1): 4,
+                   ("send", "default", -1): 2}
+
+
+def test_a_gloo_send_on_the_world_takes_its_peer_from_its_dispatch(tmp_path):
+    """With the world its only gloo group, a rank's send goes over the world: the dispatch's
+    destination is a global rank. A destination beyond the world is refused."""
+    _write(tmp_path / "rank0.json", _gloo_trace(0, [("0", [0, 1, 2, 3])], {
+        20: [0.0], 21: [1000.0]}, sends=[300.0, 1500.0]))
+    ops = read_ops(tmp_path)
+    assert ops.groupby(["op", "peer"]).size().to_dict() == {("all_reduce", -1): 2,
+                                                           ("send", 3): 2}
+    _write(tmp_path / "rank0.json", _gloo_trace(0, [("0", [0, 1, 2, 3])], {20: [0.0]},
+                                                sends=[300.0], dst="4"))
+    with pytest.raises(SchemaError, match=r"rank0\.json, traceEvents\[\d+\]\.args\['Concrete "
+                       r"Inputs'\]\[2\].*got 4"):
+        read_ops(tmp_path)
 
 
 def test_gloo_groups_that_cannot_be_told_apart_are_one_world_group_and_a_warning(

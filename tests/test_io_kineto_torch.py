@@ -57,6 +57,10 @@ def test_real_profiler_traces_of_a_gloo_job_read_back(tmp_path):
     assert (counts.get("send"), counts.get("recv")) == (3, 3)
     assert set(ops.loc[ops["op"] == "send", "rank"]) == {0}
     assert set(ops.loc[ops["op"] == "recv", "rank"]) == {2}
+    # the other end, from the dispatch's arguments (record_shapes): on the world, a global rank
+    assert set(ops.loc[ops["op"] == "send", "peer"]) == {2}
+    assert set(ops.loc[ops["op"] == "recv", "peer"]) == {0}
+    assert set(ops.loc[~ops["op"].isin(["send", "recv"]), "peer"]) == {-1}
     assert set(ops.loc[ops["op"] == "all_reduce", "nbytes"]) == {4096}
     # each rank's operations fall in the profiler's steps, one of each collective per step
     steps = ops.groupby(["rank", "op"])["iteration"].apply(lambda s: sorted(s.tolist()))
@@ -105,11 +109,12 @@ def test_real_gloo_subgroups_are_read_as_their_own_communicators(tmp_path, caplo
     with caplog.at_level("WARNING"):
         ops = read_ops(out)
     assert "gloo" not in caplog.text
-    # a send and a recv per step, which name no group (gloo runs them on the main thread, and
-    # the profiler records no peer): read in the default group
+    # a send and a recv per step, which name no group (gloo runs them on the main thread):
+    # read in the default group, with no peer (recorded without shapes, and a rank of a
+    # group that could be either of two)
     p2p = ops[ops["op"].isin(["send", "recv"])]
-    assert p2p.groupby(["op", "rank", "group"]).size().to_dict() == {
-        ("recv", 2, "default"): 4, ("send", 0, "default"): 4}
+    assert p2p.groupby(["op", "rank", "group", "peer"]).size().to_dict() == {
+        ("recv", 2, "default", -1): 4, ("send", 0, "default", -1): 4}
     ops = ops[~ops.index.isin(p2p.index)]
     # five communicators, each with one member list
     assert (ops.groupby("group", observed=True)["group_ranks"].nunique() == 1).all()

@@ -20,7 +20,11 @@ What a trace holds and how it is used
   Nothing in the trace names a gloo operation's process group; each gloo group has its own two
   worker threads, started in creation order, so a rank's worker thread ids in ascending order
   follow its gloo groups in ``pg_config`` (see :func:`_gloo_groups`; when the threads seen do
-  not fit, a warning, and the operations are read as the world group).
+  not fit, a warning, and the operations are read as the world group). A gloo send/recv runs
+  on the calling thread and stays in the world group; its peer is the destination/source in
+  its ``c10d::send``/``c10d::recv_`` dispatch's "Concrete Inputs" (``record_shapes=True``),
+  taken when the world is the rank's only gloo group (elsewhere it is a rank of a group the
+  trace does not name).
   NCCL annotations whose kernels are absent from the trace also fall back to the CPU span.
 
 Time: old traces have epoch microseconds in ``ts``; newer ones add ``baseTimeNanoseconds`` to
@@ -226,6 +230,11 @@ def _is_comm_cpu(name: str) -> bool:
     return name.startswith(("nccl:", "gloo:")) or canonical_op(name) is not None
 
 
+#: The dispatch of a send/recv; its third argument is the rank at the other end, in the
+#: operation's process group (``c10d::send(tensors, process_group, dst, tag)``).
+_DISPATCH_P2P = frozenset({"c10d::send", "c10d::recv_"})
+
+
 def _drop_gloo_dispatch(by_tid: dict[Any, list[_Instance]]) -> None:
     """Drop the dispatcher side of gloo operations, which would count each one twice.
 
@@ -233,14 +242,27 @@ def _drop_gloo_dispatch(by_tid: dict[Any, list[_Instance]]) -> None:
     and the gloo worker thread the operation itself (``gloo:all_reduce``, waiting for the
     peers): two instances on two threads. An instance made of ``c10d::`` spans alone, with no
     kernel, is such a dispatch when the trace has ``gloo:`` spans at all (NCCL dispatches hold
-    their ``nccl:``/``record_param_comms`` spans and kernels, and stay).
+    their ``nccl:``/``record_param_comms`` spans and kernels, and stay). A send or recv runs on
+    the calling thread, its ``gloo:`` span starting inside the dispatch and outlasting it; the
+    dispatch's spans join it, for the peer in their arguments (:func:`_dispatch_peer`).
     """
     if not any(e.name.startswith("gloo:") for lst in by_tid.values() for i in lst
                for e in i.events):
         return
     for tid, lst in by_tid.items():
-        by_tid[tid] = [i for i in lst if i.kernels or
-                       not all(e.name.startswith("c10d::") for e in i.events)]
+        kept: list[_Instance] = []
+        p2p: _Instance | None = None  # the send/recv dispatch just dropped
+        for i in lst:
+            if not i.kernels and all(e.name.startswith("c10d::") for e in i.events):
+                p2p = i if any(e.name in _DISPATCH_P2P for e in i.events) else None
+                continue
+            # A gloo send/recv runs on the calling thread: its gloo: span starts inside the
+            # dispatch and outlasts it. The dispatch's arguments go with it (its peer).
+            if p2p is not None and p2p.ts <= i.ts <= p2p.end + 1e-3:
+                i.events.extend(p2p.events)
+            p2p = None
+            kept.append(i)
+        by_tid[tid] = kept
 
 
 def _instances_by_tid(cpu: list[_Event]) -> dict[Any, list[_Instance]]:
@@ -365,6 +387,17 @@ def _peer_of(op: str, meta: dict, at: Any, source: str, world: int | None) -> in
         return -1
     limit = (world or MAX_WORLD) - 1
     return as_int(meta[key], at(key), source, lo=0, hi=limit)
+
+
+def _dispatch_peer(inst: _Instance, source: str, world: int | None) -> int:
+    """The other end of a send/recv from its ``c10d::`` dispatch's "Concrete Inputs" (traces
+    recorded with ``record_shapes=True``), a rank of the operation's group; -1 when absent."""
+    for e in inst.events:
+        args = e.args.get("Concrete Inputs")
+        if e.name in _DISPATCH_P2P and isinstance(args, list) and len(args) > 2 and args[2]:
+            where = _arg_at(e.index, "Concrete Inputs") + "[2]"
+            return as_int(args[2], where, source, lo=0, hi=(world or MAX_WORLD) - 1)
+    return -1
 
 
 def _rank(info: dict, path: Path, source: str, world: int | None) -> int:
@@ -539,7 +572,9 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
             inst.kernels.append(k)
 
     _drop_gloo_dispatch(by_tid)
-    gloo_pg, unresolved = _gloo_groups(by_tid, gloo_pgs, next(iter(pg_ranks), None))
+    default = next(iter(pg_ranks), None)
+    gloo_pg, unresolved = _gloo_groups(by_tid, gloo_pgs, default)
+    world_p2p = gloo_pgs in ([], [default])
     steps.sort()
     step_starts = [s[0] for s in steps]
     # group_ranks text per process group (None: the default group, the whole world), built
@@ -550,9 +585,14 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
         d = _describe(inst, source, world)
         if d is None:
             continue
-        if (d["pg"] is None and d["ranks"] is None and inst.tid in gloo_pg
-                and d["op"] not in P2P_OPS):
-            d["pg"] = gloo_pg[inst.tid]
+        if d["pg"] is None and d["ranks"] is None:
+            if d["op"] not in P2P_OPS:
+                d["pg"] = gloo_pg.get(inst.tid)
+            elif d["peer"] < 0 and world_p2p and any(e.name.startswith("gloo:")
+                                                     for e in inst.events):
+                # a gloo send/recv names no group; on a rank whose one gloo group is the
+                # world, its dispatch's peer is a global rank
+                d["peer"] = _dispatch_peer(inst, source, world)
         if inst.kernels:
             first = min(inst.kernels, key=lambda k: k.ts)
             t0 = first.ts
