@@ -444,7 +444,7 @@ def test_a_gloo_send_on_the_world_takes_its_peer_from_its_dispatch(tmp_path):
 def test_gloo_groups_that_cannot_be_told_apart_are_one_world_group_and_a_warning(
         tmp_path, caplog):
     """Rank 0's trace shows three worker threads for its two gloo groups (one of the world's
-    never ran in the window... or a custom thread count): nothing is guessed."""
+    idle in the window, or a custom thread count): nothing is guessed."""
     _write(tmp_path / "rank0.json", _gloo_trace(0, [("0", [0, 1, 2, 3]), ("1", [0, 1])], {
         20: [0.0, 1000.0], 30: [300.0, 1500.0], 31: [600.0, 1800.0]}))
     with caplog.at_level("WARNING"):
