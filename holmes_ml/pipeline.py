@@ -714,10 +714,12 @@ def only_iterations(ops: pd.DataFrame, first: int | None, last: int | None) -> p
 
 def note_input(verdict: Verdict, ops: pd.DataFrame) -> Verdict:
     """Carry what the reader noticed about ``ops`` into the verdict (its :attr:`Verdict.note`):
-    rows that share an op's identity but differ (two runs read together)."""
-    reused = int(ops.attrs.get("reused_key_rows", 0))
-    if reused:
-        verdict.stats["reused_key_rows"] = float(reused)
+    rows that share an op's identity but differ (two runs read together), and profiler traces
+    whose gloo operations were read as one world group."""
+    for key in ("reused_key_rows", "gloo_groups_merged_ranks"):
+        n = int(ops.attrs.get(key, 0))
+        if n:
+            verdict.stats[key] = float(n)
     return verdict
 
 

@@ -9,7 +9,9 @@ import pytest
 
 from holmes_ml.io import SchemaError, detect_format, read_ops
 from holmes_ml.io._common import canonical_op
+from holmes_ml.io.inventory import inventory
 from holmes_ml.io.kineto import read_kineto
+from holmes_ml.pipeline import analyze_paths
 
 BASE_NS = 1_716_000_000_000_000_000
 
@@ -397,7 +399,7 @@ def test_gloo_operations_go_to_the_group_whose_worker_threads_ran_them(tmp_path,
             20: [0.0], 21: [1000.0], 30 + t0 + 5: [300.0, 1500.0], 31 + t0: [600.0, 1800.0]}))
     with caplog.at_level("WARNING"):
         ops = read_ops(tmp_path)
-    assert "gloo" not in caplog.text
+    assert "gloo" not in caplog.text and "gloo_groups_merged_ranks" not in ops.attrs
     groups = ops.groupby("group", observed=True).agg(
         members=("group_ranks", "first"), ranks=("rank", lambda s: sorted(set(s))),
         n=("rank", "size"), instances=("seq", "nunique"))
@@ -453,6 +455,13 @@ def test_gloo_groups_that_cannot_be_told_apart_are_one_world_group_and_a_warning
     assert ("gloo operations of 1 trace(s) (rank 0) are read as one communicator of the "
             "whole world" in caplog.text and "2 gloo groups in pg_config, 3 threads, 4 needed"
             in caplog.text), caplog.text
+    # and where a script reads JSON instead of stderr: holmes check and the verdict's note
+    checks = inventory(ops)["checks"]
+    assert {"ok": False, "what": "the gloo operations of 1 rank(s) are read as one world "
+            "communicator: their profiler traces do not tell which process group ran each "
+            "(see the warning above)"} in checks
+    note = analyze_paths([tmp_path], model="rule").note
+    assert note is not None and "gloo operations of 1 rank(s) were read as one group" in note
 
 
 def test_the_one_gloo_group_beside_an_nccl_default_group_runs_every_gloo_operation(tmp_path):

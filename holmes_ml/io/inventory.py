@@ -45,8 +45,9 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         nothing), ``iterations``, ``iteration_list``, ``median_iteration_s``, ``hosts`` and
         ``hosts_from`` (``topology``, ``logs`` or ``assumed``), ``communicators`` (by kind,
         and how many list their members), ``op_types``, ``send_recv_without_peer``,
-        ``coordinates``, ``reused_key_rows`` and ``checks``: one ``{"ok", "what"}`` per thing
-        localization relies on.
+        ``coordinates``, ``reused_key_rows``, ``gloo_groups_merged_ranks`` (ranks whose
+        profiler traces could not give gloo operations their process groups) and ``checks``:
+        one ``{"ok", "what"}`` per thing localization relies on.
     """
     from holmes_ml.features import IrregularityConfig, iteration_table
     from holmes_ml.topology import Topology
@@ -89,6 +90,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "send_recv_without_peer": no_peer,
         "coordinates": [c for c in _COORDS if c in ops.columns],
         "reused_key_rows": int(ops.attrs.get("reused_key_rows", 0)),
+        "gloo_groups_merged_ranks": int(ops.attrs.get("gloo_groups_merged_ranks", 0)),
     }
     checks = [
         (len(ranks) > 1,
@@ -125,6 +127,10 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
             "every send/recv names its peer" if no_peer == 0 else
             f"{no_peer} of {int(p2p.sum())} send/recv rows name no peer: paired by "
             "communicator and seq alone"))
+    if out["gloo_groups_merged_ranks"]:
+        checks.append((False, f"the gloo operations of {out['gloo_groups_merged_ranks']} "
+                       "rank(s) are read as one world communicator: their profiler traces do "
+                       "not tell which process group ran each (see the warning above)"))
     if out["reused_key_rows"]:
         checks.append((False, f"{out['reused_key_rows']} rows share an operator's identity with "
                        "another row: logs of two runs (or a restarted job) read together?"))

@@ -676,7 +676,9 @@ def _read_files(
             # Several what-if traces are several jobs: read them one at a time.
             raise SchemaError("one what-if trace per call", source=source,
                               value=len(files), expected="a single trace-*.parquet")
-        ops = validate(_converted(format, files, trust_pickle, source), source=source)
+        converted = _converted(format, files, trust_pickle, source)
+        ops = validate(converted, source=source)
+        ops.attrs.update(converted.attrs)  # what the converter noticed (for the verdict's note)
     else:
         if len(files) == 1:
             return _drop_duplicate_rows(_read_native(files[0]), source)

@@ -167,7 +167,8 @@ class Verdict:
         is smaller than ``delta``. A log longer than the window is analysed over the most
         recent irregular iterations: earlier ones, and later steps, are left out, and the note
         says how to look at them. Fewer than two ranks leave nothing to compare a copy with.
-        Rows of two runs read together mix every statistic.
+        Rows of two runs read together mix every statistic, and so do gloo operations of
+        several process groups read as one.
         """
         notes = []
         reused = int(self.stats.get("reused_key_rows", 0))
@@ -175,6 +176,12 @@ class Verdict:
             notes.append(f"{reused:,} operator rows share rank, group, seq, op and iteration with "
                          "a different row: logs of two runs (or of a restarted job) seem mixed, "
                          "and their statistics with them; analyse one run at a time")
+        merged = int(self.stats.get("gloo_groups_merged_ranks", 0))
+        if merged:
+            notes.append(f"the gloo operations of {merged} rank(s) were read as one group of the "
+                         "whole world: their profiler traces do not tell which process group ran "
+                         "each (see the reader's warning), so operations of different groups may "
+                         "have been compared as one")
         if self.stats.get("ranks", 2.0) < 2:
             notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
                          "may go unnamed")
