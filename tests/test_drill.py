@@ -94,6 +94,19 @@ def test_machine_pauses_and_explanation(tmp_path):
     assert not _pauses_explain(verdict("host", [3], [2]), big)  # not in that iteration
     assert not _pauses_explain(verdict("link", [3], [1]), big)  # a network device is not a pause
     assert not _pauses_explain({"candidates": []}, big)
+    # every measured pause and the median iteration: a pause counts at 10 % of a step, or at
+    # half the wait the evidence blames on it (a healthy CI drill's rank 1 overslept 16.9 ms in
+    # a 240 ms step, and its partners waited 16.9 ms: the probe saw what the localizer found)
+    assert _pauses_explain(verdict("host", [3], [1]), p, step_s=0.5)  # 90 ms >= 50 ms
+    assert not _pauses_explain(verdict("host", [3], [1]), p, step_s=1.0)  # 90 ms < 100 ms
+
+    def blamed(wait_us):
+        return {"irregular_iterations": [], "candidates": [{"kind": "host", "ranks": [3],
+                "evidence": [{"iteration": 1, "weight": wait_us}]}]}
+
+    assert _pauses_explain(blamed(170_000.0), p, step_s=1.0)  # 90 ms >= half of 170 ms
+    assert not _pauses_explain(blamed(190_000.0), p, step_s=1.0)  # 90 ms < 95 ms
+    assert not _pauses_explain(blamed(0.0), p, step_s=1.0)  # no wait given: 10 % of a step
 
 
 def test_layout_groups_cover_every_rank_once():

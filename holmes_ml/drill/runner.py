@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -106,10 +107,11 @@ class DrillResult:
     ``machine_pauses`` lists ``(rank, iteration, seconds)`` where a rank's own compute sleeps
     overslept, in total, by at least :data:`PAUSE_FRACTION` of the median iteration: the OS
     kept it off a CPU long enough to make that iteration irregular by itself (a loaded machine).
-    For a drill without fault, ``pause_explained`` says the top candidate is such a measured
-    pause (its rank paused in one of the irregular iterations): a real host stall of the
-    machine, found, rather than a false alarm of the localizer. ``ok`` stays False then: the
-    drill was not healthy.
+    For a drill without fault, ``pause_explained`` says the top candidate is a measured pause
+    (its rank paused in one of the irregular iterations or of its evidence's, by such a share or
+    by half the wait the evidence blames on it: :func:`_pauses_explain`): a real host stall of
+    the machine, found, rather than a false alarm of the localizer. ``ok`` stays False then:
+    the drill was not healthy.
     """
 
     ok: bool
@@ -258,17 +260,33 @@ def _median_iteration_s(paths: list[Path]) -> float:
     return float(span.median()) / 1e9 if len(span) else 0.0
 
 
-def _pauses_explain(verdict: dict[str, Any], pauses: pd.DataFrame) -> bool:
-    """Is the top candidate a rank the machine measurably paused in an irregular iteration?"""
+def _pauses_explain(verdict: dict[str, Any], pauses: pd.DataFrame,
+                    step_s: float | None = None) -> bool:
+    """Is the top candidate a rank the machine measurably paused where the verdict blames it?
+
+    A measured pause (:func:`machine_pauses`) on the candidate's rank counts in an irregular
+    iteration or one of its evidence's iterations when it lasts :data:`PAUSE_FRACTION` of the
+    median iteration ``step_s`` or more, or half the longest wait the evidence puts on that
+    iteration or more: the ranks' own probe saw the pause the localizer found, even one too
+    short to make its iteration irregular. With ``step_s`` None every pause given counts.
+    """
     cands = verdict.get("candidates") or []
-    if not cands or not len(pauses):
+    if not cands or not len(pauses) or cands[0].get("kind") not in ("host", "gpu"):
         return False
     top = cands[0]
     its = set(verdict.get("irregular_iterations") or [])
     its |= {int(e["iteration"]) for e in top.get("evidence", [])}
-    hit = pauses["rank"].isin([int(r) for r in top.get("ranks", [])]) & pauses["iteration"].isin(
-        its)
-    return top.get("kind") in ("host", "gpu") and bool(hit.any())
+    mine = pauses[pauses["rank"].isin([int(r) for r in top.get("ranks", [])])
+                  & pauses["iteration"].isin(its)]
+    if step_s is None or not len(mine):
+        return bool(len(mine))
+    wait_s: dict[int, float] = {}
+    for e in top.get("evidence", []):
+        it = int(e["iteration"])
+        wait_s[it] = max(wait_s.get(it, 0.0), float(e.get("weight") or 0.0) / 1e6)
+    return any(
+        paused >= min(PAUSE_FRACTION * step_s, 0.5 * wait_s.get(int(it), 0.0) or math.inf)
+        for it, paused in zip(mine["iteration"], mine["oversleep_s"], strict=True))
 
 
 def run_drill(cfg: DrillConfig) -> DrillResult:
@@ -311,15 +329,17 @@ def run_drill(cfg: DrillConfig) -> DrillResult:
     n_ops = sum(len(pd.read_parquet(p, columns=["seq"])) for p in paths)
     verdict, who = localize(paths)
     ok, top_ranks, top_kind = judge(cfg, verdict)
-    pauses = machine_pauses(out)
+    measured = machine_pauses(out)
+    step_s = _median_iteration_s(paths) if paths else 0.0
+    pauses = measured
     if len(pauses) and paths:
-        pauses = pauses[pauses["oversleep_s"] >= PAUSE_FRACTION * _median_iteration_s(paths)]
+        pauses = pauses[pauses["oversleep_s"] >= PAUSE_FRACTION * step_s]
         if len(pauses):
             logger.warning(
                 "the machine paused drill ranks by up to %.0f ms (%d rank-iterations): a loaded "
                 "machine adds real host stalls to the drill", 1e3 * pauses["oversleep_s"].max(),
                 len(pauses))
-    explained = cfg.fault == "none" and not ok and _pauses_explain(verdict, pauses)
+    explained = cfg.fault == "none" and not ok and _pauses_explain(verdict, measured, step_s)
     result = DrillResult(
         ok, cfg.fault, cfg.rank, top_ranks, top_kind, who, round(seconds, 3), n_ops, verdict,
         tuple(str(p) for p in paths),
