@@ -15,7 +15,7 @@ import pytest
 from holmes_ml.drill import DrillConfig, run_drill
 from holmes_ml.drill.fallback import arrival_localize
 from holmes_ml.drill.job import layout_groups
-from holmes_ml.drill.runner import _pauses_explain, judge, machine_pauses
+from holmes_ml.drill.runner import _explaining_pauses, _pauses_explain, judge, machine_pauses
 
 HOLMES = "from holmes_ml.cli import main; main()"
 
@@ -107,6 +107,9 @@ def test_machine_pauses_and_explanation(tmp_path):
     assert _pauses_explain(blamed(170_000.0), p, step_s=1.0)  # 90 ms >= half of 170 ms
     assert not _pauses_explain(blamed(190_000.0), p, step_s=1.0)  # 90 ms < 95 ms
     assert not _pauses_explain(blamed(0.0), p, step_s=1.0)  # no wait given: 10 % of a step
+    # the pause that explains it is what the drill lists beside the verdict
+    assert _explaining_pauses(blamed(170_000.0), p, step_s=1.0).values.tolist() == [
+        [3, 1, 0.09]]
 
 
 def test_layout_groups_cover_every_rank_once():

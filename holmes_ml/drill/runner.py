@@ -106,7 +106,8 @@ class DrillResult:
 
     ``machine_pauses`` lists ``(rank, iteration, seconds)`` where a rank's own compute sleeps
     overslept, in total, by at least :data:`PAUSE_FRACTION` of the median iteration: the OS
-    kept it off a CPU long enough to make that iteration irregular by itself (a loaded machine).
+    kept it off a CPU long enough to make that iteration irregular by itself (a loaded machine);
+    and the shorter ones that explain the verdict, if any.
     For a drill without fault, ``pause_explained`` says the top candidate is a measured pause
     (its rank paused in one of the irregular iterations or of its evidence's, by such a share or
     by half the wait the evidence blames on it: :func:`_pauses_explain`): a real host stall of
@@ -263,30 +264,38 @@ def _median_iteration_s(paths: list[Path]) -> float:
 def _pauses_explain(verdict: dict[str, Any], pauses: pd.DataFrame,
                     step_s: float | None = None) -> bool:
     """Is the top candidate a rank the machine measurably paused where the verdict blames it?
+    (:func:`_explaining_pauses` finds such a pause.)"""
+    return len(_explaining_pauses(verdict, pauses, step_s)) > 0
 
-    A measured pause (:func:`machine_pauses`) on the candidate's rank counts in an irregular
-    iteration or one of its evidence's iterations when it lasts :data:`PAUSE_FRACTION` of the
-    median iteration ``step_s`` or more, or half the longest wait the evidence puts on that
-    iteration or more: the ranks' own probe saw the pause the localizer found, even one too
-    short to make its iteration irregular. With ``step_s`` None every pause given counts.
+
+def _explaining_pauses(verdict: dict[str, Any], pauses: pd.DataFrame,
+                       step_s: float | None = None) -> pd.DataFrame:
+    """The measured pauses (:func:`machine_pauses` rows) that make the top candidate a real
+    host stall rather than a false alarm; empty when none does.
+
+    A pause on the candidate's rank counts in an irregular iteration or one of its evidence's
+    iterations when it lasts :data:`PAUSE_FRACTION` of the median iteration ``step_s`` or more,
+    or half the longest wait the evidence puts on that iteration or more: the ranks' own probe
+    saw the pause the localizer found, even one too short to make its iteration irregular.
+    With ``step_s`` None every pause given counts.
     """
     cands = verdict.get("candidates") or []
     if not cands or not len(pauses) or cands[0].get("kind") not in ("host", "gpu"):
-        return False
+        return pauses.iloc[:0]
     top = cands[0]
     its = set(verdict.get("irregular_iterations") or [])
     its |= {int(e["iteration"]) for e in top.get("evidence", [])}
     mine = pauses[pauses["rank"].isin([int(r) for r in top.get("ranks", [])])
                   & pauses["iteration"].isin(its)]
     if step_s is None or not len(mine):
-        return bool(len(mine))
+        return mine
     wait_s: dict[int, float] = {}
     for e in top.get("evidence", []):
         it = int(e["iteration"])
         wait_s[it] = max(wait_s.get(it, 0.0), float(e.get("weight") or 0.0) / 1e6)
-    return any(
-        paused >= min(PAUSE_FRACTION * step_s, 0.5 * wait_s.get(int(it), 0.0) or math.inf)
-        for it, paused in zip(mine["iteration"], mine["oversleep_s"], strict=True))
+    enough = [paused >= min(PAUSE_FRACTION * step_s, 0.5 * wait_s.get(int(it), 0.0) or math.inf)
+              for it, paused in zip(mine["iteration"], mine["oversleep_s"], strict=True)]
+    return mine[enough]
 
 
 def run_drill(cfg: DrillConfig) -> DrillResult:
@@ -339,7 +348,12 @@ def run_drill(cfg: DrillConfig) -> DrillResult:
                 "the machine paused drill ranks by up to %.0f ms (%d rank-iterations): a loaded "
                 "machine adds real host stalls to the drill", 1e3 * pauses["oversleep_s"].max(),
                 len(pauses))
-    explained = cfg.fault == "none" and not ok and _pauses_explain(verdict, measured, step_s)
+    explaining = (_explaining_pauses(verdict, measured, step_s)
+                  if cfg.fault == "none" and not ok else measured.iloc[:0])
+    explained = len(explaining) > 0
+    # the pauses listed include those that explain the verdict, shorter than the share or not
+    pauses = pd.concat([pauses, explaining]).drop_duplicates(["rank", "iteration"]).sort_values(
+        ["rank", "iteration"]) if explained else pauses
     result = DrillResult(
         ok, cfg.fault, cfg.rank, top_ranks, top_kind, who, round(seconds, 3), n_ops, verdict,
         tuple(str(p) for p in paths),
