@@ -120,17 +120,18 @@ def _iteration_weights(dur: pd.Series) -> tuple[pd.Series, float]:
     return w, med
 
 
-def _slowdown(times: pd.Series, irregular: tuple[int, ...]) -> dict[str, float]:
-    """``usual_iteration_us``, the median time of the iterations that are not irregular (of
-    all when every one is), and, when some are irregular, ``slowdown``: the slowest irregular
+def _slowdown(times: pd.Series, irregular: tuple[int, ...],
+              usual_us: float | None = None) -> dict[str, float]:
+    """``usual_iteration_us`` (:func:`_usual_iteration_us`, or ``usual_us`` when the caller
+    has it) and, when some iterations are irregular, ``slowdown``: the slowest irregular
     iteration's time over it; from the :func:`_iteration_times_us`."""
-    flagged = times.index.isin(list(irregular))
-    usual = times[~flagged] if (~flagged).any() else times
-    if len(usual) == 0 or not float(usual.median()) > 0:
+    usual = _usual_iteration_us(times, irregular) if usual_us is None else usual_us
+    if not usual > 0:
         return {}
-    out = {"usual_iteration_us": float(usual.median())}
+    out = {"usual_iteration_us": usual}
+    flagged = times.index.isin(list(irregular))
     if flagged.any():
-        out["slowdown"] = float(times[flagged].max()) / out["usual_iteration_us"]
+        out["slowdown"] = float(times[flagged].max()) / usual
     return out
 
 
@@ -170,7 +171,8 @@ def localize_records(
     spans = _iteration_spans(iterations)
     times = _iteration_times_us(spans)
     it_weight, med_iter_us = _iteration_weights(times)
-    stats.update(_slowdown(times, irregular_iterations))
+    usual_us = _usual_iteration_us(times, irregular_iterations)
+    stats.update(_slowdown(times, irregular_iterations, usual_us))
     if len(abnormal) == 0:
         return _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
                               iterations, topology, cfg)
@@ -223,7 +225,7 @@ def localize_records(
         # that is jitter (OS scheduling, data loading, a slowdown every rank shares such as
         # drift), whatever the per-op detector says; with no delta-irregular step it is how a
         # slowdown older than the window, which the reference has absorbed, still shows.
-        step_us = (cfg.delta - 1.0) * _usual_iteration_us(times, irregular_iterations)
+        step_us = (cfg.delta - 1.0) * usual_us
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us,
             lambda ranks: _ops_per_iteration(iterations, its, ranks),
