@@ -6,7 +6,9 @@ collectives. Each run's Kineto traces go through ``holmes localize``; the script
 run's top suspect and how many runs named rank 2. The README quotes
 ``python scripts/kineto_gloo_straggler.py --steps 16 --fault-from 9 --runs 8`` and
 ``--steps 38 --fault-from 21 --runs 4``; ``--keep-misses DIR`` keeps the traces of the runs that
-did not name rank 2. ``--layout grid`` runs the collectives on row and column subgroups of a
+did not name rank 2, ``--keep DIR`` those of every run, and ``--analyze DIR`` localizes kept runs
+again without running a job (another holmes_ml on ``PYTHONPATH`` compares versions on the same
+traces). ``--layout grid`` runs the collectives on row and column subgroups of a
 2 x 2 grid instead of the world (the reader tells gloo groups apart by their worker threads);
 ``--layout pipeline`` makes the four ranks pipeline stages that send microbatches on (the
 reader takes a gloo send's peer from its dispatch).
@@ -100,28 +102,45 @@ def main() -> int:
                     "over them, traces recorded with shapes (default: world)")
     ap.add_argument("--keep-misses", type=Path, metavar="DIR",
                     help="copy the traces of runs that did not name the straggler to DIR/run<N>/")
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="copy every run's traces to DIR/run<N>/ (to localize them again later)")
+    ap.add_argument("--analyze", type=Path, metavar="DIR",
+                    help="run no job: localize the runs kept in DIR/run*/ (e.g. with another "
+                    "version of holmes_ml on PYTHONPATH, to compare on the same traces)")
     args = ap.parse_args()
-    import torch.multiprocessing as mp
 
     from holmes_ml.pipeline import analyze, read_paths
 
-    named = 0
+    def localize(run: int, traces: list[Path]) -> bool:
+        verdict = analyze(read_paths(traces, "kineto"))
+        top = verdict.candidates[0] if verdict.candidates else None
+        print(f"run {run}: irregular {list(verdict.irregular_iterations)}; top suspect "
+              f"{(str(top.kind.value), list(top.ranks)) if top else None}")
+        return top is not None and list(top.ranks) == [STRAGGLER]
+
+    named = runs = 0
+    if args.analyze:
+        kept_runs = sorted(args.analyze.glob("run*"), key=lambda d: int(d.name[3:]))
+        for d in kept_runs:
+            named += localize(int(d.name[3:]), sorted(d.glob("rank*.pt.trace.json")))
+        print(f"rank {STRAGGLER} named in {named} of {len(kept_runs)} runs")
+        return 0
+    import torch.multiprocessing as mp
+
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as out:
             mp.spawn(_worker, args=(4, out, args.steps, args.fault_from, args.layout), nprocs=4)
             traces = sorted(Path(out).glob("rank*.pt.trace.json"))
-            verdict = analyze(read_paths(traces, "kineto"))
-            top = verdict.candidates[0] if verdict.candidates else None
-            hit = top is not None and list(top.ranks) == [STRAGGLER]
-            if not hit and args.keep_misses:
-                kept = args.keep_misses / f"run{run}"
-                kept.mkdir(parents=True, exist_ok=True)
-                for trace in traces:
-                    shutil.copy(trace, kept / trace.name)
+            hit = localize(run, traces)
+            for keep in [args.keep] + ([args.keep_misses] if not hit else []):
+                if keep:
+                    kept = keep / f"run{run}"
+                    kept.mkdir(parents=True, exist_ok=True)
+                    for trace in traces:
+                        shutil.copy(trace, kept / trace.name)
         named += hit
-        print(f"run {run}: irregular {list(verdict.irregular_iterations)}; top suspect "
-              f"{(str(top.kind.value), list(top.ranks)) if top else None}")
-    print(f"rank {STRAGGLER} named in {named} of {args.runs} runs")
+        runs += 1
+    print(f"rank {STRAGGLER} named in {named} of {runs} runs")
     return 0
 
 
