@@ -22,7 +22,10 @@ Usage:
 --methods holmes "holmes, per node" --debug``;
 ``--sweep noisy --draw 4242 --first-seed 7000 --jobs 120 --where
 kind=nic_slow,link_slow,switch_congested --methods holmes`` (a fresh draw);
-``--sweep noisy --seeds 3032,3121 --methods holmes --undo hand-down``.
+``--sweep noisy --seeds 3032,3121 --methods holmes --undo hand-down``;
+``--sweep healthy --csv new.csv``, then with ``PYTHONPATH`` at a worktree of another commit
+``--sweep healthy --csv old.csv`` (run from outside the repository, so that the worktree is the
+one imported), and compare the two files job by job.
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--undo", choices=("hand-down", "released-together", "lone-pause"),
                     help="run with this localization rule turned off")
+    ap.add_argument("--csv", help="also write every job's row per method (truth, named, score) "
+                                  "to this CSV, to compare two versions job by job")
     args = ap.parse_args()
     if args.debug:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -102,6 +107,8 @@ def main() -> None:
     rows = [r for out in Parallel(n_jobs=workers)(delayed(run)(j) for j in _jobs(scs))
             for r in out]
     df = pd.DataFrame(rows)
+    if args.csv:
+        df.to_csv(args.csv, index=False)
     score = "flagged" if args.sweep == "healthy" else "top1"
     key = ["seed", "gpus", "dims", "delta", "kind"]
     for method, sub in df.groupby("method", sort=False):

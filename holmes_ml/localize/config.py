@@ -52,9 +52,12 @@ class LocalizeConfig:
         total lateness above background; network devices are alternatives for the same slow
         flows, so each is measured against the total excess of the slow flows.
     min_step_share:
-        A GPU or host is a suspect only if, in at least one analysed iteration, it held its
-        partners back by this share of ``(delta - 1)`` x the usual (median regular) iteration
-        time: the slowdown the user asked to hear about. Ranks of a healthy job are late by
+        A GPU or host is a suspect only if, in at least one analysed iteration, it fell this
+        share of ``(delta - 1)`` x the usual (median regular) iteration time behind its
+        partners: the slowdown the user asked to hear about. How far behind is read off the
+        waits it caused; one pause waited for by its TP peers, then its pipeline receiver,
+        then its gradient ring counts once, while the waits a slow GPU causes at each of its
+        TP all-reduces add up (``rules._fell_behind``). Ranks of a healthy job are late by
         far less (jitter, a slowdown every rank shares such as drift).
     min_device_step_share:
         The same for a NIC, link or switch: in at least one analysed iteration, the slow

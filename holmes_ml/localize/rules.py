@@ -756,7 +756,7 @@ def _rank_candidates(
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
         # the microbatches of a step; a host pause comes at once), over the steps that single
         # out a few hosts, leaving out the ranks that something they shared let go at once
-        held = _held_back(strag, "rank")
+        held = _fell_behind(strag)
         peer_floor = cfg.step_peer_share * step_floor
         # ranks let go together still count toward the hosts late in their step
         single = _singled_out(held, step_floor, fabric, cfg.max_step_hosts, peer_floor)
@@ -820,15 +820,53 @@ def _late_with_host_mates(per_it: pd.DataFrame, ranks: pd.Index, fabric: Fabric
     return out
 
 
+def _fell_behind(events: pd.DataFrame) -> pd.Series:
+    """Per ``(iteration, rank)`` of straggler events, how far behind the rank fell in the step,
+    in microseconds, as its partners saw it.
+
+    A rank's partners wait for all the lateness it gathered since they last met it: in a
+    collective they then leave together, so the next wait in that group is new lateness only.
+    Partners it had not met in the step yet (its pipeline receiver, a data-parallel ring at the
+    end) wait for everything it gathered so far. So one pause that its TP peers, then its
+    pipeline receiver, then its gradient ring each wait for is one pause, while a slow GPU that
+    falls behind a little at each TP all-reduce gathers the sum of those waits. Walking a
+    rank's events of a step in time order, with ``met[p]`` how far behind it was when its
+    partners ``p`` (a group; for send/recv the group and the waiting peer) last waited for it::
+
+        behind = max(behind, met[p] + wait);  met[p] = behind
+
+    Adding the waits of every group instead (each group's waits are one after the other, so a
+    union of their intervals adds them up) counted a pause once per group that met the rank
+    afterwards: a 17 ms pause of a healthy 8-rank gloo job, waited for by its TP peer and then
+    its pipeline receiver, read as 32 ms against a 24 ms floor and named its host.
+    """
+    lag = _lag_us(events).to_numpy(dtype=np.float64)
+    group = events["group"].astype(str).to_numpy(dtype=object)
+    peer = (events["peer"].fillna(-1).to_numpy(dtype=np.int64) if "peer" in events.columns
+            else np.full(len(events), -1, dtype=np.int64))
+    its = events["iteration"].to_numpy(dtype=np.int64)
+    ranks = events["rank"].to_numpy(dtype=np.int64)
+    order = np.lexsort((events["t"].to_numpy(dtype=np.float64), ranks, its))
+    behind: dict[tuple[int, int], float] = {}
+    met: dict[tuple[str, int], float] = {}
+    last = None
+    for i in order.tolist():  # a few events per late rank and step
+        step = (int(its[i]), int(ranks[i]))
+        if step != last:
+            met, last = {}, step
+        key = (group[i], int(peer[i]))
+        now = max(behind.get(step, 0.0), met.get(key, 0.0) + float(lag[i]))
+        behind[step] = met[key] = now
+    index = pd.MultiIndex.from_tuples(list(behind), names=["iteration", "rank"])
+    return pd.Series(list(behind.values()), index=index, dtype=np.float64)
+
+
 def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
     """Per ``(iteration, by)``, how long the events of each ``by`` value kept someone waiting,
     in microseconds: the length of the union of their intervals ``[t, t + lag_us]``.
 
-    For a late rank: one late arrival is waited for by every group that meets the rank next (its
-    TP peers, its pipeline receiver, its expert-parallel exchange) at the same time, so the
-    intervals overlap and count once; a slow GPU falls behind a little at each of its operators,
-    one after the other, and those intervals add up. For a network device, the slow transfers
-    of the flows crossing it, likewise.
+    For a network device: the slow transfers of the flows crossing it, where transfers of
+    different rings at the same time count once. (Ranks: :func:`_fell_behind`.)
     """
     lag = _lag_us(events)
     start = events["t"].to_numpy(dtype=np.float64)
@@ -847,7 +885,7 @@ def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
 
 def _released_together(strag: pd.DataFrame, held: pd.Series, fabric: Fabric, fraction: float,
                        peer_floor: float) -> np.ndarray:
-    """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_held_back`): True for the late
+    """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_fell_behind`): True for the late
     ranks (``held >= peer_floor``) of a step that arrived at the same instant as a late rank on
     another host.
 
@@ -895,7 +933,7 @@ def _released_together(strag: pd.DataFrame, held: pd.Series, fabric: Fabric, fra
 
 def _singled_out(held: pd.Series, step_floor: float, fabric: Fabric, max_hosts: int,
                  peer_floor: float | None = None) -> np.ndarray:
-    """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_held_back`): False in the
+    """Mask over ``held`` (per ``(iteration, rank)``, from :func:`_fell_behind`): False in the
     steps where ranks on more than ``max_hosts`` hosts each held their partners back by
     ``peer_floor`` (default ``step_floor``) or more.
 
