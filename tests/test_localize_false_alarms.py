@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from holmes_ml.io.schema import without_labels
-from holmes_ml.localize import LocalizeConfig
+from holmes_ml.localize import LocalizeConfig, rules
 from holmes_ml.localize.fabric import Fabric
 from holmes_ml.localize.rules import (
     _fell_behind,
@@ -103,6 +103,32 @@ def test_a_pause_waited_for_in_several_groups_is_one_pause():
     two = ev.assign(peer=[-1, 7, -1] + [-1] * 4 + [8, -1, 9])
     assert _fell_behind(two).loc[(1, 4)] == pytest.approx(5_000.0)
     assert _fell_behind(ev.iloc[:0]).empty
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_a_paused_rank_fell_behind_by_what_the_step_lost(seed, monkeypatch):
+    # 8 GPUs, tp2 pp2 dp2, one rank paused for a fifth of a step in iteration 8 (seeds whose
+    # pause the operator records show; others name the rank from the comm-gap fallback). How
+    # far it fell behind is what the step took longer than the others; the union of the waits
+    # of its TP peer, its pipeline receiver and its gradient ring was 1.4-2.2 times that.
+    res = simulate(SimConfig(gpus=8, model="llama2-7b", tp=2, pp=2, dp=2, iterations=20,
+                             seed=seed, faults=(FaultSpec.parse(
+                                 "host_stall:severity=0.2,pattern=spike,start=8,end=8"),)))
+    seen = {}
+    keep = rules._fell_behind
+
+    def spy(events):
+        seen["behind"], seen["union"] = keep(events), _held_back(events, "rank")
+        return seen["behind"]
+
+    monkeypatch.setattr(rules, "_fell_behind", spy)
+    verdict = analyze(without_labels(res.ops), res.topology)
+    rank = res.faults[0].ranks[0]
+    assert verdict.candidates[0].ranks == (rank,)
+    step = res.ops.groupby("iteration")["start_ns"].min().diff().shift(-1) / 1e3
+    lost = step.loc[8] - step.drop(8).median()
+    assert 0.9 * lost <= seen["behind"].loc[(8, rank)] <= 1.1 * lost
+    assert seen["union"].loc[(8, rank)] >= 1.3 * lost
 
 
 def test_a_step_many_hosts_are_late_in_singles_out_nobody():
