@@ -15,7 +15,7 @@ import pytest
 from holmes_ml.drill import DrillConfig, run_drill
 from holmes_ml.drill.fallback import arrival_localize
 from holmes_ml.drill.job import layout_groups
-from holmes_ml.drill.runner import _explaining_pauses, _pauses_explain, judge, machine_pauses
+from holmes_ml.drill.runner import _explaining_pauses, judge, machine_pauses
 
 HOLMES = "from holmes_ml.cli import main; main()"
 
@@ -89,27 +89,31 @@ def test_machine_pauses_and_explanation(tmp_path):
         return {"irregular_iterations": its, "candidates": [
             {"kind": kind, "ranks": ranks, "evidence": [{"iteration": i} for i in its]}]}
 
-    assert _pauses_explain(verdict("host", [3], [1]), big)
-    assert not _pauses_explain(verdict("host", [0], [1]), big)  # rank 0 was not paused
-    assert not _pauses_explain(verdict("host", [3], [2]), big)  # not in that iteration
-    assert not _pauses_explain(verdict("link", [3], [1]), big)  # a network device is not a pause
-    assert not _pauses_explain({"candidates": []}, big)
+    assert _explains(verdict("host", [3], [1]), big)
+    assert not _explains(verdict("host", [0], [1]), big)  # rank 0 was not paused
+    assert not _explains(verdict("host", [3], [2]), big)  # not in that iteration
+    assert not _explains(verdict("link", [3], [1]), big)  # a network device is not a pause
+    assert not _explains({"candidates": []}, big)
     # every measured pause and the median iteration: a pause counts at 10 % of a step, or at
     # half the wait the evidence blames on it (a healthy CI drill's rank 1 overslept 16.9 ms in
     # a 240 ms step, and its partners waited 16.9 ms: the probe saw what the localizer found)
-    assert _pauses_explain(verdict("host", [3], [1]), p, step_s=0.5)  # 90 ms >= 50 ms
-    assert not _pauses_explain(verdict("host", [3], [1]), p, step_s=1.0)  # 90 ms < 100 ms
+    assert _explains(verdict("host", [3], [1]), p, step_s=0.5)  # 90 ms >= 50 ms
+    assert not _explains(verdict("host", [3], [1]), p, step_s=1.0)  # 90 ms < 100 ms
 
     def blamed(wait_us):
         return {"irregular_iterations": [], "candidates": [{"kind": "host", "ranks": [3],
                 "evidence": [{"iteration": 1, "weight": wait_us}]}]}
 
-    assert _pauses_explain(blamed(170_000.0), p, step_s=1.0)  # 90 ms >= half of 170 ms
-    assert not _pauses_explain(blamed(190_000.0), p, step_s=1.0)  # 90 ms < 95 ms
-    assert not _pauses_explain(blamed(0.0), p, step_s=1.0)  # no wait given: 10 % of a step
+    assert _explains(blamed(170_000.0), p, step_s=1.0)  # 90 ms >= half of 170 ms
+    assert not _explains(blamed(190_000.0), p, step_s=1.0)  # 90 ms < 95 ms
+    assert not _explains(blamed(0.0), p, step_s=1.0)  # no wait given: 10 % of a step
     # the pause that explains it is what the drill lists beside the verdict
     assert _explaining_pauses(blamed(170_000.0), p, step_s=1.0).values.tolist() == [
         [3, 1, 0.09]]
+
+
+def _explains(verdict, pauses, step_s=None) -> bool:
+    return not _explaining_pauses(verdict, pauses, step_s).empty
 
 
 def test_layout_groups_cover_every_rank_once():

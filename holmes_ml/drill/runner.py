@@ -110,7 +110,7 @@ class DrillResult:
     and the shorter ones that explain the verdict, if any.
     For a drill without fault, ``pause_explained`` says the top candidate is a measured pause
     (its rank paused in one of the irregular iterations or of its evidence's, by such a share or
-    by half the wait the evidence blames on it: :func:`_pauses_explain`): a real host stall of
+    by half the wait the evidence blames on it: :func:`_explaining_pauses`): a real host stall of
     the machine, found, rather than a false alarm of the localizer. ``ok`` stays False then:
     the drill was not healthy.
     """
@@ -259,13 +259,6 @@ def _median_iteration_s(paths: list[Path]) -> float:
     end = ops["start_ns"] + ops["duration_us"] * 1e3
     span = end.groupby(ops["iteration"]).max() - ops["start_ns"].groupby(ops["iteration"]).min()
     return float(span.median()) / 1e9 if len(span) else 0.0
-
-
-def _pauses_explain(verdict: dict[str, Any], pauses: pd.DataFrame,
-                    step_s: float | None = None) -> bool:
-    """Is the top candidate a rank the machine measurably paused where the verdict blames it?
-    (:func:`_explaining_pauses` finds such a pause.)"""
-    return len(_explaining_pauses(verdict, pauses, step_s)) > 0
 
 
 def _explaining_pauses(verdict: dict[str, Any], pauses: pd.DataFrame,
