@@ -103,6 +103,10 @@ def test_a_pause_waited_for_in_several_groups_is_one_pause():
     two = ev.assign(peer=[-1, 7, -1] + [-1] * 4 + [8, -1, 9])
     assert _fell_behind(two).loc[(1, 4)] == pytest.approx(5_000.0)
     assert _fell_behind(ev.iloc[:0]).empty
+    # both halves of a fused send/recv with one peer wait for the same late arrival at once
+    fused = pd.DataFrame({"iteration": [2, 2], "rank": [5, 5], "group": ["pp-0", "pp-0"],
+                          "peer": [6, 6], "t": [0, 0], "lag_us": [3_000.0, 3_000.0]})
+    assert _fell_behind(fused).loc[(2, 5)] == pytest.approx(3_000.0)
 
 
 @pytest.mark.parametrize("seed", [0, 2, 3])

@@ -835,6 +835,9 @@ def _fell_behind(events: pd.DataFrame) -> pd.Series:
 
         behind = max(behind, met[p] + wait);  met[p] = behind
 
+    and at most the union of the waits' intervals (:func:`_held_back`): the time anyone was
+    waiting for it.
+
     Adding the waits of every group instead (each group's waits are one after the other, so a
     union of their intervals adds them up) counted a pause once per group that met the rank
     afterwards: a 17 ms pause of a healthy 8-rank gloo job, waited for by its TP peer and then
@@ -858,7 +861,10 @@ def _fell_behind(events: pd.DataFrame) -> pd.Series:
         now = max(behind.get(step, 0.0), met.get(key, 0.0) + float(lag[i]))
         behind[step] = met[key] = now
     index = pd.MultiIndex.from_tuples(list(behind), names=["iteration", "rank"])
-    return pd.Series(list(behind.values()), index=index, dtype=np.float64)
+    out = pd.Series(list(behind.values()), index=index, dtype=np.float64)
+    # never more than the time someone was waiting for it (two waits of the same partners at
+    # once, such as both halves of a fused send/recv with one peer, are one wait)
+    return np.minimum(out, _held_back(events, "rank").reindex(out.index))
 
 
 def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
