@@ -103,6 +103,10 @@ def test_a_pause_waited_for_in_several_groups_is_one_pause():
     two = ev.assign(peer=[-1, 7, -1] + [-1] * 4 + [8, -1, 9])
     assert _fell_behind(two).loc[(1, 4)] == pytest.approx(5_000.0)
     assert _fell_behind(ev.iloc[:0]).empty
+    # below the floor a step keeps the union, which bounds it and cannot reach the floor either
+    low = _fell_behind(ev, floor=20_000.0)
+    assert low.loc[(0, 3)] == pytest.approx(17_000.0)  # union 50.5 ms: walked
+    assert low.loc[(1, 4)] == pytest.approx(9_000.0)  # union 9 ms: kept
     # both halves of a fused send/recv with one peer wait for the same late arrival at once
     fused = pd.DataFrame({"iteration": [2, 2], "rank": [5, 5], "group": ["pp-0", "pp-0"],
                           "peer": [6, 6], "t": [0, 0], "lag_us": [3_000.0, 3_000.0]})
@@ -121,8 +125,8 @@ def test_a_paused_rank_fell_behind_by_what_the_step_lost(seed, monkeypatch):
     seen = {}
     keep = rules._fell_behind
 
-    def spy(events):
-        seen["behind"], seen["union"] = keep(events), _held_back(events, "rank")
+    def spy(events, floor=0.0):
+        seen["behind"], seen["union"] = keep(events, floor), _held_back(events, "rank")
         return seen["behind"]
 
     monkeypatch.setattr(rules, "_fell_behind", spy)

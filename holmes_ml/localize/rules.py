@@ -756,8 +756,8 @@ def _rank_candidates(
         # the most it held the others back in one step (a slow GPU's lateness accumulates over
         # the microbatches of a step; a host pause comes at once), over the steps that single
         # out a few hosts, leaving out the ranks that something they shared let go at once
-        held = _fell_behind(strag)
         peer_floor = cfg.step_peer_share * step_floor
+        held = _fell_behind(strag, peer_floor)
         # ranks let go together still count toward the hosts late in their step
         single = _singled_out(held, step_floor, fabric, cfg.max_step_hosts, peer_floor)
         single &= ~_released_together(strag, held, fabric, cfg.together_fraction, peer_floor)
@@ -820,7 +820,7 @@ def _late_with_host_mates(per_it: pd.DataFrame, ranks: pd.Index, fabric: Fabric
     return out
 
 
-def _fell_behind(events: pd.DataFrame) -> pd.Series:
+def _fell_behind(events: pd.DataFrame, floor: float = 0.0) -> pd.Series:
     """Per ``(iteration, rank)`` of straggler events, how far behind the rank fell in the step,
     in microseconds, as its partners saw it.
 
@@ -836,35 +836,48 @@ def _fell_behind(events: pd.DataFrame) -> pd.Series:
         behind = max(behind, met[p] + wait);  met[p] = behind
 
     and at most the union of the waits' intervals (:func:`_held_back`): the time anyone was
-    waiting for it.
+    waiting for it. Steps whose union stays below ``floor``, or that hold one event, keep the
+    union: it is the answer there or it cannot reach the floor either way (the walk is Python,
+    and most steps of a large job are such).
 
     Adding the waits of every group instead (each group's waits are one after the other, so a
     union of their intervals adds them up) counted a pause once per group that met the rank
     afterwards: a 17 ms pause of a healthy 8-rank gloo job, waited for by its TP peer and then
     its pipeline receiver, read as 32 ms against a 24 ms floor and named its host.
     """
-    lag = _lag_us(events).to_numpy(dtype=np.float64)
-    group = events["group"].astype(str).to_numpy(dtype=object)
-    peer = (events["peer"].fillna(-1).to_numpy(dtype=np.int64) if "peer" in events.columns
-            else np.full(len(events), -1, dtype=np.int64))
+    union = _held_back(events, "rank")
     its = events["iteration"].to_numpy(dtype=np.int64)
     ranks = events["rank"].to_numpy(dtype=np.int64)
-    order = np.lexsort((events["t"].to_numpy(dtype=np.float64), ranks, its))
+    steps = pd.MultiIndex.from_arrays([its, ranks])
+    count = pd.Series(1, index=steps).groupby(level=[0, 1]).size()
+    walk = union.index[(union.to_numpy() >= floor)
+                       & (count.reindex(union.index).to_numpy() > 1)]
+    if len(walk) == 0:
+        return union
+    sel = steps.isin(walk)
+    lag = _lag_us(events).to_numpy(dtype=np.float64)[sel]
+    group = events["group"].astype(str).to_numpy(dtype=object)[sel]
+    peer = (events["peer"].fillna(-1).to_numpy(dtype=np.int64)[sel] if "peer" in events.columns
+            else np.full(int(sel.sum()), -1, dtype=np.int64))
+    its, ranks = its[sel], ranks[sel]
+    order = np.lexsort((events["t"].to_numpy(dtype=np.float64)[sel], ranks, its))
     behind: dict[tuple[int, int], float] = {}
     met: dict[tuple[str, int], float] = {}
     last = None
-    for i in order.tolist():  # a few events per late rank and step
+    for i in order.tolist():  # the few late ranks' steps with several events
         step = (int(its[i]), int(ranks[i]))
         if step != last:
             met, last = {}, step
         key = (group[i], int(peer[i]))
         now = max(behind.get(step, 0.0), met.get(key, 0.0) + float(lag[i]))
         behind[step] = met[key] = now
-    index = pd.MultiIndex.from_tuples(list(behind), names=["iteration", "rank"])
-    out = pd.Series(list(behind.values()), index=index, dtype=np.float64)
+    walked = pd.Series(list(behind.values()), dtype=np.float64,
+                       index=pd.MultiIndex.from_tuples(list(behind)))
+    out = union.copy()
     # never more than the time someone was waiting for it (two waits of the same partners at
     # once, such as both halves of a fused send/recv with one peer, are one wait)
-    return np.minimum(out, _held_back(events, "rank").reindex(out.index))
+    out.loc[walked.index] = np.minimum(walked.to_numpy(), union.loc[walked.index].to_numpy())
+    return out
 
 
 def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
