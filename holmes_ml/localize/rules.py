@@ -848,13 +848,11 @@ def _fell_behind(events: pd.DataFrame, floor: float = 0.0) -> pd.Series:
     union = _held_back(events, "rank")
     its = events["iteration"].to_numpy(dtype=np.int64)
     ranks = events["rank"].to_numpy(dtype=np.int64)
-    steps = pd.MultiIndex.from_arrays([its, ranks])
-    count = pd.Series(1, index=steps).groupby(level=[0, 1]).size()
-    walk = union.index[(union.to_numpy() >= floor)
-                       & (count.reindex(union.index).to_numpy() > 1)]
+    count = events.groupby(["iteration", "rank"]).size().reindex(union.index)
+    walk = union.index[(union.to_numpy() >= floor) & (count.to_numpy() > 1)]
     if len(walk) == 0:
         return union
-    sel = steps.isin(walk)
+    sel = pd.MultiIndex.from_arrays([its, ranks]).isin(walk)
     lag = _lag_us(events).to_numpy(dtype=np.float64)[sel]
     group = events["group"].astype(str).to_numpy(dtype=object)[sel]
     peer = (events["peer"].fillna(-1).to_numpy(dtype=np.int64)[sel] if "peer" in events.columns
