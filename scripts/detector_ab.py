@@ -9,21 +9,30 @@ per-run table exactly. Each ``--preset`` is trained as the bench trains it (seed
 decision threshold from out-of-fold scores of held-out runs); each ``--model`` is a saved
 envelope scored as it is (``bundled`` for the shipped one).
 
+``--sized TARGET`` scores the same ten jobs with each fault made more severe, where it is
+needed, until the job's slowest iteration is about TARGET times its fault-free twin's (as
+``holmes bench localize`` sizes its large jobs' faults): at the bench's fixed severity six of
+the ten faults never slow an iteration (``scripts/heldout_slowdown.py``). A fault that still
+cannot slow an iteration delta times is named and left out.
+
 Usage: ``.venv/bin/python scripts/detector_ab.py --preset default --preset wide``
 (about 2 minutes for the held-out rows, then 1-3 minutes per preset on 2 cores; ``--cache
-FILE`` keeps the held-out rows for the next run).
+FILE`` keeps the held-out rows for the next run); ``--model bundled --sized 1.3``;
+``--model bundled --thresholds 0.2 0.3 0.4 0.5 0.6`` for F1 at other decision thresholds.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import joblib
 import numpy as np
 
 from holmes_ml.bench.detector import (
+    HELDOUT_OTHER_ROWS,
     _per_run_rows,
     _scores_row,
     heldout_dataset,
@@ -33,10 +42,64 @@ from holmes_ml.models import default_model, load_model
 from holmes_ml.models.training import PRESETS, default_estimator, make_dataset, scenarios
 
 
-def _heldout(cache: Path | None):
+def _peak(cfg, twin) -> float:
+    from holmes_ml.features import iteration_table
+    from holmes_ml.simulator import simulate
+
+    return float((iteration_table(simulate(cfg).ops)["duration_s"] / twin).max())
+
+
+def sized_scenarios(target: float, delta: float = 1.1) -> list:
+    """The bench's held-out jobs, each fault whose job's slowest iteration is not ``target``
+    times its fault-free twin's made more severe until it is about that (faults already past
+    it keep the bench's severity); jobs whose fault never reaches ``delta`` times (even 64
+    times as severe as the bench's) are printed and left out.
+
+    A fault that slows no iteration at all gives no slope to scale along, and one hidden
+    behind compute until its transfers outgrow the overlap turns on sharply; so the severity
+    is raised fourfold until the slowest iteration passes ``target`` (or at most 64-fold),
+    then bisected (geometrically, four times) between the last severity below and the first
+    above, keeping the one whose ratio comes closest.
+    """
+    from holmes_ml.features import iteration_table
+    from holmes_ml.simulator import simulate
+
+    out = []
+    for cfg in heldout_scenarios():
+        f = cfg.faults[0]
+        twin = iteration_table(simulate(replace(cfg, faults=())).ops)["duration_s"]
+        tried = {f.severity: _peak(cfg, twin)}
+        lo, hi = f.severity, None
+        while tried[lo] < target and lo < 64 * f.severity:
+            hi = lo * 4
+            tried[hi] = _peak(replace(cfg, faults=(replace(f, severity=hi),)), twin)
+            if tried[hi] >= target:
+                break
+            lo, hi = hi, None
+        if hi is not None and lo != hi:
+            for _ in range(4):
+                mid = float(np.sqrt(lo * hi))
+                tried[mid] = _peak(replace(cfg, faults=(replace(f, severity=mid),)), twin)
+                lo, hi = (mid, hi) if tried[mid] < target else (lo, mid)
+        severity = min(tried, key=lambda s: abs(tried[s] - target))
+        peak = tried[severity]
+        print(f"  {cfg.gpus:>5} {cfg.model:<11} {f.kind:<17} {f.pattern:<10} severity "
+              f"{f.severity:g} -> {severity:.3g}: slowest iteration {peak:.3f}x the twin's"
+              + ("" if peak >= delta else f" (below delta {delta}: left out)"), flush=True)
+        if peak >= delta:
+            out.append(replace(cfg, faults=(replace(f, severity=severity),)))
+    return out
+
+
+def _heldout(cache: Path | None, sized: float | None = None):
     if cache is not None and cache.exists():
         return joblib.load(cache)
-    data = (heldout_scenarios(), *heldout_dataset())
+    if sized is None:
+        data = (heldout_scenarios(), *heldout_dataset())
+    else:
+        cfgs = sized_scenarios(sized)
+        data = (cfgs, *make_dataset(cfgs, max_normal_per_run=HELDOUT_OTHER_ROWS[0], seed=1,
+                                    return_weights=True))
     if cache is not None:
         joblib.dump(data, cache)
     return data
@@ -50,11 +113,19 @@ def main() -> None:
                         help="score a saved model envelope, or 'bundled' (repeatable)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="joblib file for the held-out rows (read if it exists)")
+    parser.add_argument("--sized", type=float, default=None, metavar="TARGET",
+                        help="rescale each held-out fault so the job's slowest iteration is "
+                             "about TARGET times its fault-free twin's (e.g. 1.3)")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[],
+                        help="also score each candidate at these decision thresholds (the "
+                             "unscreened model's scores), beside its own threshold")
     args = parser.parse_args()
     if not args.preset and not args.model:
         parser.error("give at least one --preset or --model")
+    if args.sized is not None and not args.sized > 1.1:
+        parser.error(f"--sized: got {args.sized}; expected a ratio above delta 1.1")
     t0 = time.perf_counter()
-    cfgs, Xh, yh, gh, wh = _heldout(args.cache)
+    cfgs, Xh, yh, gh, wh = _heldout(args.cache, args.sized)
     scales = tuple(dict.fromkeys(c.gpus for c in cfgs))
     scale_of = np.array([c.gpus for c in cfgs])[gh]
     print(f"held-out rows ready: {len(yh):,} rows, {int(yh.sum()):,} abnormal "
@@ -76,6 +147,15 @@ def main() -> None:
         for r in _per_run_rows(yh, pred, gh, cfgs, wh):
             print(f"  {r['gpus']:>5} {r['model']:<11} {r['fault']:<17} {r['pattern']:<10} "
                   f"precision {r['precision']:.3f} recall {r['recall']:.3f} F1 {r['f1']:.3f}")
+        if args.thresholds:
+            # a screened model's ruled-out rows carry shrunk scores: sweep the full model's
+            scores = getattr(det, "detector_", det).decision_function(Xh)
+            print(f"  its own threshold: {det.threshold_:.3f}")
+            for t in args.thresholds:
+                row = _scores_row(name, yh, scores >= t, scale_of, scales, wh)
+                print(f"  threshold {t:g}: F1 by scale "
+                      + ", ".join(f"{s}: {row[str(s)]}" for s in scales)
+                      + f"; pooled {row['all']}, precision {row['precision']}")
 
 
 if __name__ == "__main__":
