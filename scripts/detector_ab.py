@@ -10,8 +10,9 @@ decision threshold from out-of-fold scores of held-out runs); each ``--model`` i
 envelope scored as it is (``bundled`` for the shipped one).
 
 ``--sized TARGET`` scores the same ten jobs with each fault made more severe, where it is
-needed, until the job's slowest iteration is about TARGET times its fault-free twin's (as
-``holmes bench localize`` sizes its large jobs' faults): at the bench's fixed severity six of
+needed, until the job's slowest iteration is about TARGET times its fault-free twin's (the
+target ``holmes bench localize`` sizes its large jobs' faults to, reached here by raising and
+then bisecting the severity, see :func:`sized_scenarios`): at the bench's fixed severity six of
 the ten faults never slow an iteration (``scripts/heldout_slowdown.py``). A fault that still
 cannot slow an iteration delta times is named and left out.
 
@@ -112,7 +113,8 @@ def main() -> None:
     parser.add_argument("--model", action="append", default=[],
                         help="score a saved model envelope, or 'bundled' (repeatable)")
     parser.add_argument("--cache", type=Path, default=None,
-                        help="joblib file for the held-out rows (read if it exists)")
+                        help="joblib file for the held-out rows (read if it exists, as it is: "
+                             "keep one file per --sized)")
     parser.add_argument("--sized", type=float, default=None, metavar="TARGET",
                         help="rescale each held-out fault so the job's slowest iteration is "
                              "about TARGET times its fault-free twin's (e.g. 1.3)")
