@@ -4,13 +4,14 @@
 13 of which make an iteration delta-irregular: a 95 % interval of 0.77-1.00 at 13 of 13. This
 script draws the same kind of job (LLaMA2-70B, tp8 pp8, the bench's big-job iterations, every
 fault sized to the bench's peak iteration-time ratio against the fault-free twin) on other
-seeds, with every fault kind and pattern, localizes each with the bundled model (or
-``--model FILE``; ``--nodes`` also scores the deployed per-node path) and prints top-1, top-2
+seeds, with every fault kind and pattern, localizes each with the bundled model (``--nodes``
+also scores the deployed per-node path) and prints top-1, top-2
 and the NIC-tie-tolerant top-1 with Wilson 95 % intervals, by kind and pattern, and the
 misses. Scoring and skips are the bench's own (:func:`holmes_ml.bench.localize._trials`).
 
-Usage: ``.venv/bin/python scripts/big_holdout.py --seeds 16 17`` (30 jobs, about half an hour
-on 2 cores); ``--gpus 2048`` for the bench's other large scale.
+Usage: ``.venv/bin/python scripts/big_holdout.py --seeds 16 17`` (30 jobs, about 10 minutes
+on 2 cores; ``--seeds 18 19 20 --nodes`` about 30); ``--gpus 2048`` for the bench's other
+large scale.
 """
 
 from __future__ import annotations

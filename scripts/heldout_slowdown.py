@@ -8,7 +8,7 @@ monitor flags at the default delta, and the operator copies labelled ``abnormal`
 whose operators are slower while no iteration is (the slower transfers hide behind compute or
 pipeline bubbles) is one the iteration monitor never reports.
 
-Usage: ``.venv/bin/python scripts/heldout_slowdown.py`` (about 3 minutes on 2 cores).
+Usage: ``.venv/bin/python scripts/heldout_slowdown.py`` (about a minute on 2 cores).
 """
 
 from __future__ import annotations
