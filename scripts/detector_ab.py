@@ -44,10 +44,11 @@ from holmes_ml.models.training import PRESETS, default_estimator, make_dataset, 
 
 
 def _peak(cfg, twin) -> float:
-    from holmes_ml.features import iteration_table
+    """The slowest iteration of ``cfg`` over its fault-free twin's (the bench's measure)."""
+    from holmes_ml.bench.localize import _peak_ratio
     from holmes_ml.simulator import simulate
 
-    return float((iteration_table(simulate(cfg).ops)["duration_s"] / twin).max())
+    return _peak_ratio(simulate(cfg), twin)
 
 
 def sized_scenarios(target: float, delta: float = 1.1) -> list:
