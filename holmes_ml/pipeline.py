@@ -50,7 +50,8 @@ class NodeSummary:
     Parameters
     ----------
     iterations:
-        One row per ``(iteration, rank)``: ``start_ns, end_ns, comm_us, n_ops``.
+        One row per ``(iteration, rank)``: ``start_ns, end_ns, comm_us, n_ops``, and
+        ``compute_us`` when the logs carry each step's compute time (not shipped by agents).
     abnormal:
         Abnormal operator copies only: canonical columns plus ``peer, host, score, excess_us``.
     groups:
@@ -286,12 +287,16 @@ def _regular_rows(ops: pd.DataFrame, cfg: LocalizeConfig,
 
 def _rank_spans(ops: pd.DataFrame) -> pd.DataFrame:
     """Per ``(iteration, rank)``: the earliest start, the latest end, the summed operator time
-    and how many operators (the ``iterations`` table of a :class:`NodeSummary`)."""
+    and how many operators (the ``iterations`` table of a :class:`NodeSummary`), and the
+    rank's compute time in the step (``compute_us``) when the logs carry it
+    (``step_compute_us``, e.g. the ByteDance what-if traces)."""
     end = ops["start_ns"].to_numpy(dtype=np.int64) + (
         ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
+    extra = ({"compute_us": ("step_compute_us", "max")}
+             if "step_compute_us" in ops.columns else {})
     return ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
-        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"),
+        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"), **extra,
     ).reset_index()
 
 

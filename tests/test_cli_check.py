@@ -69,6 +69,7 @@ def test_checks_say_nothing_about_what_the_log_has_none_of(tmp_path):
     said = [c["what"] for c in report["checks"]]
     assert not [w for w in said if "send/recv" in w], said
     assert any(w.startswith("1 rank named by member lists logged nothing (2)") for w in said)
+    assert report["compute_times"] is False
 
 
 @pytest.mark.skipif(not REALDATA.exists(), reason="real traces not available")
@@ -77,6 +78,7 @@ def test_the_real_trace_says_which_workers_were_not_recorded():
     report = _check(str(REALDATA), "--format", "bytedance")
     assert (report["ranks"], report["listed_not_logged"]) == (16, 48)
     assert report["coordinates"] == ["dp", "pp", "tp"]
+    assert report["compute_times"] is True
     lacking = [c["what"] for c in report["checks"] if not c["ok"]]
     assert lacking[0].startswith("48 ranks named by member lists logged nothing (1-3 5-7 9-11")
 

@@ -44,3 +44,25 @@ def test_ar_names_nobody_beside_the_slowed_worker(model) -> None:
     # waits for them are dp 0's delay too.
     verdict = analyze(_read("AR"), model=model)
     assert [c.ranks for c in verdict.candidates] == [(0,)]
+
+
+@pytest.mark.parametrize("model", [None, "rule"])
+def test_st_heavier_last_stage_is_reported_as_workload(model) -> None:
+    # trace-ST's README: pipeline stage partitioning imbalance, the last stage heavier. Nothing
+    # in it is abnormal against its own history (the stage is heavy from the first step); its
+    # compute times per step say so.
+    verdict = analyze(_read("ST"), model=model)
+    (found,) = [w for w in verdict.workload_findings if w.kind == "stage-imbalance"]
+    assert found.coords == {"pp": 3} and found.basis == "compute"
+    assert verdict.candidates == ()
+
+
+def test_se_and_ar_compute_times_name_no_stage_they_do_not_show() -> None:
+    # SE: besides its rotating late rank (sequence lengths), its second (last) stage computes
+    # about 1.5x the first on every one of its 32 ranks. AR: its slowed worker is one rank of
+    # stage 0, and its last stage computes only ~5 % more than the others (below delta).
+    se = analyze(_read("SE"), model="rule")
+    assert [w.kind for w in se.workload_findings] == ["rank-imbalance", "stage-imbalance"]
+    assert se.workload_findings[1].coords == {"pp": 1}
+    ar = analyze(_read("AR"), model="rule")
+    assert ar.workload_findings == ()

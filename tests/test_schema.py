@@ -151,6 +151,15 @@ def test_negative_duration_is_refused_unless_allowed():
     assert validate(bad, options=ValidationOptions(allow_negative_duration=True))["duration_us"].min() == -2.0
 
 
+def test_step_compute_time_is_a_number_and_not_negative():
+    ok = validate(_table(step_compute_us=["900", 800, 900.5, 800]))
+    assert ok["step_compute_us"].dtype == np.float64
+    with pytest.raises(SchemaError, match=r"step_compute_us.*row 2.*'slow'"):
+        validate(_table(step_compute_us=[900, 800, "slow", 800]), source="job.csv")
+    with pytest.raises(SchemaError, match=r"step_compute_us.*row 1: negative compute time"):
+        validate(_table(step_compute_us=[900, -1, 900, 800]))
+
+
 def test_group_size_disagreement_is_reported():
     t = _table(group_ranks=["0 1", "0 1 2", "0 1", "0 1"])
     with pytest.raises(SchemaError, match=r"row 1.*dp-0.*disagree.*3 ranks.*2 ranks"):

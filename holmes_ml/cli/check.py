@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         console.print("ops: " + ", ".join(f"{k} {n:,}" for k, n in report["op_types"].items()))
         if report["coordinates"]:
             console.print("parallel coordinates: " + ", ".join(report["coordinates"]))
+        if report.get("compute_times"):
+            console.print("compute time per step and rank: logged (a pipeline stage heavier "
+                          "than the others can be named as a workload cause)")
         table = Table(title="what localization can use")
         table.add_column("", no_wrap=True)
         table.add_column("check", overflow="fold")

@@ -45,7 +45,8 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         nothing), ``iterations``, ``iteration_list``, ``median_iteration_s``, ``hosts`` and
         ``hosts_from`` (``topology``, ``logs`` or ``assumed``), ``communicators`` (by kind,
         and how many list their members), ``op_types``, ``send_recv_without_peer``,
-        ``coordinates``, ``reused_key_rows``, ``gloo_groups_merged_ranks`` (ranks whose
+        ``coordinates``, ``compute_times`` (whether each step's compute time per rank was
+        logged: what names a heavier pipeline stage), ``reused_key_rows``, ``gloo_groups_merged_ranks`` (ranks whose
         profiler traces could not give gloo operations their process groups) and ``checks``:
         one ``{"ok", "what"}`` per thing localization relies on.
     """
@@ -89,6 +90,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "op_types": {str(k): int(n) for k, n in ops["op"].value_counts().items()},
         "send_recv_without_peer": no_peer,
         "coordinates": [c for c in _COORDS if c in ops.columns],
+        "compute_times": "step_compute_us" in ops.columns,
         "reused_key_rows": int(ops.attrs.get("reused_key_rows", 0)),
         "gloo_groups_merged_ranks": int(ops.attrs.get("gloo_groups_merged_ranks", 0)),
     }

@@ -51,6 +51,9 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "host": "str",
     "group_kind": "str",  # tp, dp, pp, ep, cp, ... (free text, lower case)
     "job": "str",
+    # the rank's compute time in the step (the same on each of its rows of the step), where the
+    # logs carry it: the stage-imbalance workload finding reads it
+    "step_compute_us": "float",
 }
 #: Label columns written by the simulator (never used as features): ``abnormal`` (prolonged
 #: by the fault beyond its fault-free spread), ``fault_id`` and ``affected`` (prolonged by the
@@ -371,6 +374,14 @@ def validate(
                 expected="a time >= 0 (ns since the epoch)" if column == "start_ns"
                 else "a value >= 0",
             )
+    if "step_compute_us" in out:
+        neg = (out["step_compute_us"] < 0).to_numpy()
+        if neg.any():
+            i = _first_bad(neg)
+            raise SchemaError(
+                "negative compute time", source=source, column="step_compute_us", row=i,
+                value=out["step_compute_us"].iloc[i],
+                expected="the rank's compute time in the step, >= 0 microseconds")
     if not opts.allow_negative_duration:
         neg = (out["duration_us"] < 0).to_numpy()
         if neg.any():

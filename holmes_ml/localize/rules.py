@@ -174,8 +174,9 @@ def localize_records(
     usual_us = _usual_iteration_us(times, irregular_iterations)
     stats.update(_slowdown(times, irregular_iterations, usual_us))
     if len(abnormal) == 0:
-        return _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
-                              iterations, topology, cfg)
+        return _with_stage_compute(
+            _with_comm_gap(Verdict(irregular, tuple(irregular_iterations), (), (), stats),
+                           iterations, topology, cfg), iterations, topology, cfg, usual_us)
     ab = abnormal.reset_index(drop=True)
     with_records = np.sort(ab["iteration"].unique())
     its = _window(with_records, irregular_iterations, cfg.window)
@@ -261,9 +262,9 @@ def localize_records(
             continue
         out.append(_with_score(c, share))
     out = _mark_ties(out)[: cfg.top_k]
-    return _with_comm_gap(
+    return _with_stage_compute(_with_comm_gap(
         Verdict(irregular, tuple(irregular_iterations), tuple(out), tuple(workload), stats),
-        iterations, topology, cfg, fabric)
+        iterations, topology, cfg, fabric), iterations, topology, cfg, usual_us)
 
 
 def _window(its: np.ndarray, irregular: tuple[int, ...], size: int) -> np.ndarray:
@@ -294,6 +295,75 @@ def _with_comm_gap(verdict: Verdict, iterations: pd.DataFrame, topology: Topolog
         return verdict
     stats = {**verdict.stats, "comm_gap_candidates": float(len(cands))}
     return replace(verdict, candidates=tuple(cands[: cfg.top_k]), stats=stats)
+
+
+def _with_stage_compute(verdict: Verdict, iterations: pd.DataFrame, topology: Topology,
+                        cfg: LocalizeConfig, usual_us: float) -> Verdict:
+    """``verdict`` with :func:`_stage_compute_finding` added to its workload findings (after
+    any found from the waits, unless one of those already names the same stage). It never
+    changes the suspects: a heavier stage and a faulty device can slow one job together."""
+    found = _stage_compute_finding(iterations, topology, cfg, usual_us)
+    if found is None or any(w.kind == found.kind and w.coords == found.coords
+                            for w in verdict.workload_findings):
+        return verdict
+    return replace(verdict, workload_findings=(*verdict.workload_findings, found))
+
+
+def _stage_compute_finding(iterations: pd.DataFrame | None, topology: Topology,
+                           cfg: LocalizeConfig, usual_us: float) -> WorkloadFinding | None:
+    """A pipeline stage that computes more than the others in every data-parallel replica.
+
+    Read from each rank's compute time per step (``compute_us`` of the iteration summaries;
+    logs that carry it, such as the ByteDance what-if traces), not from the operators: a stage
+    heavier from the first step makes no operator abnormal against its own history, and the
+    stages around it just wait a little at every microbatch. The stage is named when every one
+    of its ranks, in at least ``cfg.workload_persistence`` of the iterations, computes at least
+    ``cfg.delta`` times the median rank of the other stages, and its ranks sit in two or more
+    data-parallel replicas: with one replica a slow GPU would look the same, and a slow GPU in
+    one replica leaves the stage's other replicas at the usual time (the stage's smallest
+    rank decides).
+    """
+    if iterations is None or "compute_us" not in iterations.columns:
+        return None
+    r = topology.ranks
+    if "pp" not in r.columns or "dp" not in r.columns:
+        return None
+    c = iterations[["iteration", "rank", "compute_us"]].dropna()
+    c = c[c["compute_us"] > 0]
+    place = r.set_index("rank")[["pp", "dp"]]
+    c = c.join(place, on="rank", how="inner")
+    c = c[(c["pp"] >= 0) & (c["dp"] >= 0)]
+    n_its = c["iteration"].nunique()
+    if n_its < cfg.workload_min_iterations or c["pp"].nunique() < 2:
+        return None
+    best: tuple[float, int] | None = None
+    for stage, mine in c.groupby("pp"):
+        if mine["dp"].nunique() < 2:
+            continue
+        others = c[c["pp"] != stage].groupby("iteration")["compute_us"].median()
+        least = mine.groupby("iteration")["compute_us"].min()
+        ratio = (least / others.reindex(least.index)).dropna()
+        if len(ratio) == 0 or (ratio >= cfg.delta).mean() < cfg.workload_persistence:
+            continue
+        if best is None or ratio.median() > best[0]:
+            best = (float(ratio.median()), int(stage))
+    if best is None:
+        return None
+    stage = best[1]
+    mine = c[c["pp"] == stage]
+    per_rank = mine.groupby("rank")["compute_us"].median()
+    heavy = float(per_rank.median())
+    usual = float(c[c["pp"] != stage].groupby("rank")["compute_us"].median().median())
+    extra = heavy - usual
+    share = min(max(extra / usual_us, 0.0), 1.0) if usual_us > 0 else 0.0
+    return WorkloadFinding(
+        "stage-imbalance", tuple(int(x) for x in per_rank.index), share,
+        f"pipeline stage {stage} computes {heavy / usual:.2f}x as long per step as the other "
+        f"stages ({duration(heavy)} against {duration(usual)}, median ranks: {duration(extra)} "
+        f"more, {share:.0%} of a usual step), on every one of its {len(per_rank)} ranks in "
+        f"{mine['dp'].nunique()} data-parallel replicas: a heavier stage, not a faulty device",
+        {"pp": stage}, basis="compute",
+    )
 
 
 #: A host needs this many reporting ranks for its median communication time to stand for "the

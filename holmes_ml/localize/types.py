@@ -123,9 +123,13 @@ class WorkloadFinding:
     ranks:
         Ranks involved (the heavy stage, or every rank that was late at some step).
     share:
-        Fraction of the explained wait time covered by this finding.
+        From waits: the fraction of the explained wait time covered by this finding. From
+        compute: the heavy stage's extra compute per step as a fraction of the usual step.
     detail:
         Human-readable sentence.
+    basis:
+        What the finding was read from: ``"waits"`` (the abnormal operators' lateness) or
+        ``"compute"`` (each rank's compute time per step, where the logs carry it).
     """
 
     kind: str
@@ -133,6 +137,7 @@ class WorkloadFinding:
     share: float
     detail: str
     coords: dict[str, int] | None = None
+    basis: str = "waits"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -141,6 +146,7 @@ class WorkloadFinding:
             "share": round(float(self.share), 6),
             "coords": dict(self.coords) if self.coords else None,
             "detail": self.detail,
+            "basis": self.basis,
         }
 
 
@@ -199,7 +205,8 @@ class Verdict:
                 notes.append(
                     f"the iterations after {int(last)}, the last irregular one, were not "
                     f"analysed (holmes localize --iterations {int(last) + 1}: looks at them)")
-        if not self.irregular and (self.candidates or self.workload_findings):
+        from_ops = self.candidates or any(w.basis == "waits" for w in self.workload_findings)
+        if not self.irregular and from_ops:
             n = int(self.stats.get("analysed_iterations", 0))
             notes.append(
                 "no iteration is delta-irregular (delta times slower than the ones before it); "

@@ -1,0 +1,88 @@
+"""A pipeline stage that computes more than the others, read from each rank's compute time per
+step (``step_compute_us``), is a workload finding; a slow GPU or a stage of one replica is not,
+and the suspects never change."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.io import without_labels
+from holmes_ml.pipeline import analyze
+from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+BASE_US = 200_000.0
+
+
+def _job(seed: int, gpus: int = 32, faults: tuple[str, ...] = ()):
+    res = simulate(SimConfig(gpus=gpus, model="llama2-7b", tp=2, pp=4, iterations=10, seed=seed,
+                             faults=tuple(FaultSpec.parse(f) for f in faults)))
+    return without_labels(res.ops), res.topology
+
+
+def _with_compute(ops: pd.DataFrame, topology, seed: int, stage: int | None = None,
+                  factor: float = 1.0, rank: int | None = None) -> pd.DataFrame:
+    """``ops`` with a ``step_compute_us`` column: 3 % log-normal jitter per (iteration, rank)
+    around one base time, ``factor`` times that on pipeline ``stage`` (or on ``rank`` alone)."""
+    its = np.sort(ops["iteration"].unique())
+    place = topology.ranks.set_index("rank")
+    ranks = place.index.to_numpy()
+    rng = np.random.default_rng(seed)
+    table = pd.DataFrame({
+        "iteration": np.repeat(its, len(ranks)),
+        "rank": np.tile(ranks, len(its)),
+        "step_compute_us": BASE_US * rng.lognormal(0.0, 0.03, len(its) * len(ranks)),
+    })
+    heavy = np.zeros(len(table), dtype=bool)
+    if stage is not None:
+        heavy |= table["rank"].map(place["pp"]).to_numpy() == stage
+    if rank is not None:
+        heavy |= table["rank"].to_numpy() == rank
+    table.loc[heavy, "step_compute_us"] *= factor
+    return ops.merge(table, on=["iteration", "rank"], how="left")
+
+
+def _stage_findings(verdict):
+    return [w for w in verdict.workload_findings if w.kind == "stage-imbalance"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_heavier_stage_is_named_as_workload(seed: int) -> None:
+    ops, topo = _job(seed)
+    verdict = analyze(_with_compute(ops, topo, seed, stage=2, factor=1.3), topo, model="rule")
+    (found,) = _stage_findings(verdict)
+    stage_ranks = topo.ranks.loc[topo.ranks["pp"] == 2, "rank"]
+    assert found.coords == {"pp": 2}
+    assert found.basis == "compute"
+    assert set(found.ranks) == set(stage_ranks.astype(int))
+    assert verdict.candidates == ()
+    body = verdict.to_dict()
+    assert body["workload"]["basis"] == "compute"
+    # read from compute times, not from abnormal operators: the no-irregular-step note, which
+    # says where operator findings come from, does not apply
+    assert body["note"] is None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_slow_gpu_or_a_small_excess_is_not_a_heavy_stage(seed: int) -> None:
+    ops, topo = _job(seed)
+    one_gpu = analyze(_with_compute(ops, topo, seed, rank=13, factor=2.0), topo, model="rule")
+    small = analyze(_with_compute(ops, topo, seed, stage=1, factor=1.04), topo, model="rule")
+    assert _stage_findings(one_gpu) == [] and _stage_findings(small) == []
+
+
+def test_a_single_replica_cannot_tell_a_stage_from_its_gpus() -> None:
+    ops, topo = _job(0, gpus=8)  # tp2 pp4: dp 1
+    assert topo.ranks["dp"].nunique() == 1
+    verdict = analyze(_with_compute(ops, topo, 0, stage=3, factor=1.5), topo, model="rule")
+    assert _stage_findings(verdict) == []
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_suspects_stay_as_they_were(seed: int) -> None:
+    ops, topo = _job(seed, faults=("gpu_slow:severity=0.6,start=4",))
+    without = analyze(ops, topo, model="rule")
+    heavy = analyze(_with_compute(ops, topo, seed, stage=0, factor=1.3), topo, model="rule")
+    assert without.candidates and heavy.candidates == without.candidates
+    assert [w.coords for w in _stage_findings(heavy)] == [{"pp": 0}]
