@@ -7,6 +7,7 @@ Kept apart from the library core so matplotlib is imported only when a plot is a
 from __future__ import annotations
 
 import logging
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,8 +40,9 @@ def _plt():
 
 def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
                 graph: nx.Graph | None = None) -> list[Path]:
-    """Write ``iterations.png``, ``heatmap.png`` and ``evidence.png`` into ``out_dir``, and
-    ``graph.png`` when ``graph`` is given.
+    """Write ``iterations.png``, ``heatmap.png`` and ``evidence.png`` into ``out_dir``,
+    ``graph.png`` when ``graph`` is given, and ``compute.png`` when ``iterations`` carries each
+    rank's compute time per step (``compute_us``).
 
     Parameters
     ----------
@@ -114,17 +116,56 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
         ax.set_xlabel("explained time (ms)")
         ax.set_title(f"evidence for {top.device} (score {top.score:.2f})")
     else:
-        ax.text(0.5, 0.5, "no device blamed", ha="center", va="center")
+        said = ["no device blamed"] + [f"workload ({w.kind}): {w.detail}"
+                                       for w in verdict.workload_findings]
+        ax.text(0.5, 0.5, "\n\n".join(textwrap.fill(t, 90) for t in said), ha="center",
+                va="center", fontsize=8)
         ax.set_axis_off()
     fig.tight_layout()
     written.append(out / "evidence.png")
     fig.savefig(written[-1], dpi=90)
     plt.close(fig)
+    if "compute_us" in iterations.columns and iterations["compute_us"].notna().any():
+        written.append(out / "compute.png")
+        _draw_compute(plt, verdict, iterations, written[-1])
     if graph is not None:
         written.append(out / "graph.png")
         _draw_graph(plt, graph, written[-1])
     logger.info("wrote %d plots into %s", len(written), out)
     return written
+
+
+def _draw_compute(plt, verdict: Verdict, iterations: pd.DataFrame, path: Path) -> None:
+    """Each rank's compute time per step over the median rank's (rank x iteration), the ranks
+    of a stage-imbalance finding marked on the left."""
+    heat = iterations.pivot_table(index="rank", columns="iteration", values="compute_us",
+                                  aggfunc="max")
+    rel = heat / heat.median(axis=0)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    im = ax.imshow(rel.to_numpy(dtype=float), aspect="auto", cmap="viridis",
+                   interpolation="nearest")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("rank")
+    ax.set_title("compute time per step, rank / median rank")
+    fig.colorbar(im, ax=ax)
+    # the columns are the logged iterations in order (their numbers need not be contiguous)
+    at = np.unique(np.linspace(0, rel.shape[1] - 1, min(rel.shape[1], 8)).round().astype(int))
+    ax.set_xticks(at, [str(rel.columns[i]) for i in at])
+    at = np.unique(np.linspace(0, rel.shape[0] - 1, min(rel.shape[0], 16)).round().astype(int))
+    ax.set_yticks(at, [str(rel.index[i]) for i in at])
+    rows = {r: i for i, r in enumerate(rel.index)}
+    for w in verdict.workload_findings:
+        if w.kind != "stage-imbalance":
+            continue
+        marked = [rows[r] for r in w.ranks if r in rows]
+        stage = f"pp {w.coords['pp']}" if w.coords and "pp" in w.coords else "heavier stage"
+        # left of the map, beyond the tick labels: x in axes units, y in rows
+        ax.scatter([-0.07] * len(marked), marked, marker=">", color="red", s=12,
+                   clip_on=False, label=stage, transform=ax.get_yaxis_transform())
+        ax.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _draw_graph(plt, graph: nx.Graph, path: Path) -> None:

@@ -86,3 +86,17 @@ def test_the_suspects_stay_as_they_were(seed: int) -> None:
     heavy = analyze(_with_compute(ops, topo, seed, stage=0, factor=1.3), topo, model="rule")
     assert without.candidates and heavy.candidates == without.candidates
     assert [w.coords for w in _stage_findings(heavy)] == [{"pp": 0}]
+
+
+def test_plots_draw_compute_times_only_when_logged(tmp_path) -> None:
+    from holmes_ml.pipeline import localize_summaries, summarize
+    from holmes_ml.report import write_plots
+
+    ops, topo = _job(0)
+    for name, table in (("with", _with_compute(ops, topo, 0, stage=2, factor=1.3)),
+                        ("without", ops)):
+        summary = summarize(table, "rule")
+        verdict = localize_summaries([summary], topo)
+        written = {p.name for p in write_plots(verdict, summary.iterations, tmp_path / name)}
+        assert ("compute.png" in written) == (name == "with")
+    assert (tmp_path / "with" / "compute.png").stat().st_size > 1000
