@@ -240,7 +240,24 @@ def test_ci_drill_healthy_logs_have_no_culprit(healthy_drill):
 @pytest.mark.drill
 def test_ci_drill_straggler_top1(straggler_drill):
     assert straggler_drill.top_ranks == (5,), straggler_drill.verdict
+    assert straggler_drill.top_kind == "gpu", straggler_drill.verdict
     assert straggler_drill.ok
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.drill
+@pytest.mark.parametrize(("tp", "pp", "dp", "rank"), [(2, 4, 1, 2), (1, 4, 2, 3)])
+def test_ci_drill_pipeline_straggler_is_a_gpu(tmp_path, tp, pp, dp, rank):
+    # A rank computing 2x per microbatch falls behind piece by piece: its pipeline receiver
+    # waits the same extra compute at each microbatch (tp2 pp4 dp1: named a host when only the
+    # size of the waits was read), or the pipeline's bubbles hide those waits and its
+    # data-parallel all-reduce waits for the sum at once (tp1 pp4 dp2: one jump of how far it
+    # fell behind). Neither is one pause.
+    pytest.importorskip("torch")
+    res = run_drill(DrillConfig(fault="straggler", rank=rank, tp=tp, pp=pp, dp=dp,
+                                iterations=12, out=str(tmp_path), timeout_s=110))
+    assert (res.top_ranks, res.top_kind) == ((rank,), "gpu"), res.verdict
 
 
 @pytest.mark.torch

@@ -98,7 +98,9 @@ class LocalizeConfig:
     host_concentration:
         A straggler is called a *host* stall (not a slow GPU) when, in the iterations it is
         blamed for, at least this share of its lateness arrives in one jump (partners wait for
-        it a full pause at once) rather than in many small waits (a slow GPU falling behind).
+        it a full pause at once) rather than piece by piece (a slow GPU falling behind): both
+        its largest wait against the small ones and the largest single step by which it fell
+        behind against how far it fell (see ``rules._pause_concentration``).
     kind_min_ops:
         That test needs a rank that meets its peers again and again while it computes: one that
         takes part in fewer operators than this per iteration (median), such as a pure

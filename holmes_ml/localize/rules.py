@@ -809,11 +809,6 @@ def _rank_candidates(
         return [], workload, 0.0
     cands = []
     coords = _coords_table(topology)
-    # GPU vs host: a host stall is one long pause, i.e. the rank's lateness in an iteration
-    # comes almost entirely from a single event; a slow GPU spreads it over many operators.
-    # One pause is seen by every partner waiting for the rank at once (its TP peers, the
-    # receiver of its next send): events whose waits overlap in time are one pause.
-    conc = _pause_concentration(strag)
     # Candidates are built for the heaviest ranks only; the rest still count in ``total``.
     # A candidate must explain, in the iterations where it shows up, a visible share of the
     # iteration time (a one-iteration spike counts against one iteration, not the window).
@@ -835,6 +830,11 @@ def _rank_candidates(
                                                                   fill_value=0.0)
         ok &= worst >= step_floor
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
+    # GPU vs host: a host stall is one long pause, i.e. the rank fell behind in an iteration
+    # almost entirely at once; a slow GPU falls behind piece by piece. One pause is waited for
+    # by every partner that meets the rank afterwards (its TP peers, the receiver of its next
+    # send) without putting it further behind.
+    conc = _pause_concentration(strag, top_ranks.index)
     best_ev = strag[strag["rank"].isin(top_ranks.index)].sort_values("weight", ascending=False)
     best_ev = best_ev.groupby("rank").head(5)
     # Where one late arrival per step cannot tell a GPU from a pause (kind_min_ops), several
@@ -923,22 +923,7 @@ def _fell_behind(events: pd.DataFrame, floor: float = 0.0) -> pd.Series:
     if len(walk) == 0:
         return union
     sel = pd.MultiIndex.from_arrays([its, ranks]).isin(walk)
-    lag = _lag_us(events).to_numpy(dtype=np.float64)[sel]
-    group = events["group"].astype(str).to_numpy(dtype=object)[sel]
-    peer = (events["peer"].fillna(-1).to_numpy(dtype=np.int64)[sel] if "peer" in events.columns
-            else np.full(int(sel.sum()), -1, dtype=np.int64))
-    its, ranks = its[sel], ranks[sel]
-    order = np.lexsort((events["t"].to_numpy(dtype=np.float64)[sel], ranks, its))
-    behind: dict[tuple[int, int], float] = {}
-    met: dict[tuple[str, int], float] = {}
-    last = None
-    for i in order.tolist():  # the few late ranks' steps with several events
-        step = (int(its[i]), int(ranks[i]))
-        if step != last:
-            met, last = {}, step
-        key = (group[i], int(peer[i]))
-        now = max(behind.get(step, 0.0), met.get(key, 0.0) + float(lag[i]))
-        behind[step] = met[key] = now
+    behind, _ = _walk_behind(events, sel)
     walked = pd.Series(list(behind.values()), dtype=np.float64,
                        index=pd.MultiIndex.from_tuples(list(behind)))
     out = union.copy()
@@ -946,6 +931,35 @@ def _fell_behind(events: pd.DataFrame, floor: float = 0.0) -> pd.Series:
     # once, such as both halves of a fused send/recv with one peer, are one wait)
     out.loc[walked.index] = np.minimum(walked.to_numpy(), union.loc[walked.index].to_numpy())
     return out
+
+
+def _walk_behind(events: pd.DataFrame, sel: np.ndarray
+                 ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """The walk of :func:`_fell_behind` over the straggler events ``events[sel]``: per
+    ``(iteration, rank)``, how far behind the rank fell, and the largest single step by which
+    that grew (one jump: a pause; many small ones: a slow GPU). Python, so only for the few
+    steps or ranks that need it."""
+    its = events["iteration"].to_numpy(dtype=np.int64)[sel]
+    ranks = events["rank"].to_numpy(dtype=np.int64)[sel]
+    lag = _lag_us(events).to_numpy(dtype=np.float64)[sel]
+    group = events["group"].astype(str).to_numpy(dtype=object)[sel]
+    peer = (events["peer"].fillna(-1).to_numpy(dtype=np.int64)[sel] if "peer" in events.columns
+            else np.full(len(its), -1, dtype=np.int64))
+    order = np.lexsort((events["t"].to_numpy(dtype=np.float64)[sel], ranks, its))
+    behind: dict[tuple[int, int], float] = {}
+    jump: dict[tuple[int, int], float] = {}
+    met: dict[tuple[str, int], float] = {}
+    last = None
+    for i in order.tolist():
+        step = (int(its[i]), int(ranks[i]))
+        if step != last:
+            met, last = {}, step
+        key = (group[i], int(peer[i]))
+        was = behind.get(step, 0.0)
+        now = max(was, met.get(key, 0.0) + float(lag[i]))
+        behind[step] = met[key] = now
+        jump[step] = max(jump.get(step, 0.0), now - was)
+    return behind, jump
 
 
 def _held_back(events: pd.DataFrame, by: str) -> pd.Series:
@@ -1052,25 +1066,48 @@ def _persistent(per_it: pd.DataFrame, n_its: int, cfg: LocalizeConfig) -> bool:
     return heavy >= cfg.workload_persistence * n_its
 
 
-def _pause_concentration(strag: pd.DataFrame) -> pd.Series:
-    """Per rank, how much of its lateness arrives in one jump rather than piece by piece.
+def _pause_concentration(strag: pd.DataFrame, ranks: pd.Index) -> pd.Series:
+    """Per rank of ``ranks``, how much of its lateness came at once rather than piece by piece:
+    the smaller of two shares, each 1 for a single pause.
 
     A paused host makes the rank a full pause late at once: every partner that meets it later
     in the step waits about that long (its TP peer, its pipeline receiver, its data-parallel
-    ring), and nobody waits a little. A slow GPU falls behind a little at every operator its
-    peers share with it, then the ring waits for the sum. Per ``(iteration, rank)`` with ``m``
-    the largest wait caused and ``small`` the sum of waits below ``m / 2``, the jump share is
-    ``m / (m + small)``; iterations are weighted by ``m`` (the quiet ones, where one tiny wait
-    trivially is "all of it", do not decide).
+    ring), nobody waits a little, and none of those waits puts it further behind. A slow GPU
+    falls behind a little at every operator its peers share with it, or by a microbatch's
+    extra compute at each pipeline send, and each of those waits adds to how far behind it is.
+    Per ``(iteration, rank)``:
+
+    * the *wait* share ``m / (m + small)``, with ``m`` the largest wait it caused and ``small``
+      the sum of the waits below ``m / 2`` (iterations weighted by ``m``);
+    * the *jump* share ``jump / behind``, with ``behind`` how far it fell
+      (:func:`_fell_behind`'s walk) and ``jump`` the largest single step by which that grew
+      (iterations weighted by ``behind``).
+
+    Either alone is fooled by some slow GPUs. The waits a slow pipeline stage causes are as
+    large as one another (one microbatch's extra compute each), so none is "small": a real
+    8-rank gloo drill (tp2 pp4) named its slowed rank a host on the wait share alone (0.94;
+    jump share 0.47). Where the pipeline's bubbles hide those waits, the data-parallel
+    all-reduce at the end waits for the sum at once: one jump (a tp1 pp4 dp2 drill: jump
+    share 0.78, wait share 0.57). A pause is one jump by both. In the quiet iterations one
+    tiny wait trivially is "all of it"; they weigh little.
     """
-    s = strag[["iteration", "rank", "weight"]]
+    s = strag[strag["rank"].isin(ranks)]
+    if len(s) == 0:
+        return pd.Series(dtype=np.float64)
     m = s.groupby(["iteration", "rank"])["weight"].transform("max")
     small = s["weight"].where(s["weight"] < 0.5 * m, 0.0)
     per = pd.DataFrame({"iteration": s["iteration"], "rank": s["rank"], "m": m,
                         "small": small}).groupby(["iteration", "rank"]).agg(
         m=("m", "first"), small=("small", "sum"))
     by_rank = per.groupby(level="rank")
-    return by_rank["m"].sum() / (by_rank["m"].sum() + by_rank["small"].sum())
+    waits = by_rank["m"].sum() / (by_rank["m"].sum() + by_rank["small"].sum())
+    behind, jump = _walk_behind(s, np.ones(len(s), dtype=bool))
+    steps = pd.MultiIndex.from_tuples(list(behind), names=["iteration", "rank"])
+    walked = pd.DataFrame({"behind": list(behind.values()),
+                           "jump": [jump[k] for k in behind]}, index=steps)
+    sums = walked.groupby(level="rank").sum()
+    jumps = sums["jump"] / sums["behind"].where(sums["behind"] > 0)
+    return np.minimum(waits, jumps.reindex(waits.index).fillna(waits))
 
 
 def _coords_table(topology: Topology) -> dict[int, dict[str, int]]:
