@@ -100,3 +100,53 @@ def test_plots_draw_compute_times_only_when_logged(tmp_path) -> None:
         written = {p.name for p in write_plots(verdict, summary.iterations, tmp_path / name)}
         assert ("compute.png" in written) == (name == "with")
     assert (tmp_path / "with" / "compute.png").stat().st_size > 1000
+
+
+# ----------------------------------------------------------------- the simulator's workloads
+
+
+def _workload_job(seed: int, **kw):
+    res = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, iterations=12, seed=seed,
+                             **kw))
+    return res
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_simulated_heavy_stage_blames_no_device_and_its_compute_names_the_stage(seed) -> None:
+    res = _workload_job(seed, stage_weights=(1.0, 1.0, 1.3, 1.0), log_compute=True)
+    assert not res.ops["abnormal"].any()  # a workload, not a fault: no labels
+    per_stage = res.ops.groupby(res.ops["rank"].map(res.topology.ranks.set_index("rank")["pp"]))[
+        "step_compute_us"].median()
+    assert per_stage[2] / per_stage.drop(2).median() == pytest.approx(1.3, rel=0.05)
+    ops = without_labels(res.ops)
+    verdict = analyze(ops, res.topology)
+    assert verdict.candidates == ()
+    assert [(w.kind, w.coords) for w in verdict.workload_findings] == [
+        ("stage-imbalance", {"pp": 2})]
+    # without compute times the waits alone name no device either
+    assert analyze(ops.drop(columns="step_compute_us"), res.topology).candidates == ()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_simulated_sequence_imbalance_blames_no_device(seed) -> None:
+    res = _workload_job(seed, seq_imbalance=0.5, log_compute=True)
+    assert not res.ops["abnormal"].any()
+    dp = res.ops["rank"].map(res.topology.ranks.set_index("rank")["dp"])
+    heaviest = res.ops.assign(dp=dp).groupby(["iteration", "dp"])["step_compute_us"].median(
+        ).groupby(level="iteration").idxmax()
+    assert len({d for _, d in heaviest}) > 3  # the slowest replica changes from step to step
+    verdict = analyze(without_labels(res.ops), res.topology)
+    assert verdict.candidates == () and not [
+        w for w in verdict.workload_findings if w.kind == "stage-imbalance"]
+
+
+def test_workloads_leave_the_rest_of_the_job_as_it_was() -> None:
+    plain = _workload_job(5).ops
+    logged = _workload_job(5, log_compute=True).ops
+    pd.testing.assert_frame_equal(plain, logged.drop(columns="step_compute_us"))
+    with pytest.raises(ValueError, match="one per pipeline stage"):
+        SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, stage_weights=(1.0, 1.2))
+    with pytest.raises(ValueError, match="stage_weights"):
+        SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, stage_weights=(1, 1, 1, 0))
+    with pytest.raises(ValueError, match="seq_imbalance"):
+        SimConfig(gpus=64, model="llama2-7b", seq_imbalance=2.0)

@@ -71,6 +71,21 @@ def register(app: typer.Typer) -> None:
             0.0, "--comm-drift",
             help="Relative slow-down of every transfer over the run (benign), e.g. 0.3.",
         ),
+        stage_weights: str = typer.Option(
+            None, "--stage-weights",
+            help="Workload, not a fault: each pipeline stage's compute over an even split, "
+            "comma-separated, one per stage (1,1,1,1.4: a heavier last stage).",
+        ),
+        seq_imbalance: float = typer.Option(
+            0.0, "--seq-imbalance",
+            help="Workload, not a fault: each step, each data-parallel replica computes "
+            "1 + X*u times as long (u uniform in [0, 1)), e.g. 0.3.",
+        ),
+        log_compute: bool = typer.Option(
+            False, "--log-compute",
+            help="Add each rank's compute time per step (step_compute_us), as the ByteDance "
+            "traces have it: names a heavier pipeline stage.",
+        ),
         calibrate_from: Path = typer.Option(
             None,
             "--calibrate-from",
@@ -92,6 +107,13 @@ def register(app: typer.Typer) -> None:
         check_writable(out, "--out", directory=True)
         try:
             faults = tuple(FaultSpec.parse(f) for f in fault)
+            weights: tuple[float, ...] = ()
+            if stage_weights:
+                try:
+                    weights = tuple(float(w) for w in stage_weights.split(","))
+                except ValueError:
+                    raise ValueError(f"--stage-weights: got {stage_weights!r}; expected "
+                                     "numbers separated by commas, one per stage") from None
             cfg = SimConfig(
                 gpus=gpus,
                 model=model,
@@ -108,6 +130,9 @@ def register(app: typer.Typer) -> None:
                 jitter=jitter,
                 drift=drift,
                 comm_drift=comm_drift,
+                stage_weights=weights,
+                seq_imbalance=seq_imbalance,
+                log_compute=log_compute,
                 calibrate_from=calibrate_from,
             )
         except ValueError as exc:
@@ -151,6 +176,11 @@ def register(app: typer.Typer) -> None:
             console.print(table)
         else:
             console.print("healthy run (no faults)")
+        if cfg.stage_weights or cfg.seq_imbalance:
+            said = ([f"stage weights {','.join(f'{w:g}' for w in cfg.stage_weights)}"]
+                    if cfg.stage_weights else [])
+            said += [f"sequence imbalance {cfg.seq_imbalance:g}"] if cfg.seq_imbalance else []
+            console.print(f"workload (not a fault, no labels): {'; '.join(said)}")
         if iter_abn is None:
             iter_abn = (
                 pd.read_parquet(out / "ops.parquet", columns=["iteration", "abnormal"])

@@ -274,6 +274,21 @@ class SimConfig:
         take 20% longer, linearly): throttled GPUs run NCCL kernels slower too, and fabric load
         grows. Benign like ``drift``; with both set, every time the logs show drifts and a
         detector keyed on absolute microseconds needs its thresholds moved.
+    stage_weights:
+        Workload, not a fault: each pipeline stage's compute time as a multiple of the model's
+        even split, one weight per stage (``(1, 1, 1, 1.4)``: the last stage holds 40 % more
+        work, as an uneven layer partition or a heavy loss head gives); ``()`` = balanced.
+        Both the job and its fault-free twin carry it, so it never produces ``abnormal``
+        labels: a localizer should name it as a workload cause, not a device.
+    seq_imbalance:
+        Workload, not a fault: at every step each data-parallel replica computes
+        ``1 + seq_imbalance * u`` times as long, ``u`` uniform in [0, 1) drawn per step and
+        replica (the sequences of a step differ in length between data-parallel ranks); the
+        slowest replica changes from step to step. Drawn from its own random stream, so the
+        rest of the job is the same as without it. Benign like ``stage_weights``.
+    log_compute:
+        Add the column ``step_compute_us``: each rank's compute time in the step (what the
+        ByteDance what-if traces record; host pauses are not compute).
     calibrate_from:
         A canonical CommOps log (parquet/csv) whose per-(op, group_kind) duration spread replaces
         ``jitter`` for communication (see :mod:`holmes_ml.simulator.calibrate`).
@@ -311,6 +326,9 @@ class SimConfig:
     job: str = "sim"
     dp_replicate: int = 1
     comm_drift: float = 0.0
+    stage_weights: tuple[float, ...] = ()
+    seq_imbalance: float = 0.0
+    log_compute: bool = False
     _layout: Layout | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -346,6 +364,14 @@ class SimConfig:
         if not (0 <= self.comm_drift < 1.0):
             raise ValueError(
                 f"SimConfig.comm_drift: got {self.comm_drift!r}; expected 0 <= comm_drift < 1")
+        object.__setattr__(self, "stage_weights", tuple(self.stage_weights))
+        for i, w in enumerate(self.stage_weights):
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.1 <= w <= 10:
+                raise ValueError(f"SimConfig.stage_weights[{i}]: got {w!r}; expected a number "
+                                 "from 0.1 to 10 (the stage's compute over an even split)")
+        if not (0 <= self.seq_imbalance <= 1):
+            raise ValueError(f"SimConfig.seq_imbalance: got {self.seq_imbalance!r}; expected "
+                             "0 <= seq_imbalance <= 1")
         for i, f in enumerate(self.faults):
             if not isinstance(f, FaultSpec):
                 raise ValueError(f"SimConfig.faults[{i}]: got {f!r}; expected a FaultSpec")
@@ -359,7 +385,12 @@ class SimConfig:
                     f"SimConfig.faults[{i}].start_iteration: got {f.start_iteration}; expected < "
                     f"iterations ({self.iterations})"
                 )
-        object.__setattr__(self, "_layout", self._resolve_layout())
+        layout = self._resolve_layout()
+        object.__setattr__(self, "_layout", layout)
+        pp = layout.pp
+        if self.stage_weights and len(self.stage_weights) != pp:
+            raise ValueError(f"SimConfig.stage_weights: got {len(self.stage_weights)} weights; "
+                             f"expected one per pipeline stage ({pp})")
 
     @property
     def pod_hosts(self) -> int:
@@ -440,6 +471,9 @@ class SimConfig:
             "jitter": self.jitter,
             "drift": self.drift,
             "comm_drift": self.comm_drift,
+            "stage_weights": list(self.stage_weights),
+            "seq_imbalance": self.seq_imbalance,
+            "log_compute": self.log_compute,
             "calibrate_from": None if self.calibrate_from is None else str(self.calibrate_from),
             "hardware": self.hardware,
             "hosts_per_pod": self.pod_hosts,

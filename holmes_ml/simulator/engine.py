@@ -117,6 +117,8 @@ class Engine:
         self.hw = HARDWARE[cfg.hardware]
         self.cluster = Cluster(self.lay, cfg.pod_hosts, cfg.spines)
         self.rng = np.random.default_rng(cfg.seed)
+        # workload draws on a stream of their own: the rest of the job is as without them
+        self._seq_rng = np.random.default_rng([cfg.seed, 2])
         fault_rng = np.random.default_rng([cfg.seed, 1])
         self.faults: list[ResolvedFault] = resolve_faults(
             cfg.faults, self.cluster, cfg.iterations, self.lay.microbatches, fault_rng
@@ -388,7 +390,9 @@ class Engine:
 
     def _compute(self, s: int, base_us: float) -> None:
         noise = np.exp(self.cfg.jitter * self.rng.standard_normal(self.stage_shape))
-        self.clock[s] = self.clock[s] + base_us * noise * self._comp_mult[s]
+        took = base_us * noise * self._comp_mult[s]
+        self.clock[s] = self.clock[s] + took
+        self._computed[s] += took
 
     # ----------------------------------------------------------------- iteration
     def _prepare_iteration(self, it: int) -> None:
@@ -396,6 +400,13 @@ class Engine:
         drift = 1.0 + cfg.drift * it / max(1, cfg.iterations - 1)
         self._xfer_drift = 1.0 + cfg.comm_drift * it / max(1, cfg.iterations - 1)
         mult = np.full((self.S, self.cluster.world), drift)
+        # workload (both the job and its twin): uneven stages, per-step sequence lengths
+        if cfg.stage_weights:
+            mult *= np.asarray(cfg.stage_weights, dtype=np.float64)[self.cluster.coords[:, 0]]
+        if cfg.seq_imbalance > 0:
+            heavier = 1.0 + cfg.seq_imbalance * self._seq_rng.random(self.lay.dp)
+            mult *= heavier[self.cluster.coords[:, 1]]
+        self._computed = [np.zeros((self.S, *self.stage_shape)) for _ in range(self.lay.pp)]
         self._stalls: list[tuple[int, int, float]] = []  # (microbatch, rank, pause_us)
         for f in self.faults:
             if not f.active[it]:
@@ -523,6 +534,12 @@ class Engine:
             fallback = self._fallback_fault(it)
             fault_id = np.where(abnormal, np.where(fid >= 0, fid, fallback), -1)
         start_ns = EPOCH_NS + np.round(start * 1000.0).astype(np.int64)
+        extra = {}
+        if self.cfg.log_compute:
+            per_rank = np.zeros(self.cluster.world)
+            for s in range(self.lay.pp):  # the job's scenario (the last), in rank_grid order
+                per_rank[self.stage_ranks[s]] = self._computed[s][-1].ravel()
+            extra["step_compute_us"] = per_rank[rank]
         cat = pd.Categorical.from_codes
         frame = pd.DataFrame(
             {
@@ -542,6 +559,7 @@ class Engine:
                 "abnormal": abnormal,
                 "fault_id": fault_id,
                 "affected": affected,
+                **extra,
             }
         )
         return frame
