@@ -53,3 +53,34 @@ def test_two_agents_localize_injected_gpu(tmp_path):
         assert sent < 0.1 * raw, (sent, raw)
     finally:
         srv.stop()
+
+
+def test_raw_records_with_compute_times_name_a_heavier_stage(tmp_path):
+    # The canonical schema's compute time per step reaches the service with raw records
+    # (a logger posting to /raw) and the verdict names the heavier stage, no device.
+    sim = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, iterations=12, seed=2,
+                             stage_weights=(1.0, 1.35, 1.0, 1.0), log_compute=True))
+    ops = without_labels(sim.ops)
+    cols = ["iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us",
+            "group_ranks", "peer", "host", "group_kind", "step_compute_us"]
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        c = httpx.Client(base_url=srv.url, headers=auth(), timeout=60)
+        r = c.put("/v1/jobs/wl/topology", json=sim.topology.to_dict())
+        assert r.status_code == 200, r.text
+        for i, part in enumerate((ops.iloc[: len(ops) // 2], ops.iloc[len(ops) // 2:])):
+            body = {"source": "logger", "batch_id": f"b{i}", "seq": i,
+                    "columns": {k: part[k].astype(str if k in ("op", "group", "group_ranks",
+                                                               "host", "group_kind")
+                                                  else part[k].dtype).tolist() for k in cols}}
+            r = c.post("/v1/jobs/wl/raw", json=body)
+            assert r.status_code == 200, r.text
+        bad = dict(body, batch_id="bad", seq=2)
+        bad["columns"] = dict(body["columns"], step_compute_us=[-1.0] * len(part))
+        r = c.post("/v1/jobs/wl/raw", json=bad)
+        assert r.status_code == 422 and "step_compute_us" in r.text, r.text
+        v = c.post("/v1/jobs/wl/analyze").json()
+        assert v["error"] is None and v["candidates"] == [], v
+        assert v["workload"]["kind"] == "stage-imbalance" and v["workload"]["coords"] == {"pp": 1}
+    finally:
+        srv.stop()

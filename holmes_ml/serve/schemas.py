@@ -154,6 +154,7 @@ class RawColumns(_CanonicalColumns):
     peer: list[Peer] | None = None
     host: list[Text] | None = None
     group_kind: list[Text] | None = None
+    step_compute_us: list[Duration] | None = None
 
 
 class RawBatch(_Strict):
