@@ -46,8 +46,9 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         ``hosts_from`` (``topology``, ``logs`` or ``assumed``), ``communicators`` (by kind,
         and how many list their members), ``op_types``, ``send_recv_without_peer``,
         ``coordinates``, ``compute_times`` (whether each step's compute time per rank was
-        logged: what names a heavier pipeline stage), ``reused_key_rows``, ``gloo_groups_merged_ranks`` (ranks whose
-        profiler traces could not give gloo operations their process groups) and ``checks``:
+        logged: what names a heavier pipeline stage), ``reused_key_rows``,
+        ``gloo_groups_merged_ranks`` (ranks whose profiler traces could not give gloo
+        operations their process groups) and ``checks``:
         one ``{"ok", "what"}`` per thing localization relies on.
     """
     from holmes_ml.features import IrregularityConfig, iteration_table

@@ -284,8 +284,8 @@ class SimConfig:
         Workload, not a fault: at every step each data-parallel replica computes
         ``1 + seq_imbalance * u`` times as long, ``u`` uniform in [0, 1) drawn per step and
         replica (the sequences of a step differ in length between data-parallel ranks); the
-        slowest replica changes from step to step. Drawn from its own random stream, so the
-        rest of the job is the same as without it. Benign like ``stage_weights``.
+        slowest replica changes from step to step. Drawn from its own random stream, so every
+        other draw (jitter, fault placement) is as without it. Benign like ``stage_weights``.
     log_compute:
         Add the column ``step_compute_us``: each rank's compute time in the step (what the
         ByteDance what-if traces record; host pauses are not compute).
