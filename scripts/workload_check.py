@@ -3,15 +3,15 @@ pipeline stage?
 
 Draws fresh jobs like the healthy sweep of ``holmes bench localize`` (every layout, 64-256 GPUs,
 10-24 iterations, jitter 1-10 %, compute and transfer drift) and gives each a workload instead
-of a fault: a pipeline stage whose compute is 1.15, 1.3 or 1.6 times the others'
-(``SimConfig.stage_weights``; layouts with one stage get the next) or data-parallel replicas
-whose compute differs from step to step by up to 20 or 50 % (``seq_imbalance``). Both carry no
+of a fault: every other job a pipeline stage whose compute is 1.15, 1.3 or 1.6 times the
+others' (``SimConfig.stage_weights``), the rest (and the jobs of one-stage layouts) data-parallel
+replicas whose compute differs from step to step by up to 20 or 50 % (``seq_imbalance``). Both carry no
 ``abnormal`` label. Each job is localized with the bundled model twice: from its operator log
 alone, and with each rank's compute time per step (``step_compute_us``, as the ByteDance what-if
 traces record it). Prints how many verdicts blamed a device, how many heavy stages were named
 (and whether the right one), and any stage named in a job without one.
 
-Usage: ``.venv/bin/python scripts/workload_check.py --jobs 60`` (about 5 minutes on 2 cores);
+Usage: ``.venv/bin/python scripts/workload_check.py --jobs 60`` (5-8 minutes on 2 cores);
 ``--draw`` and ``--first-seed`` give other jobs.
 """
 

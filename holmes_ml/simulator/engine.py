@@ -392,7 +392,8 @@ class Engine:
         noise = np.exp(self.cfg.jitter * self.rng.standard_normal(self.stage_shape))
         took = base_us * noise * self._comp_mult[s]
         self.clock[s] = self.clock[s] + took
-        self._computed[s] += took
+        if self._computed is not None:  # only when the job logs compute times
+            self._computed[s] += took
 
     # ----------------------------------------------------------------- iteration
     def _prepare_iteration(self, it: int) -> None:
@@ -406,7 +407,9 @@ class Engine:
         if cfg.seq_imbalance > 0:
             heavier = 1.0 + cfg.seq_imbalance * self._seq_rng.random(self.lay.dp)
             mult *= heavier[self.cluster.coords[:, 1]]
-        self._computed = [np.zeros((self.S, *self.stage_shape)) for _ in range(self.lay.pp)]
+        self._computed: list[np.ndarray] | None = (
+            [np.zeros((self.S, *self.stage_shape)) for _ in range(self.lay.pp)]
+            if cfg.log_compute else None)
         self._stalls: list[tuple[int, int, float]] = []  # (microbatch, rank, pause_us)
         for f in self.faults:
             if not f.active[it]:
@@ -535,7 +538,7 @@ class Engine:
             fault_id = np.where(abnormal, np.where(fid >= 0, fid, fallback), -1)
         start_ns = EPOCH_NS + np.round(start * 1000.0).astype(np.int64)
         extra = {}
-        if self.cfg.log_compute:
+        if self._computed is not None:
             per_rank = np.zeros(self.cluster.world)
             for s in range(self.lay.pp):  # the job's scenario (the last), in rank_grid order
                 per_rank[self.stage_ranks[s]] = self._computed[s][-1].ravel()
