@@ -51,7 +51,7 @@ class NodeSummary:
     ----------
     iterations:
         One row per ``(iteration, rank)``: ``start_ns, end_ns, comm_us, n_ops``, and
-        ``compute_us`` when the logs carry each step's compute time (not shipped by agents).
+        ``compute_us`` when the logs carry each step's compute time.
     abnormal:
         Abnormal operator copies only: canonical columns plus ``peer, host, score, excess_us``.
     groups:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
+import pytest
 from test_serve_support import TOKEN, auth, start_server
 
 from holmes_ml.io import without_labels
@@ -82,5 +84,68 @@ def test_raw_records_with_compute_times_name_a_heavier_stage(tmp_path):
         v = c.post("/v1/jobs/wl/analyze").json()
         assert v["error"] is None and v["candidates"] == [], v
         assert v["workload"]["kind"] == "stage-imbalance" and v["workload"]["coords"] == {"pp": 1}
+    finally:
+        srv.stop()
+
+
+def test_agents_ship_compute_times_and_the_verdict_names_the_heavier_stage(tmp_path):
+    # As deployed: each host's agent summarizes its own ranks' logs; the compute time per step
+    # travels in the iteration summaries and the centre names the stage, no device.
+    sim = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, iterations=12, seed=4,
+                             stage_weights=(1.0, 1.0, 1.0, 1.35), log_compute=True))
+    ops = without_labels(sim.ops)
+    hosts = sorted(ops["host"].astype(str).unique())
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        for i, part in enumerate((hosts[: len(hosts) // 2], hosts[len(hosts) // 2:])):
+            d = tmp_path / f"node{i}"
+            d.mkdir()
+            ops[ops["host"].astype(str).isin(part)].to_parquet(d / "ops.parquet")
+            done = subprocess.run(
+                [sys.executable, "-c", AGENT, "agent", "--follow", str(d), "--server", srv.url,
+                 "--job", "wl", "--token", TOKEN, "--source", f"node{i}", "--once",
+                 "--model", "rule"], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stdout + done.stderr
+        c = httpx.Client(base_url=srv.url, headers=auth(), timeout=60)
+        assert c.put("/v1/jobs/wl/topology", json=sim.topology.to_dict()).status_code == 200
+        v = c.post("/v1/jobs/wl/analyze").json()
+        assert v["error"] is None and v["candidates"] == [], v
+        assert v["workload"] and v["workload"]["kind"] == "stage-imbalance", json.dumps(v)
+        assert v["workload"]["coords"] == {"pp": 3}, v
+        assert v["workload"]["basis"] == "compute", v["workload"]
+    finally:
+        srv.stop()
+
+
+WHATIF = Path("/work/shared/realdata/bytedance-whatif")
+
+
+@pytest.mark.skipif(not WHATIF.exists(), reason="real traces not available")
+@pytest.mark.parametrize(("name", "expected"), [("ST", "stage-imbalance"), ("AR", "gpu")])
+def test_an_agent_ships_a_real_whatif_trace_and_the_verdict_matches_holmes_localize(
+        tmp_path, name, expected):
+    # A ByteDance what-if Parquet trace in the followed directory is read whole (not as one
+    # rank's log), its compute times travel with the summaries: ST's heavier last stage is
+    # named with no device, AR's slowed worker (dp 0, pp 0) comes first.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for part in ("trace", "meta"):
+        src = next(WHATIF.glob(f"{part}-{name}.*"))
+        (logs / src.name).write_bytes(src.read_bytes())
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", AGENT, "agent", "--follow", str(logs), "--server", srv.url,
+             "--job", name, "--token", TOKEN, "--once"], capture_output=True, text=True,
+            timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        v = httpx.post(f"{srv.url}/v1/jobs/{name}/analyze", headers=auth(), timeout=120).json()
+        assert v["error"] is None, v
+        if expected == "gpu":
+            assert v["candidates"][0]["kind"] == "gpu", v["candidates"][:2]
+            assert {"dp": 0, "pp": 0}.items() <= v["candidates"][0]["coords"].items()
+        else:
+            assert v["candidates"] == [] and v["workload"]["kind"] == expected, v
+            assert v["workload"]["coords"] == {"pp": 3} and v["workload"]["basis"] == "compute"
     finally:
         srv.stop()

@@ -274,6 +274,52 @@ def test_an_iteration_shipped_again_replaces_that_ranks_summary_alone(tmp_path):
     assert store.iteration_summaries("job")["rank"].tolist() == [1]
 
 
+def test_compute_times_travel_with_their_summaries(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.ingest_agent("job", _summaries("n2", 0, [(5, 2, 4), (6, 2, 4)]), "a")
+    # a job's first compute times: none stored for an agent that sends none
+    assert "compute_us" not in store.iteration_summaries("job")
+    assert store._query("SELECT count(*) FROM compute_blocks") == [(0,)]
+    body = _summaries("n1", 0, [(5, 0, 3), (5, 1, 3), (5, 3, 3), (6, 0, 3), (6, 1, 3)])
+    body["iterations"]["compute_us"] = [900.0, None, 800.0, 910.0, 920.0]  # none: not logged
+    store.ingest_agent("job", body, "b")
+    got = store.iteration_summaries("job")
+    assert _tuples(got, "iteration", "rank") == [(5, 0), (5, 1), (5, 2), (5, 3), (6, 0), (6, 1),
+                                                 (6, 2)]
+    assert got["compute_us"].fillna(-1).tolist() == [900.0, -1, -1, 800.0, 910.0, 920.0, -1]
+    # a rank's summary sent again replaces its compute time, and drops it when sent without
+    again = _summaries("n1", 1, [(6, 0, 5), (6, 1, 5)])
+    again["iterations"]["compute_us"] = [None, 990.0]
+    store.ingest_agent("job", again, "c")
+    store.ingest_agent("job", _summaries("n1", 2, [(5, 0, 5)]), "d")
+    got = store.iteration_summaries("job").set_index(["iteration", "rank"])["compute_us"]
+    assert got.dropna().to_dict() == {(5, 3): 800.0, (6, 1): 990.0}
+    assert store.agent_data("job", last=1)["iterations"]["compute_us"].tolist()[1] == 990.0
+    # pruned with the summaries, and deleted with the job
+    assert store.prune("job", 1) == {"iterations": 4, "compute": 1, "batches": 1}
+    assert store.delete_job("job")["compute"] == 1
+
+
+def test_a_topology_set_after_a_verdict_makes_it_stale(tmp_path):
+    # The topology names the devices and each rank's coordinates: a verdict computed before it
+    # came is recomputed, though no batch came since.
+    settings = ServeSettings(db=tmp_path / "serve.db", token=TOKEN,
+                             analyze_interval_s=0)
+    with TestClient(create_app(settings, analyzers=ANALYZERS)) as c:
+        assert c.post("/v1/jobs/j/batches", json=window_batch(0, range(6), slow_rank=1),
+                      headers=auth()).status_code == 200
+        first = c.post("/v1/jobs/j/analyze", headers=auth()).json()
+        assert first["version"] == 1 and not first["stale"]
+        topology = {"ranks": {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1], "pod": [0, 0],
+                              "dp": [0, 1]}, "groups": []}
+        r = c.put("/v1/jobs/j/topology", json=topology, headers=auth())
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/jobs/j/verdict").json()["stale"]
+        second = c.post("/v1/jobs/j/analyze", headers=auth()).json()
+        assert second["version"] == 2 and not second["stale"]
+        assert c.post("/v1/jobs/j/analyze", headers=auth()).json()["version"] == 2
+
+
 def test_a_version_1_database_is_converted_on_opening(tmp_path, monkeypatch, caplog):
     from functools import partial
 

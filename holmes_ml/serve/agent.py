@@ -5,7 +5,8 @@ its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a C
 a JSON file in none of the trace formats (a config), is ignored with a warning — (``*.jsonl``
 and ``*.csv`` are
 read incrementally; ``*.parquet`` is re-read when it changes; traces in the other supported
-formats — Kineto, Flight Recorder, NCCL Inspector, gzipped logs — are re-read together through
+formats — Kineto, Flight Recorder, NCCL Inspector, ByteDance what-if Parquet, gzipped logs — are
+re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
 *complete* (a rank has logged a later iteration, or the agent is flushing), scores them with
 ``holmes_ml.pipeline.summarize`` over a few earlier iterations of context, and (3) writes the
@@ -397,6 +398,8 @@ class Agent:
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
         #: whole-file traces as last sniffed: (size, mtime) -> in a known format
         self._sniffed: dict[Path, tuple[tuple[int, int], bool]] = {}
+        #: Parquet files as last sniffed: (size, mtime) -> a what-if trace (read whole)
+        self._whatif: dict[Path, tuple[tuple[int, int], bool]] = {}
         #: why the service could not be reached at the last attempt (None once it answered)
         self.last_error: str | None = None
 
@@ -411,6 +414,8 @@ class Agent:
         n = 0
         for pattern in PATTERNS:
             for path in _log_files(Path(self.config.follow), pattern):
+                if path.suffix == ".parquet" and self._is_whatif(path):
+                    continue  # a trace read whole (_read_whole_files)
                 state = self._files.setdefault(path, _FileState())
                 if state.ignored or (state.offset == 0 and self._not_a_log(path, state)):
                     continue
@@ -472,7 +477,9 @@ class Agent:
 
         root = Path(self.config.follow)
         paths = self._traces(sorted({p for pat in WHOLE_FILE_PATTERNS
-                                     for p in _log_files(root, pat)}))
+                                     for p in _log_files(root, pat)}
+                                    | {p for p in _log_files(root, "*.parquet")
+                                       if self._is_whatif(p)}))
         if not paths:
             self.bad_files.pop(root / _WHOLE, None)
             return 0
@@ -499,6 +506,22 @@ class Agent:
         self.stats.raw_bytes += sum(st.st_size for st in stats)
         self._buffer.append(df)
         return len(df)
+
+    def _is_whatif(self, path: Path) -> bool:
+        """Whether the Parquet file ``path`` is a ByteDance what-if trace (one job's ranks in
+        one file, each step's compute time beside its operators): read whole with the other
+        traces, not as a rank's CommOps log. Its schema is read once per version of the file."""
+        from holmes_ml.io.bytedance import looks_like_bytedance
+
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return False
+        stamp = (st.st_size, st.st_mtime_ns)
+        seen = self._whatif.get(path)
+        if seen is None or seen[0] != stamp:
+            seen = self._whatif[path] = (stamp, looks_like_bytedance(path))
+        return seen[1]
 
     def _traces(self, paths: list[Path]) -> list[Path]:
         """``paths`` less the files whose format cannot be told (another tool's JSON beside
@@ -716,6 +739,11 @@ class Agent:
             },
             "abnormal": {c: _plain(ab[c]) for c in _ABNORMAL_COLUMNS} if len(ab) else None,
         }
+        if "compute_us" in iters.columns and iters["compute_us"].notna().any():
+            # (JSON has no NaN: a rank whose logs carry no compute time sends null)
+            batch["iterations"]["compute_us"] = [
+                None if np.isnan(v) else v
+                for v in iters["compute_us"].astype(float).round(3).tolist()]
         if batch["abnormal"] is not None:
             for c in ("peer", "host", "group_kind", "excess_us"):
                 if c in ab.columns:

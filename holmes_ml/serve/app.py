@@ -463,7 +463,7 @@ class Service:
         with self.lock(job):
             info = self.store.job(job)
             latest = self.store.latest_verdict(job)
-            if latest is not None and latest["data_batches"] >= info["batches"]:
+            if latest is not None and not _stale(latest, info):
                 return latest
             if self.analyzers is None:
                 self.errors[job] = "localization unavailable: holmes_ml.pipeline is not installed"
@@ -481,7 +481,7 @@ class Service:
             old_top = None
             if latest and latest["verdict"].get("candidates"):
                 old_top = latest["verdict"]["candidates"][0].get("device")
-            self.store.save_verdict(job, body, info["batches"], top)
+            self.store.save_verdict(job, body, info["batches"], top, info["topology_version"])
             if self.keep:
                 for table, n in self.store.prune(job, self.keep).items():
                     self.pruned.labels(table).inc(n)
@@ -519,6 +519,16 @@ class Service:
                     pass  # deleted since the list was read
                 except Exception:  # noqa: BLE001
                     logger.exception("background analysis of %s failed", job["job"])
+
+
+def _stale(latest: dict | None, info: dict) -> bool:
+    """Whether the job (``info``: its row of :meth:`Store.jobs`) changed after its ``latest``
+    verdict read it: batches came, or a topology was set (it names the devices). No verdict
+    yet is stale once a batch came."""
+    if latest is None:
+        return info["batches"] > 0
+    return (latest["data_batches"] < info["batches"]
+            or latest["topology_version"] < info["topology_version"])
 
 
 def _load_model(path: Path | None) -> Any:
@@ -788,7 +798,7 @@ def create_app(
             version=latest["version"] if latest else 0,
             computed_at=latest["computed_at"] if latest else 0.0,
             data_batches=latest["data_batches"] if latest else 0,
-            stale=(latest["data_batches"] if latest else 0) < info["batches"],
+            stale=_stale(latest, info),
             error=service.errors.get(job),
             irregular=bool(body.get("irregular", False)),
             irregular_iterations=[int(i) for i in body.get("irregular_iterations", [])],

@@ -96,7 +96,9 @@ class IterationTable(_Columnar):
     Mirrors ``NodeSummary.iterations`` of :mod:`holmes_ml.pipeline`: ``start_ns`` is the rank's
     earliest arrival at an operator of the iteration, ``end_ns`` the latest completion,
     ``comm_us`` the summed operator time and ``n_ops`` how many operators were scored (the ones
-    not reported abnormal are thereby known to be normal).
+    not reported abnormal are thereby known to be normal). ``compute_us``, optional: the rank's
+    compute time in the iteration, when its logs carry it (``step_compute_us``; ``null`` for a
+    rank whose logs do not); it lets the centre tell a heavier pipeline stage from a slow device.
     """
 
     iteration: list[NonNegInt]
@@ -105,6 +107,7 @@ class IterationTable(_Columnar):
     end_ns: list[NonNegInt]
     comm_us: list[Duration]
     n_ops: list[NonNegInt]
+    compute_us: list[Duration | None] | None = None
 
 
 class _CanonicalColumns(_Columnar):
@@ -215,7 +218,8 @@ class VerdictOut(BaseModel):
     version: int = Field(description="0 while no verdict has been computed yet")
     computed_at: float
     data_batches: int = Field(description="Batches the verdict was computed from")
-    stale: bool = Field(description="True when batches arrived after this verdict")
+    stale: bool = Field(description="True when batches arrived or a topology was set after "
+                        "this verdict")
     error: str | None = None
     irregular: bool
     irregular_iterations: list[int]

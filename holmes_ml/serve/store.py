@@ -62,6 +62,9 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE TABLE IF NOT EXISTS iteration_blocks (
     job TEXT NOT NULL, iteration INTEGER NOT NULL, source TEXT NOT NULL, n INTEGER NOT NULL,
     rows BLOB NOT NULL, PRIMARY KEY (job, iteration, source));
+CREATE TABLE IF NOT EXISTS compute_blocks (
+    job TEXT NOT NULL, iteration INTEGER NOT NULL, source TEXT NOT NULL, n INTEGER NOT NULL,
+    rows BLOB NOT NULL, PRIMARY KEY (job, iteration, source));
 CREATE TABLE IF NOT EXISTS abnormal_records (
     job TEXT NOT NULL, iteration INTEGER NOT NULL, source TEXT NOT NULL, n INTEGER NOT NULL,
     rows BLOB NOT NULL, PRIMARY KEY (job, iteration, source));
@@ -85,6 +88,10 @@ CREATE TABLE IF NOT EXISTS verdicts (
 _ADDED_COLUMNS = (
     ("batches", "last_iteration", "INTEGER"),
     ("sources", "pruned_seq", "INTEGER NOT NULL DEFAULT -1"),
+    # how many times the job's topology was set, and which of those a verdict was computed with
+    # (one set after the verdict makes it stale: a topology names the devices and coordinates)
+    ("jobs", "topology_version", "INTEGER NOT NULL DEFAULT 0"),
+    ("verdicts", "topology_version", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 #: The columns of :meth:`Store.iteration_summaries`; a block's rows hold all but the first.
@@ -96,6 +103,10 @@ _SUMMARY_FIELDS = _SUMMARY_COLUMNS[1:]
 #: seconds to come out of SQLite as Python tuples.
 _SUMMARY_ROW = np.dtype([(name, "<f8" if name == "comm_us" else "<i8")
                          for name in _SUMMARY_FIELDS])
+#: A rank's compute time in one iteration as ``compute_blocks.rows`` packs it (for the agents
+#: whose logs carry it, e.g. ``step_compute_us`` of the ByteDance traces; a table apart, so that
+#: the summaries of the many jobs without it cost no more).
+_COMPUTE_ROW = np.dtype([("rank", "<i8"), ("compute_us", "<f8")])
 #: An abnormal operator as ``abnormal_records.rows`` holds it: the rows an agent sent for an
 #: iteration, little-endian, each string (op, communicator, host, kind) as its number among the
 #: job's ``names``. 88 bytes a row; an Arrow IPC stream took 1.7 kB for a block of one row.
@@ -206,12 +217,12 @@ def _raw_facts(table: pa.Table) -> dict[str, dict[str, str]]:
 
 #: What agents send, stored in blocks (one per job, iteration and agent): the name the store's
 #: counts give their rows -> the table.
-_BLOCKS = {"iterations": "iteration_blocks", "abnormal": "abnormal_records"}
+_BLOCKS = {"iterations": "iteration_blocks", "abnormal": "abnormal_records",
+           "compute": "compute_blocks"}
 
 
 def _block_rows(db: sqlite3.Connection, table: str, where: str, args: tuple) -> int:
-    """Rows the blocks of ``table`` (``iteration_blocks`` or ``abnormal_records``) hold where
-    ``where``."""
+    """Rows the blocks of ``table`` (one of :data:`_BLOCKS`) hold where ``where``."""
     return int(db.execute(f"SELECT coalesce(sum(n), 0) FROM {table} WHERE {where}",
                           args).fetchone()[0])
 
@@ -628,7 +639,40 @@ class Store:
                 rows = rows[np.argsort(rows["rank"], kind="stable")]
             db.execute("INSERT OR REPLACE INTO iteration_blocks VALUES (?,?,?,?,?)",
                        (job, i, source, len(rows), rows.tobytes()))
+        Store._store_compute(db, job, source, part, iterations)
         return added, before, replaced
+
+    @staticmethod
+    def _store_compute(db: sqlite3.Connection, job: str, source: str, part: dict[str, list],
+                       iterations: np.ndarray) -> None:
+        """Store the ranks' compute times of one agent batch's ``iterations`` part (its
+        ``compute_us``, if any) in ``compute_blocks``: like the summary it came with, a rank's
+        compute time sent again replaces the one stored, and a summary sent again without one
+        drops it."""
+        values = part.get("compute_us")
+        if values is None and db.execute("SELECT 1 FROM compute_blocks WHERE job=? AND "
+                                         "source=? LIMIT 1", (job, source)).fetchone() is None:
+            return  # the common case: an agent whose logs carry no compute times
+        new = np.empty(len(iterations), dtype=_COMPUTE_ROW)
+        new["rank"] = part["rank"]
+        new["compute_us"] = (np.nan if values is None
+                             else [np.nan if v is None else v for v in values])
+        for i in (int(x) for x in np.unique(iterations)):
+            rows = new[iterations == i][::-1]  # the last of a rank sent twice in one batch wins
+            rows = rows[np.unique(rows["rank"], return_index=True)[1]]
+            found = db.execute("SELECT rows FROM compute_blocks WHERE job=? AND iteration=? AND "
+                               "source=?", (job, i, source)).fetchone()
+            if found is not None:
+                old = np.frombuffer(found[0], dtype=_COMPUTE_ROW)
+                rows = np.concatenate([old[~np.isin(old["rank"], rows["rank"])], rows])
+                rows = rows[np.argsort(rows["rank"], kind="stable")]
+            rows = rows[~np.isnan(rows["compute_us"])]
+            if len(rows):
+                db.execute("INSERT OR REPLACE INTO compute_blocks VALUES (?,?,?,?,?)",
+                           (job, i, source, len(rows), rows.tobytes()))
+            elif found is not None:
+                db.execute("DELETE FROM compute_blocks WHERE job=? AND iteration=? AND source=?",
+                           (job, i, source))
 
     @staticmethod
     def _store_abnormal(db: sqlite3.Connection, job: str, source: str,
@@ -759,21 +803,27 @@ class Store:
         now = time.time()
         with self._tx() as db:
             db.execute(
-                "INSERT INTO jobs (job, created_at, topology) VALUES (?,?,?) "
-                "ON CONFLICT(job) DO UPDATE SET topology=excluded.topology",
+                "INSERT INTO jobs (job, created_at, topology, topology_version) VALUES (?,?,?,1) "
+                "ON CONFLICT(job) DO UPDATE SET topology=excluded.topology, "
+                "topology_version=topology_version+1",
                 (job, now, json.dumps(topology)),
             )
 
-    def save_verdict(self, job: str, verdict: dict, data_batches: int, top: str | None) -> int:
-        """Append a verdict for ``job``; returns its version (1, 2, ...)."""
+    def save_verdict(self, job: str, verdict: dict, data_batches: int, top: str | None,
+                     topology_version: int = 0) -> int:
+        """Append a verdict for ``job``, computed from its first ``data_batches`` batches and
+        the ``topology_version``-th topology it was given (the job's counts as read before the
+        computation started); returns its version (1, 2, ...)."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT coalesce(max(version), 0) FROM verdicts WHERE job=?", (job,)
             ).fetchone()
             version = int(row[0]) + 1
             db.execute(
-                "INSERT INTO verdicts VALUES (?,?,?,?,?,?)",
-                (job, version, time.time(), int(data_batches), top, json.dumps(verdict)),
+                "INSERT INTO verdicts (job, version, computed_at, data_batches, top, body, "
+                "topology_version) VALUES (?,?,?,?,?,?,?)",
+                (job, version, time.time(), int(data_batches), top, json.dumps(verdict),
+                 int(topology_version)),
             )
         return version
 
@@ -783,7 +833,7 @@ class Store:
             return self._db.execute(sql, args).fetchall()
 
     _JOB_KEYS = ("job", "created_at", "last_ingest_at", "records", "batches", "mode",
-                 "newest_ns")
+                 "newest_ns", "topology_version")
 
     def jobs(self, job: str | None = None) -> list[dict]:
         """Every job's bookkeeping row (``job``'s alone when given), by name."""
@@ -937,7 +987,19 @@ class Store:
         out = {"iteration": iteration}
         for k, name in enumerate(_SUMMARY_FIELDS):
             out[name] = rows[:, k].view(_SUMMARY_ROW[name])
-        return pd.DataFrame(out, columns=list(_SUMMARY_COLUMNS))
+        frame = pd.DataFrame(out, columns=list(_SUMMARY_COLUMNS))
+        blocks = self._db.execute(
+            "SELECT iteration, n, rows FROM compute_blocks WHERE job=? AND iteration>=?",
+            (job, since)).fetchall()
+        if not blocks:
+            return frame
+        # the agents' compute times, as the column compute_us (NaN for a rank sent without)
+        compute = np.frombuffer(b"".join(b[2] for b in blocks), dtype=_COMPUTE_ROW)
+        return frame.merge(pd.DataFrame({
+            "iteration": np.repeat(np.fromiter((b[0] for b in blocks), np.int64, len(blocks)),
+                                   np.fromiter((b[1] for b in blocks), np.int64, len(blocks))),
+            "rank": compute["rank"], "compute_us": compute["compute_us"]}),
+            on=["iteration", "rank"], how="left")
 
     def _since(self, job: str, last: int | None) -> int:
         """The first iteration of the window :meth:`first_of_last` gives
@@ -967,14 +1029,15 @@ class Store:
 
     def latest_verdict(self, job: str) -> dict | None:
         rows = self._query(
-            "SELECT version, computed_at, data_batches, body FROM verdicts WHERE job=? "
-            "ORDER BY version DESC LIMIT 1", (job,),
+            "SELECT version, computed_at, data_batches, topology_version, body FROM verdicts "
+            "WHERE job=? ORDER BY version DESC LIMIT 1", (job,),
         )
         if not rows:
             return None
-        version, at, data_batches, body = rows[0]
+        version, at, data_batches, topology_version, body = rows[0]
         return {"version": int(version), "computed_at": float(at),
-                "data_batches": int(data_batches), "verdict": json.loads(body)}
+                "data_batches": int(data_batches), "topology_version": int(topology_version),
+                "verdict": json.loads(body)}
 
     def used_bytes(self) -> int:
         """Bytes of the database file in use: its pages less the free ones (which
