@@ -27,6 +27,11 @@ class LocalizeConfig:
         Backtracking: a straggler's lateness counts as *explained* by its previous operator when
         it waited there at least this fraction of the lateness; the search then moves to whoever
         it waited for.
+    late_fraction:
+        In a collective whose every copy is abnormal, the member that arrived after all the
+        others by at least this fraction of their median excess held them up: it is the
+        instance's straggler (its own copy flagged too, say on a loaded machine), not a slow
+        link, whose members arrive together. 0: such an instance is always the communication's.
     min_wait_us:
         Waits and excess transfer times below this are noise (clock resolution, launch jitter).
     rel_excess:
@@ -144,6 +149,7 @@ class LocalizeConfig:
     window: int = 50
     score_threshold: float | None = None
     follow_fraction: float = 0.5
+    late_fraction: float = 0.5
     min_wait_us: float = 50.0
     rel_excess: float = 0.15
     gap_fraction: float = 0.1
@@ -172,7 +178,7 @@ class LocalizeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")
-        for name in ("follow_fraction", "min_share", "host_concentration", "min_weight_fraction",
+        for name in ("follow_fraction", "late_fraction", "min_share", "host_concentration", "min_weight_fraction",
                      "workload_persistence", "min_step_share", "min_device_step_share",
                      "step_peer_share", "together_fraction"):
             value = getattr(self, name)

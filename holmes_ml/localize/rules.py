@@ -544,7 +544,9 @@ def _collective_events(
     inst = inst[(inst["size"] >= 2) & (inst["excess"] >= cfg.min_wait_us)]
     full = inst[inst["present"] >= inst["size"]]
     partial = inst[(inst["present"] < inst["size"]) & (inst["present"] * 2 >= inst["size"])]
-    comm = full.assign(rank=-1, rule="communication", weight=full["excess"])
+    late = _late_in_full(ab, full, key, cfg)
+    comm = full[~full.set_index(key).index.isin(late.set_index(key).index)]
+    comm = comm.assign(rank=-1, rule="communication", weight=comm["excess"])
     if len(partial):
         # Absent members = normal copies = the late arrivals (vectorised anti-join).
         cand = partial.merge(members, on="group", how="inner")
@@ -556,8 +558,38 @@ def _collective_events(
     else:
         strag = pd.DataFrame()
     cols = key + ["op", "rank", "rule", "weight", "t"]
-    parts = [p[cols] for p in (comm, strag) if len(p)]
+    parts = [p[cols] for p in (comm, strag, late) if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
+                  cfg: LocalizeConfig) -> pd.DataFrame:
+    """Straggler events of the instances in ``full`` (every copy abnormal) that one member
+    held up: it arrived after all the others by at least ``cfg.late_fraction`` of their
+    median excess. Its copy was flagged too (its own transfer, on a loaded machine, took
+    longer than usual), but the others' waits are its lateness, not a slow link: on a slow
+    link the members arrive together and every copy is long. Instances of three members or
+    more: of two, one always arrives last, and a pair whose late member is late by the job's
+    shape (the embedding all-reduce between the first and the last pipeline stage, which the
+    last reaches after the pipeline drained: ByteDance trace-AR) would be read as a straggler
+    whenever a slower step made both copies abnormal."""
+    cols = key + ["op", "rank", "rule", "weight", "t"]
+    full = full[full["size"] >= 3]
+    if len(full) == 0 or cfg.late_fraction <= 0:
+        return pd.DataFrame(columns=cols)
+    r = ab[key + ["rank", "start_ns", "excess_us"]].merge(full[key], on=key)
+    r = r.sort_values("start_ns", kind="stable")
+    r["pos"] = r.groupby(key, sort=False).cumcount(ascending=False)  # 0: the last arrival
+    last = r[r["pos"] == 0].set_index(key)
+    second = r[r["pos"] == 1].set_index(key)["start_ns"].reindex(last.index)
+    others = r[r["pos"] > 0].groupby(key)["excess_us"].median().reindex(last.index)
+    lag_us = (last["start_ns"] - second) / 1e3
+    held = (lag_us >= cfg.min_wait_us) & (lag_us >= cfg.late_fraction * others)
+    if not held.any():
+        return pd.DataFrame(columns=cols)
+    out = full.set_index(key).loc[last.index[held.to_numpy()]].reset_index()
+    return out.assign(rank=last["rank"][held].to_numpy(), rule="straggler",
+                      weight=others[held].to_numpy())[cols]
 
 
 def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig) -> pd.DataFrame:
