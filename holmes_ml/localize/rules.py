@@ -7,7 +7,9 @@ communicator's ranks, and its network devices come from the communicator's ring
 the rules read the *absence* of a participant as a normal copy:
 
 * **straggler** — some copies are abnormal, some members absent: the absent (normal) ones arrived
-  last; the abnormal copies waited for them.
+  last; the abnormal copies waited for them. Also, in an instance of three members or more with
+  every copy abnormal, the member that arrived after all the others by at least
+  ``late_fraction`` of their median excess (its own copy slow too, say on a loaded machine).
 * **backtracking** — a straggler that itself waited (had abnormal copies) shortly before and
   while its partners waited for it is explained by that wait; its evidence is dropped and the
   origin keeps the credit it earns in the instances where *it* was the late one.
@@ -21,7 +23,8 @@ the rules read the *absence* of a participant as a normal copy:
 * **released together** — late ranks on different hosts whose lateness ends at one instant were
   let go by one shared event (a collective or a wait the logs do not show); none of them is
   singled out in that step, nor in any step when that is how the rank is late in most.
-* **communication** — every member's copy abnormal: the transfer itself was slow. A *flow* is a
+* **communication** — every member's copy abnormal, and no straggler among them: the transfer
+  itself was slow. A *flow* is a
   communicator's ring or the traffic of one rank pair (send/recv); a network device is scored by
   the excess of the slow flows crossing it, times the squared share of slow flows among all the
   flows crossing it (healthy flows clear a device: shared switches are not blamed for being on
