@@ -56,6 +56,9 @@ def test_the_rank_its_host_mates_waited_for_is_named(rank):
     assert [c.ranks for c in v.candidates] == [(rank,)]
     top = v.candidates[0]
     assert top.kind is DeviceKind.GPU and top.score == pytest.approx(1.0)
+    # a step's communication time tells that the rank was late, not whether its GPU or its
+    # host was slow: the verdict says so
+    assert top.tied_with == (f"host:h{rank // GPUS}",)
     assert top.evidence and all(e.rule == "comm-gap" for e in top.evidence)
     assert top.evidence[0].group == f"host:h{rank // GPUS}"
     assert v.stats["comm_gap_candidates"] == 1.0

@@ -466,8 +466,11 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
                      float(e.excess))
             for e in rows.itertuples()
         )
+        # a step's communication time shows that the rank was late, not how: a slow GPU and
+        # a pause of its process or host look alike (as one late arrival per step does)
         cands.append(Candidate(DeviceKind.GPU, fabric.gpu(r), (r,), (host,),
-                               float(row["sum"]) / total, coords.get(r), evidence))
+                               float(row["sum"]) / total, coords.get(r), evidence,
+                               (f"host:{host}",)))
     return cands
 
 

@@ -85,7 +85,8 @@ class Candidate:
     one slow ring, a NIC and the leaf-spine link that only its flows cross); their order among
     themselves carries no information. A GPU candidate may be tied with its host: a rank that
     meets its peers too rarely in a step for the logs to tell a slow GPU from a pause of its
-    host (:attr:`LocalizeConfig.kind_min_ops`).
+    host (:attr:`LocalizeConfig.kind_min_ops`), or one found by the comm-gap fallback alone
+    (a step's communication time shows that a rank was late, not how).
     """
 
     kind: DeviceKind
