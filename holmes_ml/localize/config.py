@@ -178,9 +178,9 @@ class LocalizeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")
-        for name in ("follow_fraction", "late_fraction", "min_share", "host_concentration", "min_weight_fraction",
-                     "workload_persistence", "min_step_share", "min_device_step_share",
-                     "step_peer_share", "together_fraction"):
+        for name in ("follow_fraction", "late_fraction", "min_share", "host_concentration",
+                     "min_weight_fraction", "workload_persistence", "min_step_share",
+                     "min_device_step_share", "step_peer_share", "together_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")
