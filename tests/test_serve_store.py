@@ -101,7 +101,7 @@ def test_a_store_older_than_pruning_gets_its_columns(tmp_path):
         ("b0", None), ("b1", 7)]
     assert store._query("SELECT pruned_seq FROM sources") == [(-1,)]
     assert store._query("SELECT name FROM sqlite_master WHERE name='raw_span'") == []
-    assert store._query("SELECT value FROM meta") == [("3",)]
+    assert store._query("SELECT value FROM meta") == [("4",)]
 
 
 def test_a_job_kept_to_its_recent_iterations_stops_growing(tmp_path):
@@ -364,7 +364,7 @@ def test_a_version_1_database_is_converted_on_opening(tmp_path, monkeypatch, cap
     # the one long step is announced before it starts: a service that seems stuck says why
     assert "rewriting the database once" in caplog.text and "starts when it is done" in \
         caplog.text
-    assert store._query("SELECT value FROM meta") == [("3",)]
+    assert store._query("SELECT value FROM meta") == [("4",)]
     assert store._query("SELECT name FROM sqlite_master WHERE name IN ('iterations', "
                         "'abnormal')") == []
     # made without incremental vacuum, it was rewritten once with it: pruning now shrinks it
@@ -400,8 +400,37 @@ def test_a_database_of_a_newer_schema_is_refused(tmp_path):
     path = tmp_path / "new.db"
     Store(path).close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+    db.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
     db.commit()
     db.close()
-    with pytest.raises(ValueError, match="schema version 4; expected 3 or older"):
+    with pytest.raises(ValueError, match="schema version 5; expected 4 or older"):
         Store(path)
+
+
+def test_a_version_3_database_gains_compute_times_and_topology_versions(tmp_path):
+    # Version 3 had no compute_blocks and no topology_version: an older holmes_ml would fail
+    # to save a verdict into the new verdicts table, so the version says it (4) and an older
+    # one refuses the file; this one adds what is missing and keeps every row.
+    path = tmp_path / "v3.db"
+    store = Store(path)
+    store.ingest_agent("j", _summaries("a", 0, [(0, 0, 3), (0, 1, 3)]), "a")
+    store.save_verdict("j", {"candidates": []}, 1, None)
+    store.close()
+    db = sqlite3.connect(path)
+    for table in ("jobs", "verdicts"):
+        db.execute(f"ALTER TABLE {table} DROP COLUMN topology_version")
+    db.execute("DROP TABLE compute_blocks")
+    db.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store._query("SELECT value FROM meta WHERE key='schema_version'") == [("4",)]
+    assert store.job("j")["topology_version"] == 0
+    assert store.latest_verdict("j")["topology_version"] == 0
+    assert store.iteration_summaries("j")["n_ops"].tolist() == [3, 3]
+    store.set_topology("j", {"ranks": {}})
+    assert store.job("j")["topology_version"] == 1
+    body = _summaries("a", 1, [(1, 0, 3)])
+    body["iterations"]["compute_us"] = [5.0]
+    store.ingest_agent("j", body, "b")
+    assert store.iteration_summaries("j")["compute_us"].fillna(0).tolist() == [0, 0, 5.0]

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 #: 3: what agents send is stored packed, one row per iteration and agent: iteration summaries
 #: (``iteration_blocks``) and abnormal operators (``abnormal_records``, their strings numbered
 #: in ``names``); a database of version 1 or 2 is converted on opening (:meth:`Store._upgrade`).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 COORDS = ("dp", "pp", "tp", "cp", "ep")
 
 _DDL = """
