@@ -434,3 +434,17 @@ def test_a_version_3_database_gains_compute_times_and_topology_versions(tmp_path
     body["iterations"]["compute_us"] = [5.0]
     store.ingest_agent("j", body, "b")
     assert store.iteration_summaries("j")["compute_us"].fillna(0).tolist() == [0, 0, 5.0]
+
+
+def test_compute_times_over_http_take_null_and_refuse_negatives_naming_the_field(tmp_path):
+    settings = ServeSettings(db=tmp_path / "serve.db", token=TOKEN, analyze_interval_s=0)
+    with TestClient(create_app(settings, analyzers=ANALYZERS)) as c:
+        body = window_batch(0, range(3), slow_rank=None)
+        body["iterations"]["compute_us"] = [900.0, None] * 3  # rank 1 logs none
+        bad = dict(body, batch_id="bad", seq=1,
+                   iterations=dict(body["iterations"], compute_us=[900.0, -1.0] * 3))
+        r = c.post("/v1/jobs/j/batches", json=bad, headers=auth())
+        assert r.status_code == 422 and "compute_us" in r.text, r.text
+        r = c.post("/v1/jobs/j/batches", json=body, headers=auth())
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/jobs/j").json()["batches"] == 1  # the refused one stored nothing
