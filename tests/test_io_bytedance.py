@@ -296,3 +296,12 @@ def test_real_meta_world_size_is_the_product_with_dsp(tmp_path):
     (tmp_path / "meta-SE.yaml").write_text(bad)
     with pytest.raises(SchemaError, match=r"world_size, line \d+: not the product.* = 64\)"):
         read_meta(tmp_path / "meta-SE.yaml")
+
+
+def test_two_traces_in_one_read_are_refused_naming_both(tmp_path):
+    # (an agent's --follow directory holding two jobs' traces says the same, naming the dir)
+    a = _write(tmp_path, _trace(), name="trace-A.parquet")
+    b = _write(tmp_path, _trace(), name="trace-B.parquet")
+    with pytest.raises(SchemaError, match=r"trace-A\.parquet, trace-B\.parquet.*job of its own"
+                       r".*one trace-\*\.parquet per read"):
+        read_ops([a, b])

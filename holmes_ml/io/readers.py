@@ -674,8 +674,10 @@ def _read_files(
     if format != "native":
         if format == "bytedance" and len(files) != 1:
             # Several what-if traces are several jobs: read them one at a time.
-            raise SchemaError("one what-if trace per call", source=source,
-                              value=len(files), expected="a single trace-*.parquet")
+            listed = ", ".join(f.name for f in files)
+            raise SchemaError(f"several what-if traces ({listed}): each is a job of its own",
+                              source=source, value=len(files),
+                              expected="one trace-*.parquet per read, one per agent directory")
         converted = _converted(format, files, trust_pickle, source)
         ops = validate(converted, source=source)
         ops.attrs.update(converted.attrs)  # what the converter noticed (for the verdict's note)
