@@ -17,26 +17,37 @@ from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 AGENT = "from holmes_ml.cli import main; main()"
 
 
-def test_two_agents_localize_injected_gpu(tmp_path):
-    sim = simulate(SimConfig(gpus=256, iterations=16, seed=3,
-                             faults=(FaultSpec.parse("gpu_slow:rank=37,severity=0.5,start=6"),)))
-    injected = sim.faults[0].to_dict()["devices"][0]
-    hosts = sorted(sim.ops["host"].astype(str).unique())
-    ops = without_labels(sim.ops)
+def _two_nodes(ops, tmp_path) -> list:
+    """``ops`` split by host into two node directories (the first half of the hosts, the
+    rest), each holding its ranks' log as ``ops.parquet``."""
+    hosts = sorted(ops["host"].astype(str).unique())
     nodes = []
     for i, part in enumerate((hosts[: len(hosts) // 2], hosts[len(hosts) // 2:])):
         d = tmp_path / f"node{i}"
         d.mkdir()
         ops[ops["host"].astype(str).isin(part)].to_parquet(d / "ops.parquet")
         nodes.append(d)
+    return nodes
+
+
+def _agent(follow, url: str, job: str, *extra: str) -> list[str]:
+    """The command line of ``holmes agent --once`` following ``follow`` into job ``job``."""
+    return [sys.executable, "-c", AGENT, "agent", "--follow", str(follow), "--server", url,
+            "--job", job, "--token", TOKEN, "--once", *extra]
+
+
+def test_two_agents_localize_injected_gpu(tmp_path):
+    sim = simulate(SimConfig(gpus=256, iterations=16, seed=3,
+                             faults=(FaultSpec.parse("gpu_slow:rank=37,severity=0.5,start=6"),)))
+    injected = sim.faults[0].to_dict()["devices"][0]
+    ops = without_labels(sim.ops)
+    nodes = _two_nodes(ops, tmp_path)
     (tmp_path / "topology.json").write_text(json.dumps(sim.topology.to_dict()))
     srv = start_server(tmp_path, pipeline=True)
     try:
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", AGENT, "agent", "--follow", str(d), "--server", srv.url,
-                 "--job", "sim256", "--token", TOKEN, "--source", f"node{i}", "--once",
-                 "--model", "rule"]
+                _agent(d, srv.url, "sim256", "--source", f"node{i}", "--model", "rule")
                 + (["--topology", str(tmp_path / "topology.json")] if i == 0 else []),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )
@@ -93,18 +104,13 @@ def test_agents_ship_compute_times_and_the_verdict_names_the_heavier_stage(tmp_p
     # travels in the iteration summaries and the centre names the stage, no device.
     sim = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, iterations=12, seed=4,
                              stage_weights=(1.0, 1.0, 1.0, 1.35), log_compute=True))
-    ops = without_labels(sim.ops)
-    hosts = sorted(ops["host"].astype(str).unique())
+    nodes = _two_nodes(without_labels(sim.ops), tmp_path)
     srv = start_server(tmp_path, pipeline=True)
     try:
-        for i, part in enumerate((hosts[: len(hosts) // 2], hosts[len(hosts) // 2:])):
-            d = tmp_path / f"node{i}"
-            d.mkdir()
-            ops[ops["host"].astype(str).isin(part)].to_parquet(d / "ops.parquet")
+        for i, d in enumerate(nodes):
             done = subprocess.run(
-                [sys.executable, "-c", AGENT, "agent", "--follow", str(d), "--server", srv.url,
-                 "--job", "wl", "--token", TOKEN, "--source", f"node{i}", "--once",
-                 "--model", "rule"], capture_output=True, text=True, timeout=120)
+                _agent(d, srv.url, "wl", "--source", f"node{i}", "--model", "rule"),
+                capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stdout + done.stderr
         c = httpx.Client(base_url=srv.url, headers=auth(), timeout=60)
         assert c.put("/v1/jobs/wl/topology", json=sim.topology.to_dict()).status_code == 200
@@ -136,10 +142,8 @@ def test_an_agent_ships_a_real_whatif_trace_and_the_verdict_matches_holmes_local
         (logs / src.name).write_bytes(src.read_bytes())
     srv = start_server(tmp_path, pipeline=True)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", AGENT, "agent", "--follow", str(logs), "--server", srv.url,
-             "--job", name, "--token", TOKEN, "--once"], capture_output=True, text=True,
-            timeout=300)
+        done = subprocess.run(_agent(logs, srv.url, name), capture_output=True, text=True,
+                              timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         v = httpx.post(f"{srv.url}/v1/jobs/{name}/analyze", headers=auth(), timeout=120).json()
         assert v["error"] is None, v

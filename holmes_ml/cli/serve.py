@@ -89,7 +89,10 @@ def register(app: typer.Typer) -> None:
     def agent_cmd(
         follow: Path = typer.Option(..., "--follow", exists=True, file_okay=False,
                                     help="Directory of this node's per-rank CommOps logs "
-                                    "(*.jsonl, *.csv, *.parquet)."),
+                                    "(.jsonl, .csv, .parquet; subdirectories too), or of "
+                                    "its traces in another format (Kineto, Flight Recorder, "
+                                    "NCCL Inspector, a ByteDance what-if trace with its meta "
+                                    "yaml beside it)."),
         server: str = typer.Option("http://127.0.0.1:8787", "--server",
                                    help="Base URL of the central `holmes serve` (its printed "
                                    "'listening on' URL)."),

@@ -412,10 +412,12 @@ class Agent:
     def read_new(self) -> int:
         """Read what the log files gained; returns the number of new rows."""
         n = 0
+        whatif: list[Path] = []  # what-if traces: read whole, with the other traces
         for pattern in PATTERNS:
             for path in _log_files(Path(self.config.follow), pattern):
                 if path.suffix == ".parquet" and self._is_whatif(path):
-                    continue  # a trace read whole (_read_whole_files)
+                    whatif.append(path)
+                    continue
                 state = self._files.setdefault(path, _FileState())
                 if state.ignored or (state.offset == 0 and self._not_a_log(path, state)):
                     continue
@@ -460,7 +462,7 @@ class Agent:
                     self.stats.raw_bytes += state.offset - before
                 self._buffer.append(df)
                 n += len(df)
-        n += self._read_whole_files()
+        n += self._read_whole_files(whatif)
         self._say_if_empty()
         for gone in [p for p in self.bad_files if p.name != _WHOLE and not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
@@ -470,16 +472,15 @@ class Agent:
         self.stats.ops_read += n
         return n
 
-    def _read_whole_files(self) -> int:
+    def _read_whole_files(self, whatif: list[Path]) -> int:
         """Re-read every non-incremental trace when any of them changed (ranks of a Kineto or
-        Flight Recorder job are matched across files, so they are read together)."""
+        Flight Recorder job are matched across files, so they are read together); ``whatif``:
+        the Parquet files :meth:`read_new` found to be what-if traces."""
         from holmes_ml.io import read_ops
 
         root = Path(self.config.follow)
         paths = self._traces(sorted({p for pat in WHOLE_FILE_PATTERNS
-                                     for p in _log_files(root, pat)}
-                                    | {p for p in _log_files(root, "*.parquet")
-                                       if self._is_whatif(p)}))
+                                     for p in _log_files(root, pat)} | set(whatif)))
         if not paths:
             self.bad_files.pop(root / _WHOLE, None)
             return 0

@@ -272,6 +272,13 @@ def _abnormal_rows(db: sqlite3.Connection, job: str, part: Mapping[str, Any]) ->
     return rows
 
 
+def _last_per_rank(rows: np.ndarray) -> np.ndarray:
+    """``rows`` (one iteration's summaries or compute times) keeping the last of each rank
+    (a rank sent twice in one batch), by rank."""
+    back = rows[::-1]
+    return back[np.unique(back["rank"], return_index=True)[1]]
+
+
 def _last_of_each(rows: np.ndarray) -> np.ndarray:
     """``rows`` keeping the last of those of one operator (rank, communicator, seq, peer),
     in their order."""
@@ -595,6 +602,7 @@ class Store:
             replaced: dict[int, np.ndarray] = {}
             if it and it["iteration"]:
                 added, before, replaced = self._store_summaries(db, job, source, it)
+                self._store_compute(db, job, source, it)
                 n += added - before
                 newest = int(max(it["end_ns"]))
             ab = batch.get("abnormal")
@@ -624,8 +632,7 @@ class Store:
         added = before = 0
         replaced: dict[int, np.ndarray] = {}
         for i in (int(x) for x in np.unique(iterations)):
-            rows = new[iterations == i][::-1]  # the last of a rank sent twice in one batch wins
-            rows = rows[np.unique(rows["rank"], return_index=True)[1]]
+            rows = _last_per_rank(new[iterations == i])
             added += int(rows["n_ops"].sum())
             found = db.execute("SELECT rows FROM iteration_blocks WHERE job=? AND iteration=? "
                                "AND source=?", (job, i, source)).fetchone()
@@ -639,12 +646,11 @@ class Store:
                 rows = rows[np.argsort(rows["rank"], kind="stable")]
             db.execute("INSERT OR REPLACE INTO iteration_blocks VALUES (?,?,?,?,?)",
                        (job, i, source, len(rows), rows.tobytes()))
-        Store._store_compute(db, job, source, part, iterations)
         return added, before, replaced
 
     @staticmethod
-    def _store_compute(db: sqlite3.Connection, job: str, source: str, part: dict[str, list],
-                       iterations: np.ndarray) -> None:
+    def _store_compute(db: sqlite3.Connection, job: str, source: str, part: dict[str, list]
+                       ) -> None:
         """Store the ranks' compute times of one agent batch's ``iterations`` part (its
         ``compute_us``, if any) in ``compute_blocks``: like the summary it came with, a rank's
         compute time sent again replaces the one stored, and a summary sent again without one
@@ -653,13 +659,13 @@ class Store:
         if values is None and db.execute("SELECT 1 FROM compute_blocks WHERE job=? AND "
                                          "source=? LIMIT 1", (job, source)).fetchone() is None:
             return  # the common case: an agent whose logs carry no compute times
+        iterations = np.asarray(part["iteration"], dtype=np.int64)
         new = np.empty(len(iterations), dtype=_COMPUTE_ROW)
         new["rank"] = part["rank"]
         new["compute_us"] = (np.nan if values is None
                              else [np.nan if v is None else v for v in values])
         for i in (int(x) for x in np.unique(iterations)):
-            rows = new[iterations == i][::-1]  # the last of a rank sent twice in one batch wins
-            rows = rows[np.unique(rows["rank"], return_index=True)[1]]
+            rows = _last_per_rank(new[iterations == i])
             found = db.execute("SELECT rows FROM compute_blocks WHERE job=? AND iteration=? AND "
                                "source=?", (job, i, source)).fetchone()
             if found is not None:
