@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features.iterations import span_times
+from holmes_ml.localize.rules import step_compute
 from holmes_ml.localize.types import Verdict
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
                 graph: nx.Graph | None = None) -> list[Path]:
     """Write ``iterations.png``, ``heatmap.png`` and ``evidence.png`` into ``out_dir``,
     ``graph.png`` when ``graph`` is given, and ``compute.png`` when ``iterations`` carries each
-    rank's compute time per step (``compute_us``).
+    rank's compute time per step (``compute_us``) or the verdict names a heavier stage from the
+    time outside communication (a workload finding with ``basis`` ``"gaps"``; the map then
+    shows that time).
 
     Parameters
     ----------
@@ -125,9 +128,12 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
     written.append(out / "evidence.png")
     fig.savefig(written[-1], dpi=90)
     plt.close(fig)
-    if "compute_us" in iterations.columns and iterations["compute_us"].notna().any():
-        written.append(out / "compute.png")
-        _draw_compute(plt, verdict, iterations, written[-1])
+    logged = "compute_us" in iterations.columns and iterations["compute_us"].notna().any()
+    if logged or any(w.basis == "gaps" for w in verdict.workload_findings):
+        read = step_compute(iterations)
+        if read is not None:
+            written.append(out / "compute.png")
+            _draw_compute(plt, verdict, *read, written[-1])
     if graph is not None:
         written.append(out / "graph.png")
         _draw_graph(plt, graph, written[-1])
@@ -135,18 +141,22 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
     return written
 
 
-def _draw_compute(plt, verdict: Verdict, iterations: pd.DataFrame, path: Path) -> None:
+def _draw_compute(plt, verdict: Verdict, compute: pd.DataFrame, basis: str, path: Path
+                  ) -> None:
     """Each rank's compute time per step over the median rank's (rank x iteration), the ranks
-    of a stage-imbalance finding marked on the left."""
-    heat = iterations.pivot_table(index="rank", columns="iteration", values="compute_us",
-                                  aggfunc="max")
+    of a stage-imbalance finding marked on the left; ``compute`` and ``basis`` as
+    :func:`holmes_ml.localize.rules.step_compute` reads them (logged, or from the gaps)."""
+    heat = compute.pivot_table(index="rank", columns="iteration", values="compute_us",
+                               aggfunc="max")
     rel = heat / heat.median(axis=0)
     fig, ax = plt.subplots(figsize=(8, 4))
     im = ax.imshow(rel.to_numpy(dtype=float), aspect="auto", cmap="viridis",
                    interpolation="nearest")
     ax.set_xlabel("iteration")
     ax.set_ylabel("rank")
-    ax.set_title("compute time per step, rank / median rank")
+    ax.set_title("compute time per step, rank / median rank" if basis == "compute" else
+                 "time outside communication per step (compute), rank / median rank",
+                 fontsize=10)
     fig.colorbar(im, ax=ax)
     # the columns are the logged iterations in order (their numbers need not be contiguous)
     at = np.unique(np.linspace(0, rel.shape[1] - 1, min(rel.shape[1], 8)).round().astype(int))

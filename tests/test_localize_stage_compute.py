@@ -1,6 +1,7 @@
 """A pipeline stage that computes more than the others, read from each rank's compute time per
-step (``step_compute_us``), is a workload finding; a slow GPU or a stage of one replica is not,
-and the suspects never change."""
+step (``step_compute_us``, or else the time outside communication between its operators), is a
+workload finding; a slow GPU, a slow host or a stage of one replica is not, and the suspects
+never change."""
 
 from __future__ import annotations
 
@@ -102,6 +103,18 @@ def test_plots_draw_compute_times_only_when_logged(tmp_path) -> None:
     assert (tmp_path / "with" / "compute.png").stat().st_size > 1000
 
 
+def test_a_stage_read_off_the_gaps_gets_its_compute_map(tmp_path) -> None:
+    from holmes_ml.pipeline import localize_summaries, summarize
+    from holmes_ml.report import write_plots
+
+    res = _workload_job(6, stage_weights=(1.0, 1.0, 1.4, 1.0))
+    summary = summarize(without_labels(res.ops), "rule")
+    verdict = localize_summaries([summary], res.topology)
+    assert [w.basis for w in verdict.workload_findings] == ["gaps"]
+    written = {p.name for p in write_plots(verdict, summary.iterations, tmp_path)}
+    assert "compute.png" in written and (tmp_path / "compute.png").stat().st_size > 1000
+
+
 # ----------------------------------------------------------------- the simulator's workloads
 
 
@@ -123,8 +136,43 @@ def test_simulated_heavy_stage_blames_no_device_and_its_compute_names_the_stage(
     assert verdict.candidates == ()
     assert [(w.kind, w.coords) for w in verdict.workload_findings] == [
         ("stage-imbalance", {"pp": 2})]
-    # without compute times the waits alone name no device either
-    assert analyze(ops.drop(columns="step_compute_us"), res.topology).candidates == ()
+    # without compute times no device either, and the stage is read off the gaps between
+    # each rank's operators (its time outside communication)
+    gaps = analyze(ops.drop(columns="step_compute_us"), res.topology)
+    assert gaps.candidates == ()
+    assert [(w.kind, w.coords, w.basis) for w in gaps.workload_findings] == [
+        ("stage-imbalance", {"pp": 2}, "gaps")]
+    (found,) = gaps.workload_findings
+    assert "1.3" in found.detail and "outside communication" in found.detail
+
+
+def test_compute_read_off_the_gaps_is_the_simulated_compute() -> None:
+    from holmes_ml.localize.rules import step_compute
+    from holmes_ml.pipeline import summarize
+
+    res = _workload_job(7, stage_weights=(1.0, 1.4, 1.0, 1.0), log_compute=True)
+    logged = summarize(without_labels(res.ops), "rule").iterations
+    read = step_compute(logged.drop(columns="compute_us"))
+    assert read is not None and read[1] == "gaps"
+    both = read[0].merge(logged, on=["iteration", "rank"], suffixes=("_gaps", ""))
+    # every step but each rank's last (no next step to end it)
+    assert len(both) == len(logged) - logged["rank"].nunique()
+    np.testing.assert_allclose(both["compute_us_gaps"], both["compute_us"], rtol=0.01)
+    # a missing step leaves the one before it unmeasured rather than twice as long
+    holed = logged[logged["iteration"] != 5].drop(columns="compute_us")
+    assert 4 not in set(step_compute(holed)[0]["iteration"])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_slow_host_holding_two_stages_is_not_a_heavy_stage(seed) -> None:
+    # 16 GPUs tp2 pp4 dp2: node000 holds stages 0 and 1 - whole - and stalls at every step;
+    # its ranks' gaps grow, stage by stage, like a heavier stage's would
+    res = simulate(SimConfig(gpus=16, model="llama2-7b", tp=2, pp=4, iterations=12, seed=seed,
+                             faults=(FaultSpec.parse(
+                                 "host_stall:pattern=persistent,device=host:node000,"
+                                 "severity=2"),)))
+    verdict = analyze(without_labels(res.ops), res.topology)
+    assert _stage_findings(verdict) == []
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -135,9 +183,10 @@ def test_simulated_sequence_imbalance_blames_no_device(seed) -> None:
     heaviest = res.ops.assign(dp=dp).groupby(["iteration", "dp"])["step_compute_us"].median(
         ).groupby(level="iteration").idxmax()
     assert len({d for _, d in heaviest}) > 3  # the slowest replica changes from step to step
-    verdict = analyze(without_labels(res.ops), res.topology)
-    assert verdict.candidates == () and not [
-        w for w in verdict.workload_findings if w.kind == "stage-imbalance"]
+    for ops in (without_labels(res.ops), without_labels(res.ops).drop(columns="step_compute_us")):
+        verdict = analyze(ops, res.topology)
+        assert verdict.candidates == () and not [
+            w for w in verdict.workload_findings if w.kind == "stage-imbalance"]
 
 
 def test_workloads_leave_the_rest_of_the_job_as_it_was() -> None:
@@ -150,3 +199,45 @@ def test_workloads_leave_the_rest_of_the_job_as_it_was() -> None:
         SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, stage_weights=(1, 1, 1, 0))
     with pytest.raises(ValueError, match="seq_imbalance"):
         SimConfig(gpus=64, model="llama2-7b", seq_imbalance=2.0)
+
+
+# --------------------------------------------------------- stages read off the communicators
+
+
+def _topology(groups: dict[str, tuple[str, tuple[int, ...]]], world: int):
+    from holmes_ml.topology import Group, Topology
+
+    ranks = pd.DataFrame({"rank": range(world), "host": ["h0"] * world, "gpu": range(world),
+                          "pod": 0, "pp": -1, "dp": -1})
+    return Topology(ranks=ranks, groups={n: Group(n, k, m) for n, (k, m) in groups.items()},
+                    spines=0)
+
+
+def test_stages_and_replicas_come_from_send_recv_pairs_and_dp_groups() -> None:
+    from holmes_ml.localize.rules import _pipeline_places
+
+    # two pipelines of three stages, 0-2-4 and 1-3-5 (pairs in both directions), dp pairs
+    pairs = {f"pp-{a}-{b}": ("pp", (a, b)) for a, b in
+             [(0, 2), (2, 0), (2, 4), (4, 2), (1, 3), (3, 1), (3, 5), (5, 3)]}
+    dp = {f"dp-{i}": ("dp", (2 * i, 2 * i + 1)) for i in range(3)}
+    place = _pipeline_places(_topology({**pairs, **dp}, 6))
+    assert place["pp"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert place["dp"].tolist() == [0, 1, 0, 1, 0, 1]
+    # without dp groups each pipeline is a replica of its own
+    assert _pipeline_places(_topology(pairs, 6))["dp"].tolist() == [0, 1, 0, 1, 0, 1]
+    # a ring of pairs, pipelines of different lengths, or no pairs: no stages
+    ring = {**pairs, "pp-4-0": ("pp", (4, 0))}
+    assert _pipeline_places(_topology(ring, 6)) is None
+    uneven = {k: v for k, v in pairs.items() if 5 not in v[1]}
+    assert _pipeline_places(_topology(uneven, 6)) is None
+    assert _pipeline_places(_topology(dp, 6)) is None
+
+
+def test_a_heavy_stage_is_named_from_a_log_without_placement() -> None:
+    res = _workload_job(3, stage_weights=(1.3, 1.0, 1.0, 1.0))
+    verdict = analyze(without_labels(res.ops))  # no topology: coordinates unknown
+    assert verdict.candidates == ()
+    (found,) = _stage_findings(verdict)
+    assert (found.coords, found.basis) == ({"pp": 0}, "gaps")
+    stage = res.topology.ranks.loc[res.topology.ranks["pp"] == 0, "rank"]
+    assert set(found.ranks) == set(stage.astype(int))

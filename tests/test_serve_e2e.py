@@ -99,11 +99,14 @@ def test_raw_records_with_compute_times_name_a_heavier_stage(tmp_path):
         srv.stop()
 
 
-def test_agents_ship_compute_times_and_the_verdict_names_the_heavier_stage(tmp_path):
+@pytest.mark.parametrize("logged", [True, False])
+def test_agents_ship_compute_times_and_the_verdict_names_the_heavier_stage(tmp_path, logged):
     # As deployed: each host's agent summarizes its own ranks' logs; the compute time per step
-    # travels in the iteration summaries and the centre names the stage, no device.
+    # travels in the iteration summaries and the centre names the stage, no device. Logs
+    # without compute times (and a service told no placement) name it too: from each rank's
+    # time outside communication, its stage read off the send/recv pairs.
     sim = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=4, iterations=12, seed=4,
-                             stage_weights=(1.0, 1.0, 1.0, 1.35), log_compute=True))
+                             stage_weights=(1.0, 1.0, 1.0, 1.35), log_compute=logged))
     nodes = _two_nodes(without_labels(sim.ops), tmp_path)
     srv = start_server(tmp_path, pipeline=True)
     try:
@@ -113,12 +116,13 @@ def test_agents_ship_compute_times_and_the_verdict_names_the_heavier_stage(tmp_p
                 capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stdout + done.stderr
         c = httpx.Client(base_url=srv.url, headers=auth(), timeout=60)
-        assert c.put("/v1/jobs/wl/topology", json=sim.topology.to_dict()).status_code == 200
+        if logged:
+            assert c.put("/v1/jobs/wl/topology", json=sim.topology.to_dict()).status_code == 200
         v = c.post("/v1/jobs/wl/analyze").json()
         assert v["error"] is None and v["candidates"] == [], v
         assert v["workload"] and v["workload"]["kind"] == "stage-imbalance", json.dumps(v)
         assert v["workload"]["coords"] == {"pp": 3}, v
-        assert v["workload"]["basis"] == "compute", v["workload"]
+        assert v["workload"]["basis"] == ("compute" if logged else "gaps"), v["workload"]
     finally:
         srv.stop()
 

@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
             None, "--plot", help="Write PNG plots into this dir: iteration time with the "
             "irregular iterations, a rank x iteration heat map, the top suspect's evidence, "
             "the slow communicators around the first suspects, and - when the logs carry "
-            "each step's compute time (step_compute_us) - a compute-time heat map.",
+            "each step's compute time (step_compute_us), or a heavier stage was read off "
+            "the time outside communication - a compute-time heat map.",
         ),
         graph: Path | None = typer.Option(
             None, "--graph", help="Write the operator-device graph behind the verdict to this "

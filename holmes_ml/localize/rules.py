@@ -50,6 +50,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 
+import networkx as nx
 import numpy as np
 import pandas as pd
 
@@ -312,41 +313,116 @@ def _with_stage_compute(verdict: Verdict, iterations: pd.DataFrame, topology: To
     return replace(verdict, workload_findings=(*verdict.workload_findings, found))
 
 
+def step_compute(iterations: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
+    """Each rank's compute time per step: ``(iteration, rank, compute_us)`` and its basis.
+
+    ``"compute"`` where the logs carry it (``compute_us`` of the iteration summaries, e.g. the
+    ByteDance what-if traces). Otherwise ``"gaps"``: the time the rank spent outside
+    communication from the start of its first operator of a step to that of the next step
+    minus the summed durations of its operators in between (a blocking logger's waits for
+    partners are inside those durations, so what is left is its compute, plus host work
+    such as data loading). Only steps followed by the next one on the same rank are measured;
+    ``None`` when neither can be read."""
+    if "compute_us" in iterations.columns and iterations["compute_us"].notna().any():
+        return iterations[["iteration", "rank", "compute_us"]].dropna(), "compute"
+    if not {"start_ns", "comm_us"} <= set(iterations.columns):
+        return None
+    it = iterations[["iteration", "rank", "start_ns", "comm_us"]].sort_values(
+        ["rank", "iteration"])
+    by = it.groupby("rank", sort=False)
+    follows = (by["iteration"].shift(-1) == it["iteration"] + 1).to_numpy()
+    cycle_us = (by["start_ns"].shift(-1) - it["start_ns"]).to_numpy(dtype=np.float64) / 1e3
+    compute = np.where(follows, cycle_us - it["comm_us"].to_numpy(dtype=np.float64), np.nan)
+    return it[["iteration", "rank"]].assign(compute_us=compute).dropna(), "gaps"
+
+
+def _pipeline_places(topology: Topology) -> pd.DataFrame | None:
+    """Per rank (index): its pipeline stage ``pp``, data-parallel replica ``dp`` and ``host``.
+
+    From the topology's coordinates when it has them; else read off the communicators, as
+    for logs that carry no coordinates (the CommOps logger's): the send/recv pair groups
+    (kind ``pp``) chain each pipeline's ranks, and a rank's stage is its place along its chain,
+    counted from the end that holds the chain's lowest rank; its replica is its place in its
+    data-parallel group (kind ``dp``), or its chain where there is none. ``None`` when neither
+    gives stages: no pair groups, or pairs that do not form chains of one length."""
+    r = topology.ranks
+    if {"pp", "dp"} <= set(r.columns) and (r["pp"] >= 0).any() and (r["dp"] >= 0).any():
+        return r.set_index("rank")[["pp", "dp", "host"]]
+    chain = nx.Graph()
+    for g in topology.groups.values():
+        if g.kind == "pp" and len(set(g.ranks)) == 2:
+            chain.add_edge(*sorted(set(g.ranks)))
+    place: dict[int, tuple[int, int]] = {}
+    lengths = set()
+    for i, comp in enumerate(sorted(nx.connected_components(chain), key=min)):
+        sub = chain.subgraph(comp)
+        ends = [n for n, d in sub.degree() if d == 1]
+        if len(ends) != 2 or sub.number_of_edges() != len(comp) - 1:
+            return None  # a ring or a tree: not a pipeline
+        path = nx.shortest_path(sub, min(ends), max(ends))
+        lengths.add(len(path))
+        place.update({int(rank): (stage, i) for stage, rank in enumerate(path)})
+    if len(lengths) != 1:
+        return None
+    replica = {int(rank): pos for g in topology.groups.values() if g.kind == "dp"
+               for pos, rank in enumerate(g.ranks)}
+    out = r.set_index("rank")[["host"]].copy()
+    out["pp"] = [place.get(int(x), (-1, -1))[0] for x in out.index]
+    out["dp"] = [replica.get(int(x), place.get(int(x), (-1, -1))[1]) for x in out.index]
+    return out
+
+
 def _stage_compute_finding(iterations: pd.DataFrame | None, topology: Topology,
                            cfg: LocalizeConfig, usual_us: float) -> WorkloadFinding | None:
     """A pipeline stage that computes more than the others in every data-parallel replica.
 
-    Read from each rank's compute time per step (``compute_us`` of the iteration summaries;
-    logs that carry it, such as the ByteDance what-if traces), not from the operators: a stage
-    heavier from the first step makes no operator abnormal against its own history, and the
-    stages around it just wait a little at every microbatch. The stage is named when every one
-    of its ranks, in at least ``cfg.workload_persistence`` of the iterations, computes at least
+    Read from each rank's compute time per step (:func:`step_compute`: logged, or the time
+    outside communication between its operators), not from the operators: a stage heavier
+    from the first step makes no operator abnormal against its own history, and the stages
+    around it just wait a little at every microbatch. The stage is named when every one of
+    its ranks, in at least ``cfg.workload_persistence`` of the iterations, computes at least
     ``cfg.delta`` times the median rank of the other stages, and its ranks sit in two or more
     data-parallel replicas: with one replica a slow GPU would look the same, and a slow GPU in
     one replica leaves the stage's other replicas at the usual time (the stage's smallest
-    rank decides).
+    rank decides). Nor is it named when the other stages' ranks on the same hosts are that
+    much slower as well: then the hosts are slow, not the stage (a host holding a whole
+    stage and more of the job); and, read from the gaps, which also hold the host's own work
+    (data loading, pauses), not when the whole stage sits alone on one host.
     """
-    if iterations is None or "compute_us" not in iterations.columns:
+    if iterations is None:
         return None
-    r = topology.ranks
-    if "pp" not in r.columns or "dp" not in r.columns:
+    place = _pipeline_places(topology)
+    read = step_compute(iterations)
+    if place is None or read is None:
         return None
-    c = iterations[["iteration", "rank", "compute_us"]].dropna()
+    c, basis = read
     c = c[c["compute_us"] > 0]
-    place = r.set_index("rank")[["pp", "dp"]]
     c = c.join(place, on="rank", how="inner")
     c = c[(c["pp"] >= 0) & (c["dp"] >= 0)]
     n_its = c["iteration"].nunique()
     if n_its < cfg.workload_min_iterations or c["pp"].nunique() < 2:
         return None
+
+    def persistent(ratio: pd.Series) -> bool:
+        ratio = ratio.dropna()
+        return len(ratio) > 0 and (ratio >= cfg.delta).mean() >= cfg.workload_persistence
+
     best: tuple[float, int] | None = None
     for stage, mine in c.groupby("pp"):
         if mine["dp"].nunique() < 2:
             continue
-        others = c[c["pp"] != stage].groupby("iteration")["compute_us"].median()
+        rest = c[c["pp"] != stage]
+        others = rest.groupby("iteration")["compute_us"].median()
         least = mine.groupby("iteration")["compute_us"].min()
-        ratio = (least / others.reindex(least.index)).dropna()
-        if len(ratio) == 0 or (ratio >= cfg.delta).mean() < cfg.workload_persistence:
+        ratio = least / others.reindex(least.index)
+        if not persistent(ratio):
+            continue
+        hosts = mine["host"].unique()
+        mates = rest[rest["host"].isin(hosts)]
+        if len(mates) == 0 and len(hosts) == 1 and basis == "gaps":
+            continue  # a host of its own: its gaps hold the host's own pauses as well
+        if len(mates) and persistent(
+                mates.groupby("iteration")["compute_us"].median() / others):
             continue
         if best is None or ratio.median() > best[0]:
             best = (float(ratio.median()), int(stage))
@@ -359,13 +435,16 @@ def _stage_compute_finding(iterations: pd.DataFrame | None, topology: Topology,
     usual = float(c[c["pp"] != stage].groupby("rank")["compute_us"].median().median())
     extra = heavy - usual
     share = min(max(extra / usual_us, 0.0), 1.0) if usual_us > 0 else 0.0
+    read_as = ("" if basis == "compute" else
+               " (compute read as each rank's time outside communication between its operators)")
     return WorkloadFinding(
         "stage-imbalance", tuple(int(x) for x in per_rank.index), share,
         f"pipeline stage {stage} computes {heavy / usual:.2f}x as long per step as the other "
         f"stages ({duration(heavy)} against {duration(usual)}, median ranks: {duration(extra)} "
         f"more, {share:.0%} of a usual step), on every one of its {len(per_rank)} ranks in "
-        f"{mine['dp'].nunique()} data-parallel replicas: a heavier stage, not a faulty device",
-        {"pp": stage}, basis="compute",
+        f"{mine['dp'].nunique()} data-parallel replicas: a heavier stage, not a faulty "
+        f"device{read_as}",
+        {"pp": stage}, basis=basis,
     )
 
 

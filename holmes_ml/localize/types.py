@@ -129,8 +129,10 @@ class WorkloadFinding:
     detail:
         Human-readable sentence.
     basis:
-        What the finding was read from: ``"waits"`` (the abnormal operators' lateness) or
-        ``"compute"`` (each rank's compute time per step, where the logs carry it).
+        What the finding was read from: ``"waits"`` (the abnormal operators' lateness),
+        ``"compute"`` (each rank's compute time per step, where the logs carry it) or ``"gaps"``
+        (where they do not: each rank's time outside communication per step, from its
+        operators' starts and durations).
     """
 
     kind: str
