@@ -163,6 +163,14 @@ def test_judge():
     healthy = DrillConfig(fault="none")
     assert judge(healthy, {"candidates": []})[0]
     assert not judge(healthy, {"candidates": [{"kind": "gpu", "ranks": [1]}]})[0]
+    heavy = DrillConfig(fault="heavy_stage", rank=5)  # tp2 dp2: rank 5 is in stage 1
+    stage = {"kind": "stage-imbalance", "coords": {"pp": 1}}
+    assert judge(heavy, {"candidates": [], "workload": stage})[0]
+    assert judge(heavy, {"candidates": [], "workload": {"kind": "rank-imbalance",
+                                                        "others": [stage]}})[0]
+    assert not judge(heavy, {"candidates": [], "workload": {**stage, "coords": {"pp": 0}}})[0]
+    assert not judge(heavy, {"candidates": [], "workload": None})[0]
+    assert not judge(heavy, {"candidates": [{"kind": "gpu", "ranks": [5]}], "workload": stage})[0]
 
 
 
@@ -258,6 +266,24 @@ def test_ci_drill_pipeline_straggler_is_a_gpu(tmp_path, tp, pp, dp, rank):
     res = run_drill(DrillConfig(fault="straggler", rank=rank, tp=tp, pp=pp, dp=dp,
                                 iterations=12, out=str(tmp_path), timeout_s=110))
     assert (res.top_ranks, res.top_kind) == ((rank,), "gpu"), res.verdict
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.drill
+@pytest.mark.parametrize(("tp", "pp", "dp", "rank"), [(2, 2, 2, 5), (1, 4, 2, 0)])
+def test_ci_drill_heavy_stage_is_a_workload(tmp_path, tp, pp, dp, rank):
+    # Every rank of one pipeline stage computes twice as long from the first step: a workload,
+    # not a fault. The logger records no compute time and no coordinates; the stage is read
+    # off the send/recv pairs and each rank's time outside communication.
+    pytest.importorskip("torch")
+    res = run_drill(DrillConfig(fault="heavy_stage", rank=rank, tp=tp, pp=pp, dp=dp,
+                                iterations=12, out=str(tmp_path), timeout_s=110))
+    assert res.ok, res.verdict
+    stage = rank // (tp * dp)
+    found = res.verdict["workload"]
+    assert found["basis"] == "gaps" and found["coords"] == {"pp": stage}
+    assert sorted(found["ranks"]) == [r for r in range(tp * pp * dp) if r // (tp * dp) == stage]
 
 
 @pytest.mark.torch

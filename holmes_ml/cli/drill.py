@@ -36,12 +36,15 @@ def register(app: typer.Typer) -> None:
 
         Faults: straggler (RANK computes 2x longer per microbatch from a third of the run on),
         stall (RANK pauses once, 1.5 s, mid-run), bandwidth (root only: every rank in its own
-        network namespace, RANK's veth capped with tc tbf), none (must come back healthy).
+        network namespace, RANK's veth capped with tc tbf), none (must come back healthy),
+        heavy_stage (a workload, not a fault: every rank of RANK's pipeline stage computes 2x
+        longer per microbatch from the first step; found when no device is blamed and the
+        verdict names that stage).
 
-        Exit codes: 0 found (or healthy with --fault none), 1 missed, 2 the drill cannot run
-        here (no PyTorch, no root for --fault bandwidth, a rank crashed, --timeout hit), 3 a
-        no-fault drill blamed a rank that the machine itself kept off the CPU (a loaded
-        machine: rerun on a quieter one).
+        Exit codes: 0 found (healthy with --fault none, the stage named with heavy_stage),
+        1 missed, 2 the drill cannot run here (no PyTorch, no root for --fault bandwidth, a
+        rank crashed, --timeout hit), 3 a no-fault drill blamed a rank that the machine itself
+        kept off the CPU (a loaded machine: rerun on a quieter one).
 
         Example: holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5
         """
@@ -66,7 +69,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"drill skipped: {res.skipped}", err=True)
             raise typer.Exit(2)
         if res.ok:
-            verdict = "FOUND" if fault != "none" else "HEALTHY"
+            verdict = {"none": "HEALTHY", "heavy_stage": "WORKLOAD"}.get(fault, "FOUND")
         else:
             verdict = "MACHINE-PAUSED" if res.pause_explained else "MISSED"
         typer.echo(json.dumps({

@@ -82,7 +82,8 @@ def run(cfg: dict[str, Any], rank: int) -> None:
     with CommOpsLogger(log_cfg) as log:
         for it in range(cfg["iterations"]):
             lost = 0.0  # oversleep in this iteration: time the OS kept this rank off a CPU
-            slow = fault == "straggler" and rank == target and it >= cfg["start_iteration"]
+            slow = ((fault == "straggler" and rank == target and it >= cfg["start_iteration"])
+                    or (fault == "heavy_stage" and stage == target // (tp * dp)))
             if fault == "stall" and rank == target and it == cfg["stall_iteration"]:
                 time.sleep(cfg["stall_s"])
             for _ in range(cfg["microbatches"]):  # forward

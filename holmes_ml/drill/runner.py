@@ -21,7 +21,7 @@ from holmes_ml.collect.torch_import import import_torch_distributed
 logger = logging.getLogger(__name__)
 
 #: Faults the drill can inject (``bandwidth`` needs root and network namespaces).
-FAULTS: tuple[str, ...] = ("none", "straggler", "stall", "bandwidth")
+FAULTS: tuple[str, ...] = ("none", "straggler", "stall", "bandwidth", "heavy_stage")
 #: A measured scheduler pause counts when it is this share of the median iteration time or
 #: more: the irregularity factor of the localizer (delta = 1.1) by default.
 PAUSE_FRACTION = 0.1
@@ -46,7 +46,9 @@ class DrillConfig:
         ``stall``: one pause of ``stall_s`` seconds on ``rank`` at ``stall_iteration``
         (default: the middle iteration); ``bandwidth`` (root only): every rank in its own
         network namespace, ``rank``'s veth capped with ``tc tbf`` for the whole run (see
-        :mod:`holmes_ml.drill.netns`).
+        :mod:`holmes_ml.drill.netns`); ``heavy_stage``: a workload, not a fault - every rank
+        of ``rank``'s pipeline stage computes ``straggler_s`` more per microbatch pass from
+        the first step on, and the verdict must blame no device and name that stage.
     bandwidth_rate:
         ``tc tbf`` rate of the ``bandwidth`` fault on ``rank``'s veth (the drill moves ~30 kB
         per rank and step: the cap must stay visible against ``compute_s``).
@@ -223,8 +225,17 @@ def localize(paths: list[Path]) -> tuple[dict[str, Any], str]:
 
 
 def judge(cfg: DrillConfig, verdict: dict[str, Any]) -> tuple[bool, tuple[int, ...], str | None]:
-    """Did the injected rank come back on top (or, for ``none``, no candidate at all)?"""
+    """Did the injected rank come back on top (or, for ``none``, no candidate at all; for
+    ``heavy_stage``, no candidate and its stage named as a workload finding)?"""
     cands = verdict.get("candidates") or []
+    if cfg.fault == "heavy_stage":
+        stage = cfg.rank // (cfg.tp * cfg.dp)
+        main = verdict.get("workload") or {}
+        named = [w for w in (main, *main.get("others", ())) if w.get("kind") == "stage-imbalance"
+                 and (w.get("coords") or {}).get("pp") == stage]
+        top = cands[0] if cands else {}
+        return (not cands and bool(named), tuple(int(r) for r in top.get("ranks", [])),
+                top.get("kind"))
     if not cands:
         return cfg.fault == "none", (), None
     top = cands[0]
