@@ -7,11 +7,14 @@ of a fault: every other job a pipeline stage whose compute is 1.15, 1.3 or 1.6 t
 others' (``SimConfig.stage_weights``), the rest (and the jobs of one-stage layouts) data-parallel
 replicas whose compute differs from step to step by up to 20 or 50 % (``seq_imbalance``). Both carry no
 ``abnormal`` label. Each job is localized with the bundled model twice: from its operator log
-alone, and with each rank's compute time per step (``step_compute_us``, as the ByteDance what-if
-traces record it). Prints how many verdicts blamed a device, how many heavy stages were named
-(and whether the right one), and any stage named in a job without one.
+alone (with the job's placement, and without it, as from a logger that records no parallel
+coordinates: stages are then read off the send/recv pairs), and with each rank's compute time per
+step (``step_compute_us``, as the ByteDance what-if traces record it; without it the localizer
+reads compute as the time outside communication).
+Prints, for each, how many verdicts blamed a device, how many heavy stages were named (and
+whether the right one), and any stage named in a job without one.
 
-Usage: ``.venv/bin/python scripts/workload_check.py --jobs 60`` (5-8 minutes on 2 cores);
+Usage: ``.venv/bin/python scripts/workload_check.py --jobs 60`` (5-10 minutes on 2 cores);
 ``--draw`` and ``--first-seed`` give other jobs.
 """
 
@@ -58,43 +61,45 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=4100, help="first job's simulator seed")
     args = ap.parse_args()
     rng = np.random.default_rng(args.draw)
-    blamed = {"log only": [], "with compute": []}
-    named = wrong = heavy = 0
-    stray: list[str] = []
+    modes = ("log only", "log only, no placement", "with compute")
+    blamed: dict[str, list[str]] = {m: [] for m in modes}
+    named = dict.fromkeys(modes, 0)
+    wrong = dict.fromkeys(modes, 0)
+    stray: dict[str, list[str]] = {m: [] for m in modes}
+    heavy = 0
     for i in tqdm(range(args.jobs), desc="jobs", unit="job"):
         cfg, said, stage = _job(rng, i, args.first_seed + i)
         res = simulate(cfg)
         ops = without_labels(res.ops)
-        for name, table in (("log only", ops.drop(columns="step_compute_us")),
-                            ("with compute", ops)):
-            verdict = analyze(table, res.topology)
+        heavy += stage is not None
+        plain = ops.drop(columns="step_compute_us")
+        for name, table, topology in zip(modes, (plain, plain, ops),
+                                         (res.topology, None, res.topology), strict=True):
+            verdict = analyze(table, topology)
             if verdict.candidates:
                 top = verdict.candidates[0]
                 blamed[name].append(f"{said}: {top.kind.value} {top.device}")
             found = [w.coords.get("pp") for w in verdict.workload_findings
                      if w.kind == "stage-imbalance" and w.coords]
-            if name != "with compute":
-                continue
             if stage is None:
-                stray += [f"{said}: stage {s} named" for s in found]
+                stray[name] += [f"{said}: stage {s} named" for s in found]
             else:
-                heavy += 1
-                named += stage in found
-                wrong += any(s != stage for s in found)
+                named[name] += stage in found
+                wrong[name] += any(s != stage for s in found)
     n = args.jobs
-    for name, lines in blamed.items():
+    for name in modes:
+        lines = blamed[name]
         lo, hi = _wilson(len(lines), n)
         print(f"{name}: a device blamed in {len(lines)} of {n} workload jobs "
               f"(95 % CI {lo:.1%}-{hi:.1%})")
         for line in lines:
             print("   ", line)
-    lo, hi = _wilson(named, heavy)
-    print(f"heavier stage named from compute times: {named} of {heavy} "
-          f"(95 % CI {lo:.1%}-{hi:.1%}); a wrong stage in {wrong}")
-    print(f"a stage named in a job without one: {len(stray)} of {n - heavy}")
-    for line in stray:
-        print("   ", line)
-
+        lo, hi = _wilson(named[name], heavy)
+        print(f"{name}: heavier stage named in {named[name]} of {heavy} "
+              f"(95 % CI {lo:.1%}-{hi:.1%}); a wrong stage in {wrong[name]}")
+        print(f"{name}: a stage named in a job without one: {len(stray[name])} of {n - heavy}")
+        for line in stray[name]:
+            print("   ", line)
 
 if __name__ == "__main__":
     main()
