@@ -372,6 +372,23 @@ def _pipeline_places(topology: Topology) -> pd.DataFrame | None:
     return out
 
 
+def _others_median_floor(c: pd.DataFrame) -> pd.Series:
+    """Per iteration, a value no stage's "other stages" median falls below: with ``n`` ranks
+    in the iteration and at most ``k`` in one stage, the ``(n - k - 1) // 2``-th smallest of
+    them all (leaving values out only raises the j-th smallest of the rest). One sort of the
+    rows instead of a median per stage: a stage whose lightest rank is not ``delta`` times
+    that is not heavier, and most are not."""
+    it = c["iteration"].to_numpy(dtype=np.int64)
+    val = c["compute_us"].to_numpy(dtype=np.float64)
+    uniq, code = np.unique(it, return_inverse=True)
+    order = np.lexsort((val, code))
+    n = np.bincount(code, minlength=len(uniq))
+    first = np.concatenate([[0], np.cumsum(n)[:-1]])
+    k = c.groupby(["iteration", "pp"]).size().groupby(level=0).max().reindex(uniq).to_numpy()
+    at = first + np.maximum((n - k - 1) // 2, 0)
+    return pd.Series(val[order][at], index=uniq)
+
+
 def _stage_compute_finding(iterations: pd.DataFrame | None, topology: Topology,
                            cfg: LocalizeConfig, usual_us: float) -> WorkloadFinding | None:
     """A pipeline stage that computes more than the others in every data-parallel replica.
@@ -408,12 +425,15 @@ def _stage_compute_finding(iterations: pd.DataFrame | None, topology: Topology,
         return len(ratio) > 0 and (ratio >= cfg.delta).mean() >= cfg.workload_persistence
 
     best: tuple[float, int] | None = None
+    bound = _others_median_floor(c)
     for stage, mine in c.groupby("pp"):
         if mine["dp"].nunique() < 2:
             continue
+        least = mine.groupby("iteration")["compute_us"].min()
+        if not persistent(least / bound.reindex(least.index)):
+            continue  # not even against the floor of the others' median: the usual case
         rest = c[c["pp"] != stage]
         others = rest.groupby("iteration")["compute_us"].median()
-        least = mine.groupby("iteration")["compute_us"].min()
         ratio = least / others.reindex(least.index)
         if not persistent(ratio):
             continue
