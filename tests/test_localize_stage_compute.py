@@ -241,3 +241,17 @@ def test_a_heavy_stage_is_named_from_a_log_without_placement() -> None:
     assert (found.coords, found.basis) == ({"pp": 0}, "gaps")
     stage = res.topology.ranks.loc[res.topology.ranks["pp"] == 0, "rank"]
     assert set(found.ranks) == set(stage.astype(int))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_floor_is_never_above_any_stage_s_others_median(seed) -> None:
+    from holmes_ml.localize.rules import _others_median_floor
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 400))
+    c = pd.DataFrame({"iteration": rng.integers(0, 6, n), "pp": rng.integers(0, 5, n),
+                      "compute_us": rng.lognormal(10, 1, n)})
+    floor = _others_median_floor(c)
+    for stage in c["pp"].unique():
+        others = c[c["pp"] != stage].groupby("iteration")["compute_us"].median()
+        assert (floor.reindex(others.index) <= others).all()
