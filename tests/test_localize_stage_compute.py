@@ -255,3 +255,19 @@ def test_the_floor_is_never_above_any_stage_s_others_median(seed) -> None:
     for stage in c["pp"].unique():
         others = c[c["pp"] != stage].groupby("iteration")["compute_us"].median()
         assert (floor.reindex(others.index) <= others).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_stage_that_fills_one_host_names_the_host_as_the_alternative(seed) -> None:
+    # 32 GPUs tp2 pp4 dp4: node000 holds stage 0 and nothing else, and pauses at every step.
+    # Its ranks are the last to arrive like a heavier stage's: the finding says the host would
+    # look the same.
+    res = simulate(SimConfig(gpus=32, model="llama2-7b", tp=2, pp=4, iterations=12, seed=seed,
+                             faults=(FaultSpec.parse(
+                                 "host_stall:pattern=persistent,device=host:node000"),)))
+    verdict = analyze(without_labels(res.ops), res.topology)
+    (found,) = _stage_findings(verdict)
+    assert found.coords == {"pp": 0} and "unless it is its host node000" in found.detail
+    # a heavier stage spread over two hosts carries no such caveat
+    heavy = analyze(without_labels(_workload_job(seed, stage_weights=(1.3, 1, 1, 1)).ops))
+    assert all("unless" not in w.detail for w in heavy.workload_findings)

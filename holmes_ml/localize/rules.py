@@ -1282,10 +1282,16 @@ def _workload(
         stage_w = per_rank["sum"].groupby(r["pp"].reindex(per_rank.index).to_numpy()).sum()
         best = stage_w.idxmax()
         if best >= 0 and stage_w.max() / total >= 0.8 and top_share < 0.5 and (stages == best).all():
+            # a stage that fills one host: a pause of that host makes the same waits
+            hosts = r.loc[r["pp"] == best, "host"].unique() if "host" in r.columns else []
+            alone = len(hosts) == 1 and (r["host"] == hosts[0]).sum() == (r["pp"] == best).sum()
             return [WorkloadFinding(
                 "stage-imbalance", ranks, float(stage_w.max() / total),
                 f"pipeline stage {int(best)} is consistently the last to arrive on all of its "
-                f"{len(ranks)} ranks: a heavier stage, not a faulty device",
+                f"{len(ranks)} ranks: a heavier stage, not a faulty device" + (
+                    f" - unless it is its host {hosts[0]}, which holds that stage and nothing "
+                    "else: a slow or pausing host would look the same in these logs"
+                    if alone else ""),
                 {"pp": int(best)},
             )]
     if consistency < 0.5 and top_share < 0.5:
