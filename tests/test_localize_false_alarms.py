@@ -252,3 +252,35 @@ def test_a_slow_gpu_in_the_noisy_moe_job_is_still_named():
     res = simulate(replace(NOISY_5D, faults=(
         FaultSpec.parse("gpu_slow:rank=77,severity=0.5,start=12"),)))
     assert analyze(without_labels(res.ops), res.topology).candidates[0].ranks == (77,)
+
+
+# A healthy MoE job on a noisy cluster (6 % jitter, transfers 20 % slower by the end): no step
+# is delta-irregular, and two steps slowed a data-parallel ring and the pairs beside it.
+NOISY_RING = SimConfig(gpus=256, model="mixtral-8x7b", tp=2, pp=2, ep=2, cp=2, iterations=10,
+                       seed=7323, jitter=0.06, drift=0.1, comm_drift=0.2)
+
+
+def test_a_noisy_ring_read_without_a_topology_names_no_nic():
+    # With the switches known, the scattered slow flows go to the spines they cross, which
+    # their healthy flows clear. Read without a topology the NICs are the only network
+    # devices: one of the ring's NICs came first (score 0.57) until a NIC had to slow flows
+    # in a quarter of the steps of a window with no irregular step (quiet_persistence).
+    res = simulate(NOISY_RING)
+    ops = without_labels(res.ops)
+    assert analyze(ops, res.topology).candidates == ()
+    verdict = analyze(ops)
+    assert not verdict.irregular_iterations
+    assert verdict.candidates == (), verdict.candidates[:1]
+    loose = analyze(ops, config=LocalizeConfig(quiet_persistence=0.0))
+    assert loose.candidates and loose.candidates[0].kind.value == "nic"
+
+
+@pytest.mark.parametrize("seed", [40, 41])
+def test_a_nic_slow_from_the_first_step_is_named_without_a_topology(seed):
+    # no step is irregular either: the fault slows every one of them alike
+    res = simulate(SimConfig(gpus=128, model="llama2-13b", iterations=16, seed=seed,
+                             faults=(FaultSpec.parse("nic_slow:pattern=persistent,start=0,"
+                                                     "severity=2"),)))
+    verdict = analyze(without_labels(res.ops))
+    assert not verdict.irregular_iterations
+    assert verdict.candidates[0].device == res.faults[0].devices[0]

@@ -120,6 +120,14 @@ class LocalizeConfig:
         Workload rules need the lateness to persist: at least this share of the analysed
         iterations must each carry a quarter or more of the heaviest iteration's lateness. One
         long pause (a host stall) or a fault spike is an episode, not a workload property.
+    quiet_persistence:
+        Where no switch is known (logs read without a topology: the NICs are the only network
+        devices) and no iteration is irregular, a NIC must have slowed some of its flows in at
+        least this share of the analysed iterations. A fault that slows no step delta x is
+        older than the window or milder than delta, and slows its flows step after step;
+        jitter and drift slow a ring here and there, and with the switches known those
+        scattered slow flows are spread over the spines they cross, which their healthy flows
+        clear; with NICs alone, two slow steps of a noisy ring would name one of its NICs.
     with_rule:
         With an ML detector, also count as abnormal the copies the "3σ + rule" baseline flags
         (union). Off: the detector alone decides.
@@ -167,6 +175,7 @@ class LocalizeConfig:
     kind_min_ops: int = 4
     workload_min_iterations: int = 4
     workload_persistence: float = 0.5
+    quiet_persistence: float = 0.25
     with_rule: bool = True
     comm_gap_fallback: bool = True
     delta: float = 1.1
@@ -179,7 +188,8 @@ class LocalizeConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected an int >= 1")
         for name in ("follow_fraction", "late_fraction", "min_share", "host_concentration",
-                     "min_weight_fraction", "workload_persistence", "min_step_share",
+                     "min_weight_fraction", "workload_persistence", "quiet_persistence",
+                     "min_step_share",
                      "min_device_step_share", "step_peer_share", "together_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:

@@ -237,9 +237,14 @@ def localize_records(
             _usual_step_us(spans))
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
+        # with no irregular step and no switch known, a NIC must have slowed flows step
+        # after step (see LocalizeConfig.quiet_persistence)
+        quiet = not irregular and topology.spines == 0
+        min_steps = int(np.ceil(cfg.quiet_persistence * n_its)) if quiet else 0
         dev_cands, net_total = _device_candidates(comm, members, fabric, topology, cfg,
                                                   cfg.min_weight_fraction * med_iter_us,
-                                                  cfg.min_device_step_share * step_us)
+                                                  cfg.min_device_step_share * step_us,
+                                                  min_steps)
     else:
         dev_cands, rank_total, net_total = [], 0.0, 0.0
     cands = rank_cands + dev_cands
@@ -1337,6 +1342,7 @@ def _device_candidates(
     cfg: LocalizeConfig,
     per_it_floor: float = 0.0,
     step_floor: float = 0.0,
+    min_steps: int = 0,
 ) -> tuple[list[Candidate], float]:
     """Network devices shared by slow transfers and not by healthy flows, and the total excess
     of the slow flows.
@@ -1358,6 +1364,7 @@ def _device_candidates(
     ``per_it_floor``: a device must explain this much per iteration it shows up in.
     ``step_floor``: in at least one iteration, the slow transfers of the flows crossing a device
     must add up to this (overlapping ones counted once).
+    ``min_steps``: a device must have slow flows in at least this many iterations.
     """
     if len(comm) == 0:
         return [], 0.0
@@ -1451,6 +1458,7 @@ def _device_candidates(
     # One slow transfer is not a device: ask for several slow instances. Devices that miss the
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
+                and len(slow_at[d]) >= min_steps
                 and w * share[d] >= per_it_floor * len(slow_at[d])}
     if not suspects:
         return [], net_total
