@@ -252,6 +252,13 @@ def test_ci_drill_straggler_top1(straggler_drill):
     assert straggler_drill.ok
 
 
+def _layout_drill(fault: str, out: Path, tp: int, pp: int, dp: int, rank: int):
+    """A 12-step drill of ``fault`` on ``rank`` with the layout ``tp`` x ``pp`` x ``dp``."""
+    pytest.importorskip("torch")
+    return run_drill(DrillConfig(fault=fault, rank=rank, tp=tp, pp=pp, dp=dp, iterations=12,
+                                 out=str(out), timeout_s=110))
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.drill
@@ -262,9 +269,7 @@ def test_ci_drill_pipeline_straggler_is_a_gpu(tmp_path, tp, pp, dp, rank):
     # size of the waits was read), or the pipeline's bubbles hide those waits and its
     # data-parallel all-reduce waits for the sum at once (tp1 pp4 dp2: one jump of how far it
     # fell behind). Neither is one pause.
-    pytest.importorskip("torch")
-    res = run_drill(DrillConfig(fault="straggler", rank=rank, tp=tp, pp=pp, dp=dp,
-                                iterations=12, out=str(tmp_path), timeout_s=110))
+    res = _layout_drill("straggler", tmp_path, tp, pp, dp, rank)
     assert (res.top_ranks, res.top_kind) == ((rank,), "gpu"), res.verdict
 
 
@@ -276,9 +281,7 @@ def test_ci_drill_heavy_stage_is_a_workload(tmp_path, tp, pp, dp, rank):
     # Every rank of one pipeline stage computes twice as long from the first step: a workload,
     # not a fault. The logger records no compute time and no coordinates; the stage is read
     # off the send/recv pairs and each rank's time outside communication.
-    pytest.importorskip("torch")
-    res = run_drill(DrillConfig(fault="heavy_stage", rank=rank, tp=tp, pp=pp, dp=dp,
-                                iterations=12, out=str(tmp_path), timeout_s=110))
+    res = _layout_drill("heavy_stage", tmp_path, tp, pp, dp, rank)
     assert res.ok, res.verdict
     stage = rank // (tp * dp)
     found = res.verdict["workload"]

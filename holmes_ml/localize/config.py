@@ -122,10 +122,10 @@ class LocalizeConfig:
         long pause (a host stall) or a fault spike is an episode, not a workload property.
     quiet_persistence:
         Where no switch is known (logs read without a topology: the NICs are the only network
-        devices) and no iteration is irregular, a NIC must have slowed some of its flows in at
+        devices) and no iteration is irregular, a NIC must have slowed one of its flows in at
         least this share of the analysed iterations. A fault that slows no step delta x is
         older than the window or milder than delta, and slows its flows step after step;
-        jitter and drift slow a ring here and there, and with the switches known those
+        jitter and drift slow a ring here, another there, and with the switches known those
         scattered slow flows are spread over the spines they cross, which their healthy flows
         clear; with NICs alone, two slow steps of a noisy ring would name one of its NICs.
     with_rule:

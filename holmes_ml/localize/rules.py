@@ -1364,7 +1364,9 @@ def _device_candidates(
     ``per_it_floor``: a device must explain this much per iteration it shows up in.
     ``step_floor``: in at least one iteration, the slow transfers of the flows crossing a device
     must add up to this (overlapping ones counted once).
-    ``min_steps``: a device must have slow flows in at least this many iterations.
+    ``min_steps``: one of the flows crossing a device must have been slow in at least this many
+    iterations (a faulty device slows the same flows step after step, jitter one here, another
+    there).
     """
     if len(comm) == 0:
         return [], 0.0
@@ -1416,6 +1418,7 @@ def _device_candidates(
     slow_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # per iteration
     whole_at: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     crossing: list[tuple[str, str]] = []  # (slow flow, device it crosses)
+    repeated: dict[str, int] = defaultdict(int)  # the most steps one of its flows was slow in
     # Slow flows (few) x their devices: a loop over distinct flows, not over rows.
     for key, row in per_flow.iterrows():
         ring = tuple(r for r in flows.get(str(key), ()) if fabric.known(r))
@@ -1425,6 +1428,7 @@ def _device_candidates(
             weight[d] += float(row["w"])
             count[d] += int(row["n"])
             slow[d] += 1
+            repeated[d] = max(repeated[d], len(slow_its))
             for i in slow_its:
                 slow_at[d][int(i)] += 1
             for i in whole_its:
@@ -1458,7 +1462,7 @@ def _device_candidates(
     # One slow transfer is not a device: ask for several slow instances. Devices that miss the
     # floor even with no healthy witness are dropped before the witnesses are counted.
     suspects = {d for d, w in weight.items() if count[d] >= cfg.min_evidence
-                and len(slow_at[d]) >= min_steps
+                and repeated[d] >= min_steps
                 and w * share[d] >= per_it_floor * len(slow_at[d])}
     if not suspects:
         return [], net_total
