@@ -29,7 +29,9 @@ the rules read the *absence* of a participant as a normal copy:
   the excess of the slow flows crossing it, times the squared share of slow flows among all the
   flows crossing it (healthy flows clear a device: shared switches are not blamed for being on
   many paths, the other NICs of a slow ring are cleared by their own healthy send/recv), times
-  the root of the share of slow flows it explains (one device explains them all).
+  the root of the share of slow flows it explains (one device explains them all). Where no
+  switch is known (NICs only) and no step is irregular, a NIC also needs one of its flows slow
+  in ``quiet_persistence`` of the steps.
 
 * **comm-gap** (fallback, when the records name no one) — a rank whose communication time per
   iteration (the iteration summaries every node ships) fell far below its host-mates', beyond
@@ -37,6 +39,12 @@ the rules read the *absence* of a participant as a normal copy:
   is irregular), made them wait: the same rule read off per-rank totals. It finds the slow GPU of a
   host that holds one whole tensor-parallel group, which that host's agent, with no other group
   to compare with, barely flags.
+
+* **heavier stage** (a workload finding; never changes the suspects) — every rank of one
+  pipeline stage, in two or more replicas, computes ``delta`` x the other stages' median in most
+  steps: read from logged compute times, or else from each rank's time outside communication
+  (its stages and replicas from the send/recv pairs and dp groups when the logs carry no
+  coordinates).
 
 Per-rank evidence is measured above the background every rank collects from pipeline bubbles
 and jitter (the median rank's); workload findings need lateness in most analysed iterations, so a
