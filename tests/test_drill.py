@@ -29,6 +29,8 @@ def test_config_validation():
         DrillConfig(rank=8)
     with pytest.raises(ValueError, match="compute_s=-0.1"):
         DrillConfig(compute_s=-0.1)
+    with pytest.raises(ValueError, match="pp >= 2 and dp >= 2"):
+        DrillConfig(fault="heavy_stage", ranks=8, tp=2, pp=4, dp=1)
 
 
 def test_cli_rejects_bad_layout_and_compute():

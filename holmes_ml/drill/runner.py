@@ -100,6 +100,11 @@ class DrillConfig:
             raise ValueError(f"timeout_s={self.timeout_s!r}: expected seconds > 0")
         if not 0 <= self.rank < self.ranks:
             raise ValueError(f"rank={self.rank}: expected 0 <= rank < {self.ranks}")
+        if self.fault == "heavy_stage" and (self.pp < 2 or self.dp < 2):
+            # one stage has no other to be heavier than; in one replica a stage of slow GPUs
+            # looks the same, and the localizer rightly names no stage
+            raise ValueError(f"fault=heavy_stage with pp={self.pp}, dp={self.dp}: expected "
+                             "pp >= 2 and dp >= 2")
 
 
 @dataclass(frozen=True)
