@@ -38,6 +38,9 @@ def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
     # the readable form says the same
     text = CliRunner().invoke(app, ["check", str(tmp_path / "sim")]).stdout
     assert f"read {len(ops):,} ops of 32 rank(s) (0-31) over 6 iteration(s) (0-5;" in text
+    # pipeline stages but no logged compute times: the gaps between operators stand in
+    assert report["compute_times"] is False
+    assert "not logged; read as each rank's time outside communication" in " ".join(text.split())
 
 
 def test_what_a_thin_log_lacks_is_said(tmp_path):

@@ -67,6 +67,10 @@ def register(app: typer.Typer) -> None:
         if report.get("compute_times"):
             console.print("compute time per step and rank: logged (a pipeline stage heavier "
                           "than the others can be named as a workload cause)")
+        elif {"send", "recv"} & set(report["op_types"]):
+            console.print("compute time per step and rank: not logged; read as each rank's "
+                          "time outside communication (a pipeline stage heavier than the "
+                          "others can still be named as a workload cause)")
         table = Table(title="what localization can use")
         table.add_column("", no_wrap=True)
         table.add_column("check", overflow="fold")
