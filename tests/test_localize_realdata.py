@@ -66,3 +66,19 @@ def test_se_and_ar_compute_times_name_no_stage_they_do_not_show() -> None:
     assert se.workload_findings[1].coords == {"pp": 1}
     ar = analyze(_read("AR"), model="rule")
     assert ar.workload_findings == ()
+
+
+def test_without_compute_times_the_gaps_name_the_same_stages() -> None:
+    # The same traces with step_compute_us dropped, as from a logger that records none: each
+    # rank's time outside communication stands in. It holds more than compute in these traces
+    # (the ratio it gives is larger), but the stages named are the same, and AR's one slowed
+    # worker is still no heavier stage.
+    def gaps(trial: str):
+        return analyze(_read(trial).drop(columns="step_compute_us"), model="rule")
+
+    st, se, ar = gaps("ST"), gaps("SE"), gaps("AR")
+    assert st.candidates == () and se.candidates == ()
+    assert [(w.coords, w.basis) for w in st.workload_findings] == [({"pp": 3}, "gaps")]
+    assert [(w.kind, w.coords, w.basis) for w in se.workload_findings] == [
+        ("rank-imbalance", None, "waits"), ("stage-imbalance", {"pp": 1}, "gaps")]
+    assert ar.workload_findings == () and [c.ranks for c in ar.candidates] == [(0,)]
