@@ -182,3 +182,32 @@ def test_an_output_in_an_unwritable_directory_is_refused_before_the_work(tmp_pat
         assert line.startswith(f"error: {option} {ro}/"), (args, line)
         assert f"directory {ro} is not writable; expected a path in a writable directory" \
             in line, (args, line)
+
+
+def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
+    # refused before any log is read (the path does not even exist)
+    missing = str(tmp_path / "nothing-here")
+    cases = [
+        (["--set", "late=1"], "--set late=1: no setting 'late'; expected one of"),
+        (["--set", "window"], "--set 'window': expected KEY=VALUE"),
+        (["--set", "late_fraction=half"], "--set late_fraction=half: expected a finite number"),
+        (["--set", "late_fraction=2"], "LocalizeConfig.late_fraction: got 2.0; expected 0 <="),
+        (["--set", "with_rule=maybe"], "--set with_rule=maybe: expected true or false"),
+        (["--set", "window=1.5"], "--set window=1.5: expected an integer"),
+    ]
+    for extra, expected in cases:
+        line = _one_error_line(CliRunner().invoke(app, ["localize", missing, *extra]))
+        assert line.startswith(f"error: {expected}"), (extra, line)
+    # a real override changes the verdict: a healthy noisy ring read without a topology names
+    # a NIC once the quiet-window rule is off
+    from holmes_ml.io.schema import without_labels
+    from holmes_ml.simulator import SimConfig, simulate
+
+    sim = simulate(SimConfig(gpus=256, model="mixtral-8x7b", tp=2, pp=2, ep=2, cp=2,
+                             iterations=10, seed=7323, jitter=0.06, drift=0.1, comm_drift=0.2))
+    log = tmp_path / "ops.parquet"
+    without_labels(sim.ops).to_parquet(log)
+    plain = json.loads(CliRunner().invoke(app, ["localize", str(log), "--json"]).stdout)
+    loose = json.loads(CliRunner().invoke(
+        app, ["localize", str(log), "--json", "--set", "quiet_persistence=0"]).stdout)
+    assert plain["candidates"] == [] and loose["candidates"][0]["kind"] == "nic"

@@ -7,9 +7,11 @@ simulation or training.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 
 def check_seed(seed: int) -> None:
@@ -107,3 +109,51 @@ def check_not_input(path: Path, option: str, inputs: list[Path] | list[str]) -> 
                                and target.is_relative_to(where)):
             raise ValueError(f"{option} {path}: would replace a file read from the input "
                              f"{given}; expected a path outside the inputs")
+
+
+def config_overrides(items: list[str], config: type, option: str = "--set") -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as keyword arguments of the dataclass ``config``.
+
+    Each key must be one of its fields; the value is read as the field's type (an int, a number,
+    ``true``/``false``, or ``none`` where the field may be unset). The dataclass's own checks
+    of the values run when it is built.
+
+    >>> from holmes_ml.localize import LocalizeConfig
+    >>> config_overrides(["late_fraction=0.3", "with_rule=false"], LocalizeConfig)
+    {'late_fraction': 0.3, 'with_rule': False}
+    >>> config_overrides(["late_fraction=half"], LocalizeConfig)
+    Traceback (most recent call last):
+    ...
+    ValueError: --set late_fraction=half: expected a finite number
+    """
+    fields = {f.name: str(f.type) for f in dataclasses.fields(config)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key:
+            raise ValueError(f"{option} {item!r}: expected KEY=VALUE, e.g. late_fraction=0.3")
+        if key not in fields:
+            raise ValueError(f"{option} {item}: no setting {key!r}; expected one of "
+                             f"{', '.join(sorted(fields))}")
+        kind = fields[key]
+        try:
+            if "None" in kind and text.lower() == "none":
+                out[key] = None
+            elif kind.startswith("bool"):
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                out[key] = text.lower() in ("true", "1", "yes")
+            elif kind.startswith("int"):
+                out[key] = int(text)
+            else:
+                value = float(text)
+                if not math.isfinite(value):
+                    raise ValueError
+                out[key] = value
+        except ValueError:
+            expected = ("true or false" if kind.startswith("bool") else
+                        "an integer" if kind.startswith("int") else "a finite number")
+            raise ValueError(f"{option} {item}: expected {expected}"
+                             + (" or none" if "None" in kind else "")) from None
+    return out

@@ -10,7 +10,12 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from holmes_ml.cli._checks import check_delta, check_writable, iteration_range
+from holmes_ml.cli._checks import (
+    check_delta,
+    check_writable,
+    config_overrides,
+    iteration_range,
+)
 from holmes_ml.cli._verdict import print_verdict
 from holmes_ml.io import FORMATS
 
@@ -44,6 +49,13 @@ def register(app: typer.Typer) -> None:
             "open). By default the 50 most recent iterations with abnormal operators are "
             "analysed, reaching back to the last irregular one when it is older; the "
             "verdict's note names irregular iterations left out, e.g. an earlier episode.",
+        ),
+        settings: list[str] = typer.Option(
+            [], "--set", metavar="KEY=VALUE",
+            help="Override one setting of the localizer (repeatable): any field of "
+            "holmes_ml.localize.LocalizeConfig, whose docstring explains each, e.g. --set "
+            "late_fraction=0.3 --set quiet_persistence=0 --set with_rule=false. An unknown "
+            "key or a value out of range is an error naming it.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(
@@ -89,7 +101,8 @@ def register(app: typer.Typer) -> None:
             check_writable(plot, "--plot", directory=True)
         if graph is not None:
             check_writable(graph, "--graph")
-        cfg = replace(LocalizeConfig(), top_k=top_k, delta=delta)
+        overrides = config_overrides(settings, LocalizeConfig)
+        cfg = replace(LocalizeConfig(), **{"top_k": top_k, "delta": delta, **overrides})
         mdl: object = None
         if model is not None:
             if str(model) == "rule":
@@ -123,4 +136,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(verdict.to_dict()))
             return
-        print_verdict(verdict.to_dict(), Console(), delta)
+        print_verdict(verdict.to_dict(), Console(), cfg.delta)
