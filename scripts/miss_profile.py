@@ -6,7 +6,8 @@ scores every op with the bundled model and prints, per communicator kind and op,
 copies, the share caught (recall) and the false alarms; then, for the op with the most misses (or ``--op``),
 the median features of its caught and missed abnormal copies beside its normal copies and beside
 the normal copies as far out against their stage's same step (``stage_step_z``) as the median
-missed one: when those look like the missed ones, the features cannot tell them apart. Read it
+missed one: when those look like the missed ones, the features cannot tell them apart; and how
+many of each fall before the fault's start (far-out normal copies there are jitter's). Read it
 to see which waits the features do not tell apart, not as a figure of merit: that is the bench.
 
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
@@ -80,6 +81,14 @@ def main() -> None:
     print(f"\nmedian features of {kind} {op} copies")
     print(medians.round(3).to_string())
     print("copies: " + ", ".join(f"{name} {int(mask.sum())}" for name, mask in groups.items()))
+    # by iteration: the missed copies start with the fault; the far-out normal ones (jitter's
+    # waits) come in every iteration, the fault-free ones before it included
+    it = ops["iteration"].to_numpy()
+    start = fault.start_iteration
+    for name in ("missed", "normal, as far out"):
+        mask = groups[name].to_numpy()
+        print(f"{name} by iteration: {int((mask & (it < start)).sum())} before the fault's "
+              f"start (iteration {start}), {int((mask & (it >= start)).sum())} from it on")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ fresh ones), localizes each with the bundled model twice, with the job's placeme
 it, and prints the share given a suspect by jitter, and the jobs flagged.
 
 Usage: ``.venv/bin/python scripts/no_placement_check.py --jobs 60`` (about 5 minutes on one
-core); ``--draw 7302 --first-seed 73020`` for a second draw.
+core); ``--draw 7302 --first-seed 73020`` for a second draw; ``--set quiet_persistence=0`` for the
+verdicts without the quiet-window NIC rule.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-import numpy as np
 from tqdm import tqdm
 
-from holmes_ml.bench.localize import LAYOUTS, _draw_job, _draw_noise, _wilson
+from holmes_ml.bench.localize import _sim_config, _wilson, healthy_sweep
+from holmes_ml.cli._checks import config_overrides
 from holmes_ml.io import without_labels
+from holmes_ml.localize import LocalizeConfig
 from holmes_ml.pipeline import analyze
-from holmes_ml.simulator import SimConfig, simulate
+from holmes_ml.simulator import simulate
 
 
 def main() -> None:
@@ -31,27 +33,28 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--draw", type=int, default=7301, help="seed of the job draw")
     ap.add_argument("--first-seed", type=int, default=7300, help="first job's simulator seed")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a LocalizeConfig setting, as for holmes localize (quiet_persistence=0: "
+                    "the verdicts before that rule)")
     args = ap.parse_args()
-    rng = np.random.default_rng(args.draw)
+    config = LocalizeConfig(**config_overrides(args.set, LocalizeConfig))
     modes = ("with placement", "without")
     seen: Counter = Counter()
     flagged: Counter = Counter()
     lines: list[str] = []
-    for i in tqdm(range(args.jobs), desc="jobs", unit="job"):
-        dims, gpus, iterations = _draw_job(rng, i)
-        lay = dict(LAYOUTS[dims])
-        model = lay.pop("model", "llama2-7b")
-        cfg = SimConfig(gpus=gpus, model=model, iterations=iterations,
-                        seed=args.first_seed + i, **lay, **_draw_noise(rng))
+    jobs = healthy_sweep(False, draw=args.draw, first_seed=args.first_seed, n=args.jobs)
+    for sc in tqdm(jobs, desc="jobs", unit="job"):
+        cfg = _sim_config(sc)
         res = simulate(cfg)
         ops = without_labels(res.ops)
         for mode, topology in zip(modes, (res.topology, None), strict=True):
-            verdict = analyze(ops, topology)
+            verdict = analyze(ops, topology, config=config)
             seen[mode, cfg.jitter] += 1
             if verdict.candidates:
                 flagged[mode, cfg.jitter] += 1
                 top = verdict.candidates[0]
-                lines.append(f"{mode}: {dims} {gpus} GPUs seed {cfg.seed} jitter {cfg.jitter:g} "
+                lines.append(f"{mode}: {sc['dims']} {cfg.gpus} GPUs seed {cfg.seed} "
+                             f"jitter {cfg.jitter:g} "
                              f"drift {cfg.drift:g} transfer drift {cfg.comm_drift:g}: "
                              f"{top.device} (score {top.score:.2f})")
     for mode in modes:

@@ -15,7 +15,8 @@ Prints, for each, how many verdicts blamed a device, how many heavy stages were 
 whether the right one), and any stage named in a job without one.
 
 Usage: ``.venv/bin/python scripts/workload_check.py --jobs 60`` (5-10 minutes on 2 cores);
-``--draw`` and ``--first-seed`` give other jobs.
+``--draw`` and ``--first-seed`` give other jobs; ``--set KEY=VALUE`` a localizer setting
+(``quiet_persistence=0``: without the quiet-window NIC rule).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import numpy as np
 from tqdm import tqdm
 
 from holmes_ml.bench.localize import LAYOUTS, _draw_job, _draw_noise, _wilson
+from holmes_ml.cli._checks import config_overrides
 from holmes_ml.io import without_labels
+from holmes_ml.localize import LocalizeConfig
 from holmes_ml.pipeline import analyze
 from holmes_ml.simulator import SimConfig, simulate
 
@@ -59,7 +62,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--draw", type=int, default=4101, help="seed of the job draw")
     ap.add_argument("--first-seed", type=int, default=4100, help="first job's simulator seed")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a LocalizeConfig setting, as for holmes localize")
     args = ap.parse_args()
+    config = LocalizeConfig(**config_overrides(args.set, LocalizeConfig))
     rng = np.random.default_rng(args.draw)
     modes = ("log only", "log only, no placement", "with compute")
     blamed: dict[str, list[str]] = {m: [] for m in modes}
@@ -75,7 +81,7 @@ def main() -> None:
         plain = ops.drop(columns="step_compute_us")
         for name, table, topology in zip(modes, (plain, plain, ops),
                                          (res.topology, None, res.topology), strict=True):
-            verdict = analyze(table, topology)
+            verdict = analyze(table, topology, config=config)
             if verdict.candidates:
                 top = verdict.candidates[0]
                 blamed[name].append(f"{said}: {top.kind.value} {top.device}")

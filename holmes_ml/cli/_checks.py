@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,8 @@ def config_overrides(items: list[str], config: type, option: str = "--set") -> d
     ...
     ValueError: --set late_fraction=half: expected a finite number
     """
-    fields = {f.name: str(f.type) for f in dataclasses.fields(config)}
+    hints = typing.get_type_hints(config)
+    fields = {f.name for f in dataclasses.fields(config)}
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -136,24 +138,23 @@ def config_overrides(items: list[str], config: type, option: str = "--set") -> d
         if key not in fields:
             raise ValueError(f"{option} {item}: no setting {key!r}; expected one of "
                              f"{', '.join(sorted(fields))}")
-        kind = fields[key]
+        args = typing.get_args(hints[key])
+        optional = type(None) in args
+        kind = next(a for a in args if a is not type(None)) if optional else hints[key]
+        expected = {bool: "true or false", int: "an integer"}.get(kind, "a finite number")
         try:
-            if "None" in kind and text.lower() == "none":
+            if optional and text.lower() == "none":
                 out[key] = None
-            elif kind.startswith("bool"):
-                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                out[key] = text.lower() in ("true", "1", "yes")
-            elif kind.startswith("int"):
+            elif kind is bool:
+                out[key] = {"true": True, "yes": True, "1": True,
+                            "false": False, "no": False, "0": False}[text.lower()]
+            elif kind is int:
                 out[key] = int(text)
             else:
-                value = float(text)
-                if not math.isfinite(value):
+                out[key] = float(text)
+                if not math.isfinite(out[key]):
                     raise ValueError
-                out[key] = value
-        except ValueError:
-            expected = ("true or false" if kind.startswith("bool") else
-                        "an integer" if kind.startswith("int") else "a finite number")
+        except (KeyError, ValueError):
             raise ValueError(f"{option} {item}: expected {expected}"
-                             + (" or none" if "None" in kind else "")) from None
+                             + (" or none" if optional else "")) from None
     return out
