@@ -140,6 +140,8 @@ CASES = [
      r"column 'start_ts', row 5: negative time \(got -2\.0"),
     ("start_ts_beyond_int64_ns", _set("start_ts", 1e12, dtype=np.float64), META,
      r"column 'start_ts', row 5: times too large"),
+    ("duration_beyond_int64_ns", _set("duration", 1e30, dtype=np.float64), META,
+     r"column 'duration', row 5: times too large.* \(got 1e\+30"),
     ("two_ranks_for_one_worker", _set("rank", 2, lambda d: (d["rank"] == 0) & (d["step"] == 11)),
      META, r"column 'rank', row \d+: a second rank for the worker at dp_rank 0, stage 0 \(got 2; "
      r"expected rank 0 as in row 0"),
@@ -305,3 +307,17 @@ def test_two_traces_in_one_read_are_refused_naming_both(tmp_path):
     with pytest.raises(SchemaError, match=r"trace-A\.parquet, trace-B\.parquet.*job of its own"
                        r".*one trace-\*\.parquet per read"):
         read_ops([a, b])
+
+
+def test_a_row_written_twice_is_dropped_not_paired(tmp_path, caplog):
+    """A repeated send would take the next message's place in its pair's count: every later
+    message of the pair would meet the wrong partner. It is dropped, with a warning."""
+    df = _trace()
+    want = read_ops(_write(tmp_path, df))
+    i = int(df.index[df["optype"] == "forward-send"][0])
+    twice = pd.concat([df.iloc[:i + 1], df.iloc[[i]], df.iloc[i + 1:]], ignore_index=True)
+    with caplog.at_level("WARNING"):
+        got = read_ops(_write(tmp_path, twice))
+    assert f"dropped 1 row(s) repeating an earlier row exactly (first: row {i + 1})" \
+        in caplog.text
+    pd.testing.assert_frame_equal(got, want)

@@ -263,3 +263,20 @@ def test_long_profiling_name_is_parsed_in_linear_time(tmp_path):
         p.write_text(json.dumps(doc))
         ops = read_flight_recorder([p])
         assert ops.loc[ops["op"] == "send", "peer"].tolist() == [peer]
+
+
+def test_error_found_across_dumps_names_the_dump_and_entry(tmp_path):
+    """A negative duration (completed before started) or an op ending beyond 64-bit ns is
+    seen on the joined table; the error still names the dump file and its entry."""
+    dumps = {r: _dump(r) for r in range(4)}
+    dumps[2]["entries"][3]["duration_ms"] = -1.0
+    d = _write(tmp_path, dumps)
+    with pytest.raises(SchemaError, match=r"negative duration at .*nccl_trace_rank_2, "
+                       r"entries\[3\]") as info:
+        read_ops(d)
+    assert info.value.column == "duration_us"
+    dumps[2]["entries"][3]["duration_ms"] = 1e30
+    (d / "nccl_trace_rank_2").write_text(json.dumps(dumps[2]))
+    with pytest.raises(SchemaError, match=r"duration too large at .*nccl_trace_rank_2, "
+                       r"entries\[3\]"):
+        read_ops(d)

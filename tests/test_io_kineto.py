@@ -469,3 +469,15 @@ def test_the_one_gloo_group_beside_an_nccl_default_group_runs_every_gloo_operati
         40: [0.0, 1000.0]}, default_backend="cuda:nccl"))
     ops = read_ops(tmp_path)
     assert set(ops["group"]) == {"1"} and set(ops["group_ranks"]) == {"2 3"}
+
+
+def test_members_disagreeing_across_traces_name_each_trace_and_event(tmp_path):
+    for r in range(3):
+        doc = _trace(r, OPS)
+        if r == 1:
+            doc["traceEvents"][2]["args"]["Process Group Ranks"] = "[0, 1]"
+            doc["traceEvents"][2]["args"]["Group size"] = 2
+        _write(tmp_path / f"rank{r}.json", doc)
+    with pytest.raises(SchemaError, match=r"disagree on its size at .*rank1\.json, "
+                       r"traceEvents\[2\] .*as in .*rank0\.json, traceEvents\[2\]"):
+        read_ops(tmp_path)

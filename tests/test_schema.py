@@ -266,3 +266,51 @@ def test_files_listing_different_communicators_read_to_one_categorical_column(tm
     joined = concat_ops([a, b])
     assert isinstance(joined["group_ranks"].dtype, pd.CategoricalDtype)
     assert joined["group_ranks"].tolist() == [*a["group_ranks"], *b["group_ranks"]]
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_time_typed_columns_convert_by_their_unit(tmp_path, unit):
+    """A Parquet timestamp/duration column is not read as its raw integer (seconds taken for
+    nanoseconds): the start becomes ns since the epoch, the duration microseconds."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from holmes_ml.io import read_ops
+
+    start_ns = np.array([1_767_225_600_018_423_924, 1_767_225_600_018_424_924, 0, 5_000])
+    per = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[unit]
+    table = pa.Table.from_pandas(_table(), preserve_index=False)
+    zone = "UTC" if unit == "ms" else None  # a time zone does not shift the instant
+    table = table.set_column(table.schema.get_field_index("start_ns"), "start_ns",
+                             pa.array(start_ns // per).cast(pa.timestamp(unit, tz=zone)))
+    dur_us = np.array([5_000.0, 3_000_000.0, 0.0, 1.0])
+    table = table.set_column(table.schema.get_field_index("duration_us"), "duration_us",
+                             pa.array((dur_us * 1000).astype(np.int64) // per)
+                             .cast(pa.duration(unit)))
+    path = tmp_path / "timed.parquet"
+    pq.write_table(table, path)
+    out = read_ops(path)
+    assert out["start_ns"].tolist() == (start_ns // per * per).tolist()
+    assert out["duration_us"].tolist() == ((dur_us * 1000).astype(np.int64) // per * per
+                                           / 1000).tolist()
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("iteration", pd.to_timedelta([1, 2, 3, 4], unit="s"), "a duration, not a number"),
+    ("duration_us", pd.to_datetime([1, 2, 3, 4]), "a timestamp, not a number"),
+    ("start_ns", pd.to_timedelta([1, 2, 3, 4], unit="s"), "a duration, not a number"),
+    ("start_ns", pd.to_datetime([1, None, 3, 4]), "missing value"),
+])
+def test_time_type_where_none_belongs_is_refused(column, value, message):
+    with pytest.raises(SchemaError, match=message) as info:
+        validate(_table(**{column: value}), source="x.parquet")
+    assert info.value.column == column and "x.parquet" in str(info.value)
+
+
+def test_duration_whose_end_overflows_64_bit_ns_is_refused():
+    with pytest.raises(SchemaError, match="duration too large") as info:
+        validate(_table(duration_us=[5.0, 3.5, 1e30, 2.0]))
+    assert info.value.column == "duration_us" and info.value.row == 2
+    # the largest that fits still reads
+    room = (2**63 - 1 - 21) / 1e3
+    assert validate(_table(duration_us=[5.0, 3.5, 1.0, room * 0.999]))["duration_us"].iloc[3] > 0

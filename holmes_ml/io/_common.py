@@ -299,6 +299,13 @@ def iter_jsonl(
 #: enough that lists sized by it fit in memory.
 MAX_WORLD = 1 << 20
 
+#: Columns a converter adds to each row it makes: the file it came from and the record of
+#: that file (a ``traceEvents`` / ``entries`` index, a line number), so that what only the
+#: joined table shows (a negative duration, ranks that disagree) is reported there.
+#: :func:`holmes_ml.io.readers.read_ops` takes them off before it validates.
+SOURCE_FILE = "_source_file"
+SOURCE_RECORD = "_source_record"
+
 _MISSING = object()
 
 

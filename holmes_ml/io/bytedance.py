@@ -393,6 +393,16 @@ def read_bytedance(path: str | Path, meta: Mapping[str, Any] | str | Path | None
     _one_to_one(dp_all, st_all, rank_all, pp_size, source)
     df = df.assign(dp_rank=dp_all, stage=st_all, rank=rank_all, step=step, seq_id=seq_id,
                    optype=optype, start_ts=start_ts, duration=duration)
+    # A row repeated exactly is the same record written twice: kept, it would take the next
+    # message's place in the send/recv pairing (messages are counted, not named), so every
+    # later message of its pair would meet the wrong partner. The index keeps file rows.
+    again = df.duplicated(subset=list(TRACE_COLUMNS), keep="first").to_numpy()
+    if again.any():
+        logger.warning("%s: dropped %d row(s) repeating an earlier row exactly (first: row %d)"
+                       " - the same record written twice?", source, int(again.sum()),
+                       int(np.flatnonzero(again)[0]))
+        df = df.loc[~again]
+        start_ts, duration = start_ts[~again], duration[~again]
 
     # Synthetic absolute timeline: recorded steps placed back to back.
     step_end = (df["start_ts"] + df["duration"]).groupby(df["step"]).max().sort_index()
@@ -400,11 +410,15 @@ def read_bytedance(path: str | Path, meta: Mapping[str, Any] | str | Path | None
     t0_s = df["step"].map(offset).to_numpy() + df["start_ts"].to_numpy()
     late = (t0_s + duration) * 1e9 >= 2.0 ** 63
     if late.any():
-        i = int(np.flatnonzero(late)[0])
+        # name the row that stretches its step the most, and the larger of its two times
+        i = int(np.argmax(start_ts + duration))
+        column = "duration" if duration[i] >= start_ts[i] else "start_ts"
         raise SchemaError(
             "times too large: the recorded steps placed back to back end beyond 2**63 ns",
-            source=source, column="start_ts", row=i, value=float(start_ts[i]),
-            expected="seconds since the start of the step, a step lasting hours at most")
+            source=source, column=column, row=int(df.index[i]),
+            value=float(df[column].iloc[i]),
+            expected="seconds since the start of the step (start_ts) and op durations, a step "
+            "lasting hours at most")
 
     is_compute = df["optype"].isin(_COMPUTE).to_numpy()
     compute = df.loc[is_compute].groupby(["rank", "step"])["duration"].sum() * 1e6

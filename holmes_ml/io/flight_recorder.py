@@ -31,6 +31,8 @@ import pandas as pd
 
 from holmes_ml.io._common import (
     MAX_WORLD,
+    SOURCE_FILE,
+    SOURCE_RECORD,
     as_float,
     as_int,
     as_obj,
@@ -292,11 +294,11 @@ def _rows(doc: dict, source: str) -> list[dict[str, Any]]:
     skipped = 0
     # The operations of a coalesced group share its seq id and may carry no timing of their
     # own: the entry closing the group (recorded after them) times the whole group.
-    named = [(f"entries[{i}]", e, *_op_of(e, f"entries[{i}]", source))
+    named = [(i, f"entries[{i}]", e, *_op_of(e, f"entries[{i}]", source))
              for i, e in enumerate(doc["entries"])]
     group_times = {_identity(e, op, at, source): _timing(e, at, source)
-                   for at, e, _, op in named if op == ""}
-    for at, e, name, op in named:
+                   for _, at, e, _, op in named if op == ""}
+    for i, at, e, name, op in named:
         if op == "":
             continue
         # Every field is checked, also in entries left out below: a broken one means a broken
@@ -323,6 +325,8 @@ def _rows(doc: dict, source: str) -> list[dict[str, Any]]:
             "peer": (_peer(name, rank, pg_ranks.get(group), f"{at}.profiling_name", source)
                      if op in P2P_OPS else -1),
             "state": state,
+            SOURCE_FILE: source,
+            SOURCE_RECORD: i,
         })
     if skipped:
         logger.warning("%s: %d of %d entries have no duration (gloo or unfinished) and are "

@@ -61,6 +61,8 @@ import pandas as pd
 
 from holmes_ml.io._common import (
     MAX_WORLD,
+    SOURCE_FILE,
+    SOURCE_RECORD,
     as_float,
     as_int,
     as_obj,
@@ -637,10 +639,13 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
             "group_ranks": group_ranks,
             "peer": d["peer"],
             "clock": clock,
+            SOURCE_FILE: source,
+            # the annotation carrying the op's metadata, else its first kernel
+            SOURCE_RECORD: (inst.events[0] if inst.events else first).index,
         })
     df = pd.DataFrame(rows, columns=[
         "iteration", "rank", "op", "group", "seq_arg", "nbytes", "start_ns", "duration_us",
-        "group_ranks", "peer", "clock",
+        "group_ranks", "peer", "clock", SOURCE_FILE, SOURCE_RECORD,
     ])
     logger.debug("%s: rank %d, %d comm ops (%d kernels)", source, rank, len(df), len(kernels))
     return df, rank, world, unresolved

@@ -56,6 +56,8 @@ import pandas as pd
 from holmes_ml._text import shown
 from holmes_ml.io._common import (
     MAX_WORLD,
+    SOURCE_FILE,
+    SOURCE_RECORD,
     check_unicode,
     cut,
     each_file,
@@ -492,4 +494,5 @@ def read_nccl_inspector(paths: Sequence[str | Path] | str | Path) -> pd.DataFram
     df["peer"] = peer
     for col in ("group_size", "comm_rank", "nccl_sn", "nnodes", "comm_peer"):
         df[col] = df[col].astype(np.int64)
-    return df.drop(columns=["comm_id", "process", "file", "line"])
+    df[SOURCE_FILE] = np.asarray(sources, dtype=object)[df["file"].to_numpy(np.int64)]
+    return df.drop(columns=["comm_id", "process", "file"]).rename(columns={"line": SOURCE_RECORD})

@@ -34,7 +34,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from holmes_ml.io._common import each_file, head_bytes, iter_jsonl, open_bytes, showing_progress
+from holmes_ml.io._common import (
+    SOURCE_FILE,
+    SOURCE_RECORD,
+    each_file,
+    head_bytes,
+    iter_jsonl,
+    open_bytes,
+    showing_progress,
+)
 from holmes_ml.io.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -551,8 +559,6 @@ def _in_file(
 ) -> SchemaError:
     """``exc``, raised on the rows of several files read together, with its row (and the
     earlier row it contradicts, "as in row N") given as file and line."""
-    if exc.row is None:
-        return exc
 
     def where(row: int) -> str:
         k = int(origin[row])
@@ -560,6 +566,35 @@ def _in_file(
         line = _line_of(files[k], local)
         return f"{names[k]} row {local}" if line is None else f"{names[k]} line {line}"
 
+    return _located(exc, where)
+
+
+#: How each converter's :data:`SOURCE_RECORD` names the record of its file a row came from.
+_RECORD_NAMES = {"kineto": "traceEvents[{}]", "flight-recorder": "entries[{}]",
+                 "nccl-inspector": "line {}"}
+
+
+def _record_finder(converted: pd.DataFrame, format: str, shown: dict[str, str]
+                   ) -> Callable[[int], str] | None:
+    """Takes the converter's :data:`SOURCE_FILE` / :data:`SOURCE_RECORD` columns off
+    ``converted`` and returns what names row ``i``'s file and record (None without them)."""
+    if SOURCE_FILE not in converted.columns or SOURCE_RECORD not in converted.columns:
+        return None
+    files = converted.pop(SOURCE_FILE).to_numpy()
+    records = converted.pop(SOURCE_RECORD).to_numpy()
+    template = _RECORD_NAMES.get(format, "record {}")
+
+    def where(row: int) -> str:
+        return f"{_display(str(files[row]), shown)}, {template.format(int(records[row]))}"
+
+    return where
+
+
+def _located(exc: SchemaError, where: Callable[[int], str]) -> SchemaError:
+    """``exc`` with its row (and the earlier row it contradicts, "as in row N") given by
+    ``where`` (file and line, or file and record)."""
+    if exc.row is None:
+        return exc
     expected = exc.expected
     if expected:
         expected = re.sub(r"as in row (\d+)", lambda m: "as in " + where(int(m.group(1))),
@@ -679,7 +714,13 @@ def _read_files(
                               source=source, value=len(files),
                               expected="one trace-*.parquet per read, one per agent directory")
         converted = _converted(format, files, trust_pickle, source)
-        ops = validate(converted, source=source)
+        where = _record_finder(converted, format, shown or {})
+        try:
+            ops = validate(converted, source=source)
+        except SchemaError as exc:
+            if where is None:
+                raise
+            raise _located(exc, where) from None
         ops.attrs.update(converted.attrs)  # what the converter noticed (for the verdict's note)
     else:
         if len(files) == 1:

@@ -212,8 +212,53 @@ def _text(col: pd.Series, column: str, source: str | None) -> pd.Series:
     return pd.Series(cats.take(codes), index=col.index)
 
 
+#: Columns that may come as Arrow/pandas time types, and the unit they are converted to:
+#: a timestamp (any unit or time zone) for the start, a duration for the times.
+_TIME_UNITS: dict[str, tuple[str, int]] = {
+    "start_ns": ("M", 1),  # ns since the epoch
+    "duration_us": ("m", 1000),  # ns -> microseconds
+    "step_compute_us": ("m", 1000),
+}
+
+
+def _from_time_type(col: pd.Series, column: str, source: str | None) -> pd.Series:
+    """A timestamp or duration column (a Parquet ``timestamp``/``duration`` type, any unit)
+    as the plain number the schema's column holds: read as its raw integer it would be off by
+    its unit (seconds taken for nanoseconds); anything else is returned as it is."""
+    dtype = col.dtype
+    got = "M" if isinstance(dtype, pd.DatetimeTZDtype) else getattr(dtype, "kind", "")
+    if got not in ("M", "m"):
+        return col
+    what = "a timestamp" if got == "M" else "a duration"
+    want, per_unit = _TIME_UNITS.get(column, ("", 0))
+    if got != want:
+        expected = {"M": "a timestamp or an integer of ns since the epoch",
+                    "m": "a duration or a number of microseconds"}.get(want, "a number")
+        raise SchemaError(f"{what}, not a number", source=source, column=column, row=0,
+                          value=str(dtype), expected=expected)
+    if got == "M" and isinstance(dtype, pd.DatetimeTZDtype):
+        col = col.dt.tz_convert("UTC").dt.tz_localize(None)
+    missing = col.isna().to_numpy()
+    if missing.any():
+        i = _first_bad(missing)
+        raise SchemaError("missing value", source=source, column=column, row=i, value=None,
+                          expected=f"{what} on every row")
+    try:
+        ns = col.astype("datetime64[ns]" if got == "M" else "timedelta64[ns]")
+    except (OverflowError, ValueError) as exc:  # beyond 64-bit ns (about the years 1677-2262)
+        raise SchemaError(f"{what} out of range ({exc})", source=source, column=column,
+                          value=str(dtype), expected=f"{what} within 64-bit nanoseconds"
+                          ) from None
+    raw = ns.to_numpy().view(np.int64)
+    if per_unit == 1:
+        return pd.Series(raw, index=col.index)
+    return pd.Series(raw / per_unit, index=col.index)
+
+
 def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.Series:
     col = df[column]
+    if kind != "str":
+        col = _from_time_type(col, column, source)
     if kind == "str":
         if col.isna().any():
             i = _first_bad(col.isna().to_numpy())
@@ -310,12 +355,16 @@ def validate(
     -------
     pandas.DataFrame
         A new table with required columns first, canonical dtypes (``int64``, ``float64``,
-        ``str``), ``op`` values lower-cased, and ``peer`` filled with -1 where absent.
+        ``str``), ``op`` values lower-cased, and ``peer`` filled with -1 where absent. A
+        ``start_ns`` of a timestamp type (a Parquet ``timestamp`` of any unit or time zone)
+        becomes ns since the epoch, a ``duration_us`` or ``step_compute_us`` of a duration
+        type microseconds; a time type in any other column is an error.
 
     Raises
     ------
     SchemaError
-        Missing column, wrong type, unknown op, negative size/duration/start time, a group whose
+        Missing column, wrong type, unknown op, negative size/duration/start time, an op
+        whose end does not fit in 64-bit ns, a group whose
         participants disagree on its members or kind, a rank outside its group's members, or
         a rank logged on two hosts.
 
@@ -390,6 +439,17 @@ def validate(
                 "negative duration", source=source, column="duration_us", row=i,
                 value=out["duration_us"].iloc[i], expected="a duration >= 0 microseconds",
             )
+    # Each op's end must be a 64-bit ns time like its start (the features and the verdict
+    # work in ns): a duration of 1e30 us would overflow there, not be refused here.
+    room_us = (float(2**63 - 1) - out["start_ns"].to_numpy(dtype=np.float64)) / 1e3
+    late = out["duration_us"].to_numpy() >= room_us
+    if late.any():
+        i = _first_bad(late)
+        raise SchemaError(
+            "duration too large", source=source, column="duration_us", row=i,
+            value=float(out["duration_us"].iloc[i]),
+            expected="an end within 64-bit ns (start_ns + 1000 x duration_us < 2**63: at "
+            f"most {room_us[i]:.6g} us at this start)")
     empty_group = (out["group"].str.len() == 0).to_numpy()
     if empty_group.any():
         i = _first_bad(empty_group)
