@@ -248,6 +248,8 @@ def _combine(*codes: np.ndarray) -> np.ndarray:
     for c in codes:
         c = np.asarray(c, dtype=np.int64)
         c = c - c.min() if len(c) else c
+        if len(c) and int(c.max()) >= 1 << 31:  # a wide span (a stray iteration 2**62): codes
+            c = pd.factorize(c)[0].astype(np.int64)
         key = pd.factorize(key * (int(c.max()) + 1 if len(c) else 1) + c)[0].astype(np.int64)
     return key
 

@@ -41,3 +41,14 @@ def test_cli_delta(mild, tmp_path):
                                    "--json", "--delta", "3"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["irregular_iterations"] == []
+
+
+def test_an_iteration_numbered_near_2_63_does_not_break_the_verdict(mild):
+    """Iteration numbers are only identities: one stray number near 2**63 (a corrupt counter)
+    next to 0..13 overflowed the packed keys; the straggler is still named."""
+    ops = without_labels(mild.ops)
+    want = analyze(ops, mild.topology)  # the bundled model
+    it = ops["iteration"].to_numpy().copy()
+    it[it == it.max()] = 2**63 - 1
+    got = analyze(ops.assign(iteration=it), mild.topology)
+    assert got.candidates and got.candidates[0].ranks == want.candidates[0].ranks == (9,)

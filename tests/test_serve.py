@@ -487,3 +487,45 @@ def test_arrow_ingest_fast_path(server):
             assert r.status_code == 422 and r.json()["field"] == f"columns.{column}", r.text
             assert "not a string" in r.json()["detail"], r.text
     assert httpx.get(server.url + "/v1/jobs/jobArrow").json()["records"] == len(ops)
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    # one rank's operators in one iteration: beyond any job, and summed over batches the
+    # job's record count would outgrow 64 bits (GET /v1/jobs then failed for every job)
+    (lambda b: b["iterations"].update(n_ops=[2**63 - 1, 1]),
+     "body.iterations.n_ops.0: Input should be less than or equal to 2147483647"),
+    (lambda b: b["iterations"].update(start_ns=[0, 50], end_ns=[100, 40]),
+     "row 1: end_ns 40 before start_ns 50"),
+    (lambda b: b["iterations"].update(start_ns=[200, 0]),
+     "row 0: end_ns 100 before start_ns 200"),
+    (lambda b: b["iterations"].update(comm_us=[1e308, 0.1]),
+     "body.iterations.comm_us.0: Input should be less than or equal to 9200000000000000"),
+    (lambda b: b.update(abnormal={
+        "iteration": [0], "rank": [1], "op": ["all_reduce"], "group": ["dp-0"], "seq": [0],
+        "nbytes": [8], "start_ns": [2**63 - 10], "duration_us": [1.0], "score": [0.9]}),
+     "row 0: start_ns 9223372036854775798 + duration_us 1.0 ends beyond 2**63 ns"),
+])
+def test_agent_summaries_that_would_break_later_verdicts_are_refused(server, mutate, needle):
+    """Values the old schema let through and that broke the job afterwards (a negative or
+    overflowing record count, an iteration ending before it starts, an op ending beyond 64-bit
+    ns): refused with 422 naming them, and the job keeps what it had."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    good = _agent_batch("n1", 0, [0, 1], "h1", [0, 1])
+    if c.get("/v1/jobs/jobPoison").status_code == 404:
+        assert c.post("/v1/jobs/jobPoison/batches", json=good).status_code == 200
+    before = c.get("/v1/jobs/jobPoison").json()
+    bad = _agent_batch("n1", 1, [0, 1], "h1", [0, 1], iteration=1)
+    mutate(bad)
+    r = c.post("/v1/jobs/jobPoison/batches", json=bad)
+    assert r.status_code == 422 and needle in r.json()["detail"], r.text
+    after = c.get("/v1/jobs/jobPoison").json()
+    assert (after["records"], after["batches"]) == (before["records"], before["batches"])
+    assert c.get("/v1/jobs").status_code == 200
+
+
+def test_a_raw_duration_ending_beyond_64_bit_ns_is_refused(server):
+    body = raw_body(make_ops(seed=2, iterations=2), "huge-dur")
+    body["columns"]["duration_us"][3] = 1e15
+    body["columns"]["start_ns"][3] = 2**63 - 10**17
+    r = httpx.post(server.url + "/v1/jobs/jobHuge/raw", json=body, headers=auth())
+    assert r.status_code == 422 and "row 3: start_ns" in r.json()["detail"], r.text

@@ -448,3 +448,16 @@ def test_compute_times_over_http_take_null_and_refuse_negatives_naming_the_field
         r = c.post("/v1/jobs/j/batches", json=body, headers=auth())
         assert r.status_code == 200, r.text
         assert c.get("/v1/jobs/j").json()["batches"] == 1  # the refused one stored nothing
+
+
+def test_a_jobs_record_count_stays_a_64_bit_integer(tmp_path):
+    """Summed over batches in SQL, the count would turn into a float past 2**63 and every
+    job listing would fail on it; it is held at the maximum instead."""
+    store = _raw_store(tmp_path)
+    with sqlite3.connect(tmp_path / "serve.db") as db:
+        db.execute("UPDATE jobs SET records=? WHERE job='job'", (2**63 - 5,))
+    ops = validate(make_ops(seed=1, iterations=40))
+    store.ingest_raw("job", "logger", "b3", 3, pa.Table.from_pandas(
+        ops[ops["iteration"] >= 30], preserve_index=False), "digest3")
+    assert store.job("job")["records"] == 2**63 - 1
+    assert isinstance(store.job("job")["records"], int)

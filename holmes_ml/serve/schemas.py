@@ -25,9 +25,14 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=128)]
 NonNegInt = Annotated[int, Field(ge=0, le=I64_MAX)]
+#: Operators one rank ran in one iteration: a billion is far beyond any job, and the job's
+#: record count, summed over every batch, stays a 64-bit integer.
+OpCount = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Rank = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Peer = Annotated[int, Field(ge=-1, le=2**31 - 1)]
-Duration = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+#: Microseconds; at most 2**63 ns (292 years): a time of 1e308 would overflow the service's
+#: nanosecond arithmetic, not be refused.
+Duration = Annotated[float, Field(ge=0.0, le=9.2e15, allow_inf_nan=False)]
 Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Text = Annotated[str, Field(max_length=256)]
 Coord = Annotated[int, Field(ge=-1, le=2**31 - 1)]
@@ -106,8 +111,16 @@ class IterationTable(_Columnar):
     start_ns: list[NonNegInt]
     end_ns: list[NonNegInt]
     comm_us: list[Duration]
-    n_ops: list[NonNegInt]
+    n_ops: list[OpCount]
     compute_us: list[Duration | None] | None = None
+
+    @model_validator(mode="after")
+    def _ends_after_starts(self):  # noqa: ANN202 - pydantic hook
+        for i, (start, end) in enumerate(zip(self.start_ns, self.end_ns, strict=True)):
+            if end < start:
+                raise ValueError(f"row {i}: end_ns {end} before start_ns {start}; expected "
+                                 "the rank's latest completion at or after its earliest arrival")
+        return self
 
 
 class _CanonicalColumns(_Columnar):
@@ -121,6 +134,14 @@ class _CanonicalColumns(_Columnar):
     nbytes: list[NonNegInt]
     start_ns: list[NonNegInt]
     duration_us: list[Duration]
+
+    @model_validator(mode="after")
+    def _ends_fit(self):  # noqa: ANN202 - pydantic hook
+        for i, (start, dur) in enumerate(zip(self.start_ns, self.duration_us, strict=True)):
+            if start + dur * 1e3 >= 2.0**63:
+                raise ValueError(f"row {i}: start_ns {start} + duration_us {dur} ends beyond "
+                                 "2**63 ns; expected an op ending within 64-bit ns")
+        return self
 
 
 class AbnormalOpTable(_CanonicalColumns):

@@ -552,7 +552,10 @@ class Store:
         db.execute(
             "INSERT INTO jobs (job, created_at, last_ingest_at, records, batches, mode, newest_ns)"
             " VALUES (?,?,?,?,1,?,?) ON CONFLICT(job) DO UPDATE SET"
-            " last_ingest_at=excluded.last_ingest_at, records=records+excluded.records,"
+            " last_ingest_at=excluded.last_ingest_at,"
+            # exact integers, held at the 64-bit maximum (SQLite would turn it into a float)
+            " records=CASE WHEN records > 9223372036854775807 - excluded.records"
+            " THEN 9223372036854775807 ELSE records + excluded.records END,"
             " batches=batches+1, mode=excluded.mode,"
             " newest_ns=max(coalesce(newest_ns, 0), coalesce(excluded.newest_ns, 0))",
             (job, now, now, int(records), mode, newest_ns),
