@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 from test_serve_support import (
     TOKEN,
@@ -148,6 +150,32 @@ def test_once_on_a_half_written_iteration_ships_its_late_rows_on_the_next_run(tm
         last = its[its["iteration"] == 5]
         assert sorted(last["rank"]) == [0, 1, 2, 3]
         assert (last["n_ops"] == 6).all()  # the summary of the whole iteration replaced the half
+    finally:
+        srv.stop()
+
+
+def test_a_refused_token_keeps_the_batches_queued_for_the_right_one(tmp_path):
+    """A wrong or rotated token is a setting to fix, not bad data: the batches stay queued
+    (a run with the right token ships them) instead of being marked rejected and lost."""
+    ops = make_ops(seed=13, ranks=4, iterations=6)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=6)
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="tok", token="wrong", source="n1",
+                      backoff_s=0.05, timeout_s=5, once_retry_s=30)
+    try:
+        wrong = Agent(cfg, summarize=fallback_summarize)
+        wrong.run(once=True)  # gives up at once: the same token is refused again
+        assert wrong.auth_refused and wrong.auth_refused.startswith("HTTP 401")
+        assert wrong.stats.batches_rejected == 0 and wrong.outbox.n_pending() == 1
+        wrong.close()
+        assert httpx.get(srv.url + "/v1/jobs/tok").status_code == 404
+        right = Agent(dataclasses.replace(cfg, token=TOKEN),
+                      summarize=fallback_summarize)
+        right.run(once=True)
+        assert right.outbox.n_pending() == 0 and right.auth_refused is None
+        right.close()
+        assert httpx.get(srv.url + "/v1/jobs/tok").json()["records"] == len(ops)
     finally:
         srv.stop()
 

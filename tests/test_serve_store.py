@@ -461,3 +461,37 @@ def test_a_jobs_record_count_stays_a_64_bit_integer(tmp_path):
         ops[ops["iteration"] >= 30], preserve_index=False), "digest3")
     assert store.job("job")["records"] == 2**63 - 1
     assert isinstance(store.job("job")["records"], int)
+
+
+def test_a_job_whose_localization_fails_is_not_retried_until_it_changes(tmp_path, monkeypatch):
+    """The background loop ran a failing job's whole localization (and logged its traceback)
+    every few seconds; now it waits for the job to change. An explicit request still tries."""
+    import holmes_ml.serve.app as app_module
+    from holmes_ml.serve.app import Service
+
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(app_module, "compute_verdict", failing)
+    store = _raw_store(tmp_path)
+    service = Service(store=store, analyzers=ANALYZERS)
+    service.analyze_dirty()
+    assert len(calls) == 1 and service.errors["job"] == "localization failed: RuntimeError: boom"
+    service.analyze_dirty()
+    service.analyze_dirty()
+    assert len(calls) == 1  # same data: not tried again
+    service.analyze("job")  # asked for: tried
+    assert len(calls) == 2
+    ops = validate(make_ops(seed=1, iterations=40))
+    store.ingest_raw("job", "logger", "b3", 3, pa.Table.from_pandas(
+        ops[ops["iteration"] >= 30], preserve_index=False), "digest3")
+    service.analyze_dirty()  # new data: tried
+    assert len(calls) == 3
+    monkeypatch.undo()  # the bug fixed: the loop waits for new data, a request does not
+    service.analyze_dirty()
+    assert "job" in service.errors
+    service.analyze("job")
+    assert "job" not in service.errors and store.latest_verdict("job") is not None

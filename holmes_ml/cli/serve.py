@@ -171,8 +171,11 @@ def register(app: typer.Typer) -> None:
             what = f"{unsent} batch{'es' if unsent != 1 else ''}"
             if agent.topology_pending:
                 what += " and the topology (not kept: pass --topology again)"
-            why = ("interrupted" if interrupted else f"service {server} unreachable for "
-                   f"{retry_for:g} s ({agent.last_error})")
+            why = ("interrupted" if interrupted
+                   else f"service {server} refused the token ({agent.auth_refused}); check "
+                   "--token / HOLMES_SERVE_TOKEN" if agent.auth_refused
+                   else f"service {server} unreachable for {retry_for:g} s "
+                   f"({agent.last_error})")
             typer.secho(f"error: {why}: {what} kept in the outbox "
                         f"{cfg.outbox_path}; run the agent again to send them", err=True,
                         fg=typer.colors.RED)

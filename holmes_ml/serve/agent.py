@@ -389,6 +389,9 @@ class Agent:
         self._topology: dict | None = None
         #: the service's answer when it refused the attached topology
         self.topology_refused: str | None = None
+        #: the service's answer when it refused the token (401/403) at the last attempt:
+        #: a setting to fix, not bad data, so the batches stay queued
+        self.auth_refused: str | None = None
         self._deadline: float | None = None
         self._empty_said = False
         #: files that could not be read, with why (cleared when a file reads again)
@@ -793,8 +796,10 @@ class Agent:
     def send_pending(self) -> int:
         """Post queued batches in order; returns how many the service acknowledged.
 
-        Stops at the first transport error or 5xx and waits (exponential back-off) before the
-        next attempt; a 4xx other than a duplicate marks the batch ``rejected`` and moves on.
+        Stops at the first transport error, 5xx, refused token (401/403: the token is wrong or
+        was rotated, which the next attempt may not repeat), 408 or 429, and waits
+        (exponential back-off) before the next attempt, the batch still queued; any other 4xx
+        (the batch itself is wrong) marks the batch ``rejected`` and moves on.
         """
         if time.monotonic() < self._retry_at:
             return 0
@@ -810,8 +815,7 @@ class Agent:
             except httpx.HTTPError as exc:
                 self._fail(f"{type(exc).__name__}: {exc}")
                 break
-            if r.status_code >= 500:
-                self._fail(f"HTTP {r.status_code}")
+            if self._retry_later(r):
                 break
             if r.status_code >= 400:
                 logger.error("batch %s refused by the service (HTTP %s): %s", batch_id,
@@ -844,8 +848,7 @@ class Agent:
         except httpx.HTTPError as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             return False
-        if r.status_code >= 500:
-            self._fail(f"HTTP {r.status_code}")
+        if self._retry_later(r):
             return False
         if r.status_code >= 400:
             # Sending it again would get the same answer: say so and go on with the batches.
@@ -855,6 +858,21 @@ class Agent:
         self._topology = None
         self.last_error = None
         return True
+
+    def _retry_later(self, r: Any) -> bool:
+        """Whether answer ``r`` says to try again later (a failure is then recorded)."""
+        status = r.status_code
+        self.auth_refused = None
+        if status in (401, 403):
+            self.auth_refused = f"HTTP {status}: {r.text[:300]}"
+            logger.error("the service refused the token (HTTP %s): check --token / "
+                         "HOLMES_SERVE_TOKEN; batches stay queued", status)
+            self._fail(self.auth_refused)
+            return True
+        if status >= 500 or status in (408, 429):
+            self._fail(f"HTTP {status}")
+            return True
+        return False
 
     def _fail(self, why: str) -> None:
         self.last_error = why
@@ -900,8 +918,8 @@ class Agent:
             try:
                 self.send_pending()
                 while self.outbox.n_pending() or self._topology is not None:
-                    if self._retry_at > self._deadline:
-                        break
+                    if self._retry_at > self._deadline or self.auth_refused:
+                        break  # (a token refused now is refused again within this run)
                     time.sleep(max(0.0, self._retry_at - time.monotonic()))
                     if self.send_pending() == 0 and stop is not None and stop():
                         break

@@ -432,6 +432,10 @@ class Service:
     keep: int = 0
     registry: prom.CollectorRegistry = field(default_factory=prom.CollectorRegistry)
     errors: dict[str, str] = field(default_factory=dict)
+    #: the data (batches, topology version) on which a job's localization last failed: the
+    #: background loop does not try it again until the job changes (a bad job would otherwise
+    #: cost a full localization and a traceback in the log every few seconds)
+    _failed_on: dict[str, tuple[int, int]] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -458,12 +462,19 @@ class Service:
         with self._guard:
             return self._locks.setdefault(job, threading.Lock())
 
-    def analyze(self, job: str) -> dict | None:
-        """Recompute ``job``'s verdict if its data changed; returns the latest stored verdict."""
+    def analyze(self, job: str, retry: bool = True) -> dict | None:
+        """Recompute ``job``'s verdict if its data changed; returns the latest stored verdict.
+
+        With ``retry`` false (the background loop) a job whose localization failed is not
+        tried again until a batch or a topology comes; an explicit request always tries.
+        """
         with self.lock(job):
             info = self.store.job(job)
             latest = self.store.latest_verdict(job)
             if latest is not None and not _stale(latest, info):
+                return latest
+            state = (int(info["batches"]), int(info["topology_version"]))
+            if not retry and self._failed_on.get(job) == state:
                 return latest
             if self.analyzers is None:
                 self.errors[job] = "localization unavailable: holmes_ml.pipeline is not installed"
@@ -471,11 +482,14 @@ class Service:
             try:
                 body = compute_verdict(self.store, job, self.analyzers, self.model, self.last)
             except Exception as exc:  # noqa: BLE001 - a bad job must not stop the service
-                logger.exception("localization of job %s failed", job)
+                logger.exception("localization of job %s failed (not tried again until the "
+                                 "job changes, or a verdict is asked for)", job)
                 self.errors[job] = f"localization failed: {type(exc).__name__}: {exc}"
                 self.analyses.labels("error").inc()
+                self._failed_on[job] = state
                 return latest
             self.errors.pop(job, None)
+            self._failed_on.pop(job, None)
             self.analyses.labels("ok").inc()
             top = body["candidates"][0].get("device") if body["candidates"] else None
             old_top = None
@@ -506,6 +520,7 @@ class Service:
         with self.lock(job):
             deleted = self.store.delete_job(job)
             self.errors.pop(job, None)
+            self._failed_on.pop(job, None)
         logger.info("job %s deleted (%s)", job, ", ".join(f"{t}: {n}" for t, n in
                                                           deleted.items()))
         return deleted
@@ -514,7 +529,7 @@ class Service:
         for job in self.store.jobs():
             if job["batches"]:
                 try:
-                    self.analyze(job["job"])
+                    self.analyze(job["job"], retry=False)
                 except UnknownJobError:
                     pass  # deleted since the list was read
                 except Exception:  # noqa: BLE001
