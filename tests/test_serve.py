@@ -529,3 +529,31 @@ def test_a_raw_duration_ending_beyond_64_bit_ns_is_refused(server):
     body["columns"]["start_ns"][3] = 2**63 - 10**17
     r = httpx.post(server.url + "/v1/jobs/jobHuge/raw", json=body, headers=auth())
     assert r.status_code == 422 and "row 3: start_ns" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda b: b["ranks"].update(rank=[0, 0], host=["h1", "h2"]),
+     "row 1: rank 0 again (as in row 0); expected each rank once"),
+    (lambda b: b["ranks"].update(gpu=[3, 3]),
+     "row 1: (host, gpu) ('h1', 3) again (as in row 0); expected one rank per GPU of a host"),
+    (lambda b: b["ranks"].update(host=["h1", ""]),
+     "body.ranks.host.1: String should have at least 1 character"),
+    (lambda b: b["groups"][0].update(ranks=[0, 1, 0]),
+     "row 2: rank 0 again (as in row 0); expected each member once"),
+])
+def test_an_agent_batch_placing_ranks_twice_is_refused(server, mutate, needle):
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    bad = _agent_batch("n1", 0, [0, 1], "h1", [0, 1])
+    mutate(bad)
+    r = c.post("/v1/jobs/jobTwice/batches", json=bad)
+    assert r.status_code == 422 and needle in r.json()["detail"], r.text
+
+
+def test_an_agent_moving_its_rank_to_another_host_is_refused(server):
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    assert c.post("/v1/jobs/jobMove/batches",
+                  json=_agent_batch("n1", 0, [0, 1], "h1", [0, 1])).status_code == 200
+    r = c.post("/v1/jobs/jobMove/batches", json=_agent_batch("n1", 1, [0], "h2", [0, 1], 1))
+    assert r.status_code == 409 and r.json()["field"] == "ranks.host", r.text
+    assert "the host of rank 0 of job 'jobMove': 'h1'" in r.json()["detail"], r.text
+    assert c.get("/v1/jobs/jobMove").json()["batches"] == 1

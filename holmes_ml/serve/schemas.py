@@ -47,6 +47,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _first_repeat(values: list, what: str, expected: str) -> None:
+    """ValueError naming the first value of ``values`` that repeats an earlier one."""
+    seen: dict = {}
+    for i, v in enumerate(values):
+        if v in seen:
+            raise ValueError(f"row {i}: {what} {v!r} again (as in row {seen[v]}); expected "
+                             f"{expected}")
+        seen[v] = i
+
+
 class _Columnar(_Strict):
     """A table sent as equal-length columns."""
 
@@ -78,13 +88,22 @@ class RankTable(_Columnar):
     """Where the agent's ranks run (sent once; lets the centre name GPUs, NICs and hosts)."""
 
     rank: list[Rank]
-    host: list[Text]
+    host: list[Annotated[str, Field(min_length=1, max_length=256)]]
     gpu: list[Annotated[int, Field(ge=0, le=1023)]]
     dp: list[Coord] | None = None
     pp: list[Coord] | None = None
     tp: list[Coord] | None = None
     cp: list[Coord] | None = None
     ep: list[Coord] | None = None
+
+    @model_validator(mode="after")
+    def _one_place_per_rank(self):  # noqa: ANN202 - pydantic hook
+        # a rank listed twice would leave the one stored to the order of the rows, two ranks
+        # on one GPU would be blamed as one device
+        _first_repeat(self.rank, "rank", "each rank once")
+        _first_repeat(list(zip(self.host, self.gpu, strict=True)), "(host, gpu)",
+                      "one rank per GPU of a host")
+        return self
 
 
 class GroupInfo(_Strict):
@@ -93,6 +112,11 @@ class GroupInfo(_Strict):
     name: Text = Field(min_length=1)
     kind: Text = "other"
     ranks: list[Rank] = Field(min_length=1, max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _members_once(self):  # noqa: ANN202 - pydantic hook
+        _first_repeat(self.ranks, "rank", "each member once")
+        return self
 
 
 class IterationTable(_Columnar):

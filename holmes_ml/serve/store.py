@@ -580,6 +580,11 @@ class Store:
             # rows are keyed by rank and iteration: a second agent following the same logs
             # (a shared directory) would overwrite the first one's
             self._settle(db, job, source, batch_id, "ranks", {str(r): source for r in ranks})
+            if batch.get("ranks"):  # an agent sending a rank again puts it on the same host
+                self._settle(db, job, source, batch_id, "host",
+                             {str(r): str(h) for r, h in zip(batch["ranks"]["rank"],
+                                                             batch["ranks"]["host"], strict=True)},
+                             field="ranks.host")
             # agents send a communicator each as far as they saw it: the member lists add up
             # (_members), its kind must be the same
             self._settle(db, job, source, batch_id, "group_kind",
