@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The files :func:`write_plots` may write into its directory.
+PLOT_NAMES: tuple[str, ...] = ("iterations.png", "heatmap.png", "evidence.png", "compute.png",
+                               "graph.png")
 #: graph.png: at most this many suspects, and this many communicators around them
 _GRAPH_SUSPECTS = 3
 _GRAPH_COMMS = 12
@@ -76,9 +79,10 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
     plt = _plt()
     written = []
 
-    span = iterations.groupby("iteration").agg(s=("start_ns", "min"), e=("end_ns", "max"))
+    span = iterations.groupby("iteration").agg(s=("start_ns", "min"), e=("end_ns", "max"),
+                                               last=("start_ns", "max"))
     # timed as the irregularity monitor times them (end to end where operators end each step)
-    time_ns, end_to_end = span_times(span, "s", "e")
+    time_ns, end_to_end = span_times(span, "s", "e", "last")
     secs = time_ns / 1e9
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.plot(secs.index, secs.to_numpy(), marker="o", ms=3,

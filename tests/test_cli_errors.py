@@ -147,6 +147,11 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
         (["localize", missing, "--graph", str(a_dir)], f"--graph {a_dir}: is a directory"),
         (["localize", missing, "--plot", str(a_file)],
          f"--plot {a_file}: exists and is not a directory"),
+        # the graph written over the log it was read from, or over one of the plots
+        (["localize", str(a_file), "--graph", str(a_file)],
+         f"--graph {a_file}: would replace a file read from the input {a_file}"),
+        (["localize", missing, "--plot", str(a_dir), "--graph", str(a_dir / "graph.png")],
+         f"--graph {a_dir}/graph.png: is one of the plots --plot writes"),
         (["simulate", "--gpus", "64", "--iterations", "3", "--out", str(a_file)],
          f"--out {a_file}: exists and is not a directory"),
         (["demo", "--gpus", "64", "--iterations", "6", "--out", str(a_file / "x")],

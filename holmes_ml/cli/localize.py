@@ -12,6 +12,7 @@ from rich.console import Console
 
 from holmes_ml.cli._checks import (
     check_delta,
+    check_not_input,
     check_writable,
     config_overrides,
     iteration_range,
@@ -97,10 +98,19 @@ def register(app: typer.Typer) -> None:
 
         check_delta(delta)
         span = iteration_range(iterations) if iterations is not None else None
+        inputs = [*paths, *([topology] if topology is not None else [])]
         if plot is not None:
             check_writable(plot, "--plot", directory=True)
         if graph is not None:
             check_writable(graph, "--graph")
+            check_not_input(graph, "--graph", inputs)
+            from holmes_ml.report import PLOT_NAMES
+
+            if plot is not None and graph.resolve() in {(plot / n).resolve()
+                                                          for n in PLOT_NAMES}:
+                raise ValueError(f"--graph {graph}: is one of the plots --plot writes "
+                                 f"({', '.join(PLOT_NAMES)}); expected another file name, "
+                                 "e.g. evidence.graphml")
         overrides = config_overrides(settings, LocalizeConfig)
         cfg = replace(LocalizeConfig(), **{"top_k": top_k, "delta": delta, **overrides})
         mdl: object = None
