@@ -665,9 +665,12 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
     false."""
     if len(iterations) == 0:
         return ()
+    # (one row per rank and iteration: the latest start is the last rank's arrival)
     span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),
-                                                end_ns=("end_ns", "max"))
-    table = pd.DataFrame({"duration_s": span_times(span)[0] / 1e9}, index=span.index)
+                                                end_ns=("end_ns", "max"),
+                                                last_ns=("start_ns", "max"))
+    table = pd.DataFrame({"duration_s": span_times(span, last="last_ns")[0] / 1e9},
+                         index=span.index)
     table.index.name = "iteration"
     out = detect_irregular(table, IrregularityConfig(delta=delta))
     irregular = tuple(int(i) for i in out.index[out["irregular"].to_numpy()])

@@ -238,10 +238,31 @@ def test_a_pause_before_the_all_reduce_flags_its_step_and_only_it():
     assert out.index[out["irregular"]].tolist() == [25]
     # the step lost 30-40 ms (the pause, less how early rank 3 was), against ~106 ms
     assert out.loc[25, "end_to_end"] and 1.25 < out.loc[25, "ratio"] < 1.45
-    # a pause longer than the step makes the span most of it: the span times that step
+    # a pause longer than the step makes the span most of it, but the all-reduce from the
+    # last arrival on is still a sliver of the step: timed end to end, pause and all
     long = detect_irregular(_end_of_step_ops(pause=(25, 3, 0.5)))
     assert long.index[long["irregular"]].tolist() == [25]
-    assert not long.loc[25, "end_to_end"] and long.loc[25, "ratio"] > 4
+    assert long.loc[25, "end_to_end"] and 5.0 < long.loc[25, "ratio"] < 6.2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_rank_twice_as_slow_in_every_step_flags_every_step(seed):
+    """A straggler that doubles the compute of a data-parallel step from iteration 20 on: its
+    peers wait at the all-reduce for it, so the span (first start to last end) is half of the
+    now doubled step, and timing the step by it gave the usual step time; no alarm at all."""
+    ops = _end_of_step_ops(seed=seed)
+    it = ops["iteration"].to_numpy()
+    late = it >= 20
+    slow = late & (ops["rank"] == 3).to_numpy()
+    # each later step starts 100 ms later per slow step before it; in it, rank 3 arrives 100 ms
+    # after its peers, which wait that much longer
+    ops["start_ns"] += (np.clip(it - 20, 0, None) * 100_000_000).astype(np.int64)
+    ops.loc[slow, "start_ns"] += 100_000_000
+    ops.loc[late & ~slow, "duration_us"] += 100_000.0
+    out = detect_irregular(ops)
+    assert out.index[out["irregular"]].tolist() == list(range(20, 40))
+    assert out.loc[20:, "end_to_end"].all()
+    assert (out.loc[20:, "ratio"] > 1.8).all()
 
 
 def test_a_gap_in_the_iterations_shares_the_end_to_end_time_over_its_steps():

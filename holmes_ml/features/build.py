@@ -38,6 +38,7 @@ from holmes_ml.features.iterations import (
     detect_irregular,
     iteration_spans,
     iteration_times,
+    last_arrivals,
 )
 from holmes_ml.io.schema import OP_TYPES, SchemaError
 
@@ -702,13 +703,15 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
 
 # --------------------------------------------------------------------------- context
 def _iteration_context(
-    iteration: np.ndarray, start: np.ndarray, dur: np.ndarray, cfg: FeatureConfig
+    iteration: np.ndarray, rank: np.ndarray, start: np.ndarray, dur: np.ndarray,
+    cfg: FeatureConfig,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row: job-wide iteration time (:func:`iteration_times`) over its reference (only
     earlier iterations shape it), whether the row's iteration is regular, and when the
     iteration started (ns)."""
     uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur)
-    time_ns, _ = iteration_times(uniq, it_start, it_end)
+    time_ns, _ = iteration_times(uniq, it_start, it_end,
+                                 last_arrival_ns=last_arrivals(iteration, rank, start)[1])
     table = pd.DataFrame({"duration_s": time_ns / 1e9}, index=pd.Index(uniq, name="iteration"))
     det = detect_irregular(table, cfg.irregularity)
     where = np.searchsorted(det.index.to_numpy(), iteration)
@@ -841,7 +844,7 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     put("group_kind_code", kinds)
     kind_code = kinds.astype(np.int64)
     del sizes, kinds
-    ratio, regular, it_start = _iteration_context(iteration, start, dur, cfg)
+    ratio, regular, it_start = _iteration_context(iteration, rank, start, dur, cfg)
     put("iter_time_ratio", ratio)
     del ratio
     place, prev_op = _rank_timeline(it0, rank0, start - it_start)

@@ -86,14 +86,30 @@ def iteration_spans(
     return uniq.astype(np.int64), it_start, it_end, n_ops
 
 
+def last_arrivals(it: np.ndarray, rank: np.ndarray, start: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration (increasing): when its last rank arrived, the latest over its ranks of
+    each rank's first start (int64 ns); ``(iterations, last_arrival_ns)``."""
+    uniq, code = unique_inverse(it)
+    rank_code = pd.factorize(rank, sort=False)[0].astype(np.int64)
+    per = code * (int(rank_code.max()) + 1 if len(rank_code) else 1) + rank_code
+    keys, inv = np.unique(per, return_inverse=True)
+    first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, inv, start)
+    last = np.full(len(uniq), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, keys // (int(rank_code.max()) + 1 if len(rank_code) else 1), first)
+    return uniq.astype(np.int64), last
+
+
 #: An iteration whose operators (first start to last end over its ranks) cover less than this
-#: share of its step, measured end to end, is timed end to end (:func:`iteration_times`).
+#: share of its step, measured end to end, is timed end to end (:func:`iteration_times`); so is
+#: one whose operators from its last rank's arrival on do.
 SPAN_FRACTION = 0.5
 
 
 def iteration_times(
     iterations: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
-    span_fraction: float = SPAN_FRACTION,
+    span_fraction: float = SPAN_FRACTION, last_arrival_ns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """How long each iteration took, in nanoseconds, and whether it was timed end to end.
 
@@ -106,6 +122,12 @@ def iteration_times(
     and noisy part of the step (a healthy 8-rank gloo job: 0.14 of it, 8 of 20 iterations
     10 % "slower" than the ones before), and a slow step shows only end to end.
 
+    Given each iteration's last arrival (:func:`last_arrivals`), an iteration whose operators
+    from that arrival on cover less than ``span_fraction`` of its step is timed end to end too:
+    in a data-parallel step a straggler's peers wait at the all-reduce for it, and that wait
+    alone would stretch the span to half the step, which then timed a step twice as long as
+    usual by a span as long as a usual step (a 2x slow GPU of an 8-rank job went unseen).
+
     Each iteration reads itself and the one before (after missing iterations the end-to-end
     time is shared evenly over the steps in between), so a stream of batches that keeps the
     previous iteration gets the same times. The first iteration is timed by its span.
@@ -117,6 +139,8 @@ def iteration_times(
         :func:`iteration_spans` returns them.
     span_fraction:
         See :data:`SPAN_FRACTION`.
+    last_arrival_ns:
+        Optional, per iteration: its last rank's first start (:func:`last_arrivals`).
 
     Returns
     -------
@@ -137,18 +161,22 @@ def iteration_times(
     steps = np.maximum(np.diff(iterations), 1).astype(np.float64)
     step = np.concatenate([[np.nan], np.diff(end_ns).astype(np.float64) / steps])
     end_to_end = step > 0  # False for the first iteration (NaN)
-    end_to_end[end_to_end] = span[end_to_end] < span_fraction * step[end_to_end]
+    covered = span
+    if last_arrival_ns is not None:
+        covered = np.minimum(span, (end_ns - last_arrival_ns).astype(np.float64))
+    end_to_end[end_to_end] = covered[end_to_end] < span_fraction * step[end_to_end]
     return np.where(end_to_end, step, span), end_to_end
 
 
-def span_times(spans: pd.DataFrame, start: str = "start_ns", end: str = "end_ns"
-               ) -> tuple[pd.Series, np.ndarray]:
+def span_times(spans: pd.DataFrame, start: str = "start_ns", end: str = "end_ns",
+               last: str | None = None) -> tuple[pd.Series, np.ndarray]:
     """:func:`iteration_times` of a table of iteration spans (indexed by iteration, increasing;
-    int64 ns columns ``start`` and ``end``): the times in nanoseconds as a Series on the same
-    index, and which were timed end to end."""
-    time_ns, end_to_end = iteration_times(spans.index.to_numpy(dtype=np.int64),
-                                          spans[start].to_numpy(dtype=np.int64),
-                                          spans[end].to_numpy(dtype=np.int64))
+    int64 ns columns ``start`` and ``end``, and optionally ``last``, the last rank's arrival):
+    the times in nanoseconds as a Series on the same index, and which were timed end to end."""
+    time_ns, end_to_end = iteration_times(
+        spans.index.to_numpy(dtype=np.int64), spans[start].to_numpy(dtype=np.int64),
+        spans[end].to_numpy(dtype=np.int64),
+        last_arrival_ns=spans[last].to_numpy(dtype=np.int64) if last is not None else None)
     return pd.Series(time_ns, index=spans.index), end_to_end
 
 
@@ -211,7 +239,9 @@ def iteration_table(ops: pd.DataFrame) -> pd.DataFrame:
             value=float(dur[i]), expected="a finite number of microseconds",
         )
     uniq, it_start, it_end, n_ops = iteration_spans(it, start, dur)
-    time_ns, end_to_end = iteration_times(uniq, it_start, it_end)
+    last = (last_arrivals(it, ops["rank"].to_numpy(dtype=np.int64), start)[1]
+            if "rank" in ops.columns else None)
+    time_ns, end_to_end = iteration_times(uniq, it_start, it_end, last_arrival_ns=last)
     return pd.DataFrame(
         {
             "start_ns": it_start,

@@ -91,15 +91,18 @@ def _iteration_spans(iterations: pd.DataFrame) -> pd.DataFrame:
     """Per iteration (index, increasing): its first start and last end over its ranks, ns."""
     if iterations is None or len(iterations) == 0:
         return pd.DataFrame({"start": pd.Series(dtype=np.int64),
-                             "end": pd.Series(dtype=np.int64)})
-    return iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"))
+                             "end": pd.Series(dtype=np.int64),
+                             "last": pd.Series(dtype=np.int64)})
+    # (one row per rank and iteration: the latest start is the last rank's arrival)
+    return iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"),
+                                               last=("start_ns", "max"))
 
 
 def _iteration_times_us(spans: pd.DataFrame) -> pd.Series:
     """Each iteration's time in microseconds (:func:`~holmes_ml.features.iteration_times`: its
     span, first start to last end over its ranks, or end to end where the span is a small part
     of the step), from its :func:`_iteration_spans`."""
-    return span_times(spans, "start", "end")[0] / 1e3
+    return span_times(spans, "start", "end", "last")[0] / 1e3
 
 
 def _usual_step_us(spans: pd.DataFrame) -> float:
