@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -609,6 +610,17 @@ def localize_summaries(
     return verdict
 
 
+def check_topology(topology: Topology, ops: pd.DataFrame) -> None:
+    """Refuse (:class:`SchemaError`) a ``topology`` that does not belong to the job of the
+    CommOps table ``ops``, as localizing them together would: one lacking ranks of the logs,
+    placing them on other hosts, or giving a communicator other members."""
+    _check_topology_covers(topology, ops["rank"].unique())
+    groups = (ops.drop_duplicates("group")[["group", "group_ranks"]]
+              if "group_ranks" in ops.columns else pd.DataFrame(columns=["group", "group_ranks"]))
+    ranks = ops.drop_duplicates("rank")[["rank", "host"]] if "host" in ops.columns else None
+    _check_topology_matches(topology, SimpleNamespace(groups=groups, ranks=ranks))
+
+
 def _check_topology_covers(topology: Topology, ranks: np.ndarray) -> None:
     """A topology that lacks ranks of the logs belongs to another job: refuse it rather than
     name devices from the wrong placement."""
@@ -623,14 +635,17 @@ def _check_topology_covers(topology: Topology, ranks: np.ndarray) -> None:
         )
 
 
-def _check_topology_matches(topology: Topology, summary: NodeSummary) -> None:
+def _check_topology_matches(topology: Topology, summary: NodeSummary | SimpleNamespace
+                            ) -> None:
     """A topology that places the logs' ranks differently (a communicator of the same name
     with other members, a rank on another host) belongs to another job of the same size."""
     def refuse(what: str) -> None:
         raise SchemaError(f"the topology disagrees with the logs: {what}", source="topology",
                           expected="the topology of the job that wrote these logs")
 
-    for g in summary.groups.itertuples():
+    # by name: the first one named is the same however the logs were read
+    groups = summary.groups.assign(name=summary.groups["group"].astype(str)).sort_values("name")
+    for g in groups.itertuples():
         known = topology.groups.get(str(g.group))
         logged = member_ranks(g.group_ranks)
         if known is not None and logged and set(known.ranks) != set(logged):

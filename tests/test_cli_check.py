@@ -93,3 +93,11 @@ def test_logs_that_contradict_each_other_are_one_error_line(tmp_path):
     rows.to_csv(tmp_path / "ops.csv", index=False)
     line = _one_error_line(CliRunner().invoke(app, ["check", str(tmp_path / "ops.csv")]))
     assert "copies of collective 'dp-0' seq 0 (iteration 0) name two ops" in line, line
+
+
+def test_a_topology_of_another_job_is_refused_as_localize_refuses_it(tmp_path):
+    simulate_to(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=3, seed=4), tmp_path / "a")
+    simulate_to(SimConfig(gpus=16, tp=4, pp=2, dp=2, iterations=3, seed=4), tmp_path / "b")
+    args = [str(tmp_path / "a" / "ops.parquet"), "--topology", str(tmp_path / "b" / "topology.json")]
+    lines = [_one_error_line(CliRunner().invoke(app, [cmd, *args])) for cmd in ("check", "localize")]
+    assert lines[0] == lines[1] and "the topology disagrees with the logs" in lines[0], lines
