@@ -140,6 +140,10 @@ def test_a_bad_topology_is_one_line_naming_the_file(tmp_path, content):
     (["--retry-for", "-1"], "--retry-for -1: expected a finite number of seconds >= 0"),
     (["--retry-for", "inf"], "--retry-for inf: expected"),
     (["--server", "svc:8787"], "--server 'svc:8787': expected a URL like http://HOST:8787"),
+    # names the service would refuse with a 404 or 422 after the whole log was read
+    (["--job", "train/run 1"], "--job 'train/run 1': expected a name of letters, digits"),
+    (["--job", ""], "--job '': expected a name"),
+    (["--source", "node 7"], "--source 'node 7': expected a name"),
 ])
 def test_agent_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
     logs = tmp_path / "logs"

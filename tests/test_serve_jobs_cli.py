@@ -63,6 +63,11 @@ def test_a_deleted_job_is_gone_and_bad_requests_are_one_line(service, tmp_path):
                       headers=auth()).status_code == 200
     line = one_line_error(holmes("jobs", "old", "--delete", "--server", srv.url))
     assert "needs its token" in line and "--token" in line
+    line = one_line_error(holmes("jobs", "old", "--delete", "--token", "wrong", "--server",
+                                 srv.url))
+    assert "refused the token given" in line
+    line = one_line_error(holmes("jobs", "train/run 1", "--server", srv.url))
+    assert line.startswith("error: JOB 'train/run 1': expected a name of letters"), line
     gone = holmes("jobs", "old", "--delete", "--token", TOKEN, "--server", srv.url)
     assert gone.returncode == 0 and gone.stdout.startswith("deleted job old ("), gone.stdout
     line = one_line_error(holmes("jobs", "old", "--server", srv.url))

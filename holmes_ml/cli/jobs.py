@@ -63,6 +63,10 @@ def register(app: typer.Typer) -> None:
                              "argument (which job?)")
         if analyze and delete:
             raise ValueError("--analyze and --delete: expected one of them, not both")
+        if job is not None:
+            from holmes_ml.serve import check_name
+
+            check_name("JOB", job)
         client = _Client(server, token, timeout)
         console = Console()
         path = f"/v1/jobs/{quote(job, safe='')}" if job is not None else ""
@@ -109,8 +113,11 @@ class _Client:
             raise ServiceError(f"{method} {url}: no answer ({type(exc).__name__}: {exc}); "
                                "expected a running holmes serve there (see --server)") from None
         if r.status_code == 401:
-            raise ServiceError(f"{method} {url}: the service needs its token for this; pass "
-                               "--token (or set HOLMES_SERVE_TOKEN)")
+            raise ServiceError(
+                f"{method} {url}: the service refused the token given; expected its --token"
+                if "Authorization" in self.headers else
+                f"{method} {url}: the service needs its token for this; pass --token (or set "
+                "HOLMES_SERVE_TOKEN)")
         try:
             body = r.json()
         except ValueError:
@@ -159,8 +166,9 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
 def _print_job_verdict(verdict: dict[str, Any], console: Console) -> None:
     job = verdict["job"]
     if not verdict["version"]:
-        console.print(f"job {job}: no verdict yet (the service localizes a job soon after its "
-                      "data arrives; --analyze asks for it now)")
+        console.print(f"job {job}: no verdict yet (the service localizes a job after its "
+                      "data arrives, unless started with --analyze-every 0; --analyze asks "
+                      "for it now)")
     else:
         stale = ("; newer data has arrived since" if verdict.get("stale") else "")
         console.print(f"job {job}: verdict {verdict['version']}, computed "

@@ -15,6 +15,25 @@ from types import ModuleType
 
 _HINT = "pip install 'holmes-ml[serve]'"
 
+#: Names of jobs, agents, batches: safe in URLs, logs and Prometheus labels.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+
+
+def check_name(option: str, value: str) -> None:
+    """Refuse a job/agent name the service would refuse (``ValueError`` naming ``option``):
+    said before anything is read or sent, not as an HTTP 404 or 422 afterwards.
+
+    >>> check_name("--job", "train/run 1")
+    Traceback (most recent call last):
+    ...
+    ValueError: --job 'train/run 1': expected a name of letters, digits and . _ : @ - (not first), at most 128 characters
+    """
+    import re
+
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise ValueError(f"{option} {value!r}: expected a name of letters, digits and . _ : @ - "
+                         "(not first), at most 128 characters")
+
 
 def require_extra(module: str) -> ModuleType:
     """Import ``module`` from the ``serve`` extra, or explain how to install it.

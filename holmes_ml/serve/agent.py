@@ -48,6 +48,7 @@ from holmes_ml.io.schema import (
     member_ranks,
     validate,
 )
+from holmes_ml.serve import check_name
 from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ class AgentConfig:
         if url.scheme not in ("http", "https") or not url.netloc:
             raise ValueError(f"--server {self.server!r}: expected a URL like "
                              "http://HOST:8787 (the service's 'listening on' address)")
+        check_name("--job", self.job)
+        if self.source is not None:
+            check_name("--source", self.source)
         positive("--poll", self.poll_s)
         positive("backoff_s", self.backoff_s)
         positive("backoff_max_s", self.backoff_max_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from holmes_ml.serve import require_extra
+from holmes_ml.serve import NAME_PATTERN, require_extra
 
 require_extra("pydantic")
 
@@ -20,8 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator  # noqa: E402
 from holmes_ml.io.schema import OP_TYPES  # noqa: E402
 
 I64_MAX = 2**63 - 1
-#: Names of jobs, agents, batches: safe in URLs, logs and Prometheus labels.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=128)]
 NonNegInt = Annotated[int, Field(ge=0, le=I64_MAX)]
