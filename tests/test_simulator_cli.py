@@ -89,3 +89,23 @@ def test_bench_simulator_quick_records_figures(monkeypatch) -> None:
     assert res.figures["rows"] > 0 and res.figures["seconds"] > 0
     assert res.figures["peak_rss_mb"] > 0
     assert res.config["gpus"] == 64
+
+
+def test_a_calibration_log_is_checked_as_localize_checks_it(tmp_path) -> None:
+    """--calibrate-from reads its log as every other command does: an unknown op or a line
+    cut short is one error naming the file and line, not a calibration fitted on it."""
+    rows = pd.DataFrame({"iteration": [0, 0, 1], "rank": [0, 1, 0], "op": ["all_reduce"] * 3,
+                         "group": ["dp-0"] * 3, "seq": [0, 0, 1], "nbytes": [8] * 3,
+                         "start_ns": [1, 2, 3], "duration_us": [1.0, 1.0, 2.0]})
+    bad = rows.assign(op=["all_reduce", "allreduce_v2", "all_reduce"])
+    bad.to_csv(tmp_path / "badop.csv", index=False)
+    cut = tmp_path / "cut.csv"
+    rows.to_csv(cut, index=False)
+    cut.write_text(cut.read_text()[:-12])
+    for path, needle in ((tmp_path / "badop.csv", "line 3: unknown op type (got 'allreduce_v2'"),
+                         (cut, "line 4: has 4 of the header's 8 fields")):
+        result = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--iterations", "3",
+                                          "--calibrate-from", str(path), "--out",
+                                          str(tmp_path / "sim"), "--no-progress"])
+        assert result.exit_code == 2 and str(path) in result.output, result.output
+        assert needle in " ".join(result.output.split()), result.output

@@ -134,35 +134,14 @@ def fit_calibration(ops: pd.DataFrame, source: str = "log", min_count: int = 5) 
     return Calibration(table=table, source=source, iteration_us=iteration_us)
 
 
-def _read_any(path: Path) -> pd.DataFrame:
-    name = path.name.lower()
-    if name.endswith(".parquet"):
-        return pd.read_parquet(path)
-    if name.endswith((".csv", ".csv.gz")):
-        return pd.read_csv(path)
-    if name.endswith((".jsonl", ".json", ".jsonl.gz")):
-        return pd.read_json(path, lines=True)
-    raise ValueError(f"{path}: unknown log format; expected .parquet, .csv(.gz) or .jsonl")
-
-
 def load_calibration(path: str | Path) -> Calibration:
-    """Read a log (file, or directory of per-rank files) and fit a :class:`Calibration`."""
+    """Read a log (a file or a directory of them, in any format
+    :func:`holmes_ml.io.read_ops` reads, checked as it checks them) and fit a
+    :class:`Calibration`."""
+    from holmes_ml.io import read_ops
+
     p = Path(path)
     if not p.exists():
         raise ValueError(f"calibrate_from: {str(p)!r} does not exist; expected a CommOps log path")
-    if p.is_dir():
-        files = sorted(
-            f
-            for f in p.iterdir()
-            if f.name.lower().endswith((".parquet", ".csv", ".csv.gz", ".jsonl", ".jsonl.gz"))
-        )
-        if not files:
-            raise ValueError(f"calibrate_from: {str(p)!r} holds no .parquet/.csv/.jsonl file")
-        cols = ["op", "duration_us", "group_kind", "group", "iteration", "start_ns", "seq"]
-        parts = [_read_any(f) for f in files]
-        frame = pd.concat(
-            [d[[c for c in cols if c in d.columns]] for d in parts], ignore_index=True
-        )
-    else:
-        frame = _read_any(p)
+    frame = read_ops(p)
     return fit_calibration(frame, source=str(p))
