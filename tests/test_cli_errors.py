@@ -152,6 +152,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
          f"--graph {a_file}: would replace a file read from the input {a_file}"),
         (["localize", missing, "--plot", str(a_dir), "--graph", str(a_dir / "graph.png")],
          f"--graph {a_dir}/graph.png: is one of the plots --plot writes"),
+        (["detect", missing, "--out", str(a_dir / "s.parquet"), "--iterations-out",
+          str(a_dir / "s.parquet")], f"--iterations-out {a_dir}/s.parquet: the same file as --out"),
+        (["detect", missing, "--out", str(a_dir / "s.csv")],
+         f"--out {a_dir}/s.csv: a .csv name for a Parquet file"),
         (["simulate", "--gpus", "64", "--iterations", "3", "--out", str(a_file)],
          f"--out {a_file}: exists and is not a directory"),
         (["demo", "--gpus", "64", "--iterations", "6", "--out", str(a_file / "x")],
@@ -199,6 +203,9 @@ def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
         (["--set", "late_fraction=2"], "LocalizeConfig.late_fraction: got 2.0; expected 0 <="),
         (["--set", "with_rule=maybe"], "--set with_rule=maybe: expected true or false"),
         (["--set", "window=1.5"], "--set window=1.5: expected an integer"),
+        (["--set", "delta=1.2", "--delta", "1.05"], "--set delta: has its own option; "
+         "expected --delta 1.2 instead"),
+        (["--set", "top_k=2"], "--set top_k: has its own option; expected --top-k 2 instead"),
     ]
     for extra, expected in cases:
         line = _one_error_line(CliRunner().invoke(app, ["localize", missing, *extra]))
@@ -216,3 +223,38 @@ def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
     loose = json.loads(CliRunner().invoke(
         app, ["localize", str(log), "--json", "--set", "quiet_persistence=0"]).stdout)
     assert plain["candidates"] == [] and loose["candidates"][0]["kind"] == "nic"
+
+
+def test_demo_refuses_an_empty_job_and_gives_one_host_a_fault_it_can_show(tmp_path):
+    line = _one_error_line(CliRunner().invoke(app, ["demo", "--gpus", "0", "--out",
+                                                    str(tmp_path / "d0")]))
+    assert line.startswith("error: SimConfig.gpus: got 0; expected an integer >= 1"), line
+    # one host: no traffic leaves it, so the demo draws no slow NIC (seed 0 drew one)
+    for seed in range(3):
+        out = CliRunner().invoke(app, ["demo", "--gpus", "8", "--iterations", "9", "--seed",
+                                       str(seed), "--out", str(tmp_path / f"d{seed}")])
+        assert out.exit_code == 0, out.output
+        truth = json.loads((tmp_path / f"d{seed}" / "faults.json").read_text())
+        assert truth[0]["kind"] != "nic_slow", truth
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["localize", "x", "--top-k", "0"],
+     "error: Invalid value for '--top-k': Input should be greater than or equal to 1 (see "
+     "'holmes localize -h')"),
+    (["simulate", "--gpus", "12", "--out", "never-written"],
+     "error: Invalid value: SimConfig.gpus: got 12; expected a multiple of 8"),
+    (["localize", "x", "--bogus"], "error: No such option: --bogus (see 'holmes localize -h')"),
+])
+def test_a_usage_error_is_one_line_from_the_console_script(args, expected):
+    """What click reports itself (an option out of range, an unknown option) is one error
+    line with exit status 2 too, not its boxed usage text."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'holmes'; "
+                           "from holmes_ml.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(expected), proc.stderr

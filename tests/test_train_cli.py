@@ -90,6 +90,19 @@ def test_train_refuses_tuning_options_with_an_untuned_estimator(tmp_path, option
     assert not (tmp_path / "m.holmes").exists()
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["some-logs/", "--preset", "quick"],
+     "--preset quick: trains on simulated scenarios, not on the PATHs given; drop one of them"),
+    (["--preset", "tiny", "--format", "kineto"],
+     "--format kineto: says how to read PATHs, and none is given"),
+])
+def test_train_refuses_options_it_would_ignore(tmp_path, args, said):
+    line = _one_error_line(CliRunner().invoke(app, [
+        "train", *args, "--out", str(tmp_path / "m.holmes")]))
+    assert line.startswith(f"error: {said}"), line
+    assert not (tmp_path / "m.holmes").exists()
+
+
 def _labelled(seed: int = 11, iterations: int = 10):
     cfg = SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=iterations, seed=seed,
                     faults=(FaultSpec.parse("gpu_slow:rank=3,severity=0.8,start=4"),))

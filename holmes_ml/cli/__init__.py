@@ -125,5 +125,33 @@ for _info in app.registered_commands:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    A usage error (an option value out of range or of the wrong type, an unknown option, a
+    job layout that does not add up) is one ``error:`` line on stderr, exit status 2, like
+    every other input error, instead of click's boxed usage text; the line says where the
+    help is. Help asked for (or shown for no arguments) is unchanged.
+    """
+    import sys
+
+    try:
+        from typer._click import exceptions  # the click typer vendors (typer >= 0.26)
+    except ImportError:  # pragma: no cover - an older typer on click itself
+        from click import exceptions  # type: ignore[no-redef]
+
+    try:
+        code = app(standalone_mode=False)
+    except exceptions.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" or exc.ctx is None:
+            exc.show()
+            sys.exit(exc.exit_code)
+        typer.secho(f"error: {exc.format_message()} (see '{exc.ctx.command_path} -h')",
+                    err=True, fg=typer.colors.RED)
+        sys.exit(2)
+    except exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

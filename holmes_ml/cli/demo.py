@@ -40,13 +40,19 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.io import without_labels
         from holmes_ml.pipeline import analyze
         from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+        from holmes_ml.simulator.cluster import GPUS_PER_HOST
 
         check_seed(seed)
         check_writable(out, "--out", directory=True)
         console = Console()
+        # the job's own checks first (--gpus 0 would otherwise fail in the fault's draw)
+        SimConfig(gpus=gpus, model=model, iterations=iterations, seed=seed)
         rng = random.Random(seed)
         if not fault:
-            kind = rng.choice(DEFAULT_FAULT_KINDS)
+            # one host: no traffic leaves it, so a slow NIC could not slow the job
+            kinds = DEFAULT_FAULT_KINDS if gpus > GPUS_PER_HOST else tuple(
+                k for k in DEFAULT_FAULT_KINDS if k != "nic_slow")
+            kind = rng.choice(kinds)
             # A third of the way in: enough healthy history before the onset (10 of the default
             # 30 iterations), and inside the run however short it is.
             start = iterations // 3

@@ -67,6 +67,12 @@ def register(app: typer.Typer) -> None:
         check_writable(iterations_out, "--iterations-out")
         check_not_input(out, "--out", paths)
         check_not_input(iterations_out, "--iterations-out", paths)
+        if iterations_out.resolve() == out.resolve():
+            raise ValueError(f"--iterations-out {iterations_out}: the same file as --out; "
+                             "expected another file name (the scores would be overwritten)")
+        if out.suffix.lower() in (".csv", ".json", ".jsonl"):
+            raise ValueError(f"--out {out}: a {out.suffix} name for a Parquet file; expected a "
+                             "name ending in .parquet")
         # 'rule' as in `holmes localize` and `holmes agent`: the baseline, no detector file
         rule = model is not None and str(model) == "rule"
         det = None if rule else load_model(model) if model is not None else default_model()

@@ -112,6 +112,10 @@ def register(app: typer.Typer) -> None:
                                  f"({', '.join(PLOT_NAMES)}); expected another file name, "
                                  "e.g. evidence.graphml")
         overrides = config_overrides(settings, LocalizeConfig)
+        for key, option in (("delta", "--delta"), ("top_k", "--top-k")):
+            if key in overrides:  # two places for one setting: say which one counts
+                raise ValueError(f"--set {key}: has its own option; expected {option} "
+                                 f"{overrides[key]} instead")
         cfg = replace(LocalizeConfig(), **{"top_k": top_k, "delta": delta, **overrides})
         mdl: object = None
         if model is not None:

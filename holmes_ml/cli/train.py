@@ -32,12 +32,12 @@ def register(app: typer.Typer) -> None:
         format: str = typer.Option(
             "auto", "--format", help="Format of the PATHs: auto|" + "|".join(FORMATS) + "."
         ),
-        preset: str = typer.Option(
-            "default", "--preset",
-            help="Simulator scenario mix: default (the bundled model's: 30 runs of 64-1,024 GPUs "
-            "at 1-6 % compute jitter), wide (default plus 30 runs at up to 10 % jitter with "
-            "transfer drift), quick (8 runs of 64-128 GPUs: to try the command) "
-            "or tiny (3 runs of 64 GPUs, seconds: for tests)."
+        preset: str | None = typer.Option(
+            None, "--preset", show_default=False,
+            help="Simulator scenario mix, when no PATH is given: default (the bundled model's: "
+            "30 runs of 64-1,024 GPUs at 1-6 % compute jitter), wide (default plus 30 runs at "
+            "up to 10 % jitter with transfer drift), quick (8 runs of 64-128 GPUs: to try the "
+            "command) or tiny (3 runs of 64 GPUs, seconds: for tests).  [default: default]"
         ),
         estimator: str = typer.Option(
             "lgbm", "--estimator",
@@ -78,6 +78,14 @@ def register(app: typer.Typer) -> None:
         check_seed(seed)
         check_writable(out, "--out")
         check_not_input(out, "--out", paths or [])
+        # Refused rather than ignored: each names what the other kind of training data uses.
+        if paths and preset is not None:
+            raise ValueError(f"--preset {preset}: trains on simulated scenarios, not on the "
+                             "PATHs given; drop one of them")
+        if not paths and format != "auto":
+            raise ValueError(f"--format {format}: says how to read PATHs, and none is given "
+                             "(training on --preset scenarios); drop it or give the logs")
+        preset = preset or "default"
         if preset not in PRESETS:
             raise typer.BadParameter(f"got {preset!r}; expected one of {sorted(PRESETS)}",
                                      param_hint="--preset")

@@ -385,7 +385,7 @@ def read_ops(
         directory) or a list of them. With ``format="auto"``, files of a directory or archive
         whose format cannot be identified are skipped with a warning.
     format:
-        ``"auto"`` (detect per file; all must agree) or one of :data:`FORMATS`.
+        ``"auto"`` (detect per file; all must agree) or one of :data:`FORMATS` (in any case).
     trust_pickle:
         Allow pickled Flight Recorder dumps. Unpickling runs code from the file: only for
         files you produced yourself.
@@ -409,6 +409,8 @@ def read_ops(
     --------
     >>> ops = read_ops("logs/", format="auto")  # doctest: +SKIP
     """
+    if isinstance(format, str):
+        format = format.strip().lower()  # "Kineto" is kineto
     _check_format_name(format)
     with tempfile.TemporaryDirectory(prefix="holmes-read-") as tmp:
         counter = iter(range(1 << 30))
