@@ -481,3 +481,18 @@ def test_members_disagreeing_across_traces_name_each_trace_and_event(tmp_path):
     with pytest.raises(SchemaError, match=r"disagree on its size at .*rank1\.json, "
                        r"traceEvents\[2\] .*as in .*rank0\.json, traceEvents\[2\]"):
         read_ops(tmp_path)
+
+
+def test_unsized_ops_and_unnumbered_steps_are_said_not_merged_quietly(tmp_path, caplog):
+    doc = _trace(0, OPS)
+    for e in doc["traceEvents"]:
+        if e["name"] == "record_param_comms":
+            e["args"]["dtype"] = "Quaternion"
+        if e["name"] == "ProfilerStep#8":
+            e["name"] = "ProfilerStep#eight"
+    _write(tmp_path / "rank0.json", doc)
+    with caplog.at_level("WARNING"):
+        ops = read_kineto([tmp_path / "rank0.json"])
+    assert (ops["nbytes"] == 0).all()
+    assert "3 op(s) count elements of dtype 'Quaternion', whose size is not known" in caplog.text
+    assert "1 ProfilerStep span(s) not numbered (first: 'ProfilerStep#eight'" in caplog.text

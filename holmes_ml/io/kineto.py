@@ -365,8 +365,12 @@ def _describe(inst: _Instance, source: str, world: int | None) -> dict | None:
     if pg is not None and (isinstance(pg, bool) or not isinstance(pg, (str, int))):
         raise SchemaError("wrong type", source=source, parameter=at("Process Group Name"),
                           value=type(pg).__name__, expected="a process group name (a string)")
+    # element counts without a size per element: the size is unknown (said once per trace)
+    unsized = (f"dtype {dtype!r}" if dtype else "no dtype named") if nbytes is None and counts \
+        else None
     return {
         "op": canonical,
+        "unsized": unsized,
         "nbytes": int(nbytes or 0),
         "pg": None if pg is None else str(pg),
         "pg_desc": meta.get("Process Group Description"),
@@ -521,6 +525,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
     cpu: list[_Event] = []
     kernels: list[_Event] = []
     steps: list[tuple[float, float, int]] = []
+    odd_steps: list[str] = []
     # Launches by correlation id, checked only when an NCCL kernel refers to one: most
     # launches are of compute kernels, which the reader ignores.
     runtime: dict[int, tuple[int, dict]] = {}
@@ -552,7 +557,14 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
                 steps.append((ts, ts + dur, step))
             elif _is_comm_cpu(name):
                 cpu.append(_event(e, i, source, name))
+            elif name.startswith("ProfilerStep#"):
+                # its ops would fall into the step before: say so rather than merge quietly
+                odd_steps.append(name)
 
+    if odd_steps:
+        logger.warning("%s: %d ProfilerStep span(s) not numbered (first: %r; expected "
+                       "ProfilerStep#N): their ops are counted in the step before",
+                       source, len(odd_steps), odd_steps[0][:60])
     by_tid = _instances_by_tid(cpu)
     starts = {tid: [i.ts for i in lst] for tid, lst in by_tid.items()}
     orphans: list[_Instance] = []
@@ -583,10 +595,13 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
     # once: the text of a 2**20-rank world is 7 MB.
     members: dict[str | None, str] = {}
     rows = []
+    unsized: dict[str, int] = {}
     for inst in [i for lst in by_tid.values() for i in lst] + orphans:
         d = _describe(inst, source, world)
         if d is None:
             continue
+        if d["unsized"]:
+            unsized[d["unsized"]] = unsized.get(d["unsized"], 0) + 1
         if d["pg"] is None and d["ranks"] is None:
             if d["op"] not in P2P_OPS:
                 d["pg"] = gloo_pg.get(inst.tid)
@@ -647,6 +662,9 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
         "iteration", "rank", "op", "group", "seq_arg", "nbytes", "start_ns", "duration_us",
         "group_ranks", "peer", "clock", SOURCE_FILE, SOURCE_RECORD,
     ])
+    for why, n in unsized.items():
+        logger.warning("%s: %d op(s) count elements of %s, whose size is not known: their "
+                       "message size is taken as 0 bytes", source, n, why)
     logger.debug("%s: rank %d, %d comm ops (%d kernels)", source, rank, len(df), len(kernels))
     return df, rank, world, unresolved
 
