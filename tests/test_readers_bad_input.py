@@ -626,3 +626,22 @@ def test_logs_of_two_jobs_in_one_directory_name_both_files(tmp_path):
     msg = str(err.value)
     assert f"logs of a second job at {d / 'b.csv'} line 2 (got 'finetune-2'" in msg, msg
     assert f"'pretrain-7' as in {d / 'a.csv'} line 2; read each job's logs" in msg, msg
+
+
+def test_a_csv_not_in_utf8_names_its_line_and_a_gzipped_one_reads_whatever_its_name(tmp_path):
+    ops = _ops()
+    text = ops.to_csv(index=False).encode()
+    lines = text.split(b"\n")
+    lines[3] = lines[3][:4] + b"\xff" + lines[3][4:]
+    (tmp_path / "latin.csv").write_bytes(b"\n".join(lines))
+    with pytest.raises(SchemaError, match=r"latin\.csv, line 4: not UTF-8 text \(got 'byte "
+                       r"0xff at offset \d+'"):
+        read_ops(tmp_path / "latin.csv")
+    (tmp_path / "packed.csv").write_bytes(gzip.compress(text))  # gzip under a plain name
+    pd.testing.assert_frame_equal(_sorted(read_ops(tmp_path / "packed.csv")),
+                                  _sorted(read_ops(_write_csv(tmp_path / "plain.csv", text))))
+
+
+def _write_csv(path, data: bytes):
+    path.write_bytes(data)
+    return path

@@ -165,6 +165,8 @@ def read_native(path: str | Path) -> pd.DataFrame:
         return pd.DataFrame()  # no header either: the caller says "empty file"
     except SchemaError:
         raise
+    except UnicodeDecodeError:
+        raise _not_utf8(p) from None
     except pd.errors.ParserError as exc:
         m = re.search(r"EOF inside string starting at row (\d+)", str(exc))
         if m is not None:  # pandas counts rows from 0, header included
@@ -178,7 +180,7 @@ def read_native(path: str | Path) -> pd.DataFrame:
         header, line, saw = map(int, m.groups())
         raise SchemaError(f"has {saw} fields, the header {header}", source=str(p), line=line,
                           expected="one value per header column on every line") from None
-    except (ValueError, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, KeyError,
+    except (ValueError, OSError, EOFError, json.JSONDecodeError, KeyError,
             TypeError, zlib.error) as exc:
         # KeyError/TypeError: pyarrow/pandas reading a Parquet file whose pandas metadata is
         # broken; zlib.error: a gzip stream corrupt past the sniffed head
@@ -186,6 +188,20 @@ def read_native(path: str | Path) -> pd.DataFrame:
             else str(exc)
         raise SchemaError(f"cannot parse file: {text}", source=str(p),
                           expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
+
+
+def _not_utf8(p: Path) -> SchemaError:
+    """The error for a text file that is not UTF-8, naming the line and the first bad byte."""
+    raw = open_bytes(p)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = exc.start
+        return SchemaError("not UTF-8 text", source=str(p), line=raw.count(b"\n", 0, at) + 1,
+                           value=f"byte 0x{raw[at]:02x} at offset {at}",
+                           expected="UTF-8 text (CSV, JSON Lines) or Parquet")
+    return SchemaError("cannot parse file: not UTF-8 text", source=str(p),
+                       expected="UTF-8 text (CSV, JSON Lines) or Parquet")
 
 
 def _head_records(p: Path) -> tuple[list[str], list[str], bool]:
@@ -207,7 +223,8 @@ def _read_csv(p: Path) -> pd.DataFrame:
     and warns (``DtypeWarning``) when the chunks disagree, e.g. one odd value far down; such a
     file is read again as one piece, so the schema check names that value like any other. The
     second read costs 3-5x the first and about 20 % more memory, so only those files pay it."""
-    compression = "infer" if p.name.endswith(".gz") else None
+    with open(p, "rb") as f:  # gzip by its content, whatever the name says
+        compression = "gzip" if f.read(2) == b"\x1f\x8b" else None
     header, first, complete = _head_records(p)
     twice = sorted({c.strip() for c in header if header.count(c) > 1})
     if twice:
