@@ -310,6 +310,29 @@ def test_protocol_errors(server):
     assert r.status_code == 413
     r = httpx.get(u + "/v1/jobs/nope/verdict")
     assert r.status_code == 404 and "nope" in r.json()["detail"]
+    # every refusal is {detail, field}: an unknown route or method too
+    r = httpx.get(u + "/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["field"] == "path", r.text
+    assert "no route /v1/nothing-here" in r.json()["detail"]
+    r = httpx.put(u + "/v1/jobs/jobP/raw", json=ok, headers=auth())
+    assert r.status_code == 405 and r.json() == {
+        "detail": "PUT not allowed on /v1/jobs/jobP/raw", "field": "method"}, r.text
+    # the token without its scheme is not the token
+    r = httpx.post(u + "/v1/jobs/jobP/raw", json=ok, headers={"Authorization": TOKEN})
+    assert r.status_code == 401 and r.json()["field"] == "authorization", r.text
+    deep = b"[" * 100_000 + b"]" * 100_000
+    r = httpx.post(u + "/v1/jobs/jobP/raw", content=deep,
+                   headers={**auth(), "Content-Type": "application/json"})
+    assert r.status_code == 422 and "nested too deeply" in r.json()["detail"], r.text
+    # JSON records naming another job, as Arrow ones: 409
+    other = raw_body(make_ops(seed=3, iterations=2), "p9", seq=9)
+    other["columns"]["job"] = ["train-b"] * len(other["columns"]["rank"])
+    assert httpx.post(u + "/v1/jobs/jobJ/raw", json={
+        **other, "columns": {**other["columns"], "job": ["train-a"] * len(other["columns"]["rank"])}},
+        headers=auth()).status_code == 200
+    r = httpx.post(u + "/v1/jobs/jobJ/raw", json={**other, "batch_id": "p10", "seq": 10},
+                   headers=auth())
+    assert r.status_code == 409 and r.json()["field"] == "job", r.text
     assert httpx.get(u + "/v1/jobs/jobP").json()["records"] == len(ok["columns"]["rank"])
 
 

@@ -46,6 +46,7 @@ from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.routing import APIRoute  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 from holmes_ml.io.schema import SchemaError, validate  # noqa: E402
 from holmes_ml.serve.engine import (  # noqa: E402
@@ -274,6 +275,9 @@ class _UniqueKeysRequest(Request):
             except UnicodeDecodeError as exc:
                 raise BodyError(f"body: not UTF-8 text ({exc.reason} at byte {exc.start}); "
                                 "expected a JSON document") from exc
+            except RecursionError:
+                raise BodyError("body: JSON nested too deeply for the parser; expected the "
+                                "API's objects (a few levels deep)") from None
         return self._json
 
 
@@ -636,8 +640,9 @@ def create_app(
     def require_token(authorization: str | None = Header(default=None)) -> None:
         if not settings.token:
             return
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), settings.token.encode()):
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                 settings.token.encode()):
             raise StoreError("Authorization: expected 'Bearer <token>' with the service token",
                              field="authorization", status=401)
 
@@ -650,6 +655,18 @@ def create_app(
     async def _body_error(_request: Request, exc: BodyError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail, "field": exc.field},
                             status_code=exc.status_code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # an unknown route or method: the same {detail, field} as every other refusal
+        field = {404: "path", 405: "method"}.get(exc.status_code, "request")
+        detail = exc.detail
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.url.path}; expected one of the API's (see /docs)"
+        elif exc.status_code == 405:
+            detail = f"{request.method} not allowed on {request.url.path}"
+        return JSONResponse({"detail": detail, "field": field}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -201,6 +201,8 @@ class RawColumns(_CanonicalColumns):
     host: list[Text] | None = None
     group_kind: list[Text] | None = None
     step_compute_us: list[Duration] | None = None
+    #: the job the records say they are of: one naming another job is refused (409)
+    job: list[Text] | None = None
 
 
 class RawBatch(_Strict):
