@@ -329,8 +329,13 @@ def run_drill(cfg: DrillConfig) -> DrillResult:
     import_torch_distributed("holmes drill runs a real multi-process gloo job with PyTorch")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("sched-rank*.json"):  # an earlier drill in the same directory
-        stale.unlink()
+    # an earlier drill in the same directory: its logs (of ranks this one may not have) would be
+    # read with this one's, its scheduler records judged with them
+    stale = [*out.glob("sched-rank*.json"), *(out / "logs").glob("commops-rank*.parquet")]
+    if stale:
+        logger.info("%s: removing %d file(s) of an earlier drill", out, len(stale))
+    for path in stale:
+        path.unlink()
     if cfg.fault == "bandwidth":
         from holmes_ml.drill.netns import bandwidth_unavailable, namespaces
 
