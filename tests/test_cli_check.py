@@ -35,6 +35,8 @@ def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
         .astype(str).value_counts().to_dict()
     assert report["op_types"] == ops["op"].astype(str).value_counts().to_dict()
     assert [c["ok"] for c in report["checks"]] == [True] * 7, report["checks"]
+    # the logs carry no coordinates; the topology beside them places each rank on tp, pp, dp
+    assert report["coordinates"] == ["dp", "pp", "tp"]
     # the readable form says the same
     text = CliRunner().invoke(app, ["check", str(tmp_path / "sim")]).stdout
     assert f"read {len(ops):,} ops of 32 rank(s) (0-31) over 6 iteration(s) (0-5;" in text

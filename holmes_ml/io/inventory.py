@@ -90,7 +90,10 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "communicators_with_members": with_members,
         "op_types": {str(k): int(n) for k, n in ops["op"].value_counts().items()},
         "send_recv_without_peer": no_peer,
-        "coordinates": [c for c in _COORDS if c in ops.columns],
+        # as logged, or as the topology places the ranks (on an axis of more than one)
+        "coordinates": [c for c in _COORDS if c in ops.columns or (
+            topology is not None and c in topology.ranks.columns
+            and topology.ranks.loc[topology.ranks[c] >= 0, c].nunique() > 1)],
         "compute_times": "step_compute_us" in ops.columns,
         "reused_key_rows": int(ops.attrs.get("reused_key_rows", 0)),
         "gloo_groups_merged_ranks": int(ops.attrs.get("gloo_groups_merged_ranks", 0)),
