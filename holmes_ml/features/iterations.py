@@ -89,15 +89,31 @@ def iteration_spans(
 def last_arrivals(it: np.ndarray, rank: np.ndarray, start: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Per iteration (increasing): when its last rank arrived, the latest over its ranks of
-    each rank's first start (int64 ns); ``(iterations, last_arrival_ns)``."""
+    each rank's first start (int64 ns); ``(iterations, last_arrival_ns)``.
+
+    >>> last_arrivals(np.array([0, 0, 0, 1]), np.array([0, 1, 1, 0]), np.array([5, 9, 7, 20]))
+    (array([0, 1]), array([ 7, 20]))
+    """
     uniq, code = unique_inverse(it)
-    rank_code = pd.factorize(rank, sort=False)[0].astype(np.int64)
-    per = code * (int(rank_code.max()) + 1 if len(rank_code) else 1) + rank_code
-    keys, inv = np.unique(per, return_inverse=True)
-    first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
+    rank = np.asarray(rank, dtype=np.int64)
+    if len(rank) and 0 <= int(rank.min()) and int(rank.max()) < 4 * len(rank) + 1024:
+        rank_code = rank  # global ranks are codes already (a rank absent is an empty column)
+    else:
+        rank_code = pd.factorize(rank, sort=False)[0].astype(np.int64)
+    n_it, n_rank = len(uniq), (int(rank_code.max()) + 1 if len(rank_code) else 1)
+    absent = np.iinfo(np.int64).max
+    if n_it * n_rank <= 1 << 26:
+        # a dense (iteration x rank) grid: no sort over the rows (iterations and ranks are few)
+        first = np.full(n_it * n_rank, absent, dtype=np.int64)
+        np.minimum.at(first, code * n_rank + rank_code, start)
+        grid = first.reshape(n_it, n_rank)
+        grid[grid == absent] = np.iinfo(np.int64).min  # a rank not in the iteration
+        return uniq.astype(np.int64), grid.max(axis=1)
+    keys, inv = np.unique(code * n_rank + rank_code, return_inverse=True)
+    first = np.full(len(keys), absent, dtype=np.int64)
     np.minimum.at(first, inv, start)
-    last = np.full(len(uniq), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last, keys // (int(rank_code.max()) + 1 if len(rank_code) else 1), first)
+    last = np.full(n_it, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, keys // n_rank, first)
     return uniq.astype(np.int64), last
 
 
