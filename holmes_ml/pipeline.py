@@ -35,7 +35,7 @@ from holmes_ml.features import (
 from holmes_ml.features.iterations import span_times
 from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_ranks
 from holmes_ml.localize.config import LocalizeConfig
-from holmes_ml.localize.rules import localize_records
+from holmes_ml.localize.rules import iteration_spans_of, localize_records
 from holmes_ml.localize.types import Verdict
 from holmes_ml.topology import Group, Topology, kind_from_group_name
 
@@ -680,11 +680,8 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
     false."""
     if len(iterations) == 0:
         return ()
-    # (one row per rank and iteration: the latest start is the last rank's arrival)
-    span = iterations.groupby("iteration").agg(start_ns=("start_ns", "min"),
-                                                end_ns=("end_ns", "max"),
-                                                last_ns=("start_ns", "max"))
-    table = pd.DataFrame({"duration_s": span_times(span, last="last_ns")[0] / 1e9},
+    span = iteration_spans_of(iterations)
+    table = pd.DataFrame({"duration_s": span_times(span, "start", "end", "last")[0] / 1e9},
                          index=span.index)
     table.index.name = "iteration"
     out = detect_irregular(table, IrregularityConfig(delta=delta))

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features.iterations import span_times
-from holmes_ml.localize.rules import step_compute
+from holmes_ml.localize.rules import iteration_spans_of, step_compute
 from holmes_ml.localize.types import Verdict
 
 if TYPE_CHECKING:
@@ -79,10 +79,8 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
     plt = _plt()
     written = []
 
-    span = iterations.groupby("iteration").agg(s=("start_ns", "min"), e=("end_ns", "max"),
-                                               last=("start_ns", "max"))
     # timed as the irregularity monitor times them (end to end where operators end each step)
-    time_ns, end_to_end = span_times(span, "s", "e", "last")
+    time_ns, end_to_end = span_times(iteration_spans_of(iterations), "start", "end", "last")
     secs = time_ns / 1e9
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.plot(secs.index, secs.to_numpy(), marker="o", ms=3,

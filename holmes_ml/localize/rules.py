@@ -87,8 +87,10 @@ def parse_members(group_ranks: pd.Series) -> pd.DataFrame:
     )
 
 
-def _iteration_spans(iterations: pd.DataFrame) -> pd.DataFrame:
-    """Per iteration (index, increasing): its first start and last end over its ranks, ns."""
+def iteration_spans_of(iterations: pd.DataFrame) -> pd.DataFrame:
+    """Per iteration (index, increasing) of a per-rank span table (a summary's ``iterations``):
+    its first start, last end and last rank's arrival over its ranks (``start``, ``end``,
+    ``last``; ns), what :func:`~holmes_ml.features.iteration_times` reads."""
     if iterations is None or len(iterations) == 0:
         return pd.DataFrame({"start": pd.Series(dtype=np.int64),
                              "end": pd.Series(dtype=np.int64),
@@ -101,14 +103,14 @@ def _iteration_spans(iterations: pd.DataFrame) -> pd.DataFrame:
 def _iteration_times_us(spans: pd.DataFrame) -> pd.Series:
     """Each iteration's time in microseconds (:func:`~holmes_ml.features.iteration_times`: its
     span, first start to last end over its ranks, or end to end where the span is a small part
-    of the step), from its :func:`_iteration_spans`."""
+    of the step), from its :func:`iteration_spans_of`."""
     return span_times(spans, "start", "end", "last")[0] / 1e3
 
 
 def _usual_step_us(spans: pd.DataFrame) -> float:
     """How long a step usually lasts, in microseconds: the median time from one iteration's
     last end to the next one's (consecutive iterations only), or the median span (first start
-    to last end, of its :func:`_iteration_spans`) when that is longer. The span of a step whose
+    to last end, of its :func:`iteration_spans_of`) when that is longer. The span of a step whose
     operators come at its end (one gradient all-reduce after the compute: pure data
     parallelism) is a small part of the step; end to end it is all there."""
     span_us = (spans["end"] - spans["start"]).astype(np.float64) / 1e3
@@ -183,7 +185,7 @@ def localize_records(
     cfg = config or LocalizeConfig()
     irregular = bool(irregular_iterations)
     stats: dict[str, float] = {"abnormal_rows": float(len(abnormal))}
-    spans = _iteration_spans(iterations)
+    spans = iteration_spans_of(iterations)
     times = _iteration_times_us(spans)
     it_weight, med_iter_us = _iteration_weights(times)
     usual_us = _usual_iteration_us(times, irregular_iterations)
@@ -546,7 +548,7 @@ def _comm_gap_candidates(iterations: pd.DataFrame, topology: Topology,
         beyond = "beyond what the same GPU of the other replicas shows"
     if len(frame) == 0:
         return []
-    times = _iteration_times_us(_iteration_spans(iterations))
+    times = _iteration_times_us(iteration_spans_of(iterations))
     step_floor = cfg.min_step_share * (cfg.delta - 1.0) * _usual_iteration_us(times, tuple(irr))
     if step_floor <= 0:
         return []
