@@ -60,7 +60,8 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"read {report['ops']:,} ops of {report['ranks']:,} rank(s) ({report['rank_list']}) "
             f"over {report['iterations']:,} iteration(s) ({report['iteration_list']}"
-            + (f"; median {median:.4g} s each)" if median is not None else ")"))
+            + (f"; median {median:.4g} s each, irregular ones included)" if median is not None
+               else ")"))
         kinds = ", ".join(f"{k} {n}" for k, n in report["communicators_by_kind"].items())
         console.print(f"{report['communicators']:,} communicator(s): {kinds}")
         console.print("ops: " + ", ".join(f"{k} {n:,}" for k, n in report["op_types"].items()))
