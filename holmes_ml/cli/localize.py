@@ -55,8 +55,9 @@ def register(app: typer.Typer) -> None:
             [], "--set", metavar="KEY=VALUE",
             help="Override one setting of the localizer (repeatable): any field of "
             "holmes_ml.localize.LocalizeConfig, whose docstring explains each, e.g. --set "
-            "late_fraction=0.3 --set quiet_persistence=0 --set with_rule=false. An unknown "
-            "key or a value out of range is an error naming it.",
+            "late_fraction=0.3 --set quiet_persistence=0 --set with_rule=false (delta and "
+            "top_k: --delta and --top-k). An unknown key or a value out of range is an error "
+            "naming it.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(

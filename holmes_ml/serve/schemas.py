@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
+import numpy as np
+
 from holmes_ml.serve import NAME_PATTERN, require_extra
 
 require_extra("pydantic")
@@ -138,10 +140,12 @@ class IterationTable(_Columnar):
 
     @model_validator(mode="after")
     def _ends_after_starts(self):  # noqa: ANN202 - pydantic hook
-        for i, (start, end) in enumerate(zip(self.start_ns, self.end_ns, strict=True)):
-            if end < start:
-                raise ValueError(f"row {i}: end_ns {end} before start_ns {start}; expected "
-                                 "the rank's latest completion at or after its earliest arrival")
+        start, end = np.asarray(self.start_ns, np.int64), np.asarray(self.end_ns, np.int64)
+        bad = np.flatnonzero(end < start) if len(start) == len(end) else ()
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"row {i}: end_ns {end[i]} before start_ns {start[i]}; expected "
+                             "the rank's latest completion at or after its earliest arrival")
         return self
 
 
@@ -159,10 +163,14 @@ class _CanonicalColumns(_Columnar):
 
     @model_validator(mode="after")
     def _ends_fit(self):  # noqa: ANN202 - pydantic hook
-        for i, (start, dur) in enumerate(zip(self.start_ns, self.duration_us, strict=True)):
-            if start + dur * 1e3 >= 2.0**63:
-                raise ValueError(f"row {i}: start_ns {start} + duration_us {dur} ends beyond "
-                                 "2**63 ns; expected an op ending within 64-bit ns")
+        start = np.asarray(self.start_ns, np.float64)
+        dur = np.asarray(self.duration_us, np.float64)
+        bad = np.flatnonzero(start + dur * 1e3 >= 2.0**63) if len(start) == len(dur) else ()
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"row {i}: start_ns {self.start_ns[i]} + duration_us "
+                             f"{self.duration_us[i]} ends beyond 2**63 ns; expected an op "
+                             "ending within 64-bit ns")
         return self
 
 
