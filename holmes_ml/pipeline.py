@@ -139,7 +139,12 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     their compute gaps is jitter, whatever the segment's length. Per instance, the deviations of
     the log gaps from their median (times ``sqrt(k / (k - 1))`` for ``k`` members: the median
     of two is their mean); their median absolute value, times 1.4826, estimates sigma. A slow
-    GPU stretches its own gaps only: the median over every copy of the job does not see it.
+    GPU stretches its own gaps only: the median over every copy of the job does not see it -
+    except in a pair, whose median is the mean of the two gaps: a member that is late at every
+    instance (a straggler on a two-rank job, or in a two-rank group) would read as both members'
+    jitter, raise the bar by its own lateness and hide itself. There each member's persistent
+    offset (the median of its signed deviations over the pair's instances) is taken out first;
+    jitter changes sign from step to step and keeps its spread.
 
     Parameters
     ----------
@@ -171,7 +176,13 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     log_gap = pd.Series(np.log(gap[coll]))
     by = log_gap.groupby(inst)
     k = by.transform("size").to_numpy(dtype=np.float64)
-    dev = (log_gap - by.transform("median")).abs().to_numpy()
+    signed = (log_gap - by.transform("median")).to_numpy(copy=True)
+    two = k == 2
+    if two.any():
+        member = _combine(_codes(ops["group"])[coll][two],
+                          ops["rank"].to_numpy(dtype=np.int64)[coll][two])
+        signed[two] -= pd.Series(signed[two]).groupby(member).transform("median").to_numpy()
+    dev = np.abs(signed)
     pair = k >= 2
     if not pair.any():
         return 0.0

@@ -29,6 +29,18 @@ def test_compute_jitter_reads_the_simulated_sigma(layout, jitter):
     assert compute_jitter(without_labels(res.ops)) == pytest.approx(jitter, rel=0.15)
 
 
+@pytest.mark.parametrize("jitter", [0.01, 0.1])
+def test_a_pairs_persistent_straggler_is_not_jitter(jitter):
+    # Two ranks: the median of a pair is its mean, so a member late at every step once looked
+    # like both members' jitter (0.7 here, whatever the real one) and raised the bar above its
+    # own partner's waits.
+    pair = SimConfig(gpus=2, model="llama2-7b", tp=1, pp=1, iterations=12, seed=3, jitter=jitter)
+    healthy = compute_jitter(without_labels(simulate(pair).ops))
+    slow = simulate(replace(pair, faults=(
+        FaultSpec.parse("gpu_slow:rank=1,severity=1.0,start=3"),)))
+    assert compute_jitter(without_labels(slow.ops)) <= 2 * healthy + 0.01
+
+
 def test_compute_jitter_without_collectives_is_zero():
     ops = without_labels(simulate(SimConfig(gpus=32, model="llama2-7b", iterations=2)).ops)
     assert compute_jitter(ops[ops["op"].isin(["send", "recv"])]) == 0.0
