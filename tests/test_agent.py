@@ -204,3 +204,27 @@ def test_a_json_file_in_no_trace_format_is_ignored_until_it_changes(tmp_path, ca
     assert list(agent.bad_files) == [logs / "<whole-file traces>"]
     assert len(agent._ops) == len(ops)  # what was accepted stays
     agent.close()
+
+
+def test_a_rank_whose_log_appears_later_gets_its_own_gpu(tmp_path):
+    # Two ranks of each 4-rank host log first, the other two only after the first batch was
+    # queued: the latecomers took GPU indices 0 and 1 again, two ranks on one GPU of a host.
+    import gzip
+    import json
+
+    ops = make_ops(seed=13, ranks=8, iterations=8)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops[ops["rank"] % 4 < 2], upto=8)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j",
+                              backoff_s=0.01, timeout_s=1), summarize=fallback_summarize)
+    agent.step()
+    _write_logs(logs, ops, upto=8)
+    agent.step()
+    places = {}
+    for _, _, body in agent.outbox.pending():
+        ranks = json.loads(gzip.decompress(body)).get("ranks") or {}
+        places.update(zip(ranks.get("rank", []), zip(ranks.get("host", []), ranks.get("gpu", []),
+                                                      strict=True), strict=True))
+    agent.close()
+    assert sorted(places) == list(range(8))
+    assert len(set(places.values())) == 8, places

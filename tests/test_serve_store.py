@@ -495,3 +495,20 @@ def test_a_job_whose_localization_fails_is_not_retried_until_it_changes(tmp_path
     assert "job" in service.errors
     service.analyze("job")
     assert "job" not in service.errors and store.latest_verdict("job") is not None
+
+
+def test_two_ranks_on_one_gpu_of_a_host_are_numbered_apart():
+    # Two agents on one host each number their ranks' GPUs from 0; the localizer must not
+    # name both ranks' faults as one device. A host without a clash keeps its numbers.
+    import pandas as pd
+
+    from holmes_ml.serve.engine import agent_summary_frames
+
+    ranks = pd.DataFrame({"rank": [3, 1, 0, 2, 4], "host": ["a", "a", "a", "a", "b"],
+                          "gpu": [1, 1, 0, 0, 5], **{c: [-1] * 5 for c in
+                                                     ("dp", "pp", "tp", "cp", "ep")}})
+    empty = pd.DataFrame({"rank": [], "host": [], "group": [], "group_kind": []})
+    frames = agent_summary_frames({"groups": {}, "abnormal": empty, "iterations": None,
+                                   "ranks": ranks})
+    placed = frames["ranks"].set_index("rank")["gpu"].to_dict()
+    assert placed == {0: 0, 1: 1, 2: 2, 3: 3, 4: 5}

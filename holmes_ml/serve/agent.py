@@ -160,6 +160,8 @@ class Outbox:
                 iteration INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS sent_groups (name TEXT PRIMARY KEY);
             CREATE TABLE IF NOT EXISTS sent_ranks (rank INTEGER PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS placed (rank INTEGER PRIMARY KEY, host TEXT NOT NULL,
+                gpu INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS flushed (rank INTEGER PRIMARY KEY,
                 iteration INTEGER NOT NULL, rows INTEGER NOT NULL);
@@ -204,6 +206,12 @@ class Outbox:
     def sent_ranks(self) -> set[int]:
         return {int(r[0]) for r in self.db.execute("SELECT rank FROM sent_ranks")}
 
+    def next_gpus(self) -> dict[str, int]:
+        """Per host, the first GPU index not yet given to a rank this outbox sent: a rank
+        first seen in a later batch (its log appeared late) takes the next one, not 0 again."""
+        return {str(h): int(g) + 1 for h, g in
+                self.db.execute("SELECT host, max(gpu) FROM placed GROUP BY host")}
+
     def enqueue(self, source: str, batch: dict, marks: dict[int, int], groups: list[str],
                 ranks: list[int], flushed: dict[int, tuple[int, int]] | None = None) -> int:
         """Queue ``batch`` and advance the watermarks atomically; returns its seq.
@@ -224,6 +232,11 @@ class Outbox:
                                 [(g,) for g in groups])
             self.db.executemany("INSERT OR IGNORE INTO sent_ranks VALUES (?)",
                                 [(r,) for r in ranks])
+            if batch.get("ranks"):
+                placed = batch["ranks"]
+                self.db.executemany("INSERT OR IGNORE INTO placed VALUES (?,?,?)",
+                                    zip(placed["rank"], placed["host"], placed["gpu"],
+                                        strict=True))
             self.db.executemany("INSERT OR REPLACE INTO flushed VALUES (?,?,?)",
                                 [(r, i, n) for r, (i, n) in (flushed or {}).items()])
             self.db.execute("DELETE FROM flushed WHERE iteration <= (SELECT w.iteration FROM "
@@ -777,7 +790,9 @@ class Agent:
             else:
                 hosts = pd.Series(dtype=str)
             host = [hosts.get(r, "") or socket.gethostname() for r in seen]
-            gpu = pd.Series(host).groupby(host).cumcount().tolist()
+            first = self.outbox.next_gpus()
+            gpu = [first.get(h, 0) + int(k)
+                   for h, k in zip(host, pd.Series(host).groupby(host).cumcount(), strict=True)]
             batch["ranks"] = {"rank": seen, "host": host, "gpu": gpu}
             for c in ("dp", "pp", "tp", "cp", "ep"):
                 if c in sub.columns:

@@ -100,6 +100,13 @@ def agent_summary_frames(data: dict[str, Any]) -> dict[str, pd.DataFrame]:
         missing = ab["host"].astype(str).str.len() == 0
         ab.loc[missing, "host"] = ab.loc[missing, "rank"].map(hosts).fillna("").astype(str)
     ranks = ranks.drop(columns=[c for c in ranks.columns if (ranks[c] == -1).all()])
+    if len(ranks) and ranks.duplicated(["host", "gpu"]).any():
+        # Two agents on one host (or an older agent whose late ranks restarted at GPU 0) gave
+        # two ranks the same GPU: number the host's GPUs by rank order instead, as one agent
+        # seeing them all would, rather than name two ranks' faults as one device.
+        clash = ranks.groupby("host")["gpu"].transform(lambda g: g.duplicated().any())
+        renumbered = ranks.sort_values("rank").groupby("host").cumcount()
+        ranks = ranks.assign(gpu=ranks["gpu"].where(~clash, renumbered.reindex(ranks.index)))
     return {"iterations": data["iterations"], "abnormal": ab, "groups": groups,
             "ranks": ranks if len(ranks) else None}
 
