@@ -266,3 +266,35 @@ def test_a_progress_bar_follows_the_files_when_asked(tmp_path, monkeypatch):
         assert list(bar) == [1, 2] and hasattr(bar, "close")  # a tqdm
         assert _common.each_file([1]) == [1]  # one file: no bar
     assert _common.each_file([1, 2]) == [1, 2]
+
+
+@pytest.mark.parametrize("indent", [None, 1])
+def test_a_json_array_of_records_reads_like_json_lines(tmp_path, indent):
+    # pandas' to_json(orient="records") writes one array; pretty-printed it spans many lines
+    df = _ops()
+    lines, array = tmp_path / "ops.jsonl", tmp_path / "ops.json"
+    df.to_json(lines, orient="records", lines=True)
+    array.write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=indent))
+    assert detect_format(array) == "native"
+    pd.testing.assert_frame_equal(read_ops(array), read_ops(lines))
+
+
+def test_a_json_array_s_bad_records_are_named_by_index(tmp_path):
+    records = json.loads(_ops().to_json(orient="records"))
+    p = tmp_path / "ops.json"
+    p.write_text(json.dumps(records[:3] + [[1, 2]] + records[3:], indent=1))
+    with pytest.raises(SchemaError, match=r"records\[3\]: not a JSON object"):
+        read_ops(p)
+    records[5]["duration_us"] = -1.0
+    p.write_text(json.dumps(records, indent=1))
+    with pytest.raises(SchemaError, match=r"row 5: negative duration") as err:
+        read_ops(p)
+    assert err.value.line is None  # pretty-printed: row 5 is not line 6
+    for r in records:
+        del r["seq"]
+    p.write_text(json.dumps(records))
+    with pytest.raises(SchemaError, match=r"missing required column\(s\) seq"):
+        read_ops(p)
+    p.write_text("[]")
+    with pytest.raises(SchemaError, match="an empty JSON array"):
+        read_ops(p, format="native")

@@ -40,6 +40,8 @@ from holmes_ml.io._common import (
     each_file,
     head_bytes,
     iter_jsonl,
+    kind_name,
+    load_json,
     open_bytes,
     showing_progress,
 )
@@ -111,6 +113,11 @@ def detect_format(path: str | Path) -> str:
             return "nccl-inspector"
         if all(f'"{c}"' in first for c in REQUIRED_COLUMNS):
             return "native"
+    if text.startswith("[") and 2 * sum(f'"{c}"' in text for c in REQUIRED_COLUMNS) >= len(
+            REQUIRED_COLUMNS):
+        # one JSON array of records (pandas' to_json(orient="records")); with half the
+        # columns or more, so that the reader names the one missing
+        return "native"
     # The comma count spots a CSV without its extension; a one-line JSON object (a config,
     # topology.json) has commas too and is not a CSV.
     is_json = text.startswith(("{", "["))
@@ -150,13 +157,16 @@ def looks_like_native_log(path: str | Path) -> bool:
 
 
 def read_native(path: str | Path) -> pd.DataFrame:
-    """Read one canonical CSV / Parquet / JSON Lines file (gz allowed) without validating it."""
+    """Read one canonical CSV / Parquet / JSON Lines / JSON array file (gz allowed) without
+    validating it."""
     p = Path(path)
     name = _strip_gz(p.name.lower())
     head = head_bytes(p, 4)
     try:
         if head[:4] == b"PAR1":
             return pd.read_parquet(p)
+        if _is_json_array(p):
+            return _read_json_array(p)
         if name.endswith((".jsonl", ".ndjson", ".json")) or head[:1] == b"{":
             rows = [obj for _, obj in iter_jsonl(p)]
             return pd.DataFrame.from_records(rows)
@@ -188,6 +198,27 @@ def read_native(path: str | Path) -> pd.DataFrame:
             else str(exc)
         raise SchemaError(f"cannot parse file: {text}", source=str(p),
                           expected="CSV, Parquet or JSON Lines in the CommOps schema") from exc
+
+
+def _is_json_array(p: Path) -> bool:
+    """Whether the text file ``p`` holds one JSON array (of records, we expect)."""
+    return head_bytes(p, 1 << 10).decode("utf-8-sig", errors="replace").lstrip()[:1] == "["
+
+
+def _read_json_array(p: Path) -> pd.DataFrame:
+    """A JSON array of one object per operator (``records[i]`` in errors), as a table."""
+    records = load_json(p, what="a JSON array of operator records")
+    if not isinstance(records, list):  # a file that only starts with "[" when sniffed
+        raise SchemaError("not a JSON array", source=str(p), value=kind_name(records),
+                          expected="a JSON array of operator records")
+    if not records:
+        raise SchemaError("an empty JSON array", source=str(p),
+                          expected="one JSON object per operator")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            raise SchemaError("not a JSON object", source=str(p), parameter=f"records[{i}]",
+                              value=kind_name(r), expected="one JSON object per operator")
+    return pd.DataFrame.from_records(records)
 
 
 def _not_utf8(p: Path) -> SchemaError:
@@ -467,6 +498,8 @@ def _line_of(path: Path, row: int) -> int | None:
     if head_bytes(path, 4)[:4] == b"PAR1":
         return None
     text = open_bytes(path).decode("utf-8-sig", errors="replace")
+    if text.lstrip()[:1] == "[":
+        return None  # a JSON array: its records are not lines (the error says records[i])
     name = _strip_gz(path.name.lower())
     if name.endswith((".jsonl", ".ndjson", ".json")) or text[:1] == "{":
         # iter_jsonl skips blank lines.
