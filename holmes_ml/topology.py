@@ -282,6 +282,15 @@ class Topology:
             raise SchemaError("rank listed twice", source=source, parameter="ranks.rank",
                               value=int(ranks["rank"].to_numpy()[twice][0]),
                               expected="each rank once")
+        place = ranks.duplicated(["host", "gpu"]).to_numpy()
+        if place.any():
+            i = int(np.flatnonzero(place)[0])
+            host, gpu = ranks["host"].iloc[i], int(ranks["gpu"].iloc[i])
+            first = int(ranks["rank"][(ranks["host"] == host) & (ranks["gpu"] == gpu)].iloc[0])
+            raise SchemaError("two ranks on one GPU", source=source, parameter=f"ranks.gpu[{i}]",
+                              value=f"rank {int(ranks['rank'].iloc[i])} on GPU {gpu} of host "
+                                    f"{host!r}, as rank {first}",
+                              expected="each (host, gpu) once: a GPU runs one rank")
         known = set(ranks["rank"].tolist())
         groups: dict[str, Group] = {}
         for k, g in enumerate(as_obj(data.get("groups"), "groups", source, list, default=[])):

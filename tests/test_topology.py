@@ -84,6 +84,9 @@ BAD_TOPOLOGIES = {
     "gpu negative": (lambda d: d["ranks"]["gpu"].__setitem__(0, -1),
                      r"ranks\.gpu\[0\]: out of range \(got -1"),
     "ragged": (lambda d: d["ranks"]["host"].pop(), r"ranks\.host: columns of unequal length"),
+    "gpu twice": (lambda d: d["ranks"]["gpu"].__setitem__(1, d["ranks"]["gpu"][0]),
+                  r"ranks\.gpu\[1\]: two ranks on one GPU \(got \"rank 1 on GPU 0 of host "
+                  r"'\w+', as rank 0\""),
     "host empty": (lambda d: d["ranks"]["host"].__setitem__(5, ""),
                    r"ranks\.host\[5\]: not a host name"),
     "host surrogate": (lambda d: d["ranks"]["host"].__setitem__(2, "n\ud800"),
