@@ -290,6 +290,21 @@ def test_a_body_with_infinity_gets_422_naming_the_field_and_counts_once(server):
     assert _rejected(c, 409) == before + 1
 
 
+@pytest.mark.parametrize("sent", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_json_not_labelled_json_is_told_to_say_so(server, sent):
+    # `curl -d @body.json` labels it a form: valid JSON was refused as "not a valid dictionary"
+    headers = {**auth(), **({"Content-Type": sent} if sent else {})}
+    raw = json.dumps(raw_body(make_ops(seed=4, iterations=2), "label", seq=1)).encode()
+    topo = json.dumps({"ranks": {"rank": [0], "host": ["a"], "gpu": [0], "pod": [0]}}).encode()
+    for method, path, body in (("POST", "/v1/jobs/jobL/raw", raw),
+                               ("PUT", "/v1/jobs/jobL/topology", topo)):
+        r = httpx.request(method, server.url + path, content=body, headers=headers)
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == "content-type", r.text
+        assert "expected Content-Type: application/json" in r.json()["detail"]
+        assert (repr(sent) if sent else "without a Content-Type") in r.json()["detail"]
+
+
 def test_protocol_errors(server):
     u = server.url
     ok = raw_body(make_ops(seed=3, iterations=2), "p0", seq=5)

@@ -669,8 +669,17 @@ def create_app(
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         detail, field, errors = validation_detail(exc.errors())
+        sent = request.headers.get("content-type", "")
+        whole = [e for e in exc.errors() if tuple(e.get("loc", ())) == ("body",)]
+        if whole and "json" not in sent.lower():
+            # FastAPI parses a body as JSON only when it is labelled so: `curl -d @file` sends
+            # application/x-www-form-urlencoded, and valid JSON read as "not an object"
+            how = f"sent as {sent!r}" if sent else "sent without a Content-Type"
+            detail = (f"body: {how}, so not read as JSON; expected Content-Type: "
+                      "application/json (curl: -H 'Content-Type: application/json')")
+            field = "content-type"
         return JSONResponse({"detail": detail, "field": field, "errors": errors},
                             status_code=422)
 
