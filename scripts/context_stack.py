@@ -101,7 +101,7 @@ def rows(cfgs, first_models, run_model, max_normal, seed, thr_of):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test in a minute or two")
     quick = parser.parse_args().quick
     train_cfgs = scenarios("tiny" if quick else "default", 0)
