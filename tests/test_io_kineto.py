@@ -496,3 +496,19 @@ def test_unsized_ops_and_unnumbered_steps_are_said_not_merged_quietly(tmp_path, 
     assert (ops["nbytes"] == 0).all()
     assert "3 op(s) count elements of dtype 'Quaternion', whose size is not known" in caplog.text
     assert "1 ProfilerStep span(s) not numbered (first: 'ProfilerStep#eight'" in caplog.text
+
+
+def test_a_name_that_is_not_utf8_is_read_with_a_warning_naming_the_byte(tmp_path, caplog):
+    # a kernel name cut mid-character: the trace is read, the name gets U+FFFD, and a warning
+    # says where (it was replaced without a word)
+    doc = _trace(0, OPS)
+    doc["traceEvents"][-1]["name"] = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL_XX"
+    raw = json.dumps(doc, indent=1).encode().replace(b"LL_XX", b"LL_\xe2\x82")
+    p = tmp_path / "rank0.pt.trace.json"
+    p.write_bytes(raw)
+    with caplog.at_level("WARNING", logger="holmes_ml.io._common"):
+        ops = read_kineto(p)
+    assert len(ops) == len(OPS)
+    line = raw[:raw.index(b"\xe2\x82")].count(b"\n") + 1
+    assert f"rank0.pt.trace.json, line {line}: bytes that are not UTF-8 (the first 0xe2" \
+        in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import math
 import re
 import zlib
@@ -19,6 +20,8 @@ from typing import Any, TypeVar
 
 from holmes_ml._text import shown
 from holmes_ml.io.schema import OP_TYPES, SchemaError
+
+logger = logging.getLogger(__name__)
 
 #: Bytes per element for the dtype spellings seen in PyTorch traces and Flight Recorder dumps.
 DTYPE_BYTES: dict[str, int] = {
@@ -234,6 +237,21 @@ def content_kind(raw: bytes) -> str | None:
     return "text that is not JSON"
 
 
+def decode_text(raw: bytes, path: str | Path) -> str:
+    """``raw`` as UTF-8 text (a byte-order mark dropped). Bytes that are not UTF-8 (a kernel or
+    process-group name cut mid-character by a profiler) are read as U+FFFD rather than lose the
+    file, and a warning names the file, line and first such byte."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        text = raw.decode("utf-8-sig", errors="replace")
+        logger.warning("%s, line %d: bytes that are not UTF-8 (the first 0x%02x at offset %d; "
+                       "%d replacement characters in all) read as U+FFFD", path,
+                       raw.count(b"\n", 0, exc.start) + 1, raw[exc.start], exc.start,
+                       text.count("\ufffd"))
+        return text
+
+
 def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
     """Parse a JSON document; a syntax error names the file, line and column.
 
@@ -243,7 +261,7 @@ def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
     raw = open_bytes(path)
     try:
         # utf-8-sig: editors on Windows save JSON with a byte-order mark
-        return json.loads(raw.decode("utf-8-sig", errors="replace"))
+        return json.loads(decode_text(raw, path))
     except RecursionError:
         raise SchemaError("JSON nested too deeply", source=str(path),
                           expected="a valid JSON document") from None
@@ -266,7 +284,7 @@ def iter_jsonl(
     ``what`` names the expected input in the error when the file is not JSON at all.
     """
     raw = open_bytes(path)
-    text = raw.decode("utf-8-sig", errors="replace")
+    text = decode_text(raw, path)
     first = True
     for lineno, line in enumerate(io.StringIO(text), start=1):
         line = line.strip()
