@@ -25,33 +25,35 @@ STEP_US = COMPUTE_US + XFER_US
 RECORDS_ONLY = LocalizeConfig(comm_gap_fallback=False)
 
 
-def _topology() -> Topology:
-    ranks = pd.DataFrame({"rank": np.arange(N), "host": [f"h{r // GPUS}" for r in range(N)],
-                          "gpu": np.arange(N) % GPUS, "pod": 0})
+def _topology(n: int = N, kind: str = "dp") -> Topology:
+    ranks = pd.DataFrame({"rank": np.arange(n), "host": [f"h{r // GPUS}" for r in range(n)],
+                          "gpu": np.arange(n) % GPUS, "pod": 0})
     for k in ("tp", "cp", "ep", "pp"):
         ranks[k] = 0
-    ranks["dp"] = np.arange(N)
-    return Topology(ranks=ranks, groups={"dp-0": Group("dp-0", "dp", tuple(range(N)))},
+    ranks["dp"] = np.arange(n)
+    return Topology(ranks=ranks, groups={"dp-0": Group("dp-0", kind, tuple(range(n)))},
                     spines=0)
 
 
 def _ops(seed: int, rank: int, pause_us: float, at: int = 10, iterations: int = 20,
-         jitter: float = 0.01, xfer_at_us: float = XFER_US) -> pd.DataFrame:
+         jitter: float = 0.01, xfer_at_us: float = XFER_US, n: int = N,
+         kind: str = "dp") -> pd.DataFrame:
     """``rank`` computes ``pause_us`` longer in step ``at``, whose all-reduce transfer takes
-    ``xfer_at_us``; ``jitter``: relative compute jitter."""
+    ``xfer_at_us``; ``jitter``: relative compute jitter; ``n`` ranks in one communicator of
+    ``kind``."""
     rng = np.random.default_rng(seed)
-    clock = np.zeros(N)
+    clock = np.zeros(n)
     rows = []
-    members = " ".join(map(str, range(N)))
+    members = " ".join(map(str, range(n)))
     for it in range(iterations):  # builds the input, not hot code
-        arrive = clock + COMPUTE_US * (1 + jitter * rng.standard_normal(N))
+        arrive = clock + COMPUTE_US * (1 + jitter * rng.standard_normal(n))
         if it == at:
             arrive[rank] += pause_us
         last = arrive.max()
         xfer = xfer_at_us if it == at else XFER_US
-        for r in range(N):
+        for r in range(n):
             rows.append((it, r, "all_reduce", "dp-0", it, 1 << 20, int(arrive[r] * 1e3),
-                         last - arrive[r] + xfer, members, -1, f"h{r // GPUS}", "dp"))
+                         last - arrive[r] + xfer, members, -1, f"h{r // GPUS}", kind))
         clock[:] = last + xfer
     return pd.DataFrame(rows, columns=[
         "iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us",
@@ -108,6 +110,23 @@ def test_a_pause_named_though_the_late_ranks_own_copy_was_slow_too(seed: int, ra
     off = analyze(ops, _topology(), model="rule",
                   config=LocalizeConfig(comm_gap_fallback=False, late_fraction=0.0))
     assert not off.candidates
+
+
+@pytest.mark.parametrize("seed,rank", [(0, 0), (1, 1)])
+def test_a_pause_on_a_two_rank_job_is_named_though_both_copies_were_slow(seed: int,
+                                                                          rank: int) -> None:
+    # Two data-parallel ranks: a pair of one stage arrives together unless one is held up,
+    # so the later arrival of a pair is read like that of a bigger group (it was not: every
+    # pair was left to the communication, and no one was named)
+    ops = _ops(seed, rank, 60 * STEP_US, xfer_at_us=40 * XFER_US, n=2)
+    verdict = analyze(ops, _topology(2), model="rule", config=RECORDS_ONLY)
+    assert verdict.candidates and verdict.candidates[0].ranks == (rank,), verdict.candidates
+    assert verdict.candidates[0].evidence[0].rule == "straggler"
+    # a pair across pipeline stages (kind other: the embedding all-reduce of the first and last
+    # stage) is late by the job's shape: left to the communication as before
+    ops = _ops(seed, rank, 60 * STEP_US, xfer_at_us=40 * XFER_US, n=2, kind="emb")
+    across = analyze(ops, _topology(2, kind="emb"), model="rule", config=RECORDS_ONLY)
+    assert not [c for c in across.candidates if c.kind in (DeviceKind.GPU, DeviceKind.HOST)]
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -216,9 +216,12 @@ def localize_records(
     )
     members = parse_members(groups.set_index(groups["group"].astype(str))["group_ranks"])
     size = members.groupby("group").size()
+    kind = (pd.Series(groups["group_kind"].astype(str).to_numpy(),
+                      index=groups["group"].astype(str).to_numpy())
+            if "group_kind" in groups.columns else pd.Series(dtype=str))
 
     events = [
-        _collective_events(ab[~p2p], members, size, cfg),
+        _collective_events(ab[~p2p], members, size, cfg, kind),
         _p2p_events(ab[p2p], cfg),
     ]
     ev = pd.concat([e for e in events if len(e)], ignore_index=True) if any(
@@ -651,9 +654,11 @@ def _mark_ties(cands: list[Candidate]) -> list[Candidate]:
 
 
 def _collective_events(
-    ab: pd.DataFrame, members: pd.DataFrame, size: pd.Series, cfg: LocalizeConfig
+    ab: pd.DataFrame, members: pd.DataFrame, size: pd.Series, cfg: LocalizeConfig,
+    kind: pd.Series | None = None,
 ) -> pd.DataFrame:
-    """Straggler / communication events of collective instances."""
+    """Straggler / communication events of collective instances. ``kind``: each
+    communicator's kind (``tp``, ``dp``, ...), by name."""
     if len(ab) == 0:
         return pd.DataFrame()
     key = ["iteration", "group", "seq"]
@@ -667,7 +672,9 @@ def _collective_events(
     inst = inst[(inst["size"] >= 2) & (inst["excess"] >= cfg.min_wait_us)]
     full = inst[inst["present"] >= inst["size"]]
     partial = inst[(inst["present"] < inst["size"]) & (inst["present"] * 2 >= inst["size"])]
-    late = _late_in_full(ab, full, key, cfg)
+    same_stage = (full["group"].map(kind).isin(list(_SAME_STAGE_KINDS)) if kind is not None
+                  else pd.Series(False, index=full.index))
+    late = _late_in_full(ab, full[(full["size"] >= 3) | same_stage.to_numpy()], key, cfg)
     comm = full[~full.set_index(key).index.isin(late.set_index(key).index)]
     comm = comm.assign(rank=-1, rule="communication", weight=comm["excess"])
     if len(partial):
@@ -685,6 +692,11 @@ def _collective_events(
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
+#: Communicator kinds whose members sit in one pipeline stage and compute the same segment of
+#: the model before they meet, so that even of two the later arrival is out of step.
+_SAME_STAGE_KINDS = ("tp", "dp", "cp", "ep")
+
+
 def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
                   cfg: LocalizeConfig) -> pd.DataFrame:
     """Straggler events of the instances in ``full`` (every copy abnormal) that one member
@@ -692,12 +704,13 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
     median excess. Its copy was flagged too (its own transfer, on a loaded machine, took
     longer than usual), but the others' waits are its lateness, not a slow link: on a slow
     link the members arrive together and every copy is long. Instances of three members or
-    more: of two, one always arrives last, and a pair whose late member is late by the job's
-    shape (the embedding all-reduce between the first and the last pipeline stage, which the
-    last reaches after the pipeline drained: ByteDance trace-AR) would be read as a straggler
-    whenever a slower step made both copies abnormal."""
+    more, or pairs of one pipeline stage (:data:`_SAME_STAGE_KINDS`, who do the same work
+    before they meet: a two-rank data-parallel job): of two, one always arrives last, and a pair
+    across stages is late by the job's shape (the embedding all-reduce between the first and
+    the last pipeline stage, which the last reaches after the pipeline drained: ByteDance
+    trace-AR) and would be read as a straggler whenever a slower step made both copies
+    abnormal. The caller passes only the instances that qualify."""
     cols = key + ["op", "rank", "rule", "weight", "t"]
-    full = full[full["size"] >= 3]
     if len(full) == 0 or cfg.late_fraction <= 0:
         return pd.DataFrame(columns=cols)
     r = ab[key + ["rank", "start_ns", "excess_us"]].merge(full[key], on=key)
@@ -836,7 +849,8 @@ def _drop_echoes(
     microseconds before any iteration weighting):
 
     * collective straggler in group ``G``: the waiting side is the median member of ``G`` (the
-      members of one communicator play the same role, so their times are comparable);
+      members of one communicator play the same role, so their times are comparable), the
+      other member of a pair;
     * p2p-chain (a long receive and a normal send, or the reverse): the waiting side is the
       peer whose copy was long (neighbouring pipeline stages communicate about as long in a
       healthy step).
@@ -862,9 +876,16 @@ def _drop_echoes(
         keys = ev[["iteration", "group"]].drop_duplicates()
         mem = keys.merge(members, on="group", how="inner")
         mem = mem.assign(comm=lookup(mem["iteration"], mem["rank"]))
-        ref = mem.groupby(["iteration", "group"])["comm"].median()
+        by = mem.groupby(["iteration", "group"])["comm"]
         grp = pd.MultiIndex.from_arrays([ev["iteration"].to_numpy(), ev["group"].to_numpy()])
-        waiting[coll] = ref.reindex(grp).to_numpy()
+        waiting[coll] = by.median().reindex(grp).to_numpy()
+        # of two members the median is their mean, half the late one's own time: the side
+        # that waited is the other member
+        pair = (by.size().reindex(grp) == 2).to_numpy()
+        if pair.any():
+            other = (by.sum().reindex(grp).to_numpy()
+                     - lookup(ev["iteration"], ev["rank"]))
+            waiting[np.flatnonzero(coll)[pair]] = other[pair]
     chain = (strag["rule"] == "p2p-chain").to_numpy()
     if chain.any() and "peer" in strag.columns:
         ev = strag[chain]
