@@ -130,6 +130,11 @@ def _rule_scores(
     return np.maximum(score, _transfer_scores(ops, cfg, classes[1]))
 
 
+#: Instances a member of a pair needs before its persistent offset is taken out of the jitter
+#: estimate (:func:`compute_jitter`).
+_PAIR_OFFSET_MIN = 8
+
+
 def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     """The job's compute jitter: the typical relative spread (log-normal sigma) of the compute
     time between two operators, read from the logs.
@@ -143,8 +148,9 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     except in a pair, whose median is the mean of the two gaps: a member that is late at every
     instance (a straggler on a two-rank job, or in a two-rank group) would read as both members'
     jitter, raise the bar by its own lateness and hide itself. There each member's persistent
-    offset (the median of its signed deviations over the pair's instances) is taken out first;
-    jitter changes sign from step to step and keeps its spread.
+    offset (the median of its signed deviations over the pair's instances, when it has
+    :data:`_PAIR_OFFSET_MIN` of them) is taken out first; jitter changes sign from step to step
+    and keeps its spread.
 
     Parameters
     ----------
@@ -181,7 +187,12 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     if two.any():
         member = _combine(_codes(ops["group"])[coll][two],
                           ops["rank"].to_numpy(dtype=np.int64)[coll][two])
-        signed[two] -= pd.Series(signed[two]).groupby(member).transform("median").to_numpy()
+        by_member = pd.Series(signed[two]).groupby(member)
+        # a median of a few instances takes their spread with it: members seen in fewer than
+        # _PAIR_OFFSET_MIN instances keep their deviations
+        offset = np.where(by_member.transform("size").to_numpy() >= _PAIR_OFFSET_MIN,
+                          by_member.transform("median").to_numpy(), 0.0)
+        signed[two] -= offset
     dev = np.abs(signed)
     pair = k >= 2
     if not pair.any():

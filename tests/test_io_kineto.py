@@ -512,3 +512,12 @@ def test_a_name_that_is_not_utf8_is_read_with_a_warning_naming_the_byte(tmp_path
     line = raw[:raw.index(b"\xe2\x82")].count(b"\n") + 1
     assert f"rank0.pt.trace.json, line {line}: bytes that are not UTF-8 (the first 0xe2" \
         in caplog.text
+
+
+def test_the_not_utf8_warning_counts_past_a_byte_order_mark(tmp_path, caplog):
+    from holmes_ml.io._common import decode_text
+
+    raw = b'\xef\xbb\xbf{"a": 1}\n\xff"b"'
+    with caplog.at_level("WARNING", logger="holmes_ml.io._common"):
+        assert decode_text(raw, "x.json") == '{"a": 1}\n\ufffd"b"'
+    assert "x.json, line 2: bytes that are not UTF-8 (the first 0xff at offset 12)" in caplog.text

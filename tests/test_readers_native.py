@@ -294,7 +294,21 @@ def test_a_json_array_s_bad_records_are_named_by_index(tmp_path):
         del r["seq"]
     p.write_text(json.dumps(records))
     with pytest.raises(SchemaError, match=r"missing required column\(s\) seq"):
-        read_ops(p)
+        read_ops(p, format="native")
     p.write_text("[]")
     with pytest.raises(SchemaError, match="an empty JSON array"):
         read_ops(p, format="native")
+
+
+def test_another_table_exported_as_a_json_array_beside_the_logs_is_skipped(tmp_path, caplog):
+    # scores or a summary saved with to_json(orient="records") next to the logs is no log
+    df = _ops()
+    d = tmp_path / "logs"
+    d.mkdir()
+    df.to_json(d / "ops.jsonl", orient="records", lines=True)
+    df[["iteration", "rank", "op", "group", "duration_us"]].assign(score=0.9).to_json(
+        d / "abnormal.json", orient="records")
+    with caplog.at_level("WARNING"):
+        out = read_ops(d)
+    assert len(out) == len(df)
+    assert "abnormal.json" in caplog.text

@@ -290,7 +290,8 @@ def test_a_body_with_infinity_gets_422_naming_the_field_and_counts_once(server):
     assert _rejected(c, 409) == before + 1
 
 
-@pytest.mark.parametrize("sent", ["text/plain", "application/x-www-form-urlencoded", None])
+@pytest.mark.parametrize("sent", ["text/plain", "application/x-www-form-urlencoded", None,
+                                  "text/json"])
 def test_json_not_labelled_json_is_told_to_say_so(server, sent):
     # `curl -d @body.json` labels it a form: valid JSON was refused as "not a valid dictionary"
     headers = {**auth(), **({"Content-Type": sent} if sent else {})}
@@ -303,6 +304,14 @@ def test_json_not_labelled_json_is_told_to_say_so(server, sent):
         assert r.json()["field"] == "content-type", r.text
         assert "expected Content-Type: application/json" in r.json()["detail"]
         assert (repr(sent) if sent else "without a Content-Type") in r.json()["detail"]
+
+
+@pytest.mark.parametrize("sent", ["application/json", None])
+def test_an_empty_body_is_called_empty(server, sent):
+    headers = {**auth(), **({"Content-Type": sent} if sent else {})}
+    r = httpx.put(server.url + "/v1/jobs/jobE/topology", content=b"", headers=headers)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == "body: empty; expected a JSON object", r.text
 
 
 def test_protocol_errors(server):

@@ -512,3 +512,16 @@ def test_two_ranks_on_one_gpu_of_a_host_are_numbered_apart():
                                    "ranks": ranks})
     placed = frames["ranks"].set_index("rank")["gpu"].to_dict()
     assert placed == {0: 0, 1: 1, 2: 2, 3: 3, 4: 5}
+
+
+def test_a_stored_topology_that_fails_todays_checks_is_set_aside_not_fatal(tmp_path, caplog):
+    # a database from before two ranks on one GPU were refused: every verdict of the job
+    # failed; it is analysed without the topology, and the log says why
+    from holmes_ml.serve.engine import topology_of
+
+    store = Store(tmp_path / "serve.db")
+    store.set_topology("old", {"ranks": {"rank": list(range(4)), "host": ["h0"] * 4,
+                                         "gpu": [0, 1, 0, 1], "pod": [0] * 4}, "groups": []})
+    with caplog.at_level("WARNING", logger="holmes_ml.serve.engine"):
+        assert topology_of(store, "old") is None
+    assert "two ranks on one GPU" in caplog.text and "without it" in caplog.text

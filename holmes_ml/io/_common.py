@@ -5,6 +5,7 @@ Nothing here knows about a particular input format; each reader module owns its 
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
@@ -241,15 +242,14 @@ def decode_text(raw: bytes, path: str | Path) -> str:
     """``raw`` as UTF-8 text (a byte-order mark dropped). Bytes that are not UTF-8 (a kernel or
     process-group name cut mid-character by a profiler) are read as U+FFFD rather than lose the
     file, and a warning names the file, line and first such byte."""
+    bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
-        return raw.decode("utf-8-sig")
+        return raw[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        text = raw.decode("utf-8-sig", errors="replace")
-        logger.warning("%s, line %d: bytes that are not UTF-8 (the first 0x%02x at offset %d; "
-                       "%d replacement characters in all) read as U+FFFD", path,
-                       raw.count(b"\n", 0, exc.start) + 1, raw[exc.start], exc.start,
-                       text.count("\ufffd"))
-        return text
+        at = bom + exc.start
+        logger.warning("%s, line %d: bytes that are not UTF-8 (the first 0x%02x at offset %d) "
+                       "read as U+FFFD", path, raw.count(b"\n", 0, at) + 1, raw[at], at)
+        return raw[bom:].decode("utf-8", errors="replace")
 
 
 def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:

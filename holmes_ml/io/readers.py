@@ -113,11 +113,14 @@ def detect_format(path: str | Path) -> str:
             return "nccl-inspector"
         if all(f'"{c}"' in first for c in REQUIRED_COLUMNS):
             return "native"
-    if text.startswith("[") and 2 * sum(f'"{c}"' in text for c in REQUIRED_COLUMNS) >= len(
-            REQUIRED_COLUMNS):
-        # one JSON array of records (pandas' to_json(orient="records")); with half the
-        # columns or more, so that the reader names the one missing
-        return "native"
+    if text.startswith("["):
+        # one JSON array of records (pandas' to_json(orient="records")) whose first record has
+        # every CommOps column: another table exported so (scores, a summary) beside the logs
+        # is no log, and is skipped as before
+        first = text[1:].lstrip()
+        record = first[:first.find("}") + 1] if first.startswith("{") else ""
+        if all(f'"{c}"' in record for c in REQUIRED_COLUMNS):
+            return "native"
     # The comma count spots a CSV without its extension; a one-line JSON object (a config,
     # topology.json) has commas too and is not a CSV.
     is_json = text.startswith(("{", "["))
@@ -202,7 +205,7 @@ def read_native(path: str | Path) -> pd.DataFrame:
 
 def _is_json_array(p: Path) -> bool:
     """Whether the text file ``p`` holds one JSON array (of records, we expect)."""
-    return head_bytes(p, 1 << 10).decode("utf-8-sig", errors="replace").lstrip()[:1] == "["
+    return head_bytes(p, 1 << 16).decode("utf-8-sig", errors="replace").lstrip()[:1] == "["
 
 
 def _read_json_array(p: Path) -> pd.DataFrame:

@@ -76,6 +76,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY = 64 * 2**20
 
 
+def _is_json_type(content_type: str) -> bool:
+    """Whether FastAPI reads a body of ``content_type`` as JSON: ``application/json`` or a
+    ``+json`` type, parameters aside."""
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/")
+                                           and main.endswith("+json"))
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """Configuration of ``holmes serve``.
@@ -673,7 +681,9 @@ def create_app(
         detail, field, errors = validation_detail(exc.errors())
         sent = request.headers.get("content-type", "")
         whole = [e for e in exc.errors() if tuple(e.get("loc", ())) == ("body",)]
-        if whole and "json" not in sent.lower():
+        if any(e.get("type") == "missing" for e in whole):  # no body (or only whitespace)
+            detail, field = "body: empty; expected a JSON object", "body"
+        elif whole and not _is_json_type(sent):
             # FastAPI parses a body as JSON only when it is labelled so: `curl -d @file` sends
             # application/x-www-form-urlencoded, and valid JSON read as "not an object"
             how = f"sent as {sent!r}" if sent else "sent without a Content-Type"

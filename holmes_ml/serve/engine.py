@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from holmes_ml.io.schema import SchemaError
 from holmes_ml.serve.store import Store
 from holmes_ml.topology import Topology
 
@@ -112,10 +113,18 @@ def agent_summary_frames(data: dict[str, Any]) -> dict[str, pd.DataFrame]:
 
 
 def topology_of(store: Store, job: str) -> Topology | None:
+    """``job``'s stored topology; ``None`` when it has none, or when the stored one no longer
+    passes the checks it would meet today (a database from before a check was added: two ranks
+    on one GPU): then the job is read without it, with a warning, rather than fail every
+    verdict until a new topology is put."""
     raw = store.topology(job)
-    if raw is not None:
+    if raw is None:
+        return None
+    try:
         return Topology.from_dict(raw, source=f"topology of job {job!r}")
-    return None
+    except SchemaError as exc:
+        logger.warning("%s; analysing job %r without it (PUT a corrected topology)", exc, job)
+        return None
 
 
 def compute_verdict(
