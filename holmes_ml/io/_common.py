@@ -260,7 +260,7 @@ def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
     """
     raw = open_bytes(path)
     try:
-        # utf-8-sig: editors on Windows save JSON with a byte-order mark
+        # (decode_text drops the byte-order mark editors on Windows save JSON with)
         return json.loads(decode_text(raw, path))
     except RecursionError:
         raise SchemaError("JSON nested too deeply", source=str(path),
