@@ -52,6 +52,14 @@ def _leaf_values(node: Any) -> list[float]:
     return _leaf_values(node[3]) + _leaf_values(node[4])
 
 
+def _remap(node: Any, columns: np.ndarray) -> Any:
+    """``node`` with every split's feature index ``f`` replaced by ``columns[f]``."""
+    if isinstance(node, float):
+        return node
+    f, thr, t32, left, right = node
+    return (int(columns[f]), thr, t32, _remap(left, columns), _remap(right, columns))
+
+
 @dataclass(frozen=True)
 class CompiledTrees:
     """The trees of a binary LightGBM model as nested ``(feature, threshold, left, right)``
@@ -96,19 +104,26 @@ class CompiledTrees:
             return None  # (leaf indices are one byte)
         return cls(trees=trees, n_features=int(dump["max_feature_idx"]) + 1)
 
-    def raw_score(self, X: np.ndarray) -> np.ndarray:
-        """Sum of the trees' leaf values per row (LightGBM's raw score), float64."""
+    def raw_score(self, X: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
+        """Sum of the trees' leaf values per row (LightGBM's raw score), float64.
+
+        ``columns`` maps the model's features to columns of ``X`` (feature ``f`` is
+        ``X[:, columns[f]]``): a model that ignores some input columns reads the others in
+        place instead of from a copy of them.
+        """
         n = X.shape[0]
         out = np.empty(n, dtype=np.float64)
         f32 = X.dtype == np.float32
+        trees = self.trees if columns is None else tuple(
+            _remap(tree, np.asarray(columns)) for tree in self.trees)
         # Column-major storage makes every column one contiguous slice.
         Xf = np.asfortranarray(X)
-        tables = [np.asarray(_leaf_values(tree), dtype=np.float64) for tree in self.trees]
+        tables = [np.asarray(_leaf_values(tree), dtype=np.float64) for tree in trees]
         for a in range(0, n, _CHUNK):
             block = Xf[a: a + _CHUNK]
             cache: dict[tuple[int, float], np.ndarray] = {}
             acc = np.zeros(len(block), dtype=np.float64)
-            for tree, table in zip(self.trees, tables, strict=True):
+            for tree, table in zip(trees, tables, strict=True):
                 idx, _ = _leaf_index(tree, block, f32, cache)
                 if isinstance(idx, np.ndarray):
                     acc += table.take(idx.astype(np.intp))
@@ -117,6 +132,6 @@ class CompiledTrees:
             out[a: a + len(block)] = acc
         return out
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
         """P(class 1) per row: the sigmoid of :meth:`raw_score`."""
-        return 1.0 / (1.0 + np.exp(-self.raw_score(X)))
+        return 1.0 / (1.0 + np.exp(-self.raw_score(X, columns)))
