@@ -188,6 +188,8 @@ def test_agent_reads_subdirectories_and_ignores_tables_that_are_not_logs(tmp_pat
     (logs / "scores.iterations.csv").write_text("iteration,start_ns,end_ns,time_us\n0,1,2,3\n")
     (logs / ".old").mkdir()
     ops.to_json(logs / ".old" / "all.jsonl", orient="records", lines=True)
+    # a whole log dumped as one JSON array cannot be followed line by line
+    ops.to_json(logs / "dump.jsonl", orient="records")
     srv = start_server(tmp_path)
     agent = _agent(srv, logs, "tree")
     try:
@@ -197,6 +199,7 @@ def test_agent_reads_subdirectories_and_ignores_tables_that_are_not_logs(tmp_pat
         assert agent.n_log_files == 4
         assert any("scores.iterations.csv is not a CommOps log" in r.getMessage()
                    for r in caplog.records)
+        assert any("dump.jsonl holds one JSON array" in r.getMessage() for r in caplog.records)
         assert httpx.get(srv.url + "/v1/jobs/tree").json()["records"] == len(ops)
     finally:
         agent.close()

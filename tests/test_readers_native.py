@@ -312,3 +312,18 @@ def test_another_table_exported_as_a_json_array_beside_the_logs_is_skipped(tmp_p
         out = read_ops(d)
     assert len(out) == len(df)
     assert "abnormal.json" in caplog.text
+
+
+def test_a_json_array_named_as_json_lines_is_read_in_a_directory(tmp_path, caplog):
+    # to_json(orient="records") into a .jsonl name: one array, not one object per line
+    df = _ops()
+    d = tmp_path / "logs"
+    d.mkdir()
+    (d / "ops.jsonl").write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
+    # an exported table of something else, so named too, is still no log
+    df[["iteration", "rank", "duration_us"]].assign(score=0.9).to_json(
+        d / "scores.jsonl", orient="records")
+    with caplog.at_level("WARNING"):
+        out = read_ops(d)
+    pd.testing.assert_frame_equal(out.reset_index(drop=True), read_ops(d / "ops.jsonl"))
+    assert "scores.jsonl" in caplog.text and "ops.jsonl" not in caplog.text

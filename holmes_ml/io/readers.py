@@ -117,9 +117,7 @@ def detect_format(path: str | Path) -> str:
         # one JSON array of records (pandas' to_json(orient="records")) whose first record has
         # every CommOps column: another table exported so (scores, a summary) beside the logs
         # is no log, and is skipped as before
-        first = text[1:].lstrip()
-        record = first[:first.find("}") + 1] if first.startswith("{") else ""
-        if all(f'"{c}"' in record for c in REQUIRED_COLUMNS):
+        if all(f'"{c}"' in _first_array_record(text) for c in REQUIRED_COLUMNS):
             return "native"
     # The comma count spots a CSV without its extension; a one-line JSON object (a config,
     # topology.json) has commas too and is not a CSV.
@@ -131,6 +129,12 @@ def detect_format(path: str | Path) -> str:
         "cannot tell the format of this file", source=str(p),
         expected="one of " + ", ".join(FORMATS) + "; name it with --format or format=",
     )
+
+
+def _first_array_record(text: str) -> str:
+    """The text of the first record of a JSON array of flat objects (``""`` if it has none)."""
+    body = text.lstrip()[1:].lstrip()
+    return body[:body.find("}") + 1] if body.startswith("{") else ""
 
 
 def looks_like_native_log(path: str | Path) -> bool:
@@ -148,6 +152,10 @@ def looks_like_native_log(path: str | Path) -> bool:
         first = head_bytes(p, 1 << 16).decode("utf-8-sig", errors="replace").lstrip()
     except SchemaError:
         return True  # a corrupt file: let the reader say so
+    if first.startswith("["):  # a JSON array of records, named as JSON lines or CSV
+        record = _first_array_record(first)
+        names = {c for c in REQUIRED_COLUMNS if f'"{c}"' in record}
+        return 2 * len(names) >= len(REQUIRED_COLUMNS)
     first = first.split("\n", 1)[0]
     if first.startswith("{"):
         try:

@@ -630,16 +630,23 @@ class Agent:
 
     @staticmethod
     def _not_a_log(path: Path, state: _FileState) -> bool:
-        # Decided once the first line is complete (a header half written reads as no log).
+        # Decided once the first line is complete (a header half written reads as no log);
+        # a JSON array at once.
         from holmes_ml.io.readers import looks_like_native_log
 
         try:
             with path.open("rb") as fh:
-                if b"\n" not in fh.read(1 << 16):
-                    return False
+                head = fh.read(1 << 16)
         except OSError:
             return False  # gone, or unreadable: reading it says which
-        if looks_like_native_log(path):
+        if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+            # one JSON array is whole only once written: it cannot be read as it grows
+            state.ignored = True
+            logger.warning("agent: %s holds one JSON array, which cannot be followed as it "
+                           "grows: ignored (write JSON lines, one object per operator per "
+                           "line; `holmes localize` reads the array once it is complete)", path)
+            return True
+        if b"\n" not in head or looks_like_native_log(path):
             return False
         state.ignored = True
         logger.warning("agent: %s is not a CommOps log (its first line names few of the "
