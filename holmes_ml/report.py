@@ -29,6 +29,9 @@ PLOT_NAMES: tuple[str, ...] = ("iterations.png", "heatmap.png", "evidence.png", 
 #: graph.png: at most this many suspects, and this many communicators around them
 _GRAPH_SUSPECTS = 3
 _GRAPH_COMMS = 12
+#: heatmap.png: at most this many rows (more ranks share rows), suspects marked
+_HEAT_ROWS = 256
+_HEAT_MARKS = 3
 _KIND_COLOURS = {"communicator": "tab:blue", "gpu": "tab:green", "nic": "tab:purple",
                  "link": "tab:brown", "switch": "tab:gray", "host": "tab:olive"}
 
@@ -96,19 +99,8 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
     fig.savefig(written[-1], dpi=90)
     plt.close(fig)
 
-    heat = iterations.pivot_table(index="rank", columns="iteration", values="comm_us",
-                                  aggfunc="sum")
-    rel = heat / heat.median(axis=0)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    im = ax.imshow(rel.to_numpy(dtype=float), aspect="auto", cmap="magma", interpolation="nearest")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("rank")
-    ax.set_title("communication time per rank / median rank")
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
     written.append(out / "heatmap.png")
-    fig.savefig(written[-1], dpi=90)
-    plt.close(fig)
+    _draw_heatmap(plt, verdict, iterations, written[-1])
 
     fig, ax = plt.subplots(figsize=(8, 3))
     if verdict.candidates:
@@ -141,6 +133,102 @@ def write_plots(verdict: Verdict, iterations: pd.DataFrame, out_dir: str | Path,
         _draw_graph(plt, graph, written[-1])
     logger.info("wrote %d plots into %s", len(written), out)
     return written
+
+
+def rank_heat(iterations: pd.DataFrame, max_rows: int = _HEAT_ROWS
+              ) -> tuple[pd.DataFrame, np.ndarray]:
+    """The heat map's data: ``log2`` of each rank's communication time per iteration over the
+    median rank's, and the first rank of each row.
+
+    A straggler spends *less* time in communication than its peers (they wait for it) and the
+    ranks of a slow link more, so both signs matter. Above ``max_rows`` ranks, consecutive ranks
+    share a row that shows, per iteration, the value of its rank furthest from the median: a
+    single deviating rank stays visible at any scale (an image of thousands of rows would
+    otherwise drop or blur it).
+    """
+    heat = iterations.pivot_table(index="rank", columns="iteration", values="comm_us",
+                                  aggfunc="sum")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_rel = np.log2(heat / heat.median(axis=0))
+    log_rel = log_rel.replace([np.inf, -np.inf], np.nan)
+    first = log_rel.index.to_numpy()
+    n = len(log_rel)
+    if n <= max_rows:
+        return log_rel, first
+    per = -(-n // max_rows)  # ceil: ranks per row
+    values = log_rel.to_numpy(dtype=float)
+    bins = np.arange(n) // per
+    # per row and iteration, the value of largest magnitude (NaN only if the row has none)
+    mag = np.where(np.isnan(values), -1.0, np.abs(values))
+    rows = []
+    for b in range(int(bins[-1]) + 1):
+        block, bmag = values[bins == b], mag[bins == b]
+        rows.append(block[bmag.argmax(axis=0), np.arange(values.shape[1])])
+    starts = first[::per]
+    return pd.DataFrame(np.vstack(rows), index=starts, columns=log_rel.columns), starts
+
+
+def _round_ticks(labels: np.ndarray, most: int) -> np.ndarray:
+    """Positions of at most about ``most`` ticks among sorted integer ``labels``: those that
+    are multiples of a round step (1, 2 or 5 times a power of ten), evenly spread positions
+    when too few are."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if len(labels) == 0:
+        return np.zeros(0, dtype=int)
+    span = max(int(labels[-1] - labels[0]), 1)
+    step = 1
+    for power in range(19):
+        step = next((m * 10 ** power for m in (1, 2, 5) if span / (m * 10 ** power) <= most),
+                    0)
+        if step:
+            break
+    at = np.flatnonzero(labels % max(step, 1) == 0)
+    if len(at) >= 2:
+        return at
+    return np.unique(np.linspace(0, len(labels) - 1, min(len(labels), most)).round()
+                     .astype(int))
+
+
+def _draw_heatmap(plt, verdict: Verdict, iterations: pd.DataFrame, path: Path) -> None:
+    """Ranks x iterations, communication time over the median rank's on a diverging scale
+    (a straggler's row short, a slow link's ranks long), the first suspects' ranks marked."""
+    log_rel, starts = rank_heat(iterations)
+    values = log_rel.to_numpy(dtype=float)
+    finite = np.abs(values[np.isfinite(values)])
+    # robust limits (one wild value must not wash the map out), never below 10 %
+    lim = max(float(np.quantile(finite, 0.999)) if finite.size else 0.0, np.log2(1.1))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    im = ax.imshow(values, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
+                   interpolation="nearest")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("rank")
+    grouped = len(starts) < len(iterations["rank"].unique())
+    ax.set_title("communication time per rank / median rank"
+                 + (" (rows: the most deviating of each run of ranks)" if grouped else ""),
+                 fontsize=10)
+    bar = fig.colorbar(im, ax=ax)
+    ticks = np.linspace(-lim, lim, 5)
+    bar.set_ticks(ticks, labels=[f"{2.0 ** t:.2f}x" for t in ticks])
+    at = _round_ticks(log_rel.columns.to_numpy(), 8)
+    ax.set_xticks(at, [str(log_rel.columns[i]) for i in at])
+    at = _round_ticks(starts, 12)
+    ax.set_yticks(at, [str(starts[i]) for i in at])
+    # the first suspects that sit on a few ranks (a GPU, its host or NIC): arrows left of the
+    # map, one column per suspect; links and switches behind many ranks are in graph.png
+    marked = 0
+    for i, cand in enumerate(verdict.candidates[:_HEAT_MARKS]):
+        if cand.kind.value not in ("gpu", "host", "nic") or not cand.ranks:
+            continue
+        rows = sorted({int(np.searchsorted(starts, r, side="right")) - 1 for r in cand.ranks})
+        ax.scatter([-0.04 - 0.025 * i] * len(rows), rows, marker=">", s=24, clip_on=False,
+                   color=f"C{i}", label=f"#{i + 1} {cand.device}",
+                   transform=ax.get_yaxis_transform(), zorder=4)
+        marked += 1
+    if marked:
+        ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _draw_compute(plt, verdict: Verdict, compute: pd.DataFrame, basis: str, path: Path

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import networkx as nx
+import numpy as np
+import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from holmes_ml import pipeline
@@ -55,3 +58,50 @@ def test_a_healthy_job_has_no_suspect_in_its_graph(tmp_path):
     assert g.graph["irregular"] == verdict.irregular
     written = write_plots(verdict, summary.iterations, tmp_path, g)
     assert tmp_path / "graph.png" in written and (tmp_path / "graph.png").stat().st_size > 1000
+
+
+def _iterations(ranks: int, iters: int, seed: int) -> pd.DataFrame:
+    """A NodeSummary-like iterations table: comm time ~1 s +- 2 % per rank and step."""
+    rng = np.random.default_rng(seed)
+    it, rk = np.meshgrid(np.arange(iters), np.arange(ranks), indexing="ij")
+    comm = rng.normal(1e6, 2e4, size=it.shape)
+    return pd.DataFrame({"iteration": it.ravel(), "rank": rk.ravel(),
+                         "start_ns": it.ravel() * 2_000_000_000,
+                         "end_ns": it.ravel() * 2_000_000_000 + 1_900_000_000,
+                         "comm_us": comm.ravel()})
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_deviating_rank_stays_visible_in_a_heat_map_of_thousands(seed):
+    from holmes_ml.report import rank_heat
+
+    rng = np.random.default_rng(seed)
+    fast, slow = (int(r) for r in rng.choice(8192, size=2, replace=False))
+    table = _iterations(8192, 12, seed)
+    late = table["iteration"] >= 6
+    table.loc[late & (table["rank"] == fast), "comm_us"] *= 0.5  # a straggler waits less
+    table.loc[late & (table["rank"] == slow), "comm_us"] *= 1.6  # its link's ranks wait more
+    heat, starts = rank_heat(table, max_rows=256)
+    assert heat.shape == (256, 12) and starts[0] == 0 and np.all(np.diff(starts) == 32)
+    values = heat.to_numpy()
+    row_fast, row_slow = fast // 32, slow // 32
+    if row_fast != row_slow:
+        assert np.allclose(values[row_fast, 6:], -1.0, atol=0.15)
+        assert np.allclose(values[row_slow, 6:], np.log2(1.6), atol=0.15)
+    others = np.delete(values, [row_fast, row_slow], axis=0)
+    assert np.abs(others).max() < 0.2  # +-2 % noise: the extreme of 32 ranks stays small
+    assert np.abs(values[row_fast, :6]).max() < 0.2  # before the fault, nothing stands out
+    # few ranks: one row each, nothing grouped
+    small, small_starts = rank_heat(table[table["rank"] < 100], max_rows=256)
+    assert small.shape == (100, 12) and list(small_starts) == list(range(100))
+
+
+def test_heat_map_ticks_fall_on_round_numbers():
+    from holmes_ml.report import _round_ticks
+
+    assert [int(v) for v in np.arange(256)[_round_ticks(np.arange(256), 12)]] == \
+        list(range(0, 256, 50))
+    it = np.arange(1000, 1040)
+    assert list(it[_round_ticks(it, 8)]) == list(range(1000, 1040, 5))
+    assert len(_round_ticks(np.array([7]), 8)) == 1
+    assert len(_round_ticks(np.array([], dtype=int), 8)) == 0

@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(
             None, "--plot", help="Write PNG plots into this dir: iteration time with the "
-            "irregular iterations, a rank x iteration heat map, the top suspect's evidence, "
+            "irregular iterations, a rank x iteration heat map of communication time (the first "
+            "suspects marked), the top suspect's evidence, "
             "the slow communicators around the first suspects, and - when the logs carry "
             "each step's compute time (step_compute_us), or a heavier stage was read off "
             "the time outside communication - a compute-time heat map.",
