@@ -805,13 +805,15 @@ def resolve_paths(
     return files, topology
 
 
-def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = False
-               ) -> pd.DataFrame:
+def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = False,
+               trust_pickle: bool = False) -> pd.DataFrame:
     """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`;
-    ``progress``: a progress bar over the files on stderr)."""
+    ``progress``: a progress bar over the files on stderr; ``trust_pickle``: unpickle
+    Flight Recorder dumps, see :func:`holmes_ml.io.read_ops`)."""
     from holmes_ml.io import read_ops
 
-    ops = read_ops([str(f) for f in files], format=format, progress=progress)
+    ops = read_ops([str(f) for f in files], format=format, progress=progress,
+                   trust_pickle=trust_pickle)
     if len(ops) == 0:
         raise SchemaError(
             "no operator rows in " + ", ".join(str(f) for f in files),

@@ -280,3 +280,25 @@ def test_error_found_across_dumps_names_the_dump_and_entry(tmp_path):
     with pytest.raises(SchemaError, match=r"duration too large at .*nccl_trace_rank_2, "
                        r"entries\[3\]"):
         read_ops(d)
+
+
+def test_the_commands_read_pickled_dumps_when_told_to_trust_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    d = tmp_path / "fr"
+    d.mkdir()
+    for r in range(4):
+        (d / f"nccl_trace_rank_{r}.pkl").write_bytes(pickle.dumps(_dump(r, slow_rank=2)))
+    runner = CliRunner()
+    refused = runner.invoke(app, ["check", str(d)])
+    assert refused.exit_code == 2
+    assert "--trust-pickle" in refused.output and "rank_0.pkl" in refused.output
+    for command in ("check", "localize", "detect"):
+        args = [command, str(d), "--trust-pickle"]
+        args += ["--out", str(tmp_path / "scores.parquet")] if command == "detect" else ["--json"]
+        out = runner.invoke(app, args)
+        assert out.exit_code == 0, (command, out.output)
+    assert json.loads(runner.invoke(app, ["check", str(d), "--trust-pickle", "--json"]).stdout)[
+        "ranks"] == 4

@@ -14,6 +14,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
+#: ``--trust-pickle`` of the commands that read logs
+TRUST_PICKLE_HELP = (
+    "Read Flight Recorder dumps that torch pickled (its default before JSON dumps). "
+    "Unpickling runs code stored in the file: only for dumps you produced yourself; without "
+    "this, such a dump is refused naming it."
+)
+
 
 def check_seed(seed: int) -> None:
     """``--seed`` must be a non-negative integer (numpy's generators refuse the others).

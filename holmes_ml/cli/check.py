@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from holmes_ml.cli._checks import TRUST_PICKLE_HELP
 from holmes_ml.io import FORMATS
 
 
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
             ..., help="Log files or directories, as for `holmes localize`.", show_default=False
         ),
         format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
+        trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         topology: Path | None = typer.Option(
             None, "--topology", help="topology.json of the job (default: one beside the logs, "
             "as `holmes localize` finds it)."
@@ -48,7 +50,8 @@ def register(app: typer.Typer) -> None:
 
         topo = Topology.from_json(topology) if topology is not None else None
         files, topo = pipeline.resolve_paths(paths, topo)
-        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
+        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
+                                  trust_pickle=trust_pickle)
         if topo is not None:
             pipeline.check_topology(topo, ops)  # one localize would refuse is no help here
         report = inventory(ops, topo)

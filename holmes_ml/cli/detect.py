@@ -8,7 +8,12 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_delta, check_not_input, check_writable
+from holmes_ml.cli._checks import (
+    TRUST_PICKLE_HELP,
+    check_delta,
+    check_not_input,
+    check_writable,
+)
 from holmes_ml.io import FORMATS
 
 
@@ -25,6 +30,7 @@ def register(app: typer.Typer) -> None:
             "with the 3-sigma + rule baseline instead (0.5 at its abnormality bar)."
         ),
         format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
+        trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         delta: float = typer.Option(
             1.1, "--delta",
             help="Irregularity factor (finite, > 1): an iteration this many times longer than "
@@ -77,7 +83,8 @@ def register(app: typer.Typer) -> None:
         rule = model is not None and str(model) == "rule"
         det = None if rule else load_model(model) if model is not None else default_model()
         files, _ = pipeline.resolve_paths(paths)
-        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
+        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
+                                  trust_pickle=trust_pickle)
         scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
         cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
         table = ops.assign(score=scores, predicted=scores >= cut)

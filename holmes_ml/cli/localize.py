@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from holmes_ml.cli._checks import (
+    TRUST_PICKLE_HELP,
     check_delta,
     check_not_input,
     check_writable,
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
             "auto", "--format",
             help="auto|" + "|".join(FORMATS),
         ),
+        trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),
         delta: float = typer.Option(
             1.1, "--delta",
@@ -129,7 +131,8 @@ def register(app: typer.Typer) -> None:
                 mdl = load_model(model)
         topo = Topology.from_json(topology) if topology is not None else None
         files, topo = pipeline.resolve_paths(paths, topo)
-        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
+        ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
+                                  trust_pickle=trust_pickle)
         if span is not None:
             ops = pipeline.only_iterations(ops, *span)
         summary = pipeline.summarize(ops, mdl, cfg)

@@ -99,8 +99,9 @@ def load_dump(path: str | Path, trust_pickle: bool = False) -> dict:
             raise SchemaError(
                 "refusing to unpickle a Flight Recorder dump: unpickling runs code stored in the "
                 "file", source=str(p), parameter="trust_pickle", value=False,
-                expected="a JSON dump (TORCH_FR_DUMP_JSON / _dump_fr_trace_json) or "
-                "--trust-pickle for a file you produced yourself",
+                expected="a JSON dump (TORCH_FR_DUMP_JSON / _dump_fr_trace_json) or, for a "
+                "file you produced yourself, --trust-pickle (holmes localize / detect / check; "
+                "trust_pickle=True in Python)",
             )
         try:
             doc = pickle.loads(open_bytes(p))  # noqa: S301 - explicitly trusted by the caller
