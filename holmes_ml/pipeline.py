@@ -653,7 +653,7 @@ def _check_topology_covers(topology: Topology, ranks: np.ndarray) -> None:
         raise SchemaError(
             f"the logs have {len(missing)} rank(s) the topology does not place ({shown}); it "
             f"places {len(known)} rank(s)",
-            source="topology", expected="the topology of the job that wrote these logs",
+            source=topology.source, expected="the topology of the job that wrote these logs",
         )
 
 
@@ -662,7 +662,8 @@ def _check_topology_matches(topology: Topology, summary: NodeSummary | SimpleNam
     """A topology that places the logs' ranks differently (a communicator of the same name
     with other members, a rank on another host) belongs to another job of the same size."""
     def refuse(what: str) -> None:
-        raise SchemaError(f"the topology disagrees with the logs: {what}", source="topology",
+        raise SchemaError(f"the topology disagrees with the logs: {what}",
+                          source=topology.source,
                           expected="the topology of the job that wrote these logs")
 
     # by name: the first one named is the same however the logs were read

@@ -111,6 +111,8 @@ class Topology:
         Number of spine switches (0 when the fabric is unknown: then only NICs/hosts are named).
     parallel:
         Parallel sizes, e.g. ``{"tp": 8, "pp": 4, "dp": 2}``.
+    source:
+        Where it was read from (the file), for errors that refuse it.
     """
 
     ranks: pd.DataFrame
@@ -118,6 +120,7 @@ class Topology:
     spines: int = 0
     parallel: dict[str, int] = field(default_factory=dict)
     gpus_per_host: int = 8
+    source: str = field(default="topology", compare=False)
 
     # ----------------------------------------------------------------- identities
     @property
@@ -319,11 +322,14 @@ class Topology:
                       for k, v in parallel.items()},
             gpus_per_host=as_int(data.get("gpus_per_host"), "gpus_per_host", source, lo=1,
                                  hi=MAX_WORLD, default=8),
+            source=source,
         )
 
     @classmethod
     def from_json(cls, path: str | Path) -> Topology:
-        path = Path(path)
+        from holmes_ml.io._common import regular_file
+
+        path = regular_file(path, "a topology.json as holmes simulate writes it")
         try:
             data = json.loads(path.read_text(encoding="utf-8-sig"))
         except RecursionError:

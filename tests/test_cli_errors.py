@@ -258,3 +258,40 @@ def test_a_usage_error_is_one_line_from_the_console_script(args, expected):
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(expected), proc.stderr
+
+
+def test_a_topology_or_model_that_is_no_regular_file_is_named(tmp_path):
+    # a FIFO would block the read forever, /dev/zero never end it; a loop of links and a
+    # directory failed with an error naming neither the option nor what was expected
+    from holmes_ml.simulator import SimConfig, simulate
+
+    job = tmp_path / "job"
+    simulate(SimConfig(gpus=16, model="llama2-7b", tp=2, pp=2, iterations=4, seed=3)).write(job)
+    log = str(job / "ops.parquet")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    expected = "a topology.json as holmes simulate writes it"
+    for path, what in [(fifo, "not a regular file"), (Path("/dev/zero"), "not a regular file"),
+                       (tmp_path, "a directory, not a file"), (tmp_path / "loop", "cannot open")]:
+        line = _one_error_line(CliRunner().invoke(app, ["localize", log, "--topology",
+                                                        str(path)]))
+        assert line.startswith(f"error: {path}: {what}") and expected in line, line
+    for path, what in [(fifo, "not a regular file"), (tmp_path, "a directory, not a model")]:
+        line = _one_error_line(CliRunner().invoke(app, ["localize", log, "--model", str(path)]))
+        assert line.startswith(f"error: {path}: {what}"), line
+
+
+def test_a_topology_lacking_ranks_of_the_logs_is_named_by_its_file(tmp_path):
+    from holmes_ml.simulator import SimConfig, simulate
+
+    job = tmp_path / "job"
+    simulate(SimConfig(gpus=16, model="llama2-7b", tp=2, pp=2, iterations=4, seed=3)).write(job)
+    small = tmp_path / "small"
+    simulate(SimConfig(gpus=8, model="llama2-7b", tp=2, pp=2, iterations=4, seed=3)).write(small)
+    top = small / "topology.json"
+    line = _one_error_line(CliRunner().invoke(app, ["localize", str(job / "ops.parquet"),
+                                                    "--topology", str(top)]))
+    assert line.startswith(f"error: {top}: the logs have 8 rank(s) the topology does not "
+                           "place"), line

@@ -92,8 +92,8 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from holmes_ml.io.schema import SchemaError
     from holmes_ml.models.persist import ModelFileError
 
-    return (SchemaError, ModelFileError, ValueError, FileNotFoundError, FileExistsError,
-            IsADirectoryError, NotADirectoryError, PermissionError)
+    # OSError: a file that cannot be opened or written (a loop of links, a full disk)
+    return (SchemaError, ModelFileError, ValueError, OSError)
 
 
 def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,6 +106,14 @@ def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 traceback.print_exc()
             typer.secho(f"error: {_one_line(exc)}", err=True, fg=typer.colors.RED)
             raise typer.Exit(2) from None
+        except MemoryError:
+            # e.g. a "CSV" of one line of gigabytes; no traceback helps, but where it was does
+            if _VERBOSE[0]:
+                traceback.print_exc()
+            typer.secho("error: out of memory (an input far larger than its rows suggest, "
+                        "such as one line of gigabytes? -v shows where)", err=True,
+                        fg=typer.colors.RED)
+            raise typer.Exit(1) from None
 
     return run
 

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import stat
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -176,6 +177,26 @@ def rank_from_name(path: str | Path) -> int | None:
         if m:
             return int(m.group(1))
     return None
+
+
+def regular_file(path: str | Path, expected: str) -> Path:
+    """``path`` when it is a regular file (links followed); otherwise a :class:`SchemaError`
+    naming it and ``expected``: a FIFO would block a read forever, ``/dev/zero`` never end it,
+    and a directory or a loop of symbolic links fails with an error that names neither."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise SchemaError("file not found", source=str(p), expected=expected) from None
+    except OSError as exc:  # a loop of links, a name too long, a component not a directory
+        raise SchemaError(f"cannot open: {exc.strerror}", source=str(p),
+                          expected=expected) from None
+    if stat.S_ISDIR(mode):
+        raise SchemaError("a directory, not a file", source=str(p), expected=expected)
+    if not stat.S_ISREG(mode):
+        raise SchemaError("not a regular file (a FIFO, socket or device)", source=str(p),
+                          expected=expected)
+    return p
 
 
 def open_bytes(path: str | Path) -> bytes:

@@ -130,6 +130,12 @@ def read_header(path: str | Path) -> dict[str, Any]:
 
 def _open(path: Path, payload: bool) -> tuple[dict[str, Any], bytes | None]:
     if not path.is_file():
+        if path.is_dir():
+            raise ModelFileError(f"{path}: a directory, not a model file (expected a model "
+                                 "envelope written by holmes train)")
+        if path.exists():  # a FIFO would block the read forever, /dev/zero never end it
+            raise ModelFileError(f"{path}: not a regular file (a FIFO, socket or device); "
+                                 "expected a model envelope written by holmes train")
         raise ModelFileError(f"{path}: no such model file")
     if not zipfile.is_zipfile(path):
         raise ModelFileError(
