@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -629,7 +629,17 @@ def localize_summaries(
         ranks=float(s.iterations["rank"].nunique()),
         iterations=float(s.iterations["iteration"].nunique()),
     )
-    return verdict
+    return replace(verdict, silent_ranks=_silent_ranks(s, topology))
+
+
+def _silent_ranks(s: NodeSummary, topology: Topology | None) -> tuple[int, ...]:
+    """Ranks that the logged member lists (or the topology) name and that logged nothing."""
+    named: set[int] = set()
+    for members in s.groups["group_ranks"].unique() if "group_ranks" in s.groups else ():
+        named.update(member_ranks(members))
+    if topology is not None:
+        named.update(int(r) for r in topology.ranks["rank"])
+    return tuple(sorted(named - {int(r) for r in s.iterations["rank"].unique()}))
 
 
 def check_topology(topology: Topology, ops: pd.DataFrame) -> None:

@@ -231,3 +231,35 @@ def test_a_drifting_job_is_not_measured_against_its_first_steps() -> None:
     # the job does exercise it: with early steps as every class's reference the NIC is lost
     early = analyze(res.ops, res.topology, config=LocalizeConfig(reference_shift=1.0))
     assert early.candidates[0].device != res.faults[0].devices[0]
+
+
+def test_ranks_whose_logs_are_missing_are_named_in_the_note(tmp_path, caplog) -> None:
+    # the slowed rank's log lost (here: an empty file): its peers' verdict must say that
+    # ranks the member lists name logged nothing, instead of a plain "no device blamed"
+    from holmes_ml.io.schema import without_labels
+
+    res = _sim("gpu_slow:rank=5,severity=0.5", gpus=16, iterations=8)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, sub in without_labels(res.ops).groupby("rank"):
+        if r in (5, 9):
+            (logs / f"rank{r}.csv").write_text("")
+        else:
+            sub.to_csv(logs / f"rank{r}.csv", index=False)
+    with caplog.at_level("WARNING"):
+        verdict = analyze_paths([logs], model="rule")
+    assert verdict.silent_ranks == (5, 9)
+    assert "2 rank(s) that the communicators' member lists or the topology name logged " \
+           "nothing (5, 9)" in (verdict.note or "")
+    assert "rank5.csv: an empty file, skipped" in caplog.text
+    assert 5 not in {r for c in verdict.candidates for r in c.ranks}  # nothing to name it by
+    # with the job's topology beside the logs: no warning that it is no log, and the note stays
+    res.topology.to_json(logs / "topology.json")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        placed = analyze_paths([logs], model="rule")
+    assert placed.silent_ranks == (5, 9) and "topology.json" not in caplog.text
+    assert "logged nothing (5, 9)" in placed.to_dict()["note"]
+    whole = analyze(res.ops, res.topology, model="rule")  # every rank's log: no such note
+    assert whole.silent_ranks == () and "logged nothing" not in (whole.note or "")
+    assert whole.candidates[0].ranks == (5,)

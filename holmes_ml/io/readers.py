@@ -706,9 +706,13 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
         except UnknownFormatError:
             if f.container is None:
                 raise
-            logger.warning("%s: not a log of a known format, skipped",
-                           _display(str(f.path), shown))
             skipped.setdefault(f.container, []).append(f.path.name)
+            if f.path.name == "topology.json":  # the job's topology (holmes simulate's), no log
+                logger.info("%s: a topology, not a log", _display(str(f.path), shown))
+                continue
+            empty = f.path.is_file() and f.path.stat().st_size == 0
+            logger.warning("%s: %s, skipped", _display(str(f.path), shown),
+                           "an empty file" if empty else "not a log of a known format")
     for container, names in skipped.items():
         if not any(f.container == container and f.path in kinds for f in files):
             raise UnknownFormatError(

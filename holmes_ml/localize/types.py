@@ -166,6 +166,8 @@ class Verdict:
     candidates: tuple[Candidate, ...] = ()
     workload_findings: tuple[WorkloadFinding, ...] = ()
     stats: dict[str, float] = field(default_factory=dict, compare=False)
+    #: ranks that the communicators' member lists or the topology name but that logged nothing
+    silent_ranks: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def note(self) -> str | None:
@@ -191,6 +193,14 @@ class Verdict:
                          "whole world: their profiler traces do not tell which process group ran "
                          "each (see the reader's warning), so operations of different groups may "
                          "have been compared as one")
+        if self.silent_ranks:
+            few = ", ".join(map(str, self.silent_ranks[:8])) + (
+                " ..." if len(self.silent_ranks) > 8 else "")
+            notes.append(f"{len(self.silent_ranks)} rank(s) that the communicators' member lists "
+                         f"or the topology name logged nothing ({few}): their logs are missing "
+                         "(not read, or not sent yet), or they never ran; a device of theirs is "
+                         "named only from what their peers waited for (with a topology), else "
+                         "not at all")
         if self.stats.get("ranks", 2.0) < 2:
             notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
                          "may go unnamed")
