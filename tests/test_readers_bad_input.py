@@ -645,3 +645,40 @@ def test_a_csv_not_in_utf8_names_its_line_and_a_gzipped_one_reads_whatever_its_n
 def _write_csv(path, data: bytes):
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_csv_without_line_breaks_is_refused_before_it_is_parsed(tmp_path, gz):
+    # 64 MB of zero bytes (a few hundred kB gzipped) took gigabytes in the CSV parser
+    p = tmp_path / ("zeros.csv.gz" if gz else "zeros.csv")
+    data = bytes(64 << 20)
+    p.write_bytes(gzip.compress(data, compresslevel=1) if gz else data)
+    with pytest.raises(SchemaError, match=r"zeros\.csv(\.gz)?, line 1: no line break in the "
+                                          r"first 1 MiB"):
+        read_ops(p)
+    # a short file without a final line break is no such case
+    ok = tmp_path / "one.csv"
+    ok.write_text(_ops().head(1).to_csv(index=False).rstrip("\n"))
+    assert len(read_ops(ok)) == 1
+
+
+def test_utf16_text_is_named_whatever_the_file_is_called(tmp_path, caplog):
+    # a Flight Recorder JSON dump without an extension, saved as UTF-16: its commas made it a
+    # "CSV" whose header was 'column named twice'
+    doc = json.dumps({"rank": 0, "pg_config": {}, "entries": []}, indent=1)
+    for name, encoding in [("nccl_trace_rank_0", "utf-16"), ("ops.csv", "utf-16-le")]:
+        p = tmp_path / name
+        p.write_bytes(doc.encode(encoding))
+        with pytest.raises(SchemaError, match=f"{name}: UTF-16 text"):
+            read_ops(p)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _ops().to_csv(logs / "rank0.csv", index=False)
+    (logs / "notes.txt").write_bytes("a,b,c\n1,2,3\n".encode("utf-16"))
+    with caplog.at_level(logging.WARNING):
+        assert len(read_ops(logs)) == len(_ops())
+    assert "notes.txt: UTF-16 text, not UTF-8, skipped" in caplog.text
+    # a file named as a log is one: refused, not skipped
+    (logs / "rank1.csv").write_bytes(_ops().to_csv(index=False).encode("utf-16"))
+    with pytest.raises(SchemaError, match="rank1.csv: UTF-16 text"):
+        read_ops(logs)

@@ -99,6 +99,13 @@ def detect_format(path: str | Path) -> str:
         return "bytedance" if looks_like_bytedance(p) else "native"
     if name.endswith((".pkl", ".pickle")) or head[:1] == b"\x80":
         return "flight-recorder"
+    if _looks_utf16(head):
+        # read as UTF-8 its commas made it a "CSV" whose every header name was garbled; one
+        # named as a log is refused even in a directory (where other unknown files are skipped)
+        error = SchemaError if name.endswith((".csv", ".jsonl", ".ndjson")) else \
+            UnknownFormatError
+        raise error("UTF-16 text", source=str(p),
+                    expected="UTF-8 text (save the file as UTF-8) or Parquet")
     text = head.decode("utf-8-sig", errors="replace").lstrip()
     if text.startswith("{"):
         first = text.split("\n", 1)[0]
@@ -135,6 +142,18 @@ def _first_array_record(text: str) -> str:
     """The text of the first record of a JSON array of flat objects (``""`` if it has none)."""
     body = text.lstrip()[1:].lstrip()
     return body[:body.find("}") + 1] if body.startswith("{") else ""
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """Whether a file's first bytes are UTF-16 text: a byte-order mark, or ASCII characters
+    whose every other byte is zero."""
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return True
+    probe = head[:64]
+    if len(probe) < 8:
+        return False
+    zeros = sorted((probe[0::2].count(0), probe[1::2].count(0)))
+    return zeros[0] == 0 and zeros[1] >= 0.75 * (len(probe) // 2)
 
 
 def looks_like_native_log(path: str | Path) -> bool:
@@ -260,6 +279,10 @@ def _head_records(p: Path) -> tuple[list[str], list[str], bool]:
     return header, first, complete
 
 
+#: a CSV whose header line is longer than this is no log (a header is well under 1 kB)
+_MAX_HEADER_BYTES = 1 << 20
+
+
 def _read_csv(p: Path) -> pd.DataFrame:
     """A CSV with one dtype per column. pandas types a large file chunk by chunk (2**18 rows)
     and warns (``DtypeWarning``) when the chunks disagree, e.g. one odd value far down; such a
@@ -267,6 +290,13 @@ def _read_csv(p: Path) -> pd.DataFrame:
     second read costs 3-5x the first and about 20 % more memory, so only those files pay it."""
     with open(p, "rb") as f:  # gzip by its content, whatever the name says
         compression = "gzip" if f.read(2) == b"\x1f\x8b" else None
+    head = head_bytes(p, _MAX_HEADER_BYTES)
+    if len(head) == _MAX_HEADER_BYTES and b"\n" not in head and b"\r" not in head:
+        # the parser would hold the whole "line" several times over: gigabytes of zeros in a
+        # few megabytes of gzip took 7x their size in memory before failing
+        raise SchemaError(f"no line break in the first {_MAX_HEADER_BYTES >> 20} MiB",
+                          source=str(p), line=1,
+                          expected="a CSV log: a header line, then one operator per line")
     header, first, complete = _head_records(p)
     twice = sorted({c.strip() for c in header if header.count(c) > 1})
     if twice:
@@ -712,7 +742,9 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
                 continue
             empty = f.path.is_file() and f.path.stat().st_size == 0
             logger.warning("%s: %s, skipped", _display(str(f.path), shown),
-                           "an empty file" if empty else "not a log of a known format")
+                           "an empty file" if empty else "UTF-16 text, not UTF-8"
+                           if _looks_utf16(head_bytes(f.path, 64)) else
+                           "not a log of a known format")
     for container, names in skipped.items():
         if not any(f.container == container and f.path in kinds for f in files):
             raise UnknownFormatError(
