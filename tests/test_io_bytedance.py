@@ -321,3 +321,20 @@ def test_a_row_written_twice_is_dropped_not_paired(tmp_path, caplog):
     assert f"dropped 1 row(s) repeating an earlier row exactly (first: row {i + 1})" \
         in caplog.text
     pd.testing.assert_frame_equal(got, want)
+
+
+def test_forcing_bytedance_on_other_files_says_they_are_no_parquet(tmp_path):
+    # a directory of two Kineto JSON traces: "several what-if traces" sent the user astray
+    d = tmp_path / "traces"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json").write_text('{"traceEvents": []}')
+    with pytest.raises(SchemaError, match=r"rank0\.pt\.trace\.json: not Parquet"):
+        read_ops(d, format="bytedance")
+    # two real what-if traces are still two jobs
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a", "b"):
+        _write(two, _trace(), name=f"trace-{name}.parquet")
+    with pytest.raises(SchemaError, match="several what-if traces"):
+        read_ops(two, format="bytedance")

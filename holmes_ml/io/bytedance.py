@@ -408,7 +408,8 @@ def read_bytedance(path: str | Path, meta: Mapping[str, Any] | str | Path | None
     step_end = (df["start_ts"] + df["duration"]).groupby(df["step"]).max().sort_index()
     offset = step_end.cumsum().shift(fill_value=0.0)
     t0_s = df["step"].map(offset).to_numpy() + df["start_ts"].to_numpy()
-    late = (t0_s + duration) * 1e9 >= 2.0 ** 63
+    with np.errstate(over="ignore"):  # an absurd time overflows to inf: refused just below
+        late = (t0_s + duration) * 1e9 >= 2.0 ** 63
     if late.any():
         # name the row that stretches its step the most, and the larger of its two times
         i = int(np.argmax(start_ts + duration))

@@ -807,6 +807,11 @@ def _read_files(
 
     if format != "native":
         if format == "bytedance" and len(files) != 1:
+            other = next((f for f in files if head_bytes(f, 4) != b"PAR1"), None)
+            if other is not None:  # no what-if trace at all, most likely: say that first
+                raise SchemaError("not Parquet", source=_display(str(other), shown or {}),
+                                  expected="a ByteDance what-if trace-*.parquet (--format "
+                                  "bytedance), or another --format")
             # Several what-if traces are several jobs: read them one at a time.
             listed = ", ".join(f.name for f in files)
             raise SchemaError(f"several what-if traces ({listed}): each is a job of its own",
