@@ -17,6 +17,7 @@ Device identifiers are strings with a kind prefix, so one namespace covers every
 from __future__ import annotations
 
 import json
+import logging
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,11 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.io.schema import SchemaError, member_ranks
+
+logger = logging.getLogger(__name__)
+
+#: The version of the topology.json layout :meth:`Topology.to_dict` writes.
+TOPOLOGY_VERSION = 1
 
 #: Parallelism dimensions in Megatron's default order, fastest-varying first.
 COORD_KINDS: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
@@ -208,7 +214,7 @@ class Topology:
     def to_dict(self) -> dict:
         cols = {c: self.ranks[c].tolist() for c in self.ranks.columns}
         return {
-            "version": 1,
+            "version": TOPOLOGY_VERSION,
             "gpus_per_host": self.gpus_per_host,
             "spines": self.spines,
             "parallel": dict(self.parallel),
@@ -245,6 +251,11 @@ class Topology:
                 f"not a holmes_ml topology (a JSON {type(data).__name__}, not an object)",
                 source=source, expected="an object with keys 'ranks' and 'groups'",
             )
+        version = data.get("version", TOPOLOGY_VERSION)
+        if version != TOPOLOGY_VERSION:
+            logger.warning("%s: topology version %r, this holmes_ml writes version %d: read as "
+                           "that version (keys it does not know are ignored)", source, version,
+                           TOPOLOGY_VERSION)
         raw = data.get("ranks")
         if isinstance(raw, list):
             # one object per rank (hand-written) rather than one list per column

@@ -145,3 +145,14 @@ def test_device_kinds():
         device_kind("eth0")
     assert kind_from_group_name("dp-3-1") == "dp"
     assert kind_from_group_name("mystery") == "other"
+
+
+def test_a_topology_of_another_version_is_read_with_a_warning(caplog):
+    data = {"ranks": {"rank": [0, 1], "host": ["a", "a"], "gpu": [0, 1], "pod": [0, 0]}}
+    with caplog.at_level("WARNING"):
+        Topology.from_dict(dict(data, version=1), source="t.json")
+    assert caplog.text == ""
+    with caplog.at_level("WARNING"):
+        t = Topology.from_dict(dict(data, version=99), source="t.json")
+    assert t.world_size == 2 and "t.json: topology version 99" in caplog.text
+    assert Topology.from_dict(t.to_dict()).to_dict()["version"] == 1
