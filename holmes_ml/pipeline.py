@@ -325,6 +325,39 @@ def _rank_spans(ops: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
+#: A rank whose operators in an iteration start or end further than this from the other ranks'
+#: is no straggler but a broken time: a day (ranks of one job share a clock to within seconds).
+_FAR_CLOCK_NS = 86_400 * 10**9
+
+
+def _warn_far_clocks(per: pd.DataFrame) -> None:
+    """Warn about ranks whose operators in an iteration lie days away from the other ranks'
+    (a corrupt ``start_ns`` or ``duration_us``, a clock that jumped): their time is used as
+    logged, so that iteration's time, and the slowdown quoted, are absurd."""
+    if per["rank"].nunique() < 2:
+        return
+    far = np.zeros(len(per), dtype=bool)
+    off = np.zeros(len(per), dtype=np.float64)
+    for col in ("start_ns", "end_ns"):
+        t = per[col].astype(np.float64)
+        d = (t - t.groupby(per["iteration"]).transform("median")).to_numpy()
+        worse = np.abs(d) > np.abs(off)
+        off = np.where(worse, d, off)
+        far |= np.abs(d) > _FAR_CLOCK_NS
+    if not far.any():
+        return
+    i = int(np.argmax(np.where(far, np.abs(off), -1.0)))
+    row = per.iloc[i]
+    days = abs(off[i]) / 86_400e9
+    when = f"{days / 365.25:,.0f} years" if days >= 365.25 else f"{days:,.1f} days"
+    logger.warning(
+        "iteration %d: rank %d's operators lie %s %s the other ranks' (%d rank-iteration(s) "
+        "days apart from their peers): a corrupt start_ns or duration_us, or a clock that "
+        "jumped? They are used as logged, so such iterations' times are absurd",
+        int(row["iteration"]), int(row["rank"]), when, "before" if off[i] < 0 else "after",
+        int(far.sum()))
+
+
 #: Regular iterations a window needs, and rows in them a class needs, before they can be its
 #: reference.
 _MIN_REGULAR = 3
@@ -467,6 +500,7 @@ def summarize(
     ops = ops.reset_index(drop=True)
     classes = _op_classes(ops)
     per = _rank_spans(ops)
+    _warn_far_clocks(per)
     stats = _class_stats(ops, classes, _regular_rows(ops, cfg, per))
     typical = stats[0]
     scores, thr = _score(ops, model, cfg, classes, stats)

@@ -263,3 +263,18 @@ def test_ranks_whose_logs_are_missing_are_named_in_the_note(tmp_path, caplog) ->
     whole = analyze(res.ops, res.topology, model="rule")  # every rank's log: no such note
     assert whole.silent_ranks == () and "logged nothing" not in (whole.note or "")
     assert whole.candidates[0].ranks == (5,)
+
+
+def test_a_corrupt_time_days_away_from_its_peers_is_warned_about(caplog) -> None:
+    res = _sim("gpu_slow:rank=5,severity=0.5", gpus=16, iterations=8)
+    ops = res.ops.copy()
+    with caplog.at_level("WARNING"):
+        analyze(ops, res.topology, model="rule")
+    assert "days apart" not in caplog.text  # a straggler is no broken clock
+    row = ops.index[(ops["iteration"] == 5) & (ops["rank"] == 3)][0]
+    ops.loc[row, "start_ns"] = 5  # 1970, among operators of today
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        analyze(ops, res.topology, model="rule")
+    assert "iteration 5: rank 3's operators lie" in caplog.text
+    assert "years before the other ranks'" in caplog.text
