@@ -682,3 +682,13 @@ def test_utf16_text_is_named_whatever_the_file_is_called(tmp_path, caplog):
     (logs / "rank1.csv").write_bytes(_ops().to_csv(index=False).encode("utf-16"))
     with pytest.raises(SchemaError, match="rank1.csv: UTF-16 text"):
         read_ops(logs)
+
+
+def test_a_dangling_link_in_a_log_directory_is_named(tmp_path, caplog):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _ops().to_csv(logs / "rank0.csv", index=False)
+    (logs / "rank1.csv").symlink_to(tmp_path / "gone.csv")  # the other node's share unmounted
+    with caplog.at_level(logging.WARNING):
+        assert len(read_ops(logs)) == len(_ops())
+    assert "rank1.csv: a symbolic link to nothing readable, skipped" in caplog.text

@@ -162,3 +162,22 @@ def test_a_bad_label_deep_in_a_large_csv_is_refused_without_a_pandas_warning(tmp
     assert proc.stderr.strip() == (f"error: {path}, column 'abnormal': 1 of {len(big):,} labels "
                                    "are not a boolean (got 'maybe'; expected true/false/1/0 "
                                    "(case-insensitive))")
+
+
+def test_train_warns_when_few_operators_are_labelled_abnormal(tmp_path, caplog):
+    cfg = SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=12,
+                    faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.8,start=4"),))
+    ops = simulate(cfg).ops
+    assert ops["abnormal"].sum() >= 50
+    for name, keep in [("many", int(ops["abnormal"].sum())), ("few", 6)]:
+        labelled = ops.copy()
+        labelled.loc[labelled.index[labelled["abnormal"]][keep:], "abnormal"] = False
+        labelled.to_parquet(tmp_path / f"{name}.parquet")
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            result = CliRunner().invoke(app, ["train", str(tmp_path / f"{name}.parquet"),
+                                              "--estimator", "lgbm-small", "--out",
+                                              str(tmp_path / f"{name}.holmes")])
+        assert result.exit_code == 0, result.output
+        warned = f"only 6 abnormal operator(s) among {len(ops)} to learn from" in caplog.text
+        assert warned == (name == "few"), caplog.text

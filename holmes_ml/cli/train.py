@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import numbers
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import typer
 from holmes_ml.cli._checks import check_not_input, check_seed, check_writable
 from holmes_ml.io import FORMATS
 from holmes_ml.io.schema import SchemaError
+
+logger = logging.getLogger(__name__)
 
 
 def register(app: typer.Typer) -> None:
@@ -195,6 +198,10 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
                       value=value, expected="true/false/1/0 (case-insensitive)")
 
 
+#: Fewer abnormal operators than this are too few to learn a detector from (a warning).
+_FEW_ABNORMAL = 50
+
+
 def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
     """Fit ``det`` on labelled logs; F1 is measured on the last fifth of the iterations."""
     from sklearn.metrics import f1_score
@@ -216,6 +223,11 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
                           source=", ".join(map(str, paths)), column="abnormal",
                           expected="healthy and abnormal ops: a detector learns from both; "
                           "simulate jobs with a fault, or add healthy logs")
+    if int(y.sum()) < _FEW_ABNORMAL:
+        logger.warning("%s: only %d abnormal operator(s) among %d to learn from: the model "
+                       "will catch little on other jobs (label more faulty runs, or add "
+                       "simulated ones: holmes simulate --fault ...)",
+                       ", ".join(map(str, paths)), int(y.sum()), len(y))
     X = build_features(ops)
     cut = np.quantile(ops["iteration"].to_numpy(), 0.8)
     held = ops["iteration"].to_numpy() > cut

@@ -362,7 +362,11 @@ def _members(root: Path) -> tuple[list[Path], list[str]]:
     # order must not depend on the file system.
     for f in sorted(root.rglob("*")):
         rel = f.relative_to(root)
-        if not f.is_file() or any(part.startswith(".") for part in rel.parts):
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if not f.is_file():
+            if f.is_symlink() and not f.is_dir():  # its target gone (or a loop of links)
+                logger.warning("%s: a symbolic link to nothing readable, skipped", f)
             continue
         seen.append(rel.as_posix())
         # Companions of a log set, never logs themselves (ByteDance meta-/result- files).

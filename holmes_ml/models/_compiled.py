@@ -134,4 +134,5 @@ class CompiledTrees:
 
     def predict(self, X: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
         """P(class 1) per row: the sigmoid of :meth:`raw_score`."""
-        return 1.0 / (1.0 + np.exp(-self.raw_score(X, columns)))
+        with np.errstate(over="ignore"):  # exp of a large margin: inf, and P = 0 as it should
+            return 1.0 / (1.0 + np.exp(-self.raw_score(X, columns)))
