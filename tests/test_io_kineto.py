@@ -521,3 +521,20 @@ def test_the_not_utf8_warning_counts_past_a_byte_order_mark(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="holmes_ml.io._common"):
         assert decode_text(raw, "x.json") == '{"a": 1}\n\ufffd"b"'
     assert "x.json, line 2: bytes that are not UTF-8 (the first 0xff at offset 12)" in caplog.text
+
+
+def test_a_step_number_seen_twice_is_said_not_merged_quietly(tmp_path, caplog):
+    doc = _trace(0, OPS)
+    _write(tmp_path / "ok.json", doc)
+    with caplog.at_level("WARNING"):
+        read_kineto([tmp_path / "ok.json"])
+    assert "more than once" not in caplog.text
+    for e in doc["traceEvents"]:
+        if e["name"] == "ProfilerStep#8":
+            e["name"] = "ProfilerStep#7"  # a restarted profiler numbering again
+    _write(tmp_path / "rank0.json", doc)
+    with caplog.at_level("WARNING"):
+        ops = read_kineto([tmp_path / "rank0.json"])
+    assert set(ops["iteration"]) == {7}
+    assert "1 ProfilerStep number(s) appear more than once (first: ProfilerStep#7, 2 times)" \
+        in caplog.text

@@ -48,6 +48,7 @@ the reader ignores (compute kernels, other CPU ops, launches of non-NCCL kernels
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import math
 import re
@@ -565,6 +566,13 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, int, int | None, tuple[int, int
         logger.warning("%s: %d ProfilerStep span(s) not numbered (first: %r; expected "
                        "ProfilerStep#N): their ops are counted in the step before",
                        source, len(odd_steps), odd_steps[0][:60])
+    numbers = collections.Counter(step for _, _, step in steps)
+    again = sorted(n for n, times in numbers.items() if times > 1)
+    if again:
+        # (a profiler restarted, or two traces concatenated): one iteration holds both spans
+        logger.warning("%s: %d ProfilerStep number(s) appear more than once (first: "
+                       "ProfilerStep#%d, %d times): the ops of those spans are counted as one "
+                       "iteration", source, len(again), again[0], numbers[again[0]])
     by_tid = _instances_by_tid(cpu)
     starts = {tid: [i.ts for i in lst] for tid, lst in by_tid.items()}
     orphans: list[_Instance] = []
