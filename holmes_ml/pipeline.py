@@ -501,6 +501,10 @@ def summarize(
     classes = _op_classes(ops)
     per = _rank_spans(ops)
     _warn_far_clocks(per)
+    if len(ops) and not ops["duration_us"].to_numpy().any():
+        logger.warning("every operator's duration_us is 0: the logs carry no timing of the "
+                       "operators, so none can look abnormal and only iteration times, from "
+                       "their starts, are left (does the logger time the operators?)")
     stats = _class_stats(ops, classes, _regular_rows(ops, cfg, per))
     typical = stats[0]
     scores, thr = _score(ops, model, cfg, classes, stats)

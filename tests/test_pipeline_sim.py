@@ -278,3 +278,13 @@ def test_a_corrupt_time_days_away_from_its_peers_is_warned_about(caplog) -> None
         analyze(ops, res.topology, model="rule")
     assert "iteration 5: rank 3's operators lie" in caplog.text
     assert "years before the other ranks'" in caplog.text
+
+
+def test_logs_without_any_duration_are_warned_about(caplog) -> None:
+    res = _sim("gpu_slow:rank=5,severity=0.5", gpus=16, iterations=8)
+    with caplog.at_level("WARNING"):
+        analyze(res.ops, res.topology, model="rule")
+    assert "carry no timing" not in caplog.text
+    with caplog.at_level("WARNING"):
+        analyze(res.ops.assign(duration_us=0.0), res.topology, model="rule")
+    assert "every operator's duration_us is 0" in caplog.text
