@@ -198,6 +198,7 @@ def read_native(path: str | Path) -> pd.DataFrame:
         if _is_json_array(p):
             return _read_json_array(p)
         if name.endswith((".jsonl", ".ndjson", ".json")) or head[:1] == b"{":
+            _refuse_endless_line(p, "JSON lines: one operator (a JSON object) per line")
             rows = [obj for _, obj in iter_jsonl(p)]
             return pd.DataFrame.from_records(rows)
         return _read_csv(p)
@@ -279,8 +280,19 @@ def _head_records(p: Path) -> tuple[list[str], list[str], bool]:
     return header, first, complete
 
 
-#: a CSV whose header line is longer than this is no log (a header is well under 1 kB)
-_MAX_HEADER_BYTES = 1 << 20
+#: a CSV or JSON-lines log whose first line is longer than this is none (a header is well
+#: under 1 kB, a record with the member list of an 8,192-rank communicator about 40 kB)
+_MAX_FIRST_LINE = 1 << 20
+
+
+def _refuse_endless_line(p: Path, expected: str) -> None:
+    """Refuse a line-oriented file with no line break in its first MiB: its parser would hold
+    the whole "line" several times over (gigabytes of zero bytes, a few megabytes gzipped,
+    took 7x their size in memory before failing)."""
+    head = head_bytes(p, _MAX_FIRST_LINE)
+    if len(head) == _MAX_FIRST_LINE and b"\n" not in head and b"\r" not in head:
+        raise SchemaError(f"no line break in the first {_MAX_FIRST_LINE >> 20} MiB",
+                          source=str(p), line=1, expected=expected)
 
 
 def _read_csv(p: Path) -> pd.DataFrame:
@@ -290,13 +302,7 @@ def _read_csv(p: Path) -> pd.DataFrame:
     second read costs 3-5x the first and about 20 % more memory, so only those files pay it."""
     with open(p, "rb") as f:  # gzip by its content, whatever the name says
         compression = "gzip" if f.read(2) == b"\x1f\x8b" else None
-    head = head_bytes(p, _MAX_HEADER_BYTES)
-    if len(head) == _MAX_HEADER_BYTES and b"\n" not in head and b"\r" not in head:
-        # the parser would hold the whole "line" several times over: gigabytes of zeros in a
-        # few megabytes of gzip took 7x their size in memory before failing
-        raise SchemaError(f"no line break in the first {_MAX_HEADER_BYTES >> 20} MiB",
-                          source=str(p), line=1,
-                          expected="a CSV log: a header line, then one operator per line")
+    _refuse_endless_line(p, "a CSV log: a header line, then one operator per line")
     header, first, complete = _head_records(p)
     twice = sorted({c.strip() for c in header if header.count(c) > 1})
     if twice:
