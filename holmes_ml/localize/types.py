@@ -198,7 +198,7 @@ class Verdict:
                 " ..." if len(self.silent_ranks) > 8 else "")
             notes.append(f"{len(self.silent_ranks)} rank(s) that the communicators' member lists "
                          f"or the topology name logged nothing ({few}): their logs are missing "
-                         "(not read, or not sent yet), or they never ran; a device of theirs is "
+                         "(not recorded, read or sent yet), or they never ran; a device of theirs is "
                          "named only from what their peers waited for (with a topology), else "
                          "not at all")
         if self.stats.get("ranks", 2.0) < 2:
