@@ -64,6 +64,7 @@ from holmes_ml.serve.schemas import (  # noqa: E402
     JobDeleted,
     JobOut,
     RawBatch,
+    RawColumns,
     TopologyIn,
     VerdictOut,
     finite,
@@ -806,6 +807,13 @@ def create_app(
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise StoreError(f"body: not an Arrow IPC stream ({exc})", field="body",
                              status=422) from exc
+        extra = [str(c) for c in df.columns if str(c) not in RawColumns.model_fields]
+        if extra:
+            # as the JSON route: a column stored unchecked could, typed otherwise by a later
+            # batch, make every batch of the job unreadable together
+            raise StoreError(f"body: column {extra[0]!r} is not one of the CommOps columns "
+                             f"({', '.join(RawColumns.model_fields)})",
+                             field=f"columns.{extra[0]}", status=422)
         digest = hashlib.sha256(body).hexdigest()
         ack = await run_in_threadpool(_store_frame, job, source, batch_id, seq, df, digest)
         _count(ack, "raw")
@@ -816,7 +824,9 @@ def create_app(
             service.duplicates.inc()
         else:
             service.batches.labels(mode).inc()
-            service.ingested.labels(mode).inc(ack["records"])
+            # net records: a resent iteration with fewer operators takes some away, and a
+            # counter only goes up (a negative step raised after the batch was stored: a 500)
+            service.ingested.labels(mode).inc(max(int(ack["records"]), 0))
 
     @app.put("/v1/jobs/{job}/topology", dependencies=[Depends(require_token)])
     def put_topology(body: TopologyIn, job: str = JobName) -> dict:
