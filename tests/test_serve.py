@@ -633,3 +633,16 @@ def test_an_iteration_resent_with_fewer_operators_is_no_server_error(server):
     m = c.get("/metrics").text
     assert "holmes_ingest_records_total" in m and "-" not in [
         ln.split()[-1][0] for ln in m.splitlines() if ln.startswith("holmes_ingest_records")]
+
+
+def test_a_host_name_with_control_characters_is_refused(server):
+    # it reached `holmes jobs` (terminal escapes) and the /metrics labels as sent
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    evil = "evil\x1b[31mRED\x1b[0m\nnext"
+    r = c.post("/v1/jobs/jobEsc/batches", json=_agent_batch("n1", 0, [0, 1], evil, [0, 1]))
+    assert r.status_code == 422 and r.json()["field"].startswith("ranks.host"), r.text
+    assert "printable" in r.json()["detail"], r.text
+    r = c.post("/v1/jobs/jobEsc/batches", json=_agent_batch("n1", 0, [0, 1], "", [0, 1]))
+    assert r.status_code == 422 and r.json()["field"].startswith("ranks.host"), r.text
+    r = c.post("/v1/jobs/jobEsc/batches", json=_agent_batch("n1", 0, [0, 1], "node-7", [0, 1]))
+    assert r.status_code == 200, r.text

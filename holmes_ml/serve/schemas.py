@@ -17,7 +17,13 @@ from holmes_ml.serve import NAME_PATTERN, require_extra
 
 require_extra("pydantic")
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator  # noqa: E402
+from pydantic import (  # noqa: E402
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from holmes_ml.io.schema import OP_TYPES  # noqa: E402
 
@@ -35,6 +41,19 @@ Peer = Annotated[int, Field(ge=-1, le=2**31 - 1)]
 Duration = Annotated[float, Field(ge=0.0, le=9.2e15, allow_inf_nan=False)]
 Score = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Text = Annotated[str, Field(max_length=256)]
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("expected a printable name (no control characters: they would reach "
+                         "terminals and metric labels as they are)")
+    return value
+
+
+#: A host name: it is printed by `holmes jobs` and is a label of /metrics.
+HostName = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_printable)]
+#: A host column of operator records ("": not known).
+HostOrNone = Annotated[str, Field(max_length=256), AfterValidator(_printable)]
 Coord = Annotated[int, Field(ge=-1, le=2**31 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
 OpName = Literal[OP_TYPES]  # type: ignore[valid-type]
@@ -88,7 +107,7 @@ class RankTable(_Columnar):
     """Where the agent's ranks run (sent once; lets the centre name GPUs, NICs and hosts)."""
 
     rank: list[Rank]
-    host: list[Annotated[str, Field(min_length=1, max_length=256)]]
+    host: list[HostName]
     gpu: list[Annotated[int, Field(ge=0, le=1023)]]
     dp: list[Coord] | None = None
     pp: list[Coord] | None = None
@@ -179,7 +198,7 @@ class AbnormalOpTable(_CanonicalColumns):
 
     score: list[Score]
     peer: list[Peer] | None = None
-    host: list[Text] | None = None
+    host: list[HostOrNone] | None = None
     group_kind: list[Text] | None = None
     excess_us: list[Finite] | None = None
 
@@ -206,7 +225,7 @@ class RawColumns(_CanonicalColumns):
 
     group_ranks: list[Annotated[str, Field(max_length=1_000_000)]] | None = None
     peer: list[Peer] | None = None
-    host: list[Text] | None = None
+    host: list[HostOrNone] | None = None
     group_kind: list[Text] | None = None
     step_compute_us: list[Duration] | None = None
     #: the job the records say they are of: one naming another job is refused (409)
