@@ -4,6 +4,7 @@ keeps shipping what it can and never loses what it accepted."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -35,7 +36,10 @@ def _write_good(logs, ops):
 
 def _write_bad(logs, ops):
     first = ops.iloc[:1].to_json(orient="records", lines=True).strip()
-    (logs / "bad.jsonl").write_text(first + "\n{oops\n")
+    # (a line that is no JSON is skipped as torn; a record of an unknown op is refused)
+    (logs / "bad.jsonl").write_text(first + "\n" + first.replace('"all_reduce"', '"gossip"')
+                                    .replace('"reduce_scatter"', '"gossip"')
+                                    .replace('"all_gather"', '"gossip"') + "\n")
     ops.to_parquet(logs / "whole.parquet")
     (logs / "trunc.parquet").write_bytes((logs / "whole.parquet").read_bytes()[:3000])
     (logs / "whole.parquet").unlink()
@@ -79,8 +83,8 @@ def test_follow_sets_bad_files_aside_and_keeps_shipping_the_others(tmp_path, cap
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         # named once each, not at every poll that finds them unchanged
         assert len(errors) == 2, errors
-        assert any(str(logs / "bad.jsonl") in e and "line 2, column 2: malformed JSON" in e
-                   for e in errors), errors
+        assert any(str(logs / "bad.jsonl") in e and "column 'op', line 2: unknown op type "
+                   "(got 'gossip'" in e for e in errors), errors
         assert any(str(logs / "trunc.parquet") in e and "ArrowInvalid" in e for e in errors)
         assert set(agent.bad_files) == {logs / "bad.jsonl", logs / "trunc.parquet"}
         # a half-written last line is not an error, only not read yet
@@ -115,7 +119,8 @@ def test_once_ships_the_good_files_and_exits_2_naming_the_bad_ones(tmp_path):
                          TOKEN, "--once", "--model", "rule")
         assert proc.returncode == 2, (proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
-        assert f"error: {logs / 'bad.jsonl'}: line 2, column 2: malformed JSON" in proc.stderr
+        assert f"error: {logs / 'bad.jsonl'}: column 'op', line 2: unknown op type" in \
+            proc.stderr
         assert f"error: {logs / 'trunc.parquet'}: ArrowInvalid" in proc.stderr
         assert httpx.get(srv.url + "/v1/jobs/mixed").json()["records"] == len(good)
     finally:
@@ -280,3 +285,53 @@ def test_logs_of_a_second_job_are_set_aside(tmp_path):
                               f"{logs / 'a.csv'} (got 'eval'"), why
     finally:
         agent.close()
+
+
+def test_a_torn_line_rotation_truncation_and_a_fifo_do_not_stop_a_followed_log(tmp_path, caplog):
+    # each used to freeze the file for the agent's life (or the agent itself, for a FIFO)
+    ops = make_ops(seed=26, ranks=2, iterations=12)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    early = r0["iteration"] < 4
+
+    def lines(df):
+        return df.to_json(orient="records", lines=True)
+
+    os.mkfifo(logs / "rank9.jsonl")  # opening it to sniff would block
+    (logs / "rank0.jsonl").write_text(lines(r0[early]))
+    (logs / "rank1.jsonl").write_text(lines(r1))
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "rot")
+    try:
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            assert "rank9.jsonl is no regular file" in caplog.text
+            # a writer died mid-record; the restarted one appends whole lines after it
+            with (logs / "rank0.jsonl").open("a") as fh:
+                fh.write('{"iteration": 4, "rank": 0, "op": "all_re\n')
+                fh.write(lines(r0[(r0["iteration"] >= 4) & (r0["iteration"] < 8)]))
+            agent.read_new()
+            torn = int(early.sum()) + 1
+            assert f"rank0.jsonl: 1 line(s) that are no JSON object skipped (line {torn})" \
+                in caplog.text
+            assert agent.bad_files == {}
+            # rotated: the file moved away, a new one under the name (smaller than the offset)
+            (logs / "rank0.jsonl").rename(tmp_path / "rank0.jsonl.1")
+            (logs / "rank0.jsonl").write_text(lines(r0[r0["iteration"] == 8]))
+            agent.read_new()
+            assert "rank0.jsonl was replaced (rotated?): reading it again" in caplog.text
+            # truncated in place (copytruncate), then written again
+            (logs / "rank0.jsonl").write_text("")
+            agent.read_new()
+            (logs / "rank0.jsonl").write_text(lines(r0[r0["iteration"] >= 9]))
+            agent.read_new()
+            assert "rank0.jsonl was truncated" in caplog.text
+        agent.run(once=True)
+        assert agent.bad_files == {}
+        its = httpx.get(srv.url + "/v1/jobs/rot/iterations").json()
+        assert {i["iteration"] for i in its} == set(range(12))
+        assert httpx.get(srv.url + "/v1/jobs/rot").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()

@@ -281,6 +281,8 @@ class _FileState:
     chunk_line: int | None = None
     #: a table that is not a CommOps log (another tool's CSV): never read
     ignored: bool = False
+    #: the file's inode when read last: another one under the name is a rotated log
+    inode: int | None = None
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
@@ -300,9 +302,14 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         return None
     with path.open("rb") as fh:
         fh.seek(state.offset)
-        data = fh.read(st.st_size - state.offset)
+        # at most a chunk per poll: a huge file is caught up over a few polls, and a file
+        # without line breaks is not read whole again at every poll
+        data = fh.read(min(st.st_size - state.offset, _MAX_CHUNK))
     end = data.rfind(b"\n")
     if end < 0:
+        if len(data) == _MAX_CHUNK:
+            raise ValueError(f"line {state.lines + 1}: no line break in {_MAX_CHUNK >> 20} MiB; "
+                             "expected one operator per line")
         return None  # a line still being written
     data = data[: end + 1]
     first_line = state.lines + 1
@@ -314,7 +321,9 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
             return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
         except ValueError as exc:
             # pandas says "position 228" of this chunk; the user needs the line of the file
-            raise ValueError(_bad_json_line(data, first_line) or str(exc)) from exc
+            if not _bad_json_line(data, first_line):
+                raise ValueError(str(exc)) from exc
+            return _json_lines_skipping_torn(path, data, first_line)
     if state.header is None:
         first, _, data = data.partition(b"\n")
         state.header = first.decode().strip().split(",")
@@ -322,6 +331,32 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         if not data.strip():
             return None
     return pd.read_csv(io.BytesIO(data), names=state.header, header=None)
+
+
+#: Bytes of a followed log read at most per poll.
+_MAX_CHUNK = 64 << 20
+
+
+def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int) -> pd.DataFrame:
+    """The records of complete JSON lines ``data``, the lines that are no JSON object (a
+    record torn when its writer died, then the restarted writer's lines after it) skipped
+    with a warning naming each: left in, the file would stay unread from that line on."""
+    records, torn = [], []
+    for number, line in enumerate(data.split(b"\n"), first_line):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # malformed, or not UTF-8
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            torn.append(number)
+    logger.warning("agent: %s: %d line(s) that are no JSON object skipped (line %s): torn "
+                   "when a writer died?", path, len(torn), ", ".join(map(str, torn[:5]))
+                   + (" ..." if len(torn) > 5 else ""))
+    return pd.DataFrame.from_records(records)
 
 
 def _bad_json_line(data: bytes, first_line: int) -> str:
@@ -441,11 +476,18 @@ class Agent:
                 state = self._files.setdefault(path, _FileState())
                 if state.ignored or (state.offset == 0 and self._not_a_log(path, state)):
                     continue
-                before = state.offset
                 try:
                     st = path.stat()
                 except FileNotFoundError:
                     continue  # removed since the glob
+                if state.offset and (st.st_ino != state.inode or st.st_size < state.offset):
+                    # rotated (another file under the name) or truncated (copytruncate): the
+                    # offset points into other data; read what is there now from its start
+                    logger.warning("agent: %s was %s: reading it again from its start", path,
+                                   "replaced (rotated?)" if st.st_ino != state.inode
+                                   else "truncated")
+                    state = self._files[path] = _FileState()
+                before = state.offset
                 stamp = (st.st_size, st.st_mtime_ns)
                 if state.bad == stamp:
                     continue  # could not be read and has not changed since
@@ -466,6 +508,7 @@ class Agent:
                     self._set_bad(path, _describe(exc))
                     state.bad = stamp
                     continue
+                trial.inode = st.st_ino
                 self._files[path] = state = trial
                 self._keep_facts(facts, path)
                 self._set_good(path)
@@ -634,6 +677,12 @@ class Agent:
         # a JSON array at once.
         from holmes_ml.io.readers import looks_like_native_log
 
+        if path.exists() and not path.is_file():
+            # a FIFO would block the agent in open() until someone writes to it
+            state.ignored = True
+            logger.warning("agent: %s is no regular file (a FIFO, socket or device): ignored",
+                           path)
+            return True
         try:
             with path.open("rb") as fh:
                 head = fh.read(1 << 16)
