@@ -344,6 +344,12 @@ def test_protocol_errors(server):
     # the token without its scheme is not the token
     r = httpx.post(u + "/v1/jobs/jobP/raw", json=ok, headers={"Authorization": TOKEN})
     assert r.status_code == 401 and r.json()["field"] == "authorization", r.text
+    # asked before the body is read: a gzip body without the token is not even inflated
+    r = httpx.post(u + "/v1/jobs/jobP/raw", content=b"not gzip at all",
+                   headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert r.status_code == 401 and r.json() == {
+        "detail": "Authorization: expected 'Bearer <token>' with the service token",
+        "field": "authorization"}, r.text
     deep = b"[" * 100_000 + b"]" * 100_000
     r = httpx.post(u + "/v1/jobs/jobP/raw", content=deep,
                    headers={**auth(), "Content-Type": "application/json"})

@@ -302,6 +302,18 @@ class _UniqueKeysRoute(APIRoute):
         return route
 
 
+UNAUTHORIZED = "Authorization: expected 'Bearer <token>' with the service token"
+
+
+def token_matches(authorization: bytes | str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <token>``."""
+    if isinstance(authorization, bytes):
+        authorization = authorization.decode("latin-1")
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                              token.encode())
+
+
 class BodyLimit:
     """ASGI middleware: refuse bodies over ``limit`` bytes (413) and inflate gzip bodies.
 
@@ -309,15 +321,21 @@ class BodyLimit:
     cut off at ``limit + 1`` bytes instead of being buffered.
     """
 
-    def __init__(self, app: Any, limit: int) -> None:
+    def __init__(self, app: Any, limit: int, token: str | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.token = token
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if self.token and not token_matches(headers.get(b"authorization"), self.token):
+            # every write of the API needs the token: asked before the body is read, inflated
+            # and parsed (a small gzip body can cost gigabytes to parse)
+            await self._refuse(send, 401, UNAUTHORIZED, field="authorization")
+            return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(send, 413, f"request body: {int(declared)} bytes; expected at "
@@ -371,8 +389,8 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     @staticmethod
-    async def _refuse(send: Callable, status: int, detail: str) -> None:
-        payload = json.dumps({"detail": detail, "field": "body"}).encode()
+    async def _refuse(send: Callable, status: int, detail: str, field: str = "body") -> None:
+        payload = json.dumps({"detail": detail, "field": field}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
@@ -644,16 +662,11 @@ def create_app(
     )
     app.router.route_class = _UniqueKeysRoute
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, token=settings.token)
 
     def require_token(authorization: str | None = Header(default=None)) -> None:
-        if not settings.token:
-            return
-        scheme, _, given = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                 settings.token.encode()):
-            raise StoreError("Authorization: expected 'Bearer <token>' with the service token",
-                             field="authorization", status=401)
+        if settings.token and not token_matches(authorization, settings.token):
+            raise StoreError(UNAUTHORIZED, field="authorization", status=401)
 
     @app.exception_handler(StoreError)
     async def _store_error(_request: Request, exc: StoreError) -> JSONResponse:
