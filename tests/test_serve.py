@@ -652,3 +652,25 @@ def test_a_host_name_with_control_characters_is_refused(server):
     assert r.status_code == 422 and r.json()["field"].startswith("ranks.host"), r.text
     r = c.post("/v1/jobs/jobEsc/batches", json=_agent_batch("n1", 0, [0, 1], "node-7", [0, 1]))
     assert r.status_code == 200, r.text
+
+
+def test_a_locked_store_is_a_503_saying_so_and_the_batch_is_kept_on_retry(tmp_path):
+    # another process holding the database: a bare "500 Internal Server Error" before
+    srv = start_server(tmp_path)
+    try:
+        c = httpx.Client(base_url=srv.url, headers=auth(), timeout=30)
+        body = _agent_batch("n1", 0, [0, 1], "h1", [0, 1])
+        holder = sqlite3.connect(srv.db, isolation_level=None, timeout=1)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            r = c.post("/v1/jobs/jobLock/batches", json=body)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert r.status_code == 503 and r.json()["field"] == "store", r.text
+        assert "database is locked" in r.json()["detail"] and "retry" in r.json()["detail"]
+        r = c.post("/v1/jobs/jobLock/batches", json=body)  # the agent's retry
+        assert r.status_code == 200 and not r.json()["duplicate"], r.text
+        assert c.get("/v1/jobs/jobLock").json()["records"] == 6
+    finally:
+        srv.stop()

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import socket
+import sqlite3
 import threading
 import time
 import zlib
@@ -672,6 +673,14 @@ def create_app(
     async def _store_error(_request: Request, exc: StoreError) -> JSONResponse:
         # counted in holmes_requests_rejected by _timing, with every other 4xx
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=exc.status)
+
+    @app.exception_handler(sqlite3.Error)
+    async def _store_unavailable(_request: Request, exc: sqlite3.Error) -> JSONResponse:
+        # locked by another process, disk full, read-only: the transaction was rolled back,
+        # so nothing of the request is kept; agents retry a 503 with back-off
+        logger.error("store: %s", exc)
+        return JSONResponse({"detail": f"store unavailable ({exc}); nothing of this request "
+                             "was kept: retry later", "field": "store"}, status_code=503)
 
     @app.exception_handler(BodyError)
     async def _body_error(_request: Request, exc: BodyError) -> JSONResponse:
