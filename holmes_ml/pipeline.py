@@ -613,6 +613,13 @@ def topology_from_summary(summary: NodeSummary) -> Topology:
         r["host"] = hosts.reindex(r["rank"]).fillna("").to_numpy()
         r.loc[r["host"] == "", "host"] = [f"host-{x // 8}" for x in r.loc[r["host"] == "", "rank"]]
         r["gpu"] = r.groupby("host").cumcount().to_numpy()
+        if "gpu" in summary.ranks.columns:
+            # the GPU each agent says its rank runs on, when it says so for every rank and no
+            # two ranks of a host share one (else ranks are numbered in order on their host)
+            sent = summary.ranks.set_index("rank")["gpu"].reindex(r["rank"])
+            if sent.notna().all() and not r.assign(gpu=sent.to_numpy()).duplicated(
+                    ["host", "gpu"]).any():
+                r["gpu"] = sent.astype(np.int64).to_numpy()
     else:
         r["host"] = [f"host-{x // 8}" for x in ranks]
         r["gpu"] = ranks % 8

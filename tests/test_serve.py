@@ -95,7 +95,7 @@ def test_a_verdict_reads_the_most_recent_iterations_and_keeps_the_rest(server):
         assert c.post("/v1/jobs/jobLongRaw/raw", json=raw_body(part, f"r{seq}", seq=seq)
                       ).status_code == 200
     v = c.post("/v1/jobs/jobLongRaw/analyze").json()
-    assert v["candidates"][0]["ranks"] == [5], v
+    assert v["candidates"] and v["candidates"][0]["ranks"] == [5], json.dumps(v)[:1500]
     assert min(v["irregular_iterations"]) >= 60, v
 
 
@@ -674,3 +674,39 @@ def test_a_locked_store_is_a_503_saying_so_and_the_batch_is_kept_on_retry(tmp_pa
         assert c.get("/v1/jobs/jobLock").json()["records"] == 6
     finally:
         srv.stop()
+
+
+def test_the_gpu_an_agent_places_its_rank_on_names_the_device(tmp_path):
+    # the ranks table's gpu was checked, then ignored: ranks were numbered in order on a host
+    from holmes_ml.io.schema import member_ranks, without_labels
+    from holmes_ml.pipeline import summarize
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    sim = simulate(SimConfig(gpus=16, model="llama2-7b", tp=2, pp=2, iterations=8, seed=3,
+                             faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.5"),)))
+    s = summarize(without_labels(sim.ops), model="rule")
+    ranks = sorted(s.iterations["rank"].unique().tolist())
+    hosts = s.ranks.set_index("rank")["host"].astype(str)
+    abnormal = s.abnormal[["iteration", "rank", "op", "group", "seq", "nbytes", "start_ns",
+                           "duration_us", "score", "peer", "group_kind", "excess_us"]]
+    body = {"source": "n1", "batch_id": "g0", "seq": 0,
+            "ranks": {"rank": ranks, "host": [hosts[r] for r in ranks],
+                      "gpu": [7 - r % 8 for r in ranks]},  # placed in reverse on each host
+            "groups": [{"name": str(g.group), "kind": str(g.group_kind),
+                        "ranks": list(member_ranks(g.group_ranks))}
+                       for g in s.groups.itertuples()],
+            "iterations": {k: s.iterations[k].tolist() for k in
+                           ("iteration", "rank", "start_ns", "end_ns", "comm_us", "n_ops")},
+            "abnormal": {k: abnormal[k].astype(float if k in ("duration_us", "score",
+                                                              "excess_us") else
+                                               object).tolist() for k in abnormal.columns}}
+    srv = start_server(tmp_path, pipeline=True)  # the real localizer
+    try:
+        c = httpx.Client(base_url=srv.url, headers=auth(), timeout=30)
+        r = c.post("/v1/jobs/jobGpu/batches", json=body)
+        assert r.status_code == 200, r.text
+        v = c.post("/v1/jobs/jobGpu/analyze").json()
+    finally:
+        srv.stop()
+    assert v["candidates"] and v["candidates"][0]["ranks"] == [5], json.dumps(v)[:1500]
+    assert v["candidates"][0]["device"] == f"gpu:{hosts[5]}/2", v
