@@ -216,6 +216,22 @@ def test_faultspec_parse_errors_name_the_bad_key() -> None:
         SimConfig(**SMALL, faults=(FaultSpec.parse("gpu_slow:rank=99"),))
     spec = FaultSpec.parse("nic_slow:ranks=3+4,pattern=spike,severity=2,start=1,end=2")
     assert (spec.ranks, spec.pattern, spec.end_iteration) == ((3, 4), "spike", 2)
+    # an infinite or absurd severity overflowed the simulated clock (logs localize refused)
+    for severity in ("inf", "1e12"):
+        with pytest.raises(ValueError, match="severity: got .*expected a number > 0 and at "
+                                             "most 1000"):
+            FaultSpec.parse(f"gpu_slow:rank=3,severity={severity}")
+    assert FaultSpec.parse("gpu_slow:rank=3,severity=1000").severity == 1000
+
+
+def test_a_job_out_of_the_simulators_bounds_is_refused_naming_them() -> None:
+    with pytest.raises(ValueError, match="gpus: got 1; expected at least 2"):
+        SimConfig(gpus=1, iterations=3)  # crashed deep in the engine
+    with pytest.raises(ValueError, match="iterations: got 1000000000000; expected at most"):
+        SimConfig(gpus=8, iterations=10**12)
+    with pytest.raises(ValueError, match="gpus: got 65536; expected at most 32,768"):
+        SimConfig(gpus=65_536, iterations=1)
+    assert SimConfig(gpus=2, iterations=3).gpus == 2
 
 
 def test_six_dimensional_layout_runs_with_consistent_groups() -> None:

@@ -110,9 +110,9 @@ def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             # e.g. a "CSV" of one line of gigabytes; no traceback helps, but where it was does
             if _VERBOSE[0]:
                 traceback.print_exc()
-            typer.secho("error: out of memory (an input far larger than its rows suggest, "
-                        "such as one line of gigabytes? -v shows where)", err=True,
-                        fg=typer.colors.RED)
+            typer.secho("error: out of memory: the job or the input is larger than this "
+                        "machine holds (an input of one line of gigabytes, say; -v shows where)",
+                        err=True, fg=typer.colors.RED)
             raise typer.Exit(1) from None
 
     return run

@@ -22,7 +22,8 @@ _EPILOG = (
     "Fault syntax: KIND[:key=value,...]; KIND one of gpu_slow, nic_slow, link_slow, "
     "switch_congested, host_stall; keys rank|ranks (3+4), device (nic:node003/5, "
     "link:leaf-p0-r3~spine-1, switch:leaf-p0-r3), pattern (persistent|spike|fluctuation), "
-    "severity (0.5 = 1.5x slower), start, end, probability (fluctuation)."
+    "severity (0.5 = 1.5x slower, at most 1000; for host_stall the pause as a share of the "
+    "iteration), start, end, probability (fluctuation)."
 )
 
 _HELP = (
@@ -42,7 +43,7 @@ STREAM_ROWS = 5_000_000
 def register(app: typer.Typer) -> None:
     @app.command("simulate", epilog=_EPILOG, help=_HELP)
     def simulate_cmd(
-        gpus: int = typer.Option(128, "--gpus", help="World size (8-GPU hosts)."),
+        gpus: int = typer.Option(128, "--gpus", help="World size: 2 to 32,768 GPUs, a multiple of 8 (8-GPU hosts) above 8."),
         model: str = typer.Option(
             "llama2-13b",
             "--model",
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
             help="HSDP: split data parallel into this many replicas of dp/N sharded ranks "
             "(reduce_scatter/all_gather inside a shard group, all_reduce across replicas).",
         ),
-        iterations: int = typer.Option(30, "--iterations", help="Training iterations."),
+        iterations: int = typer.Option(30, "--iterations", help="Training iterations (at most 100,000)."),
         microbatches: int = typer.Option(None, "--microbatches", help="Per iteration (1F1B)."),
         fault: list[str] = typer.Option(
             [], "--fault", help="Fault KIND[:key=value,...]; repeatable (see examples below)."

@@ -94,10 +94,15 @@ class DrillConfig:
                 f"{self.tp * self.pp * self.dp}"
             )
         for name in ("compute_s", "straggler_s", "stall_s"):
-            if not float(getattr(self, name)) >= 0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected seconds >= 0")
-        if not float(self.timeout_s) > 0:
-            raise ValueError(f"timeout_s={self.timeout_s!r}: expected seconds > 0")
+            if not 0 <= float(getattr(self, name)) <= _MAX_SECONDS:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected seconds >= 0 and at "
+                                 f"most {_MAX_SECONDS:g}")
+        if not 0 < float(self.timeout_s) <= _MAX_SECONDS:
+            raise ValueError(f"timeout_s={self.timeout_s!r}: expected seconds > 0 and at most "
+                             f"{_MAX_SECONDS:g}")
+        if self.ranks > MAX_RANKS:
+            raise ValueError(f"ranks={self.ranks}: expected at most {MAX_RANKS} (each rank is a "
+                             "torch process of about 300 MB resident)")
         if not 0 <= self.rank < self.ranks:
             raise ValueError(f"rank={self.rank}: expected 0 <= rank < {self.ranks}")
         if self.fault == "heavy_stage" and (self.pp < 2 or self.dp < 2):
@@ -105,6 +110,12 @@ class DrillConfig:
             # looks the same, and the localizer rightly names no stage
             raise ValueError(f"fault=heavy_stage with pp={self.pp}, dp={self.dp}: expected "
                              "pp >= 2 and dp >= 2")
+
+
+#: Longest sleep or timeout a drill takes (a day): an infinite one overflowed the clock.
+_MAX_SECONDS = 86_400.0
+#: Most ranks a drill runs (each a torch process of about 300 MB resident).
+MAX_RANKS = 32
 
 
 @dataclass(frozen=True)

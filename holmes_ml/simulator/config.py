@@ -19,6 +19,11 @@ FAULT_KINDS: tuple[str, ...] = (
     "host_stall",
 )
 PATTERNS: tuple[str, ...] = ("spike", "fluctuation", "persistent")
+#: Bounds of a simulated job: a fault at most this many times slower (an infinite or absurd
+#: one overflows the simulated clock), at most this many GPUs and iterations (memory, hours).
+MAX_SEVERITY = 1000.0
+MAX_GPUS = 32_768
+MAX_ITERATIONS = 100_000
 #: Device-id prefix each fault kind acts on.
 DEVICE_PREFIX: dict[str, str] = {
     "gpu_slow": "gpu:",
@@ -91,8 +96,10 @@ class FaultSpec:
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         if any(r < 0 for r in self.ranks):
             raise ValueError(f"FaultSpec.ranks: got {self.ranks!r}; expected ranks >= 0")
-        if not (self.severity > 0):
-            raise ValueError(f"FaultSpec.severity: got {self.severity!r}; expected a number > 0")
+        if not (0 < self.severity <= MAX_SEVERITY):
+            # (inf, or 1e12, overflowed the simulated clock: logs its own reader refuses)
+            raise ValueError(f"FaultSpec.severity: got {self.severity!r}; expected a number > 0 "
+                             f"and at most {MAX_SEVERITY:g}")
         if self.start_iteration < 0:
             raise ValueError(
                 f"FaultSpec.start_iteration: got {self.start_iteration!r}; expected >= 0"
@@ -353,6 +360,15 @@ class SimConfig:
                 raise ValueError(
                     f"SimConfig.{name}: got {value!r}; expected an integer >= 1 or None"
                 )
+        if self.gpus < 2:
+            raise ValueError(f"SimConfig.gpus: got {self.gpus}; expected at least 2 (a rank "
+                             "alone runs no collective and has no peer to compare with)")
+        for name, most, why in (("gpus", MAX_GPUS, "a larger job takes more memory than a "
+                                 "node has"), ("iterations", MAX_ITERATIONS, "a longer run "
+                                 "takes hours; localization reads windows of 50")):
+            if getattr(self, name) > most:
+                raise ValueError(f"SimConfig.{name}: got {getattr(self, name)}; expected at "
+                                 f"most {most:,} ({why})")
         if self.gpus > 8 and self.gpus % 8:
             raise ValueError(
                 f"SimConfig.gpus: got {self.gpus}; expected a multiple of 8 (8-GPU hosts) or <= 8"
