@@ -224,8 +224,9 @@ def _draw_heatmap(plt, verdict: Verdict, iterations: pd.DataFrame, path: Path) -
                    color=f"C{i}", label=f"#{i + 1} {cand.device}",
                    transform=ax.get_yaxis_transform(), zorder=4)
         marked += 1
-    if marked:
-        ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    if marked:  # below the map, where it hides none of it
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=marked, fontsize=7,
+                  frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -29,7 +29,8 @@ def test_cli_writes_the_graph_of_a_slow_link(tmp_path):
     r = CliRunner().invoke(app, ["localize", str(tmp_path / "job"), "--model", "rule",
                                  "--graph", str(out), "--json"])
     assert r.exit_code == 0, r.output
-    verdict = json.loads(r.output)
+    verdict = json.loads(r.stdout)  # (stderr says where the graph went)
+    assert f"graph: {out} (GraphML)" in r.stderr
     g = nx.read_graphml(out)
     top = verdict["candidates"][0]
     assert top["kind"] == "link" and g.nodes[top["device"]]["suspect"] == 1

@@ -104,6 +104,9 @@ def test_cli_json_and_plots(tmp_path) -> None:
     assert data["candidates"][0]["kind"] == "gpu"
     for name in ("iterations.png", "heatmap.png", "evidence.png", "graph.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 1000
+    # where they went, on stderr (stdout is the JSON verdict)
+    assert f"plots: iterations.png, heatmap.png, evidence.png, graph.png in {tmp_path / 'plots'}" \
+        in out.stderr
     assert analyze_paths([tmp_path / "job"], model="rule").candidates[0].ranks == (5,)
 
 

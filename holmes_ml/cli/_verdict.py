@@ -58,7 +58,8 @@ def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:
         if c.get("coords"):  # the rank's place in the parallel layout, under its device
             device += "\n" + " ".join(f"{k}{v}" for k, v in c["coords"].items())
         if c.get("tied_with"):
-            device += f"\n(tied with {len(c['tied_with'])})"
+            n = len(c["tied_with"])
+            device += f"\n(tied with {n} other{'s' * (n != 1)})"
         table.add_row(str(i), c["kind"], device, _ranks(c.get("ranks") or []),
                       f"{c['score']:.3f}", evidence[0]["detail"] if evidence else "")
     console.print(table)

@@ -156,7 +156,8 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
         if top:
             suspect = top["device"] or top["kind"]
             if top.get("tied_with"):
-                suspect += f" (tied with {len(top['tied_with'])})"
+                n = len(top["tied_with"])
+                suspect += f" (tied with {n} other{'s' * (n != 1)})"
         table.add_row(j["job"], j["mode"], f"{j['records']:,}", f"{j['batches']:,}",
                       _ago(j.get("last_ingest_at"), stamp=False), suspect,
                       f"{top['score']:.3f}" if top else "")

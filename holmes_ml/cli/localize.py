@@ -146,12 +146,15 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             from holmes_ml.report import write_plots
 
-            write_plots(verdict, summary.iterations, plot, evidence)
+            written = write_plots(verdict, summary.iterations, plot, evidence)
+            # on stderr: stdout may be the --json verdict
+            typer.echo(f"plots: {', '.join(p.name for p in written)} in {plot}", err=True)
         if graph is not None:
             import networkx as nx
 
             graph.parent.mkdir(parents=True, exist_ok=True)
             nx.write_graphml(evidence, graph)
+            typer.echo(f"graph: {graph} (GraphML)", err=True)
         if as_json:
             typer.echo(json.dumps(verdict.to_dict()))
             return

@@ -1469,7 +1469,8 @@ def _device_candidates(
                 whole_at[d][int(i)] += 1
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
-                "communication", f"every copy of {row['group']} was slow ({row['n']} instances)",
+                "communication", f"every copy of {row['group']} was slow ({row['n']} instance"
+                f"{'s' * (row['n'] != 1)})",
                 float(row["lag"]),
             ))
     net_total = float(per_flow["w"].sum())
