@@ -310,3 +310,12 @@ def test_fault_patterns_resolve_to_the_documented_active_iterations() -> None:
     assert 4 <= len(fluct.active_iterations) <= 16
     assert pers.active_iterations == tuple(range(30, 40))
     assert pers.devices == ("nic:node001/1",) and pers.hosts == ("node001",)
+
+
+def test_a_nic_fault_that_no_traffic_crosses_is_said(caplog) -> None:
+    # one 8-GPU host: every collective stays inside it, and the fault changed nothing silently
+    with caplog.at_level("WARNING"):
+        res = simulate(SimConfig(gpus=8, iterations=4, seed=1,
+                                 faults=(FaultSpec.parse("nic_slow:rank=3,severity=2"),)))
+    assert "fault 0 (nic_slow on nic:node000/3) crosses no traffic of this job" in caplog.text
+    assert not res.ops["abnormal"].any()

@@ -155,6 +155,10 @@ def resolve_faults(
                 for dev in devices:
                     for key, idx in _crossing(cluster, dev, ranks).items():
                         slowed[key] = np.union1d(slowed.get(key, np.empty(0, np.int64)), idx)
+                if not slowed:  # as for a switch or link below: say so, not a silent no-op
+                    logger.warning("fault %d (%s on %s) crosses no traffic of this job (its "
+                                   "ranks talk only within their host)", i, kind,
+                                   ", ".join(devices))
             touched = {key: _instances_with(fam, ranks) for key, fam in cluster.families.items()}
             touched = {k: v for k, v in touched.items() if len(v)}
         else:
