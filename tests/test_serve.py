@@ -65,6 +65,18 @@ def test_gzip_agent_batch_roundtrip(server):
     assert r.json()["records"] == 6
     v = httpx.post(server.url + "/v1/jobs/jobG/analyze", headers=auth()).json()
     assert v["candidates"][0]["ranks"] == [1]
+    # several gzip members (RFC 1952; `cat a.gz b.gz`) are one body; what follows a stream
+    # and is no member, or a stream cut short, is refused saying so
+    text = json.dumps(dict(body, batch_id="n1-1", seq=1)).encode()
+    half = len(text) // 2
+    h = {**auth(), "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    r = httpx.post(server.url + "/v1/jobs/jobG/batches", headers=h,
+                   content=gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    assert r.status_code == 200, r.text
+    for content, said in [(gzip.compress(text) + b"GARBAGE", "7 byte(s) after the gzip stream"),
+                          (gzip.compress(text)[:-12], "cut short")]:
+        r = httpx.post(server.url + "/v1/jobs/jobG/batches", headers=h, content=content)
+        assert r.status_code == 400 and said in r.json()["detail"], r.text
 
 
 def test_a_verdict_reads_the_most_recent_iterations_and_keeps_the_rest(server):
@@ -494,6 +506,7 @@ def test_fuzz_from_openapi_never_5xx(server):
 
     check()
     assert httpx.get(server.url + "/healthz").status_code == 200
+    assert httpx.head(server.url + "/healthz").status_code == 200  # a load balancer's probe
 
 
 def test_token_constant_is_used():

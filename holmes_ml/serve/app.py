@@ -303,6 +303,27 @@ class _UniqueKeysRoute(APIRoute):
         return route
 
 
+def _gunzip(data: bytes, limit: int) -> tuple[bytes, str | None]:
+    """A gzip body inflated, member after member (RFC 1952 allows several, and ``cat a.gz
+    b.gz`` makes them), and what is wrong with it, if anything: more than ``limit`` bytes once
+    inflated, a stream cut short, or bytes after it that are no gzip member."""
+    out: list[bytes] = []
+    total = 0
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        part = inflater.decompress(data, limit + 1 - total)
+        total += len(part)
+        if total > limit or inflater.unconsumed_tail:
+            return b"", f"more than {limit} bytes once decompressed"
+        if not inflater.eof:
+            return b"", "the gzip stream is cut short (truncated upload?)"
+        out.append(part)
+        data = inflater.unused_data
+        if data and data[:2] != b"\x1f\x8b":
+            return b"", f"{len(data)} byte(s) after the gzip stream that are no gzip member"
+    return b"".join(out), None
+
+
 UNAUTHORIZED = "Authorization: expected 'Bearer <token>' with the service token"
 
 
@@ -360,14 +381,13 @@ class BodyLimit:
         encoding = headers.get(b"content-encoding", b"identity").lower()
         if encoding == b"gzip":
             try:
-                inflater = zlib.decompressobj(wbits=31)
-                body = inflater.decompress(body, self.limit + 1)
-                if len(body) > self.limit or inflater.unconsumed_tail:
-                    await self._refuse(send, 413, f"request body: more than {self.limit} bytes "
-                                       "once decompressed")
-                    return
+                body, problem = _gunzip(body, self.limit)
             except zlib.error as exc:
                 await self._refuse(send, 400, f"request body: not valid gzip ({exc})")
+                return
+            if problem is not None:
+                await self._refuse(send, 413 if problem.startswith("more") else 400,
+                                   f"request body: {problem}")
                 return
             scope = dict(scope)
             scope["headers"] = [
@@ -737,7 +757,7 @@ def create_app(
                       last_ingest_at=j["last_ingest_at"], records=j["records"],
                       batches=j["batches"], mode=j["mode"], top=top)
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])  # HEAD: what load balancers send
     def healthz() -> dict:
         """Liveness and a few counters."""
         return {"status": "ok", "jobs": len(store.jobs()),
