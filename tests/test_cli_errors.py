@@ -295,3 +295,24 @@ def test_a_topology_lacking_ranks_of_the_logs_is_named_by_its_file(tmp_path):
                                                     "--topology", str(top)]))
     assert line.startswith(f"error: {top}: the logs have 8 rank(s) the topology does not "
                            "place"), line
+
+
+def test_demo_says_how_its_first_suspect_compares_with_the_injected_fault():
+    # it compared ranks only: another device on the fault's ranks (the link above a slow NIC)
+    # read as "matches", a tie holding the fault as a miss or a hit alike
+    from types import SimpleNamespace
+
+    from holmes_ml.cli.demo import _match_line
+
+    truth = {"devices": ["nic:node004/6"], "ranks": [38]}
+
+    def top(device, ranks=(38,), tied=()):
+        return SimpleNamespace(device=device, ranks=ranks, tied_with=tied)
+
+    assert "matches the injected fault" in _match_line(top("nic:node004/6"), truth)
+    assert "among the devices tied" in _match_line(
+        top("link:leaf-p1-r6~spine-0", tied=("nic:node004/6",)), truth)
+    line = _match_line(top("link:leaf-p1-r6~spine-0", ranks=(38, 46)), truth)
+    assert "is on the injected fault's ranks, but is not its device (nic:node004/6)" in line
+    assert "does not match" in _match_line(top("gpu:node000/1", ranks=(1,)), truth)
+    assert "no device blamed" in _match_line(None, truth)

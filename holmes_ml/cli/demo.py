@@ -99,14 +99,26 @@ def register(app: typer.Typer) -> None:
                     "flows; the logs cannot tell them apart (their order carries no information)")
             console.print(f"[yellow]tied[/yellow]: suspect #1 and {', '.join(top.tied_with)} "
                           f"{what}, so check each")
-        hit = top is not None and set(top.ranks) & set(truth[0]["ranks"])
         console.print(irregular_line(verdict.to_dict()))
-        console.print(
-            "[bold green]top suspect matches the injected fault"
-            if hit
-            else "[bold red]top suspect does not match the injected fault"
-        )
+        console.print(_match_line(top, truth[0]))
         console.print(f"verdict JSON: {out / 'verdict.json'}")
+
+
+def _match_line(top, truth: dict) -> str:
+    """How the first suspect compares with the injected fault: the device itself, one it is
+    tied with, another device on the fault's ranks, or none of them."""
+    injected = set(truth["devices"])
+    if top is None:
+        return "[bold red]no device blamed: the injected fault is not found"
+    if top.device in injected:
+        return "[bold green]top suspect matches the injected fault"
+    if injected & set(top.tied_with):
+        return ("[bold yellow]the injected fault is among the devices tied with the top "
+                "suspect (the logs cannot order them)")
+    if set(top.ranks) & set(truth["ranks"]):
+        return (f"[bold yellow]top suspect {top.device} is on the injected fault's ranks, "
+                f"but is not its device ({', '.join(sorted(injected))})")
+    return "[bold red]top suspect does not match the injected fault"
 
 
 def _short(values: list) -> str:
