@@ -42,6 +42,11 @@ def test_raw_ingest_query_and_metrics(server):
     m = c.get("/metrics").text
     assert f'holmes_ingest_records_total{{mode="raw"}} {float(len(ops))}' in m
     assert 'holmes_job_top_candidate_score{device="gpu:rank5",job="jobA",kind="gpu"}' in m
+    # a batch without a row is refused (it made a job of no rank)
+    empty = raw_body(ops.iloc[:0], "empty", seq=None)
+    r = c.post("/v1/jobs/jobEmpty/raw", json=empty)
+    assert r.status_code == 422 and r.json()["field"] == "columns", r.text
+    assert "no operator rows" in r.json()["detail"]
     # a resend is idempotent: same answer, nothing stored twice
     r = c.post("/v1/jobs/jobA/raw", json=raw_body(ops.iloc[:half], "b0", seq=0))
     assert r.status_code == 200 and r.json()["duplicate"]

@@ -318,6 +318,10 @@ def test_a_topology_set_after_a_verdict_makes_it_stale(tmp_path):
         second = c.post("/v1/jobs/j/analyze", headers=auth()).json()
         assert second["version"] == 2 and not second["stale"]
         assert c.post("/v1/jobs/j/analyze", headers=auth()).json()["version"] == 2
+        # a refused topology names the key at fault (it always said "ranks")
+        bad = dict(topology, groups=[{"name": "dp-0", "kind": "dp", "ranks": [0, 7]}])
+        r = c.put("/v1/jobs/j/topology", json=bad, headers=auth())
+        assert r.status_code == 422 and r.json()["field"] == "groups[0].ranks", r.text
 
 
 def test_a_version_1_database_is_converted_on_opening(tmp_path, monkeypatch, caplog):

@@ -816,6 +816,9 @@ def create_app(
                      digest: str) -> dict:
         import pyarrow as pa
 
+        if len(df) == 0:  # stored, it made a job of no rank ("the logs hold one rank")
+            raise StoreError(f"batch {batch_id!r}: no operator rows; expected at least one",
+                             field="columns", status=422)
         try:
             df = validate(df, source=f"batch {batch_id!r}")
         except SchemaError as exc:
@@ -879,7 +882,10 @@ def create_app(
             if len({len(v) for v in data["ranks"].values()}) > 1:
                 raise ValueError("body.ranks: columns of unequal length")
         except (ValueError, TypeError) as exc:
-            raise StoreError(str(exc), field="ranks", status=422) from exc
+            # the key a SchemaError names (groups[28].name, ranks.gpu[3]), not always "ranks"
+            field = (getattr(exc, "parameter", None) or getattr(exc, "column", None)
+                     or "ranks")
+            raise StoreError(str(exc), field=str(field), status=422) from exc
         store.set_topology(job, data)
         return {"job": job, "ranks": len(next(iter(data["ranks"].values()), []))}
 
