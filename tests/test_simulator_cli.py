@@ -102,8 +102,11 @@ def test_a_calibration_log_is_checked_as_localize_checks_it(tmp_path) -> None:
     cut = tmp_path / "cut.csv"
     rows.to_csv(cut, index=False)
     cut.write_text(cut.read_text()[:-12])
+    (tmp_path / "notes").write_text("hello world\n")  # no --format to name: not suggested
     for path, needle in ((tmp_path / "badop.csv", "line 3: unknown op type (got 'allreduce_v2'"),
-                         (cut, "line 4: has 4 of the header's 8 fields")):
+                         (cut, "line 4: has 4 of the header's 8 fields"),
+                         (tmp_path / "notes", "cannot tell the format of this file (expected a "
+                          "log of a format holmes reads, told by its content or name")):
         result = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--iterations", "3",
                                           "--calibrate-from", str(path), "--out",
                                           str(tmp_path / "sim"), "--no-progress"])

@@ -143,5 +143,14 @@ def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
     if not p.exists():
         raise ValueError(f"calibrate_from: {str(p)!r} does not exist; expected a CommOps log path")
-    frame = read_ops(p)
+    from holmes_ml.io.readers import UnknownFormatError
+
+    try:
+        frame = read_ops(p)
+    except UnknownFormatError as exc:
+        # the reader's hint (--format) is no option of the simulator's
+        raise UnknownFormatError(exc.message, source=exc.source, value=exc.value,
+                                 expected="a log of a format holmes reads, told by its content "
+                                 "or name (.csv, .jsonl, .parquet, a Kineto .json trace, ...)"
+                                 ) from None
     return fit_calibration(frame, source=str(p))
