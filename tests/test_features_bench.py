@@ -52,3 +52,19 @@ def test_cli_refuses_a_model_file_that_is_not_an_envelope(tmp_path):
     assert result.exit_code != 0
     assert "not-a-model.holmes" in result.output, result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_an_option_the_named_benchmark_would_ignore(tmp_path):
+    # bench simulator --localizer ran and exited 0, as if the localizer had been benchmarked
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    for args, said in [(["simulator", "--localizer", "os:getcwd"],
+                        "--localizer does not apply to bench simulator; it applies to localize"),
+                       (["features", "--keep-cores-awake"],
+                        "--keep-cores-awake does not apply to bench features")]:
+        result = CliRunner().invoke(app, ["bench", *args, "--quick", "--out",
+                                          str(tmp_path / "out")], env={"COLUMNS": "400"})
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "out").exists()

@@ -16,6 +16,13 @@ from holmes_ml.bench.record import write_result
 from holmes_ml.cli._checks import check_writable
 
 
+def _accepts(name: str, param: str) -> bool:
+    """Whether benchmark ``name``'s run function takes the keyword ``param``."""
+    module, _, func = BENCHMARKS[name].partition(":")
+    run = getattr(importlib.import_module(module), func)
+    return param in inspect.signature(run).parameters
+
+
 def _run_one(
     name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None,
     awake: bool = False,
@@ -106,6 +113,17 @@ def register(app: typer.Typer) -> None:
                 f"unknown benchmark {unknown[0]!r}; expected one of {', '.join(BENCHMARKS)} or 'all'",
                 param_hint="NAME",
             )
+        for given, option, param in ((localizer, "--localizer", "localizers"),
+                                     (model is not None, "--model", "model"),
+                                     (keep_cores_awake, "--keep-cores-awake",
+                                      "keep_cores_awake")):
+            if not given:
+                continue
+            users = [n for n in BENCHMARKS if _accepts(n, param)]
+            if not any(n in users for n in names):
+                # it would be ignored without a word, and the figures read as if it was used
+                raise typer.BadParameter(f"{option} does not apply to bench {name}; it applies "
+                                         f"to {', '.join(users)}", param_hint=option)
         check_writable(out, "--out", directory=True)
         reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake)
                    for n in names]
