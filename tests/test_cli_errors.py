@@ -243,7 +243,7 @@ def test_demo_refuses_an_empty_job_and_gives_one_host_a_fault_it_can_show(tmp_pa
      "error: Invalid value for '--top-k': Input should be greater than or equal to 1 (see "
      "'holmes localize -h')"),
     (["simulate", "--gpus", "12", "--out", "never-written"],
-     "error: Invalid value: SimConfig.gpus: got 12; expected a multiple of 8"),
+     "error: Invalid value: --gpus: got 12; expected a multiple of 8"),  # the option typed
     (["localize", "x", "--bogus"], "error: No such option: --bogus (see 'holmes localize -h')"),
 ])
 def test_a_usage_error_is_one_line_from_the_console_script(args, expected):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,18 @@ TRUST_PICKLE_HELP = (
     "Unpickling runs code stored in the file: only for dumps you produced yourself; without "
     "this, such a dump is refused naming it."
 )
+
+
+def as_options(message: str, fields: dict[str, str]) -> str:
+    """``message`` of a configuration class with its field names (``SimConfig.gpus: ...``,
+    ``compute_s=-1: ...``) replaced by the options the user typed (``--gpus``,
+    ``--compute-s -1``): ``fields`` maps field to option."""
+    for field_name, option in fields.items():
+        m = re.match(rf"(\w+Config\.)?{field_name}(=|: )", message)
+        if m is not None:
+            said = f"{option} " if m.group(2) == "=" else f"{option}: "
+            return said + message[m.end():]
+    return message
 
 
 def check_seed(seed: int) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_writable
+from holmes_ml.cli._checks import as_options, check_writable
 from holmes_ml.drill.runner import FAULTS
 
 
@@ -55,7 +55,10 @@ def register(app: typer.Typer) -> None:
                               iterations=iterations, compute_s=compute_s, out=str(out),
                               timeout_s=timeout)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+            raise typer.BadParameter(as_options(str(exc), {
+                "compute_s": "--compute-s", "timeout_s": "--timeout", "ranks": "--ranks",
+                "rank": "--rank", "fault": "--fault", "iterations": "--iterations",
+                "tp": "--tp", "pp": "--pp", "dp": "--dp"})) from exc
         check_writable(out, "--out", directory=True)
         try:
             res = run_drill(cfg)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import check_seed, check_writable
+from holmes_ml.cli._checks import as_options, check_seed, check_writable
 
 _EPILOG = (
     "Examples:\n\n"
@@ -137,7 +137,11 @@ def register(app: typer.Typer) -> None:
                 calibrate_from=calibrate_from,
             )
         except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+            raise typer.BadParameter(as_options(str(exc), {
+                f: "--" + f.replace("_", "-") for f in (
+                    "gpus", "model", "tp", "pp", "dp", "ep", "cp", "dp_replicate", "iterations",
+                    "microbatches", "jitter", "drift", "comm_drift", "stage_weights",
+                    "seq_imbalance", "seed")})) from exc
         show = progress and console.is_terminal
         est_rows = _estimate_rows(cfg)
         if est_rows > STREAM_ROWS:
