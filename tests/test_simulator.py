@@ -319,3 +319,17 @@ def test_a_nic_fault_that_no_traffic_crosses_is_said(caplog) -> None:
                                  faults=(FaultSpec.parse("nic_slow:rank=3,severity=2"),)))
     assert "fault 0 (nic_slow on nic:node000/3) crosses no traffic of this job" in caplog.text
     assert not res.ops["abnormal"].any()
+
+
+@pytest.mark.parametrize("seed", [3001, 3003, 3005])
+def test_an_unpinned_link_fault_finds_a_link_that_traffic_crosses(seed) -> None:
+    # the drawn rank talked between hosts below one leaf only: 4 of 7 seeds were refused with
+    # "the job fits in 4 pod(s)", a job that spans pods
+    res = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=1, iterations=10, seed=seed,
+                             faults=(FaultSpec.parse("link_slow:severity=2,start=5"),)))
+    (fault,) = res.faults
+    assert fault.links and fault.links[0].startswith("link:leaf-")
+    assert res.ops["abnormal"].any()
+    with pytest.raises(ValueError, match="no traffic of any rank crosses a leaf-spine link"):
+        simulate(SimConfig(gpus=8, iterations=4, seed=seed,
+                           faults=(FaultSpec.parse("link_slow:severity=2"),)))

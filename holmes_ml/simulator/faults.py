@@ -50,6 +50,22 @@ def _pick_rank(cluster: Cluster, rng: np.random.Generator, inter_only: bool) -> 
     return int(rng.integers(cluster.world))
 
 
+def _uplinks(cluster: Cluster, rank: int) -> set[str]:
+    """Leaf-spine links above ``rank``'s leaf that its groups' traffic crosses."""
+    topo = cluster.topology
+    leaf = topo.leaf_of(rank)
+    if leaf is None:  # no fabric known
+        return set()
+    prefix = f"link:{leaf.split(':', 1)[1]}~"
+    used: set[str] = set()
+    for fam in cluster.families.values():
+        for j in _instances_with(fam, np.asarray([rank])):
+            if fam.inter.reshape(-1)[j]:
+                used.update(d for d in topo.collective_devices(fam.members[j].tolist())
+                            if d.startswith(prefix))
+    return used
+
+
 def _instances_with(fam: Family, ranks: np.ndarray) -> np.ndarray:
     """Flat indices of the family's groups that contain any of ``ranks``."""
     return np.flatnonzero(np.isin(fam.members, ranks).any(axis=1))
@@ -169,23 +185,23 @@ def resolve_faults(
                 if kind == "switch_congested":
                     device = leaf
                 else:
-                    # Links actually used by the anchor's groups, so the fault has an effect.
-                    used: set[str] = set()
-                    for fam in cluster.families.values():
-                        for j in _instances_with(fam, np.asarray([anchor])):
-                            if fam.inter.reshape(-1)[j]:
-                                used.update(
-                                    d
-                                    for d in topo.collective_devices(fam.members[j].tolist())
-                                    if d.startswith(f"link:{leaf.split(':', 1)[1]}~")  # type: ignore[union-attr]
-                                )
+                    # Links actually used by the anchor's groups, so the fault has an effect;
+                    # a drawn anchor whose traffic stays below its leaf gives way to another
+                    # drawn rank whose traffic does not (a pinned rank does not)
+                    used = _uplinks(cluster, anchor)
+                    if not used and not spec.ranks:
+                        for other in rng.permutation(cluster.world):
+                            used = _uplinks(cluster, int(other))
+                            if used:
+                                anchor = int(other)
+                                break
                     if not used:
+                        who = f"rank {anchor}" if spec.ranks else "any rank"
                         raise ValueError(
-                            f"faults[{i}] link_slow: no traffic of rank {anchor} crosses a "
-                            "leaf-spine link (the job fits in "
-                            f"{len(set(cluster.pod_idx))} pod(s)); "
-                            "expected a job spanning pods: more GPUs, smaller hosts_per_pod, or an "
-                            "explicit device=link:..."
+                            f"faults[{i}] link_slow: no traffic of {who} crosses a leaf-spine "
+                            "link (every collective of the job stays below one leaf switch); "
+                            "expected a job whose groups span leaves: more GPUs, smaller "
+                            "hosts_per_pod, or an explicit device=link:..."
                         )
                     device = sorted(used)[int(rng.integers(len(used)))]
             assert device is not None
