@@ -250,9 +250,9 @@ def _draw_compute(plt, verdict: Verdict, compute: pd.DataFrame, basis: str, path
                  fontsize=10)
     fig.colorbar(im, ax=ax)
     # the columns are the logged iterations in order (their numbers need not be contiguous)
-    at = np.unique(np.linspace(0, rel.shape[1] - 1, min(rel.shape[1], 8)).round().astype(int))
+    at = _round_ticks(rel.columns.to_numpy(), 8)
     ax.set_xticks(at, [str(rel.columns[i]) for i in at])
-    at = np.unique(np.linspace(0, rel.shape[0] - 1, min(rel.shape[0], 16)).round().astype(int))
+    at = _round_ticks(rel.index.to_numpy(), 16)
     ax.set_yticks(at, [str(rel.index[i]) for i in at])
     rows = {r: i for i, r in enumerate(rel.index)}
     for w in verdict.workload_findings:
