@@ -728,3 +728,22 @@ def test_the_gpu_an_agent_places_its_rank_on_names_the_device(tmp_path):
         srv.stop()
     assert v["candidates"] and v["candidates"][0]["ranks"] == [5], json.dumps(v)[:1500]
     assert v["candidates"][0]["device"] == f"gpu:{hosts[5]}/2", v
+
+
+def test_a_database_file_removed_under_the_service_is_a_503_not_a_silent_loss(tmp_path):
+    # the open connection went on acknowledging batches that were gone at the next start
+    srv = start_server(tmp_path)
+    try:
+        c = httpx.Client(base_url=srv.url, headers=auth(), timeout=30)
+        assert c.post("/v1/jobs/jobRm/batches",
+                      json=_agent_batch("n1", 0, [0, 1], "h1", [0, 1])).status_code == 200
+        for suffix in ("", "-wal", "-shm"):
+            p = srv.db.with_name(srv.db.name + suffix)
+            if p.exists():
+                p.unlink()
+        r = c.post("/v1/jobs/jobRm/batches", json=_agent_batch("n1", 1, [0, 1], "h1", [0, 1],
+                                                               iteration=1))
+        assert r.status_code == 503 and r.json()["field"] == "store", r.text
+        assert "was removed or replaced while the service ran" in r.json()["detail"]
+    finally:
+        srv.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -358,6 +359,7 @@ class Store:
         self._db = connect_sqlite(self.path, "a holmes serve database", "batches", "--db",
                                   check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
+        self._inode = None if self.path == ":memory:" else os.stat(self.path).st_ino
         if not self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             # Only settable in a new file, before WAL mode and the first table: lets _reclaim
             # give the pages that pruning and deleting free back to the file system (an older
@@ -457,6 +459,7 @@ class Store:
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            self._check_file()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -465,6 +468,20 @@ class Store:
                 raise
             else:
                 self._db.execute("COMMIT")
+
+    def _check_file(self) -> None:
+        """Refuse to write into a database file removed (or replaced) under the service: the
+        open connection would go on acknowledging batches that are gone at the next start."""
+        if self._inode is None:
+            return
+        try:
+            same = os.stat(self.path).st_ino == self._inode
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise sqlite3.OperationalError(
+                f"the database file {self.path} was removed or replaced while the service ran; "
+                "what is written now would be lost at the next start: restart holmes serve")
 
     # ------------------------------------------------------------------ batch bookkeeping
     def _check_batch(
