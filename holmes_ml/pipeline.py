@@ -674,16 +674,16 @@ def localize_summaries(
         ranks=float(s.iterations["rank"].nunique()),
         iterations=float(s.iterations["iteration"].nunique()),
     )
-    return replace(verdict, silent_ranks=_silent_ranks(s, topology))
+    return replace(verdict, silent_ranks=_silent_ranks(s, topo, topology is not None))
 
 
-def _silent_ranks(s: NodeSummary, topology: Topology | None) -> tuple[int, ...]:
-    """Ranks that the logged member lists (or the topology) name and that logged nothing."""
-    named: set[int] = set()
-    for members in s.groups["group_ranks"].unique() if "group_ranks" in s.groups else ():
-        named.update(member_ranks(members))
-    if topology is not None:
-        named.update(int(r) for r in topology.ranks["rank"])
+def _silent_ranks(s: NodeSummary, topo: Topology, given: bool) -> tuple[int, ...]:
+    """Ranks that the communicators' members (as ``topo`` has them parsed, from the logged
+    member lists or the topology) or a ``given`` topology's placement name, and that logged
+    nothing."""
+    named = {int(r) for g in topo.groups.values() for r in g.ranks}
+    if given:
+        named.update(int(r) for r in topo.ranks["rank"])
     return tuple(sorted(named - {int(r) for r in s.iterations["rank"].unique()}))
 
 

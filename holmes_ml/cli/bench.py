@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -16,19 +18,22 @@ from holmes_ml.bench.record import write_result
 from holmes_ml.cli._checks import check_writable
 
 
+def _runner(name: str) -> Callable[..., Any]:
+    """Benchmark ``name``'s run function."""
+    module, _, func = BENCHMARKS[name].partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def _accepts(name: str, param: str) -> bool:
     """Whether benchmark ``name``'s run function takes the keyword ``param``."""
-    module, _, func = BENCHMARKS[name].partition(":")
-    run = getattr(importlib.import_module(module), func)
-    return param in inspect.signature(run).parameters
+    return param in inspect.signature(_runner(name)).parameters
 
 
 def _run_one(
     name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None,
     awake: bool = False,
 ) -> str:
-    module, _, func = BENCHMARKS[name].partition(":")
-    run = getattr(importlib.import_module(module), func)
+    run = _runner(name)
     kwargs: dict = {"quick": quick}
     params = inspect.signature(run).parameters
     if "out_dir" in params:

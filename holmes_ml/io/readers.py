@@ -104,7 +104,7 @@ def detect_format(path: str | Path) -> str:
         # named as a log is refused even in a directory (where other unknown files are skipped)
         error = SchemaError if name.endswith((".csv", ".jsonl", ".ndjson")) else \
             UnknownFormatError
-        raise error("UTF-16 text", source=str(p),
+        raise error(_UTF16, source=str(p),
                     expected="UTF-8 text (save the file as UTF-8) or Parquet")
     text = head.decode("utf-8-sig", errors="replace").lstrip()
     if text.startswith("{"):
@@ -142,6 +142,9 @@ def _first_array_record(text: str) -> str:
     """The text of the first record of a JSON array of flat objects (``""`` if it has none)."""
     body = text.lstrip()[1:].lstrip()
     return body[:body.find("}") + 1] if body.startswith("{") else ""
+
+
+_UTF16 = "UTF-16 text"
 
 
 def _looks_utf16(head: bytes) -> bool:
@@ -743,7 +746,7 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
                 # refused naming the column)
                 del kinds[f.path]
                 raise UnknownFormatError("not a CommOps table")
-        except UnknownFormatError:
+        except UnknownFormatError as exc:
             if f.container is None:
                 raise
             skipped.setdefault(f.container, []).append(f.path.name)
@@ -751,10 +754,10 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
                 logger.info("%s: a topology, not a log", _display(str(f.path), shown))
                 continue
             empty = f.path.is_file() and f.path.stat().st_size == 0
+            # (detect_format said why: no need to read the file again)
             logger.warning("%s: %s, skipped", _display(str(f.path), shown),
                            "an empty file" if empty else "UTF-16 text, not UTF-8"
-                           if _looks_utf16(head_bytes(f.path, 64)) else
-                           "not a log of a known format")
+                           if exc.message == _UTF16 else "not a log of a known format")
     for container, names in skipped.items():
         if not any(f.container == container and f.path in kinds for f in files):
             raise UnknownFormatError(

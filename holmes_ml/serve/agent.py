@@ -320,10 +320,11 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         try:
             return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
         except ValueError as exc:
-            # pandas says "position 228" of this chunk; the user needs the line of the file
-            if not _bad_json_line(data, first_line):
+            # lines that are no JSON object are skipped, each named by its line of the file
+            records = _json_lines_skipping_torn(path, data, first_line)
+            if records is None:  # every line is one: pandas' own reason stands
                 raise ValueError(str(exc)) from exc
-            return _json_lines_skipping_torn(path, data, first_line)
+            return records
     if state.header is None:
         first, _, data = data.partition(b"\n")
         state.header = first.decode().strip().split(",")
@@ -337,10 +338,12 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
 _MAX_CHUNK = 64 << 20
 
 
-def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int) -> pd.DataFrame:
+def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int
+                              ) -> pd.DataFrame | None:
     """The records of complete JSON lines ``data``, the lines that are no JSON object (a
     record torn when its writer died, then the restarted writer's lines after it) skipped
-    with a warning naming each: left in, the file would stay unread from that line on."""
+    with a warning naming each: left in, the file would stay unread from that line on.
+    ``None`` when every line is a JSON object."""
     records, torn = [], []
     for number, line in enumerate(data.split(b"\n"), first_line):
         if not line.strip():
@@ -353,29 +356,12 @@ def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int) -> pd.Da
             records.append(record)
         else:
             torn.append(number)
+    if not torn:
+        return None
     logger.warning("agent: %s: %d line(s) that are no JSON object skipped (line %s): torn "
                    "when a writer died?", path, len(torn), ", ".join(map(str, torn[:5]))
                    + (" ..." if len(torn) > 5 else ""))
     return pd.DataFrame.from_records(records)
-
-
-def _bad_json_line(data: bytes, first_line: int) -> str:
-    """Where and why ``data`` (complete lines, the first being line ``first_line``) is not
-    JSON lines; ``""`` when every line parses on its own."""
-    for number, line in enumerate(data.split(b"\n"), first_line):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            return (f"line {number}, column {exc.colno}: malformed JSON ({exc.msg}); expected "
-                    "one JSON object per line")
-        except ValueError as exc:  # not UTF-8
-            return f"line {number}: {exc}; expected one JSON object per line"
-        if not isinstance(record, dict):
-            return (f"line {number}: a JSON {type(record).__name__}; expected one JSON object "
-                    "per line")
-    return ""
 
 
 def _describe(exc: BaseException) -> str:
