@@ -228,3 +228,57 @@ def test_a_rank_whose_log_appears_later_gets_its_own_gpu(tmp_path):
     agent.close()
     assert sorted(places) == list(range(8))
     assert len(set(places.values())) == 8, places
+
+
+def test_a_job_deleted_under_a_running_agent_gets_its_hosts_and_groups_again(tmp_path):
+    """The agent sends a rank's host and a communicator's members once; after ``DELETE`` the
+    job begun again by its next batch knew neither (verdicts without hosts). The ack names
+    what the job lacks and the agent sends it again, each rank on the GPU it was given, and
+    the topology it was given."""
+    from holmes_ml.io import without_labels
+    from holmes_ml.serve.store import Store
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    sim = simulate(SimConfig(gpus=16, iterations=30, seed=4, faults=tuple(
+        FaultSpec.parse(f"gpu_slow:rank=5,severity=1,start={s},end={s + 3}") for s in (4, 24))))
+    ops = without_labels(sim.ops)
+    host = sim.topology.host_of(5)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=10)
+    srv = start_server(tmp_path, pipeline=True)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="again", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+
+    def candidates() -> list[dict]:
+        v = httpx.post(srv.url + "/v1/jobs/again/analyze", headers=auth(), timeout=60).json()
+        assert v["error"] is None, v
+        return v["candidates"]
+
+    try:
+        agent = Agent(cfg, summarize=fallback_summarize)
+        agent.attach_topology(sim.topology.to_dict())
+        agent.step()
+        assert candidates()[0]["hosts"] == [host]
+        assert httpx.delete(srv.url + "/v1/jobs/again", headers=auth()).status_code == 200
+        _write_logs(logs, ops, upto=20)
+        agent.step()  # begins the job again without them; its ack says so
+        assert agent.stats.batches_sent == 2
+        assert not any(c["hosts"] for c in candidates())  # no member lists, no hosts
+        _write_logs(logs, ops, upto=30)
+        agent.step()
+        assert agent.stats.batches_sent == 3 and agent.stats.batches_rejected == 0
+        back = candidates()[0]
+        assert back["ranks"] == [5] and back["hosts"] == [host]
+        agent.close()
+    finally:
+        srv.stop()
+    store = Store(srv.db)
+    try:
+        placed = store._query("SELECT rank, host, gpu FROM ranks WHERE job='again'")
+        per_host = sim.topology.gpus_per_host
+        assert sorted(placed) == [(r, sim.topology.host_of(r), r % per_host) for r in range(16)]
+        assert {g for (g,) in store._query("SELECT name FROM groups WHERE job='again'")} == set(
+            ops["group"])
+        assert store.topology("again") == sim.topology.to_dict()
+    finally:
+        store.close()

@@ -30,7 +30,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -205,6 +205,20 @@ class Outbox:
 
     def sent_ranks(self) -> set[int]:
         return {int(r[0]) for r in self.db.execute("SELECT rank FROM sent_ranks")}
+
+    def forget_sent(self, ranks: Sequence[int], groups: Sequence[str] | None) -> None:
+        """Send ``ranks``' placement and ``groups`` (None: every communicator) again with the
+        next batch: the service says its job does not know them."""
+        self.db.executemany("DELETE FROM sent_ranks WHERE rank=?", [(int(r),) for r in ranks])
+        if groups is None:
+            self.db.execute("DELETE FROM sent_groups")
+        else:
+            self.db.executemany("DELETE FROM sent_groups WHERE name=?", [(g,) for g in groups])
+
+    def placed(self) -> dict[int, tuple[str, int]]:
+        """Per rank, the host and GPU index this outbox sent for it."""
+        return {int(r): (str(h), int(g)) for r, h, g in
+                self.db.execute("SELECT rank, host, gpu FROM placed")}
 
     def next_gpus(self) -> dict[str, int]:
         """Per host, the first GPU index not yet given to a rank this outbox sent: a rank
@@ -425,6 +439,7 @@ class Agent:
         self._backoff = self.config.backoff_s
         self._client: Any = None
         self._topology: dict | None = None
+        self._topology_sent: dict | None = None  # sent again if the job loses it
         #: the service's answer when it refused the attached topology
         self.topology_refused: str | None = None
         #: the service's answer when it refused the token (401/403) at the last attempt:
@@ -831,10 +846,21 @@ class Agent:
                 hosts = sub.groupby("rank")["host"].first().astype(str)
             else:
                 hosts = pd.Series(dtype=str)
-            host = [hosts.get(r, "") or socket.gethostname() for r in seen]
+            # a rank sent again (the service lost it) keeps the place it was given; a new
+            # one takes its host's next GPU index
+            placed = self.outbox.placed()
             first = self.outbox.next_gpus()
-            gpu = [first.get(h, 0) + int(k)
-                   for h, k in zip(host, pd.Series(host).groupby(host).cumcount(), strict=True)]
+            host: list[str] = []
+            gpu: list[int] = []
+            for r in seen:
+                if r in placed:
+                    h, g = placed[r]
+                else:
+                    h = hosts.get(r, "") or socket.gethostname()
+                    g = first.get(h, 0)
+                    first[h] = g + 1
+                host.append(h)
+                gpu.append(g)
             batch["ranks"] = {"rank": seen, "host": host, "gpu": gpu}
             for c in ("dp", "pp", "tp", "cp", "ep"):
                 if c in sub.columns:
@@ -885,12 +911,32 @@ class Agent:
                 self.stats.batches_rejected += 1
                 continue
             self.outbox.mark(seq, "acked")
+            self._resend_facts(r)
             self.last_error = None
             self.stats.sent_bytes += len(body)
             self.stats.batches_sent += 1
             acked += 1
             self._backoff = self.config.backoff_s
         return acked
+
+    def _resend_facts(self, r: Any) -> None:
+        """Queue the ranks' placement and the communicators again (and PUT the topology again)
+        when acknowledgement ``r`` says the job lacks them: it was deleted under the agent, or
+        the batch that carried them was refused."""
+        try:
+            ack = r.json()
+            ranks = [int(x) for x in ack.get("unknown_ranks") or ()]
+            groups = [str(x) for x in ack.get("unknown_groups") or ()]
+        except (ValueError, TypeError, AttributeError):
+            return  # an older service: it does not say
+        if not ranks and not groups:
+            return
+        logger.warning("job %r of the service does not know %d of this agent's ranks and %d "
+                       "of its communicators (deleted and begun again?): sending them again "
+                       "with the next batch", self.config.job, len(ranks), len(groups))
+        self.outbox.forget_sent(ranks, None if ranks else groups)
+        if ranks and self._topology_sent is not None:
+            self._topology = self._topology_sent
 
     def _timeout(self) -> float:
         # Under a --once deadline a request to a black-holed service must not outlast it.
@@ -916,6 +962,8 @@ class Agent:
             logger.error("topology refused by the service (HTTP %s): %s", r.status_code,
                          r.text[:500])
             self.topology_refused = r.text[:500]
+        else:
+            self._topology_sent = self._topology
         self._topology = None
         self.last_error = None
         return True

@@ -264,6 +264,10 @@ class Ack(BaseModel):
     seq: int | None
     records: int
     duplicate: bool = False
+    #: (agent batches) ranks of the batch whose host the job does not know, communicators of
+    #: its abnormal operators whose members it does not know: the agent sends them again
+    unknown_ranks: list[int] = []
+    unknown_groups: list[str] = []
 
 
 class JobDeleted(BaseModel):

@@ -583,61 +583,92 @@ class Store:
     def ingest_agent(self, job: str, batch: dict[str, Any], digest: str) -> dict:
         """Store one agent batch (a dumped :class:`~holmes_ml.serve.schemas.AgentBatch`).
 
-        Returns the acknowledgement; raises :class:`ConflictError` for conflicts.
+        Returns the acknowledgement, with the ranks and communicators the batch names that the
+        job does not know (:meth:`_unknown`); raises :class:`ConflictError` for conflicts.
         """
-        source, batch_id, seq = batch["source"], batch["batch_id"], batch["seq"]
+        ranks: set[int] = set()
+        for part in ("ranks", "iterations", "abnormal"):
+            if batch.get(part):
+                ranks.update(int(r) for r in batch[part]["rank"])
+        groups = {str(g) for g in (batch.get("abnormal") or {}).get("group") or ()}
         with self._tx() as db:
-            dup = self._check_batch(db, job, source, batch_id, seq, digest, "agent")
-            if dup is not None:
-                return dup
-            ranks: set[int] = set()
-            for part in ("ranks", "iterations", "abnormal"):
-                if batch.get(part):
-                    ranks.update(int(r) for r in batch[part]["rank"])
-            # rows are keyed by rank and iteration: a second agent following the same logs
-            # (a shared directory) would overwrite the first one's
-            self._settle(db, job, source, batch_id, "ranks", {str(r): source for r in ranks})
-            if batch.get("ranks"):  # an agent sending a rank again puts it on the same host
-                self._settle(db, job, source, batch_id, "host",
-                             {str(r): str(h) for r, h in zip(batch["ranks"]["rank"],
-                                                             batch["ranks"]["host"], strict=True)},
-                             field="ranks.host")
-            # agents send a communicator each as far as they saw it: the member lists add up
-            # (_members), its kind must be the same
-            self._settle(db, job, source, batch_id, "group_kind",
-                         {str(g["name"]): str(g["kind"]) for g in batch.get("groups") or ()},
-                         field="groups.kind")
-            n = 0
-            newest = None
-            if batch.get("ranks"):
-                r = batch["ranks"]
-                k = len(r["rank"])
-                coords = [r.get(c) or [-1] * k for c in COORDS]
-                db.executemany(
-                    "INSERT OR REPLACE INTO ranks VALUES (?,?,?,?,?,?,?,?,?)",
-                    [(job, *row) for row in zip(r["rank"], r["host"], r["gpu"], *coords,
-                                                strict=True)],
-                )
-            for g in batch.get("groups") or ():
-                db.execute(
-                    "INSERT OR REPLACE INTO groups VALUES (?,?,?,?)",
-                    (job, g["name"], g["kind"], self._members(db, job, g)),
-                )
-            it = batch.get("iterations")
-            replaced: dict[int, np.ndarray] = {}
-            if it and it["iteration"]:
-                added, before, replaced = self._store_summaries(db, job, source, it)
-                self._store_compute(db, job, source, it)
-                n += added - before
-                newest = int(max(it["end_ns"]))
-            ab = batch.get("abnormal")
-            if (ab and ab["iteration"]) or replaced:
-                self._store_abnormal(db, job, source, ab if ab and ab["iteration"] else None,
-                                     replaced)
-            last = max((max(part["iteration"]) for part in (it, ab) if part and part["iteration"]),
-                       default=None)
-            return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest,
-                                      last)
+            ack = self._store_agent(db, job, batch, digest, ranks)
+            return {**ack, **self._unknown(db, job, ranks, groups)}
+
+    def _store_agent(self, db: sqlite3.Connection, job: str, batch: dict[str, Any],
+                     digest: str, ranks: set[int]) -> dict:
+        """Store one agent batch (``ranks``: the ranks it carries) in transaction ``db``."""
+        source, batch_id, seq = batch["source"], batch["batch_id"], batch["seq"]
+        dup = self._check_batch(db, job, source, batch_id, seq, digest, "agent")
+        if dup is not None:
+            return dup
+        # rows are keyed by rank and iteration: a second agent following the same logs
+        # (a shared directory) would overwrite the first one's
+        self._settle(db, job, source, batch_id, "ranks", {str(r): source for r in ranks})
+        if batch.get("ranks"):  # an agent sending a rank again puts it on the same host
+            self._settle(db, job, source, batch_id, "host",
+                         {str(r): str(h) for r, h in zip(batch["ranks"]["rank"],
+                                                         batch["ranks"]["host"], strict=True)},
+                         field="ranks.host")
+        # agents send a communicator each as far as they saw it: the member lists add up
+        # (_members), its kind must be the same
+        self._settle(db, job, source, batch_id, "group_kind",
+                     {str(g["name"]): str(g["kind"]) for g in batch.get("groups") or ()},
+                     field="groups.kind")
+        n = 0
+        newest = None
+        if batch.get("ranks"):
+            r = batch["ranks"]
+            k = len(r["rank"])
+            coords = [r.get(c) or [-1] * k for c in COORDS]
+            db.executemany(
+                "INSERT OR REPLACE INTO ranks VALUES (?,?,?,?,?,?,?,?,?)",
+                [(job, *row) for row in zip(r["rank"], r["host"], r["gpu"], *coords,
+                                            strict=True)],
+            )
+        for g in batch.get("groups") or ():
+            db.execute(
+                "INSERT OR REPLACE INTO groups VALUES (?,?,?,?)",
+                (job, g["name"], g["kind"], self._members(db, job, g)),
+            )
+        it = batch.get("iterations")
+        replaced: dict[int, np.ndarray] = {}
+        if it and it["iteration"]:
+            added, before, replaced = self._store_summaries(db, job, source, it)
+            self._store_compute(db, job, source, it)
+            n += added - before
+            newest = int(max(it["end_ns"]))
+        ab = batch.get("abnormal")
+        if (ab and ab["iteration"]) or replaced:
+            self._store_abnormal(db, job, source, ab if ab and ab["iteration"] else None,
+                                 replaced)
+        last = max((max(part["iteration"]) for part in (it, ab) if part and part["iteration"]),
+                   default=None)
+        return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest,
+                                  last)
+
+    @staticmethod
+    def _unknown(db: sqlite3.Connection, job: str, ranks: set[int], groups: set[str]
+                 ) -> dict[str, list]:
+        """What an agent batch's ``ranks`` and (abnormal operators') ``groups`` lack in the
+        job: ranks without a host, communicators without members. An agent sends each once;
+        a job deleted under a running agent (or a refused first batch) lost them, and the ack
+        tells the agent to send them again."""
+        def missing(sql: str, keys: list[str]) -> list[str]:
+            known: set[str] = set()
+            for i in range(0, len(keys), 500):
+                chunk = keys[i:i + 500]
+                known.update(r[0] for r in db.execute(
+                    sql.format(",".join("?" * len(chunk))), (job, *chunk)))
+            return [k for k in keys if k not in known]
+
+        return {
+            "unknown_ranks": sorted(int(r) for r in missing(
+                "SELECT key FROM facts WHERE job=? AND fact='host' AND key IN ({})",
+                [str(r) for r in ranks])),
+            "unknown_groups": missing("SELECT name FROM groups WHERE job=? AND name IN ({})",
+                                      sorted(groups)),
+        }
 
     @staticmethod
     def _store_summaries(db: sqlite3.Connection, job: str, source: str, part: dict[str, list]
