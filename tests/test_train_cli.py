@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 from test_cli_errors import _one_error_line
 from typer.testing import CliRunner
@@ -126,7 +128,7 @@ def test_train_refuses_a_label_that_is_not_a_boolean_naming_file_and_value(tmp_p
     path = tmp_path / "bad.csv"
     other.to_csv(path, index=False)
     out = tmp_path / "m.holmes"
-    for args, n in (([path], len(ops)), ([good, path], 2 * len(ops))):
+    for args, n in (([path], len(ops)), ([good, path], len(ops))):  # the file's own
         result = CliRunner().invoke(app, ["train", *map(str, args), "--estimator", "lgbm-small",
                                           "--out", str(out)])
         line = _one_error_line(result)
@@ -181,3 +183,61 @@ def test_train_warns_when_few_operators_are_labelled_abnormal(tmp_path, caplog):
         assert result.exit_code == 0, result.output
         warned = f"only 6 abnormal operator(s) among {len(ops)} to learn from" in caplog.text
         assert warned == (name == "few"), caplog.text
+
+
+def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, caplog):
+    """Two runs of one layout read as one table were each other's peers and history (and
+    warned of rows they share); each PATH is a run, with the last fifth of each held out."""
+    from holmes_ml.features import build_features
+    from holmes_ml.models.persist import data_hash
+
+    runs = []
+    for seed, rank in ((21, 3), (22, 9)):
+        res = simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=seed, faults=(
+            FaultSpec.parse(f"gpu_slow:rank={rank},severity=0.8,start=3"),)))
+        res.write(tmp_path / f"run{seed}")
+        runs.append(res.ops)
+    out = tmp_path / "m.holmes"
+    with caplog.at_level("WARNING"):
+        result = CliRunner().invoke(app, ["train", str(tmp_path / "run21"),
+                                          str(tmp_path / "run22"), "--estimator", "lgbm-small",
+                                          "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "share rank, group, seq" not in caplog.text
+    metrics = read_header(out)["metrics"]
+    assert metrics["runs"] == 2 and metrics["train_rows"] == sum(map(len, runs))
+    assert metrics["heldout_rows"] == sum(int((r["iteration"] >= 8).sum()) for r in runs)
+    X = pd.concat([build_features(r) for r in runs], ignore_index=True)
+    y = np.concatenate([r["abnormal"].to_numpy(bool) for r in runs])
+    assert read_header(out)["training_data_sha256"] == data_hash(X, y)
+
+
+def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path):
+    """--trials N runs N trials (the fit on every row reuses the held-out fit's study), in a
+    study named after the estimator by default; a study of another estimator, an in-memory
+    database and an --out that is the database are refused before any work."""
+    import optuna
+
+    cfg = SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=23,
+                    faults=(FaultSpec.parse("gpu_slow:rank=5,severity=0.8,start=3"),))
+    simulate(cfg).write(tmp_path / "run")
+    db = tmp_path / "study.db"
+    url = f"sqlite:///{db}"
+    args = ["train", str(tmp_path / "run"), "--trials", "2", "--storage", url]
+    result = CliRunner().invoke(app, [*args, "--estimator", "tuned-lgbm", "--out",
+                                      str(tmp_path / "t.holmes")])
+    assert result.exit_code == 0, result.output
+    assert optuna.get_all_study_names(url) == ["holmes-tuned-lgbm"]
+    assert len(optuna.load_study(study_name="holmes-tuned-lgbm", storage=url).trials) == 2
+    result = CliRunner().invoke(app, [*args, "--estimator", "tuned-rf", "--study",
+                                      "holmes-tuned-lgbm", "--out", str(tmp_path / "r.holmes")])
+    assert _one_error_line(result).startswith(
+        "error: TunedDetector: study 'holmes-tuned-lgbm' in ")
+    assert "tunes 'lgbm', not 'rf'" in _one_error_line(result)
+    result = CliRunner().invoke(app, [*args, "--estimator", "tuned-rf", "--out", str(db)])
+    assert _one_error_line(result).startswith(f"error: --out {db}: is the --storage database")
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "run"), "--estimator", "tuned-rf",
+                                      "--storage", "sqlite:///", "--out",
+                                      str(tmp_path / "m.holmes")])
+    assert _one_error_line(result).startswith("error: --storage 'sqlite:///': an in-memory")
+    assert len(optuna.load_study(study_name="holmes-tuned-lgbm", storage=url).trials) == 2

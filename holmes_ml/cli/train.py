@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import numbers
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,10 @@ def register(app: typer.Typer) -> None:
             None,
             help="Labelled CommOps logs (any format `holmes localize` reads, simulator output "
             "directories included) with an `abnormal` column of true/false or 1/0 "
-            "(case-insensitive; anything else is refused). Without PATHs the detector "
-            "is trained on the --preset simulator scenarios.",
+            "(case-insensitive; anything else is refused). Each PATH (a file or a "
+            "directory) is one run: its features are built on their own, and F1 is measured "
+            "on the last fifth of each run's iterations. Without PATHs the detector is "
+            "trained on the --preset simulator scenarios.",
             show_default=False,
         ),
         out: Path = typer.Option(Path("model.holmes"), "--out", help="Model envelope to write."),
@@ -57,7 +60,10 @@ def register(app: typer.Typer) -> None:
             None, "--storage", help="Optuna RDB URL shared by several processes, "
             "e.g. sqlite:///study.db (tuned-* only; opened before training starts)."
         ),
-        study: str = typer.Option(None, "--study", help="Optuna study name (tuned-* only)."),
+        study: str = typer.Option(
+            None, "--study", show_default=False,
+            help="Optuna study name (tuned-* only; one study tunes one estimator).  "
+            "[default with --storage: holmes-ESTIMATOR]"),
     ) -> None:
         """Train a detector and save it as a checked model envelope with its metrics.
 
@@ -67,7 +73,10 @@ def register(app: typer.Typer) -> None:
 
           holmes train labelled/ --estimator tuned-rf --trials 30 --storage sqlite:///study.db --study s1
 
-        Several processes given the same --storage and --study tune one optuna study together.
+          holmes train run1/ run2/ run3/ --out mine.holmes   (three labelled runs)
+
+        Several processes given the same --storage and --study tune one optuna study together
+        (each draws its own sampler seed, so they try different configurations).
         """
         from holmes_ml.models import RandomForestDetector, TunedDetector
         from holmes_ml.models.training import (
@@ -105,7 +114,9 @@ def register(app: typer.Typer) -> None:
                                        threshold="auto", random_state=seed)
         elif estimator in ("tuned-lgbm", "tuned-rf"):
             if storage is not None:
-                _check_storage(storage)
+                _check_storage(storage, out)
+                # unnamed, each process would make a study of its own in the database
+                study = study or f"holmes-{estimator}"
             det = TunedDetector(estimator.split("-")[1], n_trials=n_trials or 10, storage=storage,
                                 study_name=study, random_state=seed)
         else:
@@ -128,20 +139,44 @@ def register(app: typer.Typer) -> None:
         size = out.stat().st_size
         typer.echo(f"wrote {out} ({size / 1e6:.2f} MB)")
         for k, v in metrics.items():
-            typer.echo(f"  {k}: {v:.4g}")
+            typer.echo(f"  {k}: {v:,.0f}" if float(v).is_integer() and k != "heldout_f1"
+                       else f"  {k}: {v:.4g}")
 
 
-def _check_storage(url: str) -> None:
-    """Open the optuna storage now: a typo, a missing directory or driver, or an unreachable
-    database fails here instead of after the training data was built."""
+def _check_storage(url: str, out: Path) -> None:
+    """Open the optuna storage now and write to it: a typo, a missing directory or driver, a
+    read-only or unreachable database fails here instead of after the training data was
+    built; so does an in-memory database (nothing shared) or one that ``out`` would replace."""
     import optuna
+    from sqlalchemy.engine import make_url
 
     try:
-        optuna.storages.RDBStorage(url).engine.dispose()
+        db = make_url(url)
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy raises several kinds
+        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage (not a "
+                         f"database URL: {exc}); expected a database URL that opens, e.g. "
+                         "sqlite:///study.db"
+                         ) from exc
+    if db.get_backend_name() == "sqlite":
+        if db.database in (None, "", ":memory:"):
+            raise ValueError(f"--storage {url!r}: an in-memory database, shared with no "
+                             "process and gone at exit; expected a file, e.g. "
+                             "sqlite:///study.db")
+        if Path(db.database).resolve() == out.resolve():
+            raise ValueError(f"--out {out}: is the --storage database; writing the model "
+                             "there would destroy the study. Expected another file")
+    name = f"holmes-write-check-{uuid.uuid4().hex}"
+    try:
+        storage = optuna.storages.RDBStorage(url)
+        optuna.delete_study(study_name=optuna.create_study(storage=storage,
+                                                           study_name=name).study_name,
+                            storage=storage)
+        storage.engine.dispose()
     except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many kinds
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage ({why}); "
-                         "expected a database URL that opens, e.g. sqlite:///study.db") from exc
+        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage and write "
+                         f"to it ({why}); expected a database URL that opens and takes "
+                         "writes, e.g. sqlite:///study.db") from exc
 
 
 #: Spellings of an ``abnormal`` label, compared in lower case.
@@ -202,39 +237,69 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
 _FEW_ABNORMAL = 50
 
 
-def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
-    """Fit ``det`` on labelled logs; F1 is measured on the last fifth of the iterations."""
-    from sklearn.metrics import f1_score
-
+def _read_run(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """One labelled run (a PATH): its features, labels, and which rows are held out (the last
+    fifth of its iterations)."""
     from holmes_ml import pipeline
     from holmes_ml.features import build_features
-    from holmes_ml.models import save_model
 
-    files, _ = pipeline.resolve_paths(paths)
+    files, _ = pipeline.resolve_paths([path])
     ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
     if "abnormal" not in ops.columns:
-        raise SchemaError("missing; training needs op-level labels",
-                          source=", ".join(map(str, paths)), column="abnormal",
+        raise SchemaError("missing; training needs op-level labels", source=str(path),
+                          column="abnormal",
                           expected="true where a fault prolonged the op beyond its normal "
                           "spread, e.g. from `holmes simulate`")
     y = _labels(ops, files, format)
+    iterations = ops["iteration"].to_numpy()
+    return build_features(ops), y, iterations > np.quantile(iterations, 0.8)
+
+
+def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
+    """Fit ``det`` on labelled logs, each PATH one run whose features are built on its own
+    (two jobs read as one table would be each other's peers and history); F1 is measured on
+    the last fifth of each run's iterations by a fit on the rest, then ``det`` is fitted on
+    every row (a tuned detector with the configuration that fit chose)."""
+    from sklearn.base import clone
+    from sklearn.metrics import f1_score
+
+    from holmes_ml.models import TunedDetector, save_model
+
+    runs = [_read_run(p, format) for p in paths]
+    X = pd.concat([r[0] for r in runs], ignore_index=True)
+    y = np.concatenate([r[1] for r in runs])
+    held = np.concatenate([r[2] for r in runs])
+    source = ", ".join(map(str, paths))
     if y.all() or not y.any():
-        raise SchemaError(f"every op is labelled abnormal={bool(y[0])}",
-                          source=", ".join(map(str, paths)), column="abnormal",
+        raise SchemaError(f"every op is labelled abnormal={bool(y[0])}", source=source,
+                          column="abnormal",
                           expected="healthy and abnormal ops: a detector learns from both; "
                           "simulate jobs with a fault, or add healthy logs")
     if int(y.sum()) < _FEW_ABNORMAL:
         logger.warning("%s: only %d abnormal operator(s) among %d to learn from: the model "
                        "will catch little on other jobs (label more faulty runs, or add "
-                       "simulated ones: holmes simulate --fault ...)",
-                       ", ".join(map(str, paths)), int(y.sum()), len(y))
-    X = build_features(ops)
-    cut = np.quantile(ops["iteration"].to_numpy(), 0.8)
-    held = ops["iteration"].to_numpy() > cut
-    metrics: dict[str, float] = {"train_rows": float((~held).sum())}
-    if held.any() and (~held).any() and y[~held].any():
+                       "simulated ones: holmes simulate --fault ...)", source, int(y.sum()),
+                       len(y))
+    metrics: dict[str, float] = {"runs": float(len(runs)), "train_rows": float(len(y)),
+                                 "abnormal_rows": float(y.sum()),
+                                 "heldout_rows": float(held.sum())}
+    fitted = False
+    if not y[held].any() or not y[~held].any():
+        logger.warning("%s: the last fifth of the iterations holds %s abnormal operator(s) "
+                       "and the rest %s: no held-out F1 (it needs both to hold some; give "
+                       "runs whose fault spans their end)", source, int(y[held].sum()),
+                       int(y[~held].sum()))
+    else:
         det.fit(X[~held], y[~held])
         metrics["heldout_f1"] = float(f1_score(y[held], det.predict(X[held]).astype(bool)))
-    det.fit(X, y)
-    save_model(det, out, metrics=metrics, training_data=(X, y), extra={"sources": list(map(str, paths))})
+        if isinstance(det, TunedDetector):
+            # the study has its trials: refit the best of them on every row, running no more
+            # (the saved parameters still say how many were asked for)
+            trials = det.n_trials
+            det = clone(det).set_params(n_trials=0).fit(X, y).set_params(n_trials=trials)
+            fitted = True
+    if not fitted:
+        det.fit(X, y)
+    save_model(det, out, metrics=metrics, training_data=(X, y),
+               extra={"sources": list(map(str, paths))})
     return metrics

@@ -92,7 +92,9 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
     timeout:
         Seconds after which no new trial starts (``None`` = no limit).
     random_state:
-        Seeds the sampler, the subsample and the estimators.
+        Seeds the subsample, the estimators and, without ``storage``, the sampler (with one,
+        each process draws its own sampler seed: processes sharing a study would otherwise
+        propose the same configurations).
 
     Attributes
     ----------
@@ -164,7 +166,10 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
                 keep.append(rng.choice(ci, size=min(n, len(ci)), replace=False))
             idx = np.sort(np.concatenate(keep))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = optuna.samplers.TPESampler(seed=self.random_state)
+        # Processes sharing a study, seeded alike, would propose the same configurations one
+        # after the other: with a storage the sampler draws its own seed.
+        sampler = optuna.samplers.TPESampler(
+            seed=self.random_state if self.storage is None else None)
         self.study_ = optuna.create_study(
             storage=self.storage,
             study_name=self.study_name,
@@ -172,6 +177,14 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             sampler=sampler,
             load_if_exists=True,
         )
+        tunes = self.study_.user_attrs.get("estimator")
+        if tunes is None:
+            self.study_.set_user_attr("estimator", self.estimator)
+        elif tunes != self.estimator:
+            raise ValueError(
+                f"TunedDetector: study {self.study_.study_name!r} in {self.storage} tunes "
+                f"{tunes!r}, not {self.estimator!r} (their parameters differ); expected "
+                "another study name for this estimator")
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
         if cv >= 2 and self.n_trials > 0:
             objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state)
