@@ -95,3 +95,44 @@ def test_default_model_scores_simulated_ops():
     assert (s[~ab] >= det.threshold_).mean() < 0.01
     shuffled = res.ops.sample(frac=1.0, random_state=0)
     np.testing.assert_allclose(score_ops(shuffled), s[shuffled.index.to_numpy()], atol=1e-9)
+
+
+def _envelope(path, header, payload):
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("header.json", json.dumps(header))
+        zf.writestr("model.joblib", payload)
+    return path
+
+
+@pytest.mark.parametrize(("what", "said"), [
+    ("dict", "holds a dict, not a detector"),
+    ("foreign class", "with objects this version cannot load (ModuleNotFoundError"),
+    ("versions list", "header field 'versions' is []; expected an object"),
+])
+def test_an_envelope_whose_payload_is_no_detector_here_is_refused(fitted, tmp_path, what,
+                                                                  said):
+    """A hash-consistent envelope holding no detector, one of a class this version lacks, or a
+    header whose versions are no object: a ModelFileError naming the file, not a traceback."""
+    import hashlib
+    import io
+    import pickle
+
+    det, _, _ = fitted
+    path = save_model(det, tmp_path / "m.holmes")
+    header = read_header(path)
+    if what == "dict":
+        buf = io.BytesIO()
+        joblib.dump({"a": 1}, buf)
+        payload = buf.getvalue()
+    elif what == "foreign class":
+        # a pickle naming a module this installation does not have
+        payload = pickle.dumps(det).replace(b"holmes_ml.models", b"holmes_zz.models")
+    else:
+        with zipfile.ZipFile(path) as zf:
+            payload = zf.read("model.joblib")
+        header["versions"] = []
+    header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    bad = _envelope(tmp_path / "bad.holmes", header, payload)
+    with pytest.raises(ModelFileError, match=r"bad\.holmes: ") as err:
+        load_model(bad)
+    assert said in str(err.value)

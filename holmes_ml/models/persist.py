@@ -4,6 +4,10 @@ The header records the versions of holmes_ml, scikit-learn, lightgbm and numpy, 
 a hash of the training data, metrics, and the sha256 of the payload. :func:`load_model` checks
 the header before it unpickles anything: a file that is not an envelope, or whose payload hash
 does not match, is refused with :class:`ModelFileError`; a version mismatch only warns.
+
+The hash catches a damaged or edited payload, not a forgery: whoever can write a model file can
+write a matching header. The payload is a pickle, and loading one runs whatever code it names,
+so load only model files from a source you trust (the bundled one, your own ``holmes train``).
 """
 
 from __future__ import annotations
@@ -139,8 +143,8 @@ def _open(path: Path, payload: bool) -> tuple[dict[str, Any], bytes | None]:
         raise ModelFileError(f"{path}: no such model file")
     if not zipfile.is_zipfile(path):
         raise ModelFileError(
-            f"{path}: not a holmes_ml model envelope (expected a zip with {_HEADER}; "
-            "refusing to unpickle a foreign file)"
+            f"{path}: not a holmes_ml model envelope, or a truncated one (expected a zip "
+            f"with {_HEADER}; refusing to unpickle a foreign file)"
         )
     try:
         with zipfile.ZipFile(path) as zf:
@@ -172,7 +176,9 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
     ------
     ModelFileError
         The file is not an envelope, is damaged, or its payload hash does not match the header
-        (tampered); or its feature schema differs from :data:`holmes_ml.features.FEATURE_COLUMNS`.
+        (edited); its feature schema differs from :data:`holmes_ml.features.FEATURE_COLUMNS`;
+        its payload does not unpickle here or is no detector. The checks are no defence against
+        a forged file (see the module's note): load only model files you trust.
 
     Warns
     -----
@@ -198,8 +204,20 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
                 "retrain with `holmes train`"
             )
     saved, now = header.get("versions", {}), _versions()
+    if not isinstance(saved, dict):
+        raise ModelFileError(f"{path}: header field 'versions' is {saved!r}; expected an object "
+                             "of library versions (a damaged or hand-made envelope)")
     drift = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
     if drift:
         msg = ", ".join(f"{k} saved {a} now {b}" for k, (a, b) in drift.items())
         warnings.warn(f"{path}: model saved with other library versions ({msg})", stacklevel=2)
-    return joblib.load(io.BytesIO(payload))
+    try:
+        model = joblib.load(io.BytesIO(payload))
+    except Exception as exc:  # noqa: BLE001 - unpickling raises whatever the payload's classes do
+        raise ModelFileError(
+            f"{path}: saved by holmes_ml {saved.get('holmes_ml')} with objects this version "
+            f"cannot load ({type(exc).__name__}: {exc}); retrain it with `holmes train`") from exc
+    if not callable(getattr(model, "decision_function", None)):
+        raise ModelFileError(f"{path}: holds a {type(model).__name__}, not a detector (expected "
+                             "an object with decision_function, saved by save_model)")
+    return model
