@@ -50,9 +50,14 @@ def test_an_earlier_episode_left_out_is_named_and_can_be_localized_alone(seed: i
     first = int(v.stats["analysed_first"])
     earlier = [i for i in v.irregular_iterations if i < first]
     assert earlier and min(earlier) <= 21
-    assert f"--iterations {earlier[0]}:{earlier[-1]}" in (v.note or "")
-    alone = analyze(only_iterations(res.ops, earlier[0], earlier[-1]), res.topology)
+    # the range suggested reaches back a reference window: a slice starting at the episode
+    # would hold nothing regular to measure it against (and call it regular)
+    since = int(v.stats["left_out_from"])
+    assert since == max(0, earlier[0] - 20)
+    assert f"--iterations {since}:{earlier[-1]}" in (v.note or "")
+    alone = analyze(only_iterations(res.ops, since, earlier[-1]), res.topology)
     assert alone.candidates[0].ranks == (5,)
+    assert set(earlier) <= set(alone.irregular_iterations)
 
 
 def test_only_iterations_keeps_both_ends_and_names_what_the_logs_hold() -> None:

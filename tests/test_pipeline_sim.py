@@ -91,6 +91,8 @@ def test_cli_json_and_plots(tmp_path) -> None:
     assert set(data) == {"irregular", "irregular_iterations", "candidates", "workload", "note",
                          "slowdown", "input"}
     usual = data["input"].pop("usual_iteration_s")
+    first, last = data["input"].pop("analysed")  # the window: iterations with abnormal ops
+    assert 0 <= first <= last <= 7  # (a fault from the start: no iteration is irregular)
     assert data["input"] == {"ops": len(res.ops), "ranks": 32, "iterations": 8}
     # the usual iteration: the median span (first start to last end) of those not irregular
     end = res.ops["start_ns"] + res.ops["duration_us"] * 1e3

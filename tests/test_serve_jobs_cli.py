@@ -40,6 +40,8 @@ def test_a_verdict_reads_as_holmes_localize_prints_one(service):
     assert answer == httpx.get(srv.url + "/v1/jobs/job7/verdict").json()
     # what the verdict was computed from and its caveat travel with it, as from localize
     usual = answer["input"].pop("usual_iteration_s")
+    first, last = answer["input"].pop("analysed")
+    assert 0 <= first <= last <= 15
     assert answer["input"] == {"ops": len(ops), "ranks": 16, "iterations": 16} and usual > 0
     out = shown.stdout
     assert out.startswith(f"job job7: verdict {answer['version']}, computed "), out

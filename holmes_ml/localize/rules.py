@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import duration
-from holmes_ml.features.iterations import span_times
+from holmes_ml.features.iterations import IrregularityConfig, span_times
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.fabric import Fabric
@@ -205,8 +205,12 @@ def localize_records(
     # irregular iterations whose abnormal operators the window left out (an earlier episode)
     left = np.intersect1d(with_records[with_records < its[0]], np.asarray(irregular_iterations))
     if len(left):
+        # a slice that starts at the episode has no regular iterations before it to measure the
+        # episode against: the range suggested reaches back a monitor's reference window
+        known = np.sort(np.asarray(times.index, dtype=np.int64))
+        back = known[max(0, int(np.searchsorted(known, left[0])) - IrregularityConfig().window)]
         stats.update(left_out_irregular=float(len(left)), left_out_first=float(left[0]),
-                     left_out_last=float(left[-1]))
+                     left_out_last=float(left[-1]), left_out_from=float(back))
     op = ab["op"].astype(str).to_numpy()
     p2p = np.isin(op, list(P2P_OPS))
     ab = ab.assign(

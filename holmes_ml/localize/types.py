@@ -209,11 +209,13 @@ class Verdict:
             left = int(self.stats.get("left_out_irregular", 0))
             if left:
                 a, b = int(self.stats["left_out_first"]), int(self.stats["left_out_last"])
+                since = int(self.stats.get("left_out_from", a))
                 notes.append(
                     f"{left} irregular iteration(s) from {a} to {b} come before the "
                     f"{int(self.stats.get('analysed_iterations', 0))} analysed ones "
-                    f"({int(first)}-{int(last)}, the most recent): localize them on their own "
-                    f"(holmes localize --iterations {a}:{b})")
+                    f"({int(first)}-{int(last)}, the most recent): localize them on their own, "
+                    "with the regular iterations before them to compare against "
+                    f"(holmes localize --iterations {since}:{b})")
             if self.stats.get("later_iterations", 0) and self.irregular:
                 notes.append(
                     f"the iterations after {int(last)}, the last irregular one, were not "
@@ -234,18 +236,22 @@ class Verdict:
         the main workload finding (``kind, ranks, share, coords, detail``) with any further
         findings under ``others``. Also ``note`` (:attr:`note`), ``slowdown``: the slowest
         irregular iteration's time over the usual one (None when none is irregular), and
-        ``input``: the ``ops``, ``ranks`` and ``iterations`` the verdict was computed from and
+        ``input``: the ``ops``, ``ranks`` and ``iterations`` read, the first and last iteration
+        of the window analysed (``analysed``, when it has abnormal operators) and
         ``usual_iteration_s``, the median time of those iterations not irregular (when known)."""
         workload: dict[str, Any] | None = None
         if self.workload_findings:
             workload = self.workload_findings[0].to_dict()
             workload["others"] = [w.to_dict() for w in self.workload_findings[1:]]
         known = ("ops", "ranks", "iterations")
-        read: dict[str, float] | None = None
+        read: dict[str, Any] | None = None
         if all(k in self.stats for k in known):
             read = {k: int(self.stats[k]) for k in known}
             if "usual_iteration_us" in self.stats:
                 read["usual_iteration_s"] = round(self.stats["usual_iteration_us"] / 1e6, 6)
+            if "analysed_first" in self.stats:  # the window the candidates come from
+                read["analysed"] = [int(self.stats["analysed_first"]),
+                                    int(self.stats["analysed_last"])]
         slowdown = self.stats.get("slowdown")
         return {
             "irregular": bool(self.irregular),

@@ -305,9 +305,10 @@ class VerdictOut(BaseModel):
                              "localize), e.g. that no iteration was irregular")
     slowdown: float | None = Field(None, description="The slowest irregular iteration's time "
                                    "over the usual one; null when none is irregular")
-    input: dict[str, int | float] | None = Field(
-        None, description="ops, ranks and iterations the verdict was computed from, and "
-        "usual_iteration_s: the median time in seconds of those iterations not irregular")
+    input: dict[str, int | float | list[int]] | None = Field(
+        None, description="ops, ranks and iterations read; usual_iteration_s: the median "
+        "time in seconds of those iterations not irregular; analysed: the first and last "
+        "iteration of the window the candidates come from")
 
 
 class JobOut(BaseModel):
