@@ -747,3 +747,16 @@ def test_a_database_file_removed_under_the_service_is_a_503_not_a_silent_loss(tm
         assert "was removed or replaced while the service ran" in r.json()["detail"]
     finally:
         srv.stop()
+
+
+def test_a_raw_batch_whose_communicator_lists_a_member_twice_is_refused(server):
+    """As an agent's `groups`: a member list naming a rank twice is a 422 naming the row (it was
+    stored, and the communicator counted one member too many)."""
+    ops = make_ops(seed=3, ranks=2, iterations=2)
+    body = raw_body(ops, "dup-members", seq=0)
+    body["columns"]["group_ranks"] = ["0 1 1"] * len(ops)
+    r = httpx.post(server.url + "/v1/jobs/dupm/raw", json=body, headers=auth(), timeout=30)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "columns.group_ranks"
+    assert "lists rank 1 twice (got '0 1 1'" in r.json()["detail"]
+    assert httpx.get(server.url + "/v1/jobs/dupm").status_code == 404

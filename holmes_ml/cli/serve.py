@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     def serve_cmd(
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback "
-                                 "unless a --token is given)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; any but a "
+                                 "loopback address needs a --token."),
         port: int = typer.Option(8787, "--port",
                                  help="TCP port to listen on (1-65535); agents' --server "
                                  "points here."),

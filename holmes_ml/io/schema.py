@@ -690,6 +690,22 @@ def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> No
                 row=int(listed[_first_bad(mcode == k)]), value=str(lists[k]),
                 expected="global ranks (integers >= 0) separated by spaces",
             )
+        tokens = str(lists[k]).split()
+        if len(members_of_k) != len(tokens):  # (a communicator's members are distinct ranks)
+            seen: set[int] = set()
+            twice = -1
+            for r in map(int, tokens):
+                if r in seen:
+                    twice = r
+                    break
+                seen.add(r)
+            text = str(lists[k])
+            raise SchemaError(
+                f"lists rank {twice} twice", source=source, column="group_ranks",
+                row=int(listed[_first_bad(mcode == k)]),
+                value=text if len(text) <= 80 else text[:77] + "...",
+                expected="each member of the communicator once",
+            )
     members = [m or frozenset() for m, _ in parsed]
     same = pd.factorize(np.array([key for _, key in parsed], dtype=object))[0]
     found = _contradiction(group[listed], same[mcode])
