@@ -67,6 +67,10 @@ def test_detect_json_reports_episodes_and_writes_the_iteration_table(tmp_path):
     assert report["abnormal_ops"] == int(scored["predicted"].sum()) > 0
     assert report["top_ranks"][0]["abnormal_ops"] == int(
         scored.loc[scored["predicted"]].groupby("rank").size().max())
+    # --help lists the table's columns, every one of them
+    shown = " ".join(CliRunner().invoke(app, ["detect", "--help"],
+                                        terminal_width=400).output.split())
+    assert all(c in shown for c in ["iteration", *its.columns]), (list(its.columns), shown)
 
 
 def test_detect_threshold_and_delta_options(tmp_path):

@@ -47,8 +47,10 @@ def register(app: typer.Typer) -> None:
         ),
         iterations_out: Path | None = typer.Option(
             None, "--iterations-out",
-            help="CSV of the iterations: duration, reference, ratio, irregular, episode, "
-            "pattern (default: beside --out, `<stem>.iterations.csv`).",
+            help="CSV of the iterations, one row each: iteration, start_ns, end_ns, "
+            "duration_s / time_us (as the monitor times it), n_ops, end_to_end, reference_s / "
+            "reference_us, ratio, irregular, episode, pattern (default: beside --out, "
+            "`<stem>.iterations.csv`).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:

@@ -118,7 +118,8 @@ def register(app: typer.Typer) -> None:
                 # unnamed, each process would make a study of its own in the database
                 study = study or f"holmes-{estimator}"
             det = TunedDetector(estimator.split("-")[1], n_trials=n_trials or 10, storage=storage,
-                                study_name=study, random_state=seed)
+                                study_name=study, random_state=seed,
+                                progress=sys.stderr.isatty())
         else:
             raise typer.BadParameter(
                 f"got {estimator!r}; expected lgbm, lgbm-unscreened, lgbm-absolute, lgbm-small, rf, "
@@ -135,7 +136,8 @@ def register(app: typer.Typer) -> None:
         if paths:
             metrics = _train_on_logs(paths, det, out, format)
         else:
-            metrics = train_default(out, preset=preset, seed=seed, estimator=det)
+            metrics = train_default(out, preset=preset, seed=seed, estimator=det,
+                                    progress=sys.stderr.isatty())
         size = out.stat().st_size
         typer.echo(f"wrote {out} ({size / 1e6:.2f} MB)")
         for k, v in metrics.items():
@@ -266,6 +268,9 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
     from holmes_ml.models import TunedDetector, save_model
 
     runs = [_read_run(p, format) for p in paths]
+    if sys.stderr.isatty():
+        print(f"features of {sum(len(r[1]) for r in runs):,} operators built; fitting ...",
+              file=sys.stderr, flush=True)
     X = pd.concat([r[0] for r in runs], ignore_index=True)
     y = np.concatenate([r[1] for r in runs])
     held = np.concatenate([r[2] for r in runs])

@@ -8,6 +8,7 @@ them and returns features and labels; :func:`train_default` builds the shipped m
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def _mix(shape: tuple[tuple[int, ...], int, int], knobs: dict[str, tuple[float, 
 
 def make_dataset(
     configs: list[Any], max_normal_per_run: int | None = 20_000, seed: int = 0,
-    return_weights: bool = False, also: tuple[str, ...] = (),
+    return_weights: bool = False, also: tuple[str, ...] = (), progress: bool = False,
 ) -> Any:
     """Simulate ``configs`` and return ``(features, labels, run_id)``.
 
@@ -133,15 +134,17 @@ def make_dataset(
     the rows kept for sure, ``other normal ops / those kept`` for the sampled ones): the
     weights that turn F1 on these rows into F1 on the whole runs.
     ``also`` names other label columns (e.g. ``("affected",)``) returned, for the same rows, as a
-    last element: a dict of arrays.
+    last element: a dict of arrays. ``progress`` shows a bar over the scenarios.
     """
+    from tqdm.auto import tqdm
+
     from holmes_ml.features import build_features
     from holmes_ml.simulator import simulate
 
     rng = np.random.default_rng(seed)
     Fs, ys, ids, ws = [], [], [], []
     extra: dict[str, list[np.ndarray]] = {name: [] for name in also}
-    for i, cfg in enumerate(configs):
+    for i, cfg in enumerate(tqdm(configs, desc="scenarios", unit="run", disable=not progress)):
         try:
             res = simulate(cfg)
         except ValueError as exc:  # a layout the preset cannot host: skip, but say so
@@ -235,9 +238,11 @@ def _takes_groups(det: Any) -> bool:
 
 
 def train_default(
-    out: str | Path, preset: str = "default", seed: int = 0, estimator: Any = None
+    out: str | Path, preset: str = "default", seed: int = 0, estimator: Any = None,
+    progress: bool = False,
 ) -> dict[str, float]:
-    """Train on ``preset`` scenarios (seed ``seed``), evaluate on held-out seed, save to ``out``.
+    """Train on ``preset`` scenarios (seed ``seed``), evaluate on held-out seed, save to ``out``
+    (``progress``: bars over the scenarios simulated).
 
     Returns
     -------
@@ -248,7 +253,11 @@ def train_default(
 
     from holmes_ml.models.persist import save_model
 
-    X, y, run, weight = make_dataset(scenarios(preset, seed), seed=seed, return_weights=True)
+    X, y, run, weight = make_dataset(scenarios(preset, seed), seed=seed, return_weights=True,
+                                     progress=progress)
+    if progress:
+        print(f"fitting on {len(y):,} operators ({int(y.sum()):,} abnormal) ...",
+              file=sys.stderr, flush=True)
     det = estimator if estimator is not None else default_estimator(seed)
     # groups: the decision threshold is picked on out-of-fold scores of held-out *runs*, with
     # the subsampled normal rows weighted back to their share of the runs

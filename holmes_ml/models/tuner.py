@@ -91,6 +91,8 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         Trials see a stratified subsample of at most this many rows (the refit uses all rows).
     timeout:
         Seconds after which no new trial starts (``None`` = no limit).
+    progress:
+        Show a bar over the trials.
     random_state:
         Seeds the subsample, the estimators and, without ``storage``, the sampler (with one,
         each process draws its own sampler seed: processes sharing a study would otherwise
@@ -124,6 +126,7 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         max_tune_samples: int = 100_000,
         timeout: float | None = None,
         random_state: int | None = None,
+        progress: bool = False,
     ) -> None:
         self.estimator = estimator
         self.n_trials = n_trials
@@ -133,6 +136,7 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         self.max_tune_samples = max_tune_samples
         self.timeout = timeout
         self.random_state = random_state
+        self.progress = progress
 
     def fit(self, X, y):
         """Run the study on ``(X, y)``, then refit the best configuration on all rows."""
@@ -188,7 +192,13 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
         if cv >= 2 and self.n_trials > 0:
             objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state)
-            self.study_.optimize(objective, n_trials=int(self.n_trials), timeout=self.timeout)
+            from tqdm.auto import tqdm
+
+            with tqdm(total=int(self.n_trials), desc=f"tuning {self.estimator}", unit="trial",
+                      disable=not self.progress) as bar:
+                self.study_.optimize(objective, n_trials=int(self.n_trials),
+                                     timeout=self.timeout,
+                                     callbacks=[lambda _study, _trial: bar.update()])
         done = [t for t in self.study_.trials if t.value is not None]
         if done:
             best = self.study_.best_trial
