@@ -241,3 +241,19 @@ def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path):
                                       str(tmp_path / "m.holmes")])
     assert _one_error_line(result).startswith("error: --storage 'sqlite:///': an in-memory")
     assert len(optuna.load_study(study_name="holmes-tuned-lgbm", storage=url).trials) == 2
+
+
+def test_a_bad_label_in_a_directory_names_its_file(tmp_path):
+    ops = _labelled(seed=13)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, part in ops.groupby("rank"):
+        part = part.assign(abnormal=part["abnormal"].astype(object))
+        if r == 6:
+            part.iloc[2, part.columns.get_loc("abnormal")] = "maybe"
+        part.to_csv(logs / f"rank{r:02d}.csv", index=False)
+    (logs / "notes.txt").write_text("not a log")
+    result = CliRunner().invoke(app, ["train", str(logs), "--estimator", "lgbm-small",
+                                      "--out", str(tmp_path / "m.holmes")])
+    assert _one_error_line(result).startswith(
+        f"error: {logs / 'rank06.csv'}, column 'abnormal': 1 of "), result.output

@@ -214,11 +214,18 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
         return y
     source = ", ".join(map(str, files))
     value = ops["abnormal"].iloc[int(np.flatnonzero(bad)[0])]
+    if len(files) == 1 and files[0].is_dir():  # which file of the directory
+        from holmes_ml.io.readers import _members
+
+        files = _members(files[0])[0]
     if len(files) > 1:  # which of them: read them one by one (only on this error path)
         from holmes_ml import pipeline
 
         for f in files:
-            own = pipeline.read_paths([f], format)
+            try:
+                own = pipeline.read_paths([f], format)
+            except (SchemaError, ValueError, OSError):
+                continue  # no log (the directory's read skipped it with a warning)
             if "abnormal" not in own.columns:
                 raise SchemaError("missing while other files have it", source=str(f),
                                   column="abnormal", expected="labels in every file")
