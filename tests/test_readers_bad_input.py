@@ -276,14 +276,16 @@ def test_unknown_format_names_the_parameter(tmp_path):
     ("flight-recorder", "Parquet", "Flight Recorder"),
     ("nccl-inspector", "Parquet", "NCCL Inspector"),
 ])
-def test_wrong_explicit_format_says_what_the_file_looks_like(tmp_path, fmt, kind, what):
+def test_wrong_explicit_format_says_what_the_file_looks_like(tmp_path, caplog, fmt, kind,
+                                                             what):
     p = tmp_path / "ops.parquet"
     _ops().to_parquet(p)
-    with pytest.raises(SchemaError) as err:
+    with pytest.raises(SchemaError) as err, caplog.at_level(logging.WARNING):
         read_ops(p, format=fmt)
     msg = str(err.value)
     assert "ops.parquet" in msg and f"looks like {kind}" in msg and what in msg
     assert "malformed" not in msg
+    assert "not UTF-8" not in caplog.text  # (its bytes are not decoded as text first)
 
 
 def test_csv_read_as_bytedance_says_it_is_not_parquet(tmp_path):

@@ -273,6 +273,15 @@ def decode_text(raw: bytes, path: str | Path) -> str:
         return raw[bom:].decode("utf-8", errors="replace")
 
 
+def _refuse_binary(raw: bytes, path: str | Path, kind_expected: str, what: str) -> None:
+    """Refuse a file whose first bytes say what it is (Parquet, a pickle, an archive) before
+    its bytes are decoded as text, which would warn of each."""
+    kind = content_kind(raw)
+    if kind in ("Parquet", "a pickle", "a tar archive", "a zip archive"):
+        raise SchemaError(f"not {kind_expected}: this looks like {kind}", source=str(path),
+                          expected=what)
+
+
 def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
     """Parse a JSON document; a syntax error names the file, line and column.
 
@@ -280,6 +289,7 @@ def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
     format was named).
     """
     raw = open_bytes(path)
+    _refuse_binary(raw, path, "JSON", what)
     try:
         # (decode_text drops the byte-order mark editors on Windows save JSON with)
         return json.loads(decode_text(raw, path))
@@ -305,6 +315,7 @@ def iter_jsonl(
     ``what`` names the expected input in the error when the file is not JSON at all.
     """
     raw = open_bytes(path)
+    _refuse_binary(raw, path, "JSON Lines", what)
     text = decode_text(raw, path)
     first = True
     for lineno, line in enumerate(io.StringIO(text), start=1):
