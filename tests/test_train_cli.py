@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -257,3 +260,28 @@ def test_a_bad_label_in_a_directory_names_its_file(tmp_path):
                                       "--out", str(tmp_path / "m.holmes")])
     assert _one_error_line(result).startswith(
         f"error: {logs / 'rank06.csv'}, column 'abnormal': 1 of "), result.output
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare for a read-only bind mount")
+def test_a_read_only_study_database_is_refused_before_any_work_with_the_drivers_reason(
+        tmp_path):
+    import subprocess
+    import sys
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "study.db").touch()
+    url = f"sqlite:///{ro / 'study.db'}"
+    script = ("from holmes_ml.cli import main; main()")
+    cmd = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && "
+           f"{sys.executable} -c '{script}' train {tmp_path / 'missing'} --estimator tuned-rf "
+           f"--storage {url} --out {tmp_path / 'm.holmes'}")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True,
+                       timeout=120)
+    if "mount" in r.stderr and "error:" not in r.stderr:
+        pytest.skip(f"no read-only bind mount here: {r.stderr.strip()[:200]}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().startswith(f"error: --storage {url!r}: cannot open it as an optuna "
+                                       "storage and write to it (attempt to write a readonly "
+                                       "database)"), r.stderr

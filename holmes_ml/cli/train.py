@@ -175,7 +175,10 @@ def _check_storage(url: str, out: Path) -> None:
                             storage=storage)
         storage.engine.dispose()
     except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many kinds
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        root: BaseException = exc  # the driver's reason, under optuna's and sqlalchemy's
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        why = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
         raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage and write "
                          f"to it ({why}); expected a database URL that opens and takes "
                          "writes, e.g. sqlite:///study.db") from exc
