@@ -190,7 +190,8 @@ def test_train_warns_when_few_operators_are_labelled_abnormal(tmp_path, caplog):
 
 def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, caplog):
     """Two runs of one layout read as one table were each other's peers and history (and
-    warned of rows they share); each PATH is a run, with the last fifth of each held out."""
+    warned of rows they share); a PATH whose ranks were seen starts another run, per-rank
+    files of one job are one, and the last fifth of each run is held out."""
     from holmes_ml.features import build_features
     from holmes_ml.models.persist import data_hash
 
@@ -200,9 +201,15 @@ def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, capl
             FaultSpec.parse(f"gpu_slow:rank={rank},severity=0.8,start=3"),)))
         res.write(tmp_path / f"run{seed}")
         runs.append(res.ops)
+    # the first run as one file per rank, as a logger writes it: one run all the same
+    (tmp_path / "ranks").mkdir()
+    files = []
+    for r, part in runs[0].groupby("rank"):
+        files.append(tmp_path / "ranks" / f"rank{r:02d}.parquet")
+        part.to_parquet(files[-1], index=False)
     out = tmp_path / "m.holmes"
     with caplog.at_level("WARNING"):
-        result = CliRunner().invoke(app, ["train", str(tmp_path / "run21"),
+        result = CliRunner().invoke(app, ["train", *map(str, files),
                                           str(tmp_path / "run22"), "--estimator", "lgbm-small",
                                           "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -210,8 +217,12 @@ def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, capl
     metrics = read_header(out)["metrics"]
     assert metrics["runs"] == 2 and metrics["train_rows"] == sum(map(len, runs))
     assert metrics["heldout_rows"] == sum(int((r["iteration"] >= 8).sum()) for r in runs)
-    X = pd.concat([build_features(r) for r in runs], ignore_index=True)
-    y = np.concatenate([r["abnormal"].to_numpy(bool) for r in runs])
+    from holmes_ml import pipeline
+
+    first = pipeline.read_paths(files)  # the rank files read together, as the CLI reads them
+    assert len(first) == len(runs[0])
+    X = pd.concat([build_features(first), build_features(runs[1])], ignore_index=True)
+    y = np.concatenate([first["abnormal"].to_numpy(bool), runs[1]["abnormal"].to_numpy(bool)])
     assert read_header(out)["training_data_sha256"] == data_hash(X, y)
 
 
@@ -232,6 +243,13 @@ def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path):
     assert result.exit_code == 0, result.output
     assert optuna.get_all_study_names(url) == ["holmes-tuned-lgbm"]
     assert len(optuna.load_study(study_name="holmes-tuned-lgbm", storage=url).trials) == 2
+    # without a storage (an in-memory study) the saved model keeps what the trials chose
+    result = CliRunner().invoke(app, [*args[:4], "--estimator", "tuned-rf", "--out",
+                                      str(tmp_path / "mem.holmes")])
+    assert result.exit_code == 0, result.output
+    tuned = load_model(tmp_path / "mem.holmes")
+    assert len(tuned.study_.trials) == 2 and tuned.best_params_
+    assert tuned.best_estimator_.get_params()["max_depth"] == tuned.best_params_["max_depth"]
     result = CliRunner().invoke(app, [*args, "--estimator", "tuned-rf", "--study",
                                       "holmes-tuned-lgbm", "--out", str(tmp_path / "r.holmes")])
     assert _one_error_line(result).startswith(

@@ -28,10 +28,11 @@ def register(app: typer.Typer) -> None:
             None,
             help="Labelled CommOps logs (any format `holmes localize` reads, simulator output "
             "directories included) with an `abnormal` column of true/false or 1/0 "
-            "(case-insensitive; anything else is refused). Each PATH (a file or a "
-            "directory) is one run: its features are built on their own, and F1 is measured "
-            "on the last fifth of each run's iterations. Without PATHs the detector is "
-            "trained on the --preset simulator scenarios.",
+            "(case-insensitive; anything else is refused). PATHs of one job (each with ranks "
+            "the others lack, e.g. per-rank files) are read together; a PATH with ranks "
+            "already seen starts another run, whose features are built on their own. F1 is "
+            "measured on the last fifth of each run's iterations. Without PATHs the detector "
+            "is trained on the --preset simulator scenarios.",
             show_default=False,
         ),
         out: Path = typer.Option(Path("model.holmes"), "--out", help="Model envelope to write."),
@@ -152,16 +153,20 @@ def _check_storage(url: str, out: Path) -> None:
     import optuna
     from sqlalchemy.engine import make_url
 
+    from holmes_ml.models.tuner import storage_label
+
+    shown = storage_label(url) if "://" in url else url
+
     try:
         db = make_url(url)
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises several kinds
-        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage (not a "
+        raise ValueError(f"--storage {shown!r}: cannot open it as an optuna storage (not a "
                          f"database URL: {exc}); expected a database URL that opens, e.g. "
                          "sqlite:///study.db"
                          ) from exc
     if db.get_backend_name() == "sqlite":
         if db.database in (None, "", ":memory:"):
-            raise ValueError(f"--storage {url!r}: an in-memory database, shared with no "
+            raise ValueError(f"--storage {shown!r}: an in-memory database, shared with no "
                              "process and gone at exit; expected a file, e.g. "
                              "sqlite:///study.db")
         if Path(db.database).resolve() == out.resolve():
@@ -179,7 +184,7 @@ def _check_storage(url: str, out: Path) -> None:
         while root.__cause__ is not None or root.__context__ is not None:
             root = root.__cause__ or root.__context__  # type: ignore[assignment]
         why = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
-        raise ValueError(f"--storage {url!r}: cannot open it as an optuna storage and write "
+        raise ValueError(f"--storage {shown!r}: cannot open it as an optuna storage and write "
                          f"to it ({why}); expected a database URL that opens and takes "
                          "writes, e.g. sqlite:///study.db") from exc
 
@@ -249,11 +254,9 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
 _FEW_ABNORMAL = 50
 
 
-def _read_run(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """One labelled run (a PATH): its features, labels, and which rows are held out (the last
-    fifth of its iterations)."""
+def _read_labelled(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray]:
+    """One PATH's operators and their labels."""
     from holmes_ml import pipeline
-    from holmes_ml.features import build_features
 
     files, _ = pipeline.resolve_paths([path])
     ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
@@ -262,28 +265,53 @@ def _read_run(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray, np.nda
                           column="abnormal",
                           expected="true where a fault prolonged the op beyond its normal "
                           "spread, e.g. from `holmes simulate`")
-    y = _labels(ops, files, format)
-    iterations = ops["iteration"].to_numpy()
-    return build_features(ops), y, iterations > np.quantile(iterations, 0.8)
+    return ops, _labels(ops, files, format)
+
+
+def _runs(parts: list[tuple[pd.DataFrame, np.ndarray]]) -> list[list[int]]:
+    """Which PATHs (by index, in order) are one run: a PATH whose ranks none of the current
+    run's PATHs logged joins it (the per-rank files of one job), one whose ranks it has seen
+    starts the next run (another job of the same ranks)."""
+    runs: list[list[int]] = []
+    seen: set[int] = set()
+    for k, (ops, _) in enumerate(parts):
+        ranks = set(map(int, pd.unique(ops["rank"])))
+        if runs and not ranks & seen:
+            runs[-1].append(k)
+            seen |= ranks
+        else:
+            runs.append([k])
+            seen = ranks
+    return runs
 
 
 def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
-    """Fit ``det`` on labelled logs, each PATH one run whose features are built on its own
-    (two jobs read as one table would be each other's peers and history); F1 is measured on
-    the last fifth of each run's iterations by a fit on the rest, then ``det`` is fitted on
-    every row (a tuned detector with the configuration that fit chose)."""
-    from sklearn.base import clone
+    """Fit ``det`` on labelled logs. PATHs of one job (each with ranks the others lack, such
+    as per-rank files) are read together; a PATH with ranks already seen starts another run,
+    whose features are built on their own (two jobs read as one table would be each other's
+    peers and history). F1 is measured on the last fifth of each run's iterations by a fit
+    on the rest; then ``det`` is fitted on every row (a tuned detector with the
+    configuration that fit chose)."""
     from sklearn.metrics import f1_score
 
+    from holmes_ml.features import build_features
     from holmes_ml.models import TunedDetector, save_model
 
-    runs = [_read_run(p, format) for p in paths]
+    parts = [_read_labelled(p, format) for p in paths]
+    groups = _runs(parts)
+    Xs, held_parts = [], []
+    for run in groups:
+        ops = pd.concat([parts[k][0] for k in run], ignore_index=True) if len(run) > 1 \
+            else parts[run[0]][0]
+        Xs.append(build_features(ops))
+        iterations = ops["iteration"].to_numpy()
+        held_parts.append(iterations > np.quantile(iterations, 0.8))
     if sys.stderr.isatty():
-        print(f"features of {sum(len(r[1]) for r in runs):,} operators built; fitting ...",
+        print(f"features of {sum(map(len, Xs)):,} operators built; fitting ...",
               file=sys.stderr, flush=True)
-    X = pd.concat([r[0] for r in runs], ignore_index=True)
-    y = np.concatenate([r[1] for r in runs])
-    held = np.concatenate([r[2] for r in runs])
+    X = pd.concat(Xs, ignore_index=True)
+    y = np.concatenate([parts[k][1] for run in groups for k in run])
+    held = np.concatenate(held_parts)
     source = ", ".join(map(str, paths))
     if y.all() or not y.any():
         raise SchemaError(f"every op is labelled abnormal={bool(y[0])}", source=source,
@@ -295,7 +323,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
                        "will catch little on other jobs (label more faulty runs, or add "
                        "simulated ones: holmes simulate --fault ...)", source, int(y.sum()),
                        len(y))
-    metrics: dict[str, float] = {"runs": float(len(runs)), "train_rows": float(len(y)),
+    metrics: dict[str, float] = {"runs": float(len(groups)), "train_rows": float(len(y)),
                                  "abnormal_rows": float(y.sum()),
                                  "heldout_rows": float(held.sum())}
     fitted = False
@@ -307,11 +335,9 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
     else:
         det.fit(X[~held], y[~held])
         metrics["heldout_f1"] = float(f1_score(y[held], det.predict(X[held]).astype(bool)))
-        if isinstance(det, TunedDetector):
-            # the study has its trials: refit the best of them on every row, running no more
-            # (the saved parameters still say how many were asked for)
-            trials = det.n_trials
-            det = clone(det).set_params(n_trials=0).fit(X, y).set_params(n_trials=trials)
+        if isinstance(det, TunedDetector) and det.best_params_:
+            # the study has its trials: the best of them on every row, without tuning again
+            det.refit(X, y)
             fitted = True
     if not fitted:
         det.fit(X, y)

@@ -30,6 +30,16 @@ __all__ = ["TunedDetector"]
 _ESTIMATORS = ("rf", "lgbm")
 
 
+def storage_label(storage: Any) -> str:
+    """An optuna storage URL as it may be shown: its password masked."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(str(storage)).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL (an optuna storage object): say what it is
+        return type(storage).__name__
+
+
 def _suggest(trial: Any, kind: str) -> dict[str, Any]:
     if kind == "rf":
         return {
@@ -186,7 +196,8 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             self.study_.set_user_attr("estimator", self.estimator)
         elif tunes != self.estimator:
             raise ValueError(
-                f"TunedDetector: study {self.study_.study_name!r} in {self.storage} tunes "
+                f"TunedDetector: study {self.study_.study_name!r} in {storage_label(self.storage)} "
+                f"tunes "
                 f"{tunes!r}, not {self.estimator!r} (their parameters differ); expected "
                 "another study name for this estimator")
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
@@ -212,6 +223,21 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         ).fit(Xa, y01)
         logger.info("tuned %s: best F1 %.4f with %s", self.estimator, self.best_score_,
                     self.best_params_)
+        return self
+
+    def refit(self, X, y):
+        """Fit the configuration :meth:`fit` chose (``best_params_``, ``threshold_``) again on
+        ``(X, y)``, without tuning: the study and the choice stay as they are."""
+        check_is_fitted(self)
+        Xa, ya = validate_data(self, X, y, dtype=np.float64)
+        classes = np.unique(ya)
+        if len(classes) != 2:
+            raise ValueError(f"TunedDetector.refit: y has classes {classes.tolist()}; expected "
+                             "exactly two (normal, abnormal)")
+        self.classes_ = classes
+        self.best_estimator_ = _base(
+            self.estimator, self.random_state, {**self.best_params_, "threshold": self.threshold_}
+        ).fit(Xa, (ya == classes[1]).astype(np.int64))
         return self
 
     def decision_function(self, X) -> np.ndarray:
