@@ -196,9 +196,9 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             self.study_.set_user_attr("estimator", self.estimator)
         elif tunes != self.estimator:
             raise ValueError(
-                f"TunedDetector: study {self.study_.study_name!r} in {storage_label(self.storage)} "
-                f"tunes "
-                f"{tunes!r}, not {self.estimator!r} (their parameters differ); expected "
+                f"TunedDetector: study {self.study_.study_name!r} in "
+                f"{storage_label(self.storage)} tunes {tunes!r}, not {self.estimator!r} (their "
+                "parameters differ); expected "
                 "another study name for this estimator")
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
         if cv >= 2 and self.n_trials > 0:
