@@ -181,8 +181,11 @@ def _check_storage(url: str, out: Path) -> None:
         storage.engine.dispose()
     except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many kinds
         root: BaseException = exc  # the driver's reason, under optuna's and sqlalchemy's
-        while root.__cause__ is not None or root.__context__ is not None:
-            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        for _ in range(20):  # (a chain is short; a cycle in one must not hang)
+            below = root.__cause__ or root.__context__
+            if below is None:
+                break
+            root = below
         why = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
         raise ValueError(f"--storage {shown!r}: cannot open it as an optuna storage and write "
                          f"to it ({why}); expected a database URL that opens and takes "

@@ -663,15 +663,16 @@ def _check_instances(df: pd.DataFrame, group: np.ndarray, source: str | None) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _member_list(text: str) -> tuple[frozenset[int] | None, str]:
-    """The ranks of one ``group_ranks`` text (``None``: not a list of ranks) and its
-    :func:`members_key`. Cached: the logs of one job, file after file, list the same
-    communicators, and a list of 8,192 ranks is 40 kB to parse."""
+def _member_list(text: str) -> tuple[frozenset[int] | None, str, int]:
+    """The ranks of one ``group_ranks`` text (``None``: not a list of ranks), its
+    :func:`members_key` and how many ranks it lists (more than it holds: one listed twice).
+    Cached: the logs of one job, file after file, list the same communicators, and a list of
+    8,192 ranks is 40 kB to parse."""
     tokens = text.split()
     # more than 19 digits is beyond int64 (and int() refuses over 4,300)
     if tokens and not all(t.isascii() and t.isdigit() and len(t) <= 19 for t in tokens):
-        return None, ""
-    return frozenset(int(t) for t in tokens), members_key(text)
+        return None, "", len(tokens)
+    return frozenset(int(t) for t in tokens), members_key(text), len(tokens)
 
 
 def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> None:
@@ -683,18 +684,17 @@ def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> No
     codes, lists = pd.factorize(df["group_ranks"])
     mcode = codes[listed]
     parsed = [_member_list(str(t)) for t in lists]
-    for k, (members_of_k, _) in enumerate(parsed):
+    for k, (members_of_k, _, listed_of_k) in enumerate(parsed):
         if members_of_k is None:
             raise SchemaError(
                 "not a list of ranks", source=source, column="group_ranks",
                 row=int(listed[_first_bad(mcode == k)]), value=str(lists[k]),
                 expected="global ranks (integers >= 0) separated by spaces",
             )
-        tokens = str(lists[k]).split()
-        if len(members_of_k) != len(tokens):  # (a communicator's members are distinct ranks)
+        if len(members_of_k) != listed_of_k:  # (a communicator's members are distinct ranks)
             seen: set[int] = set()
             twice = -1
-            for r in map(int, tokens):
+            for r in map(int, str(lists[k]).split()):  # (the error path only)
                 if r in seen:
                     twice = r
                     break
@@ -706,8 +706,8 @@ def _check_groups(df: pd.DataFrame, group: np.ndarray, source: str | None) -> No
                 value=text if len(text) <= 80 else text[:77] + "...",
                 expected="each member of the communicator once",
             )
-    members = [m or frozenset() for m, _ in parsed]
-    same = pd.factorize(np.array([key for _, key in parsed], dtype=object))[0]
+    members = [m or frozenset() for m, _, _ in parsed]
+    same = pd.factorize(np.array([key for _, key, _ in parsed], dtype=object))[0]
     found = _contradiction(group[listed], same[mcode])
     if found is not None:
         row, first = (int(listed[k]) for k in found)

@@ -218,9 +218,7 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             self.threshold_ = float(best.user_attrs.get("threshold", 0.5))
         else:
             self.best_params_, self.best_score_, self.threshold_ = {}, float("nan"), 0.5
-        self.best_estimator_ = _base(
-            self.estimator, self.random_state, {**self.best_params_, "threshold": self.threshold_}
-        ).fit(Xa, y01)
+        self._fit_chosen(Xa, y01)
         logger.info("tuned %s: best F1 %.4f with %s", self.estimator, self.best_score_,
                     self.best_params_)
         return self
@@ -235,9 +233,13 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             raise ValueError(f"TunedDetector.refit: y has classes {classes.tolist()}; expected "
                              "exactly two (normal, abnormal)")
         self.classes_ = classes
+        return self._fit_chosen(Xa, (ya == classes[1]).astype(np.int64))
+
+    def _fit_chosen(self, X: np.ndarray, y01: np.ndarray) -> TunedDetector:
+        """Fit ``best_params_`` and ``threshold_`` on every row as ``best_estimator_``."""
         self.best_estimator_ = _base(
             self.estimator, self.random_state, {**self.best_params_, "threshold": self.threshold_}
-        ).fit(Xa, (ya == classes[1]).astype(np.int64))
+        ).fit(X, y01)
         return self
 
     def decision_function(self, X) -> np.ndarray:

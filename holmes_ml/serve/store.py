@@ -222,6 +222,15 @@ _BLOCKS = {"iterations": "iteration_blocks", "abnormal": "abnormal_records",
            "compute": "compute_blocks"}
 
 
+def _rows_for_keys(db: sqlite3.Connection, sql: str, args: tuple, keys: Sequence[str]
+                   ) -> Iterator[tuple]:
+    """The rows of ``sql`` (``args``, then its ``IN ({})`` given ``keys``), 500 keys a query
+    (SQLite's limit on bound variables)."""
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        yield from db.execute(sql.format(",".join("?" * len(chunk))), (*args, *chunk))
+
+
 def _block_rows(db: sqlite3.Connection, table: str, where: str, args: tuple) -> int:
     """Rows the blocks of ``table`` (one of :data:`_BLOCKS`) hold where ``where``."""
     return int(db.execute(f"SELECT coalesce(sum(n), 0) FROM {table} WHERE {where}",
@@ -655,11 +664,7 @@ class Store:
         a job deleted under a running agent (or a refused first batch) lost them, and the ack
         tells the agent to send them again."""
         def missing(sql: str, keys: list[str]) -> list[str]:
-            known: set[str] = set()
-            for i in range(0, len(keys), 500):
-                chunk = keys[i:i + 500]
-                known.update(r[0] for r in db.execute(
-                    sql.format(",".join("?" * len(chunk))), (job, *chunk)))
+            known = {r[0] for r in _rows_for_keys(db, sql, (job,), keys)}
             return [k for k in keys if k not in known]
 
         return {
@@ -773,13 +778,9 @@ class Store:
         if not values:
             return
         keys = sorted(values)
-        known: dict[str, tuple[str, str, str]] = {}
-        for i in range(0, len(keys), 500):
-            chunk = keys[i:i + 500]
-            rows = db.execute(
-                "SELECT key, value, source, batch_id FROM facts WHERE job=? AND fact=? AND key IN"
-                f" ({','.join('?' * len(chunk))})", (job, fact, *chunk))
-            known.update((k, (v, s, b)) for k, v, s, b in rows)
+        known = {k: (v, s, b) for k, v, s, b in _rows_for_keys(
+            db, "SELECT key, value, source, batch_id FROM facts WHERE job=? AND fact=? AND key IN"
+            " ({})", (job, fact), keys)}
         clash = [k for k in keys if k in known and known[k][0] != values[k]]
         if clash:
             k = clash[0]
