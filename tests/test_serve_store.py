@@ -169,6 +169,13 @@ def test_a_window_of_iterations_must_be_a_count(tmp_path):
     ServeSettings(db=tmp_path / "s.db", keep_iterations=200).check()
 
 
+def test_large_requests_at_once_must_be_a_positive_count(tmp_path):
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="--large-at-once"):
+            ServeSettings(db=tmp_path / "s.db", max_large_requests=bad).check()
+    ServeSettings(db=tmp_path / "s.db", max_large_requests=1).check()
+
+
 def test_a_deleted_job_leaves_nothing_behind(tmp_path):
     settings = ServeSettings(db=tmp_path / "s.db", token=TOKEN, analyze_interval_s=0)
     with TestClient(create_app(settings, analyzers=ANALYZERS)) as c:

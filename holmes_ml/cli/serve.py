@@ -35,6 +35,11 @@ def register(app: typer.Typer) -> None:
                                     "job's top candidate device changes."),
         max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "
                                           "in MiB (also once gunzipped); at least 0.001."),
+        large_at_once: int = typer.Option(2, "--large-at-once", help="Requests with a body of "
+                                          "1 MiB or more handled at once; the others wait "
+                                          "their turn. Parsed, a body costs some 15x its "
+                                          "size: they take about N x 15 x "
+                                          "--max-body-mb."),
         analyze_every: float = typer.Option(2.0, "--analyze-every",
                                             help="Seconds between background localizations "
                                             "of jobs with new data (0: only on POST "
@@ -63,6 +68,7 @@ def register(app: typer.Typer) -> None:
                              f"at least {MIN_BODY_MB:g}")
         settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
+                                 max_large_requests=large_at_once,
                                  analyze_interval_s=analyze_every,
                                  analyze_last=analyze_last, keep_iterations=keep_iterations)
         settings.check()  # a ValueError naming the option: one `error:` line

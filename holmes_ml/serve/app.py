@@ -15,6 +15,7 @@ OpenAPI at ``/openapi.json`` and ``/docs``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -76,6 +77,10 @@ from holmes_ml.topology import Topology  # noqa: E402
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 64 * 2**20
+#: A request body of at least this many bytes (inflated) is *large*: parsed into Python objects
+#: it costs some 15x its size (24 MiB of raw records as short numbers took 350 MB), so only
+#: ``ServeSettings.max_large_requests`` of them are handled at once and the others wait.
+LARGE_BODY = 2**20
 
 
 def _is_json_type(content_type: str) -> bool:
@@ -106,6 +111,12 @@ class ServeSettings:
         URL that receives a JSON POST when a job's top candidate device changes.
     max_body_bytes:
         Largest request body accepted (after gzip decompression too).
+    max_large_requests:
+        (``--large-at-once``) How many requests with a body of :data:`LARGE_BODY` bytes or more are parsed and stored
+        at once; the others wait their turn (nothing is refused). A body parsed into Python
+        objects costs some 15x its size, so this bounds the service's memory when many
+        agents or loggers upload at once (a backlog after an outage): about
+        ``max_large_requests * 15 * max_body_bytes`` for them.
     analyze_interval_s:
         How often the background thread re-localizes jobs with new data (0: never; use
         ``POST /v1/jobs/{job}/analyze``).
@@ -132,6 +143,7 @@ class ServeSettings:
     model: Path | None = None
     webhook: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
+    max_large_requests: int = 2
     analyze_interval_s: float = 2.0
     analyze_last: int = 200
     keep_iterations: int = 0
@@ -148,6 +160,10 @@ class ServeSettings:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes {self.max_body_bytes}: expected at least 1024 "
                              "bytes")
+        if isinstance(self.max_large_requests, bool) or not isinstance(
+                self.max_large_requests, int) or self.max_large_requests < 1:
+            raise ValueError(f"--large-at-once {self.max_large_requests!r}: expected a "
+                             "number of requests >= 1")
         if not (math.isfinite(self.analyze_interval_s) and self.analyze_interval_s >= 0):
             raise ValueError(f"--analyze-every {self.analyze_interval_s:g}: expected seconds "
                              ">= 0 (0: only on POST /v1/jobs/JOB/analyze)")
@@ -340,13 +356,17 @@ class BodyLimit:
     """ASGI middleware: refuse bodies over ``limit`` bytes (413) and inflate gzip bodies.
 
     The body is read up front (the JSON parser needs it whole anyway), so an oversized upload is
-    cut off at ``limit + 1`` bytes instead of being buffered.
+    cut off at ``limit + 1`` bytes instead of being buffered. Requests whose (inflated) body
+    has :data:`LARGE_BODY` bytes or more are handed on ``max_large`` at a time; the others wait.
     """
 
-    def __init__(self, app: Any, limit: int, token: str | None = None) -> None:
+    def __init__(self, app: Any, limit: int, token: str | None = None,
+                 max_large: int = 2) -> None:
         self.app = app
         self.limit = limit
         self.token = token
+        self.max_large = max_large
+        self._large: asyncio.Semaphore | None = None  # made on the server's event loop
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -407,7 +427,13 @@ class BodyLimit:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        if len(body) < LARGE_BODY:
+            await self.app(scope, replay, send)
+            return
+        if self._large is None:
+            self._large = asyncio.Semaphore(self.max_large)
+        async with self._large:
+            await self.app(scope, replay, send)
 
     @staticmethod
     async def _refuse(send: Callable, status: int, detail: str, field: str = "body") -> None:
@@ -683,7 +709,8 @@ def create_app(
     )
     app.router.route_class = _UniqueKeysRoute
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, token=settings.token)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, token=settings.token,
+                       max_large=settings.max_large_requests)
 
     def require_token(authorization: str | None = Header(default=None)) -> None:
         if settings.token and not token_matches(authorization, settings.token):
