@@ -38,8 +38,8 @@ def register(app: typer.Typer) -> None:
         large_at_once: int = typer.Option(2, "--large-at-once", help="Requests with a body of "
                                           "1 MiB or more handled at once; the others wait "
                                           "their turn. Parsed, a body costs some 15x its "
-                                          "size: they take about N x 15 x "
-                                          "--max-body-mb."),
+                                          "size, so they take about N x 15 x the largest "
+                                          "body."),
         analyze_every: float = typer.Option(2.0, "--analyze-every",
                                             help="Seconds between background localizations "
                                             "of jobs with new data (0: only on POST "
