@@ -106,3 +106,87 @@ def test_heat_map_ticks_fall_on_round_numbers():
     assert list(it[_round_ticks(it, 8)]) == list(range(1000, 1040, 5))
     assert len(_round_ticks(np.array([7]), 8)) == 1
     assert len(_round_ticks(np.array([], dtype=int), 8)) == 0
+
+
+# ----------------------------------------------------------------- what the plots draw
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_slow_flows_evidence_points_at_its_slowest_instance(seed):
+    res = simulate(SimConfig(gpus=128, model="llama2-7b", iterations=16, seed=seed,
+                             faults=(FaultSpec.parse("nic_slow:rank=9,severity=2,start=6"),)))
+    summary = pipeline.summarize(without_labels(res.ops))
+    verdict = pipeline.localize_summaries([summary], res.topology)
+    comm = [e for c in verdict.candidates[:1] for e in c.evidence if e.rule == "communication"
+            and e.op != "send/recv"]
+    assert comm, verdict.to_dict()
+    ab = summary.abnormal.assign(group=summary.abnormal["group"].astype(str))
+    size = ab.groupby("group")["rank"].nunique()
+    for e in comm:
+        copies = ab[ab["group"] == e.group]
+        # instances with every member's copy abnormal, by their median excess (the event weight)
+        inst = copies.groupby(["iteration", "seq"]).agg(n=("rank", "nunique"),
+                                                        excess=("excess_us", "median"))
+        whole = inst[inst["n"] >= size[e.group]]
+        assert whole["excess"].idxmax() == (e.iteration, e.seq)
+        # the sentence says how many instances the bar adds up, and over which iterations
+        first, last = (int(x) for x in e.detail.split("over iterations ")[1].split(" ")[0]
+                       .split("-"))
+        assert first <= e.iteration <= last
+        assert f"in iteration {e.iteration}," in e.detail
+
+
+def test_heat_map_scale_leaves_the_warm_up_out():
+    from holmes_ml.report import heat_limit, rank_heat
+
+    table = _iterations(64, 20, 0)
+    table.loc[(table["iteration"] == 0) & (table["rank"] < 32), "comm_us"] *= 3.0  # warm-up
+    late = (table["iteration"] >= 10) & (table["rank"] == 7)
+    table.loc[late, "comm_us"] *= 1.5
+    log_rel, _ = rank_heat(table)
+    assert np.isclose(heat_limit(log_rel), np.log2(1.5), atol=0.05)
+    # jitter of 2 % alone: the floor, so it stays pale
+    assert np.isclose(heat_limit(rank_heat(_iterations(64, 20, 1))[0]), np.log2(1.25))
+    # too few iterations to spare any: every one counts
+    assert heat_limit(rank_heat(table[table["iteration"] < 5])[0]) > 1.0
+
+
+def test_iteration_plot_breaks_at_gaps_and_draws_the_monitors_line():
+    from holmes_ml.features.iterations import IrregularityConfig, detect_irregular
+    from holmes_ml.report import iteration_line
+
+    table = _iterations(4, 40, 0)
+    table = table[(table["iteration"] < 12) | (table["iteration"] >= 30)]  # two stretches
+    long = table["iteration"] == 33
+    table.loc[long, "end_ns"] += 1_000_000_000
+    line = iteration_line(table, delta=1.2)
+    assert list(line.index) == list(range(12)) + list(range(30, 40))
+    assert list(line["x"]) == list(range(12)) + list(range(13, 23))  # the gap: one step
+    assert list(np.flatnonzero(line["gap_before"])) == [12]
+    spans = pd.DataFrame({"duration_s": line["seconds"]})
+    spans.index.name = "iteration"
+    ref = detect_irregular(spans, IrregularityConfig(delta=1.2))
+    assert np.allclose(line["threshold"], 1.2 * ref["reference_s"])
+    assert line.loc[33, "seconds"] > line.loc[33, "threshold"]
+    assert (line.drop(index=33)["seconds"] < line.drop(index=33)["threshold"]).all()
+
+
+def test_a_host_suspects_graph_reaches_its_communicators_through_its_gpus(tmp_path):
+    from holmes_ml.report import _touching
+
+    res = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=2, iterations=12, seed=3,
+                             faults=(FaultSpec.parse("host_stall:rank=20,severity=0.2,start=5"),)))
+    summary = pipeline.summarize(without_labels(res.ops))
+    verdict = pipeline.localize_summaries([summary], res.topology)
+    top = verdict.candidates[0]
+    assert top.kind.value == "host", verdict.to_dict()
+    g = evidence_graph(summary, verdict, res.topology)
+    comms = _touching(g, top.device)
+    assert comms and all(g.nodes[c]["kind"] == "communicator" for c in comms)
+    assert not any(g.nodes[m]["kind"] == "communicator" for m in g.neighbors(top.device))
+    # each is a communicator of one of the host's GPUs, and each GPU's are all there
+    gpus = [m for m in g.neighbors(top.device) if g.nodes[m]["kind"] == "gpu"]
+    assert gpus
+    assert comms == {c for m in gpus for c in g.neighbors(m)
+                     if g.nodes[c]["kind"] == "communicator"}
+    assert "graph.png" in {p.name for p in write_plots(verdict, summary.iterations, tmp_path, g)}

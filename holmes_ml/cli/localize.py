@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         plot: Path | None = typer.Option(
             None, "--plot", help="Write PNG plots into this dir: iteration time with the "
-            "irregular iterations, a rank x iteration heat map of communication time (the first "
+            "irregular iterations and the line they crossed, a rank x iteration heat map of communication time (the first "
             "suspects marked), the top suspect's evidence, "
             "the slow communicators around the first suspects, and - when the logs carry "
             "each step's compute time (step_compute_us), or a heavier stage was read off "
@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             from holmes_ml.report import write_plots
 
-            written = write_plots(verdict, summary.iterations, plot, evidence)
+            written = write_plots(verdict, summary.iterations, plot, evidence, cfg.delta)
             # on stderr: stdout may be the --json verdict
             typer.echo(f"plots: {', '.join(p.name for p in written)} in {plot}", err=True)
         if graph is not None:

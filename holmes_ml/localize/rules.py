@@ -1372,6 +1372,17 @@ def _repeated_peak(per_iteration: dict[int, int]) -> int:
     return peak if peak >= 2 else 0
 
 
+def _slow_flow_detail(row: pd.Series) -> str:
+    """What a slow flow's evidence says: how many of its instances were slow and over which
+    iterations (its weight is their sum), and the slowest one (the evidence's instance)."""
+    n, first, last = int(row["n"]), int(row["first"]), int(row["last"])
+    its = f"iteration {first}" if first == last else f"iterations {first}-{last}"
+    if n == 1:
+        return f"every copy of {row['group']} was slow in {its}"
+    return (f"every copy of {row['group']} was slow in {n} instances over {its} (summed; the "
+            f"slowest, in iteration {int(row['it'])}, {duration(float(row['one']))})")
+
+
 def _device_candidates(
     comm: pd.DataFrame,
     members: pd.DataFrame,
@@ -1445,9 +1456,14 @@ def _device_candidates(
     iters_of = steps.groupby("flow")["iteration"].unique()
     whole_iters = steps[steps["n"] >= cfg.min_evidence].groupby("flow")["iteration"].unique()
     per_flow = by_flow.groupby("flow").agg(
-        w=("weight", "sum"), n=("weight", "size"), it=("iteration", "first"),
-        seq=("seq", "first"), op=("op", "first"), group=("group", "first"),
+        w=("weight", "sum"), n=("weight", "size"), first=("iteration", "min"),
+        last=("iteration", "max"), op=("op", "first"), group=("group", "first"),
         lag=("lag", "sum"))
+    # the instance a flow's evidence points at: its slowest one (the first in the window may
+    # come before the slowdown shows in the iteration time)
+    heaviest = by_flow.loc[by_flow.groupby("flow")["lag"].idxmax()].set_index("flow")
+    per_flow = per_flow.assign(it=heaviest["iteration"], seq=heaviest["seq"],
+                               one=heaviest["lag"])
 
     weight: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
@@ -1473,9 +1489,7 @@ def _device_candidates(
                 whole_at[d][int(i)] += 1
             evid[d].append(Evidence(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
-                "communication", f"every copy of {row['group']} was slow ({row['n']} instance"
-                f"{'s' * (row['n'] != 1)})",
-                float(row["lag"]),
+                "communication", _slow_flow_detail(row), float(row["lag"]),
             ))
     net_total = float(per_flow["w"].sum())
     # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring
