@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import httpx
 from test_serve_support import (
@@ -154,7 +155,7 @@ def test_once_on_a_half_written_iteration_ships_its_late_rows_on_the_next_run(tm
         srv.stop()
 
 
-def test_a_refused_token_keeps_the_batches_queued_for_the_right_one(tmp_path):
+def test_a_refused_token_keeps_the_batches_queued_for_the_right_one(tmp_path, caplog):
     """A wrong or rotated token is a setting to fix, not bad data: the batches stay queued
     (a run with the right token ships them) instead of being marked rejected and lost."""
     ops = make_ops(seed=13, ranks=4, iterations=6)
@@ -165,8 +166,11 @@ def test_a_refused_token_keeps_the_batches_queued_for_the_right_one(tmp_path):
                       backoff_s=0.05, timeout_s=5, once_retry_s=30)
     try:
         wrong = Agent(cfg, summarize=fallback_summarize)
-        wrong.run(once=True)  # gives up at once: the same token is refused again
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            wrong.run(once=True)  # gives up at once: the same token is refused again
         assert wrong.auth_refused and wrong.auth_refused.startswith("HTTP 401")
+        said = caplog.text
+        assert "refused the token" in said and "unreachable" not in said, said
         assert wrong.stats.batches_rejected == 0 and wrong.outbox.n_pending() == 1
         wrong.close()
         assert httpx.get(srv.url + "/v1/jobs/tok").status_code == 404
@@ -189,6 +193,7 @@ def test_a_json_file_in_no_trace_format_is_ignored_until_it_changes(tmp_path, ca
     ops.to_json(logs / "native.jsonl.gz", orient="records", lines=True, compression="gzip")
     # what a `holmes simulate` directory holds beside its log, and a trace not begun yet
     (logs / "config.json").write_text('{"gpus": 128, "iterations": 30, "seed": 0}')
+    (logs / "topology.json").write_text('{"ranks": {}, "groups": []}')
     (logs / "next.json").write_text("")
     agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
                   summarize=fallback_summarize)
@@ -197,7 +202,10 @@ def test_a_json_file_in_no_trace_format_is_ignored_until_it_changes(tmp_path, ca
         assert agent.read_new() == 0
     assert agent.bad_files == {}
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 1 and "config.json is in none of the trace formats" in warned[0], warned
+    assert len(warned) == 2 and "config.json is in none of the trace formats" in warned[0], warned
+    # the topology beside the logs is no trace either: the warning says how to give it
+    assert "topology.json" in warned[1] and "--topology" in warned[1], warned
+    assert "--topology" not in warned[0]
     # changed into a trace (one that does not parse): read with the others, and refused
     (logs / "config.json").write_text('{"traceEvents": [')
     assert agent.read_new() == 0

@@ -210,6 +210,10 @@ def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
     for extra, expected in cases:
         line = _one_error_line(CliRunner().invoke(app, ["localize", missing, *extra]))
         assert line.startswith(f"error: {expected}"), (extra, line)
+    # the settings listed are those --set takes (delta and top_k have options of their own)
+    listed = _one_error_line(CliRunner().invoke(app, ["localize", missing, "--set", "late=1"]))
+    listed = listed.split("expected one of ", 1)[1].split(", ")
+    assert "late_fraction" in listed and "delta" not in listed and "top_k" not in listed
     # a real override changes the verdict: a healthy noisy ring read without a topology names
     # a NIC once the quiet-window rule is off
     from holmes_ml.io.schema import without_labels

@@ -288,6 +288,24 @@ def test_wrong_explicit_format_says_what_the_file_looks_like(tmp_path, caplog, f
     assert "not UTF-8" not in caplog.text  # (its bytes are not decoded as text first)
 
 
+@pytest.mark.parametrize("fmt", ["native", "nccl-inspector"])
+@pytest.mark.parametrize("doc, kind", [
+    ({"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "ncclKernel", "ts": 1}]},
+     "Kineto"),
+    ({"version": "2.4", "entries": []}, "Flight Recorder"),
+    ({"ops": [{"a": 1}, {"a": 2}]}, "one JSON document spread over lines"),
+])
+def test_pretty_printed_json_read_as_lines_says_what_it_is(tmp_path, fmt, doc, kind):
+    # a valid document over many lines is not "malformed JSON at line 2"
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(doc, indent=2))
+    with pytest.raises(SchemaError) as err:
+        read_ops(p, format=fmt)
+    msg = str(err.value)
+    assert "rank0.json" in msg and "not JSON Lines" in msg and kind in msg, msg
+    assert "malformed" not in msg
+
+
 def test_csv_read_as_bytedance_says_it_is_not_parquet(tmp_path):
     p = _write(_ops(), tmp_path / "ops.csv")
     with pytest.raises(SchemaError, match=r"ops\.csv.*not a Parquet file.*looks like CSV"):

@@ -226,7 +226,7 @@ def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, capl
     assert read_header(out)["training_data_sha256"] == data_hash(X, y)
 
 
-def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path):
+def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path, capfd):
     """--trials N runs N trials (the fit on every row reuses the held-out fit's study), in a
     study named after the estimator by default; a study of another estimator, an in-memory
     database and an --out that is the database are refused before any work."""
@@ -242,6 +242,9 @@ def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path):
                                       str(tmp_path / "t.holmes")])
     assert result.exit_code == 0, result.output
     assert optuna.get_all_study_names(url) == ["holmes-tuned-lgbm"]
+    # the storage check's scratch study is not announced as if it were the one tuned
+    said = capfd.readouterr().err + result.output
+    assert "holmes-write-check" not in said and "holmes-tuned-lgbm" in said, said
     assert len(optuna.load_study(study_name="holmes-tuned-lgbm", storage=url).trials) == 2
     # without a storage (an in-memory study) the saved model keeps what the trials chose
     result = CliRunner().invoke(app, [*args[:4], "--estimator", "tuned-rf", "--out",

@@ -132,10 +132,12 @@ def check_not_input(path: Path, option: str, inputs: list[Path] | list[str]) -> 
                              f"{given}; expected a path outside the inputs")
 
 
-def config_overrides(items: list[str], config: type, option: str = "--set") -> dict[str, Any]:
+def config_overrides(items: list[str], config: type, option: str = "--set",
+                     own: dict[str, str] | None = None) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as keyword arguments of the dataclass ``config``.
 
-    Each key must be one of its fields; the value is read as the field's type (an int, a number,
+    Each key must be one of its fields, except those in ``own`` (a field: the command's own
+    option for it, which is then asked for instead); the value is read as the field's type (an int, a number,
     ``true``/``false``, or ``none`` where the field may be unset). The dataclass's own checks
     of the values run when it is built.
 
@@ -148,13 +150,17 @@ def config_overrides(items: list[str], config: type, option: str = "--set") -> d
     ValueError: --set late_fraction=half: expected a finite number
     """
     hints = typing.get_type_hints(config)
-    fields = {f.name for f in dataclasses.fields(config)}
+    own = own or {}
+    fields = {f.name for f in dataclasses.fields(config)} - set(own)
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key, text = key.strip(), text.strip()
         if not sep or not key:
             raise ValueError(f"{option} {item!r}: expected KEY=VALUE, e.g. late_fraction=0.3")
+        if key in own:  # two places for one setting: say which one counts
+            raise ValueError(f"{option} {key}: has its own option; expected {own[key]} {text} "
+                             "instead")
         if key not in fields:
             raise ValueError(f"{option} {item}: no setting {key!r}; expected one of "
                              f"{', '.join(sorted(fields))}")

@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
             ..., help=f"Which benchmark: {', '.join(BENCHMARKS)} or 'all'.", show_default=False
         ),
         quick: bool = typer.Option(
-            False, "--quick", help="Small sizes that finish in a few minutes (what CI runs)."
+            False, "--quick", help="Small sizes: about 5 minutes per benchmark on 2 cores "
+            "(localize, detector), less for the others."
         ),
         out: Path = typer.Option(
             Path("bench-results"), "--out", help="Directory for NAME.json, NAME.md and the PNG plots of the benchmarks that draw them."

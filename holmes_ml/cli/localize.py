@@ -115,11 +115,8 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--graph {graph}: is one of the plots --plot writes "
                                  f"({', '.join(PLOT_NAMES)}); expected another file name, "
                                  "e.g. evidence.graphml")
-        overrides = config_overrides(settings, LocalizeConfig)
-        for key, option in (("delta", "--delta"), ("top_k", "--top-k")):
-            if key in overrides:  # two places for one setting: say which one counts
-                raise ValueError(f"--set {key}: has its own option; expected {option} "
-                                 f"{overrides[key]} instead")
+        overrides = config_overrides(settings, LocalizeConfig,
+                                     own={"delta": "--delta", "top_k": "--top-k"})
         cfg = replace(LocalizeConfig(), **{"top_k": top_k, "delta": delta, **overrides})
         mdl: object = None
         if model is not None:

@@ -141,6 +141,10 @@ def register(app: typer.Typer) -> None:
                                     progress=sys.stderr.isatty())
         size = out.stat().st_size
         typer.echo(f"wrote {out} ({size / 1e6:.2f} MB)")
+        if storage is not None:  # where the trials are, for the next process to join
+            from holmes_ml.models.tuner import storage_label
+
+            typer.echo(f"  study: {study} in {storage_label(storage)}")
         for k, v in metrics.items():
             typer.echo(f"  {k}: {v:,.0f}" if float(v).is_integer() and k != "heldout_f1"
                        else f"  {k}: {v:.4g}")
@@ -173,6 +177,10 @@ def _check_storage(url: str, out: Path) -> None:
             raise ValueError(f"--out {out}: is the --storage database; writing the model "
                              "there would destroy the study. Expected another file")
     name = f"holmes-write-check-{uuid.uuid4().hex}"
+    # optuna logs "A new study created in RDB with name: ..." for this scratch study: quiet
+    # here, the user would take it for the study being tuned
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         storage = optuna.storages.RDBStorage(url)
         optuna.delete_study(study_name=optuna.create_study(storage=storage,
@@ -190,6 +198,8 @@ def _check_storage(url: str, out: Path) -> None:
         raise ValueError(f"--storage {shown!r}: cannot open it as an optuna storage and write "
                          f"to it ({why}); expected a database URL that opens and takes "
                          "writes, e.g. sqlite:///study.db") from exc
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 #: Spellings of an ``abnormal`` label, compared in lower case.

@@ -307,6 +307,21 @@ def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
         ) from exc
 
 
+def _one_document(text: str) -> str | None:
+    """What a text whose first line is no JSON object is, when the whole of it is one JSON
+    document (pretty-printed over lines), else None."""
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if isinstance(doc, dict) and "traceEvents" in doc:
+        return "a Kineto (PyTorch profiler) trace; read it with --format kineto or auto"
+    if isinstance(doc, dict) and "entries" in doc:
+        return "a Flight Recorder dump (as JSON); read it with --format flight-recorder or auto"
+    return ("one JSON document spread over lines, not an object per line; another format "
+            "(--format auto tells them apart)")
+
+
 def iter_jsonl(
     path: str | Path, what: str = "one JSON object per line"
 ) -> Iterator[tuple[int, dict]]:
@@ -329,6 +344,8 @@ def iter_jsonl(
                               line=lineno, expected="one JSON object per line") from None
         except json.JSONDecodeError as exc:
             kind = content_kind(raw) if first else None
+            if first and kind is None:
+                kind = _one_document(text)
             if kind is not None:
                 raise SchemaError(f"not JSON Lines: this looks like {kind}", source=str(path),
                                   expected=what) from exc

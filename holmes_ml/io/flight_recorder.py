@@ -109,7 +109,7 @@ def load_dump(path: str | Path, trust_pickle: bool = False) -> dict:
             raise SchemaError(f"cannot unpickle: {exc}", source=str(p)) from exc
     else:
         doc = load_json(p, what="a Flight Recorder JSON dump (or a pickled one with "
-                        "trust_pickle)")
+                        "--trust-pickle)")
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise SchemaError("not a Flight Recorder dump", source=str(p), column="entries",
                           expected="an object with an 'entries' list")

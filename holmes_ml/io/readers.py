@@ -134,7 +134,7 @@ def detect_format(path: str | Path) -> str:
         return "native"
     raise UnknownFormatError(
         "cannot tell the format of this file", source=str(p),
-        expected="one of " + ", ".join(FORMATS) + "; name it with --format or format=",
+        expected="one of " + ", ".join(FORMATS) + "; name it with --format (format= in Python)",
     )
 
 
@@ -765,7 +765,7 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
                 value=", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8
                                               else ""),
                 expected="files of one of " + ", ".join(FORMATS)
-                + "; name the format with --format or format=",
+                + "; name the format with --format (format= in Python)",
             )
     return kinds
 

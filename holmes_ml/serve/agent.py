@@ -612,7 +612,9 @@ class Agent:
                 except UnknownFormatError:
                     if seen is None or seen[1]:
                         logger.warning("agent: %s is in none of the trace formats (%s): "
-                                       "ignored until it changes", path, ", ".join(FORMATS))
+                                       "ignored until it changes%s", path, ", ".join(FORMATS),
+                                       "; a job's topology is given with --topology"
+                                       if path.name == "topology.json" else "")
                     known = False
                 except SchemaError:
                     known = True  # a corrupt gzip stream: reading it says so, naming the file
@@ -976,17 +978,19 @@ class Agent:
             self.auth_refused = f"HTTP {status}: {r.text[:300]}"
             logger.error("the service refused the token (HTTP %s): check --token / "
                          "HOLMES_SERVE_TOKEN; batches stay queued", status)
-            self._fail(self.auth_refused)
+            self._fail(self.auth_refused, "refused the token")
             return True
         if status >= 500 or status in (408, 429):
-            self._fail(f"HTTP {status}")
+            self._fail(f"HTTP {status}", "busy or failing")
             return True
         return False
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, state: str = "unreachable") -> None:
+        """Record a failed request (``state``: what the service is, as the log says) and wait
+        longer before the next."""
         self.last_error = why
         self.stats.failures += 1
-        logger.warning("service %s unreachable (%s); retrying in %.1fs", self.config.server,
+        logger.warning("service %s %s (%s); retrying in %.1fs", self.config.server, state,
                        why, self._backoff)
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
