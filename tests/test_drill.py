@@ -336,13 +336,12 @@ def test_bandwidth_drill_netns(tmp_path):
     if reason:
         pytest.skip(reason)
     # Communication-bound on purpose (no compute, 2mbit). The capped rank's tensor-parallel
-    # partner shares its slow TP flow, and its NIC can come out first by a hair: on this
-    # session's machine, quiet, 64-sample microbatches named the capped NIC in 9 of 13 runs
-    # (scores 0.41 against 0.39 for the partner), 8-sample ones in 11 of 12 (0.36-0.40 against
-    # 0.20-0.24; the miss 0.391 against 0.392); an earlier machine under load saw about 1 miss
-    # in 6 with 8. The partner's healthy DP and PP flows do not yet count against its NIC
-    # enough to part them for sure. With the CLI defaults (compute_s=0.03, 500kbit) 4 of 5
-    # runs named the capped NIC.
+    # partner shares its slow TP flow; what parts their NICs is the capped rank's data-parallel
+    # all_reduce, which it reaches last and then crawls through: counted as a slow transfer
+    # as well as lateness (rules._late_in_full), the capped NIC scores 0.93-0.99 against at
+    # most 0.78 for the next (8-sample microbatches 3 of 3, 64-sample 8 of 8, the CLI defaults
+    # 2 of 2). Before, only lateness: 64-sample microbatches named it in 9 of 13 runs (0.41
+    # against 0.39 for the partner's NIC), 8-sample ones in 14 of 15.
     res = run_drill(DrillConfig(fault="bandwidth", rank=3, iterations=12, out=str(tmp_path),
                                 compute_s=0.0, bandwidth_rate="2mbit", microbatch_size=8))
     assert not res.skipped

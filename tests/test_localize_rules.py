@@ -184,3 +184,31 @@ def test_slowdown_is_over_the_usual_iteration_not_the_median_of_all() -> None:
     assert _slowdown(times, (0, 1, 2, 3, 4, 5)) == {"usual_iteration_us": 21.0,
                                                    "slowdown": 40.0 / 21.0}
     assert _slowdown(times.iloc[:0], ()) == {}
+
+
+def _pair_instance(last_duration_us: float | None) -> pd.DataFrame:
+    """One data-parallel all_reduce of ranks 1 and 3 as abnormal records: rank 1 waited 430 ms
+    for rank 3; rank 3's own copy (``None``: not abnormal, absent) lasted ``last_duration_us``."""
+    rows = [(0, 1, "all_reduce", "dp-a", 0, 0, 500_000.0, 300_000.0)]
+    if last_duration_us is not None:
+        rows.append((0, 3, "all_reduce", "dp-a", 0, 430_000_000, last_duration_us, -100_000.0))
+    return pd.DataFrame(rows, columns=["iteration", "rank", "op", "group", "seq", "start_ns",
+                                       "duration_us", "excess_us"])
+
+
+@pytest.mark.parametrize("last", [70_000.0, 20.0, None])
+def test_a_late_arrivals_long_own_copy_is_also_a_slow_transfer(last) -> None:
+    # behind a capped NIC a rank reaches its data-parallel all_reduce late (its other transfers
+    # crawled) and then crawls through this one too: its copy is the transfer alone
+    from holmes_ml.localize.rules import _collective_events
+
+    members = pd.DataFrame({"group": ["dp-a", "dp-a"], "rank": [1, 3]})
+    ev = _collective_events(_pair_instance(last), members, pd.Series({"dp-a": 2}), CFG,
+                            pd.Series({"dp-a": "dp"}))
+    strag = ev[ev["rule"] == "straggler"]
+    assert list(strag["rank"]) == [3] and np.isclose(strag["weight"].iloc[0], 300_000.0)
+    comm = ev[ev["rule"] == "communication"]
+    if last is not None and last >= CFG.min_wait_us:
+        assert list(comm["rank"]) == [-1] and np.isclose(comm["weight"].iloc[0], last)
+    else:  # a short copy, or none flagged: the lateness alone
+        assert comm.empty

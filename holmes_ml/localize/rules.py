@@ -681,6 +681,9 @@ def _collective_events(
     late = _late_in_full(ab, full[(full["size"] >= 3) | same_stage.to_numpy()], key, cfg)
     comm = full[~full.set_index(key).index.isin(late.set_index(key).index)]
     comm = comm.assign(rank=-1, rule="communication", weight=comm["excess"])
+    # the late arrival's own copy was long too: after it came, the transfer itself was slow
+    xfer = late[late["own"] >= cfg.min_wait_us]
+    xfer = xfer.assign(rank=-1, rule="communication", weight=xfer["own"])
     if len(partial):
         # Absent members = normal copies = the late arrivals (vectorised anti-join).
         cand = partial.merge(members, on="group", how="inner")
@@ -692,7 +695,7 @@ def _collective_events(
     else:
         strag = pd.DataFrame()
     cols = key + ["op", "rank", "rule", "weight", "t"]
-    parts = [p[cols] for p in (comm, strag, late) if len(p)]
+    parts = [p[cols] for p in (comm, strag, late, xfer) if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
@@ -705,19 +708,22 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
                   cfg: LocalizeConfig) -> pd.DataFrame:
     """Straggler events of the instances in ``full`` (every copy abnormal) that one member
     held up: it arrived after all the others by at least ``cfg.late_fraction`` of their
-    median excess. Its copy was flagged too (its own transfer, on a loaded machine, took
-    longer than usual), but the others' waits are its lateness, not a slow link: on a slow
-    link the members arrive together and every copy is long. Instances of three members or
+    median excess. The others' waits are its lateness, not a slow link: on a slow link the
+    members arrive together and every copy is long. Its own copy was flagged too: it did not
+    wait, so that copy is the transfer alone, and a long one is slow communication as well
+    (a rank behind a capped NIC arrives late at its data-parallel all-reduce, because its
+    other transfers crawled, and then crawls through this one): ``own`` is its duration, which
+    the caller counts as a communication event of the instance. Instances of three members or
     more, or pairs of one pipeline stage (:data:`_SAME_STAGE_KINDS`, who do the same work
     before they meet: a two-rank data-parallel job): of two, one always arrives last, and a pair
     across stages is late by the job's shape (the embedding all-reduce between the first and
     the last pipeline stage, which the last reaches after the pipeline drained: ByteDance
     trace-AR) and would be read as a straggler whenever a slower step made both copies
     abnormal. The caller passes only the instances that qualify."""
-    cols = key + ["op", "rank", "rule", "weight", "t"]
+    cols = key + ["op", "rank", "rule", "weight", "t", "own"]
     if len(full) == 0 or cfg.late_fraction <= 0:
         return pd.DataFrame(columns=cols)
-    r = ab[key + ["rank", "start_ns", "excess_us"]].merge(full[key], on=key)
+    r = ab[key + ["rank", "start_ns", "excess_us", "duration_us"]].merge(full[key], on=key)
     r = r.sort_values("start_ns", kind="stable")
     r["pos"] = r.groupby(key, sort=False).cumcount(ascending=False)  # 0: the last arrival
     last = r[r["pos"] == 0].set_index(key)
@@ -729,7 +735,8 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
         return pd.DataFrame(columns=cols)
     out = full.set_index(key).loc[last.index[held.to_numpy()]].reset_index()
     return out.assign(rank=last["rank"][held].to_numpy(), rule="straggler",
-                      weight=others[held].to_numpy())[cols]
+                      weight=others[held].to_numpy(),
+                      own=last["duration_us"][held].to_numpy())[cols]
 
 
 def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig) -> pd.DataFrame:
@@ -1541,6 +1548,10 @@ def _device_candidates(
         for d in fabric.devices(ring):
             if d in suspects:
                 healthy[d] += 1
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("suspects' slow flows and healthy witnesses: %s",
+                     {d: (sorted(f for f, dd in crossing if dd == d), healthy[d])
+                      for d in suspects})
     out = []
     coords_of = _coords_table(topology)
     for d in sorted(suspects):
