@@ -112,8 +112,8 @@ class ServeSettings:
     max_body_bytes:
         Largest request body accepted (after gzip decompression too).
     max_large_requests:
-        (``--large-at-once``) How many requests with a body of :data:`LARGE_BODY` bytes or more are parsed and stored
-        at once; the others wait their turn (nothing is refused). A body parsed into Python
+        (``--large-at-once``) How many requests with a body of :data:`LARGE_BODY` bytes or
+        more are parsed and stored at once; the others wait their turn (nothing is refused). A body parsed into Python
         objects costs some 15x its size, so this bounds the service's memory when many
         agents or loggers upload at once (a backlog after an outage): about
         ``max_large_requests * 15 * max_body_bytes`` for them.
