@@ -751,6 +751,20 @@ def irregular_iterations(iterations: pd.DataFrame, config: LocalizeConfig | None
     return _irregular(iterations, (config or LocalizeConfig()).delta, log=False)
 
 
+def iteration_monitor(iterations: pd.DataFrame, delta: float = 1.1
+                      ) -> tuple[pd.DataFrame, bool]:
+    """The irregularity monitor's table (:func:`~holmes_ml.features.detect_irregular`) of a
+    span table (``iteration``, ``start_ns``, ``end_ns``; e.g. the ``iterations`` of a
+    :class:`NodeSummary`), each step timed as :func:`localize_summaries` times it, and whether
+    some step was timed end to end (its operators come at its end)."""
+    span = iteration_spans_of(iterations)
+    seconds, end_to_end = span_times(span, "start", "end", "last")
+    table = pd.DataFrame({"duration_s": seconds / 1e9}, index=span.index)
+    table.index.name = "iteration"
+    return (detect_irregular(table, IrregularityConfig(delta=delta)),
+            bool(np.asarray(end_to_end).any()))
+
+
 def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
                ) -> tuple[int, ...]:
     """The ``delta``-irregular iterations of a span table (``iteration``, ``start_ns``,
@@ -758,11 +772,7 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
     false."""
     if len(iterations) == 0:
         return ()
-    span = iteration_spans_of(iterations)
-    table = pd.DataFrame({"duration_s": span_times(span, "start", "end", "last")[0] / 1e9},
-                         index=span.index)
-    table.index.name = "iteration"
-    out = detect_irregular(table, IrregularityConfig(delta=delta))
+    out, _ = iteration_monitor(iterations, delta)
     irregular = tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
     if log:
         logger.info("%d of %d iterations irregular (delta=%.3g)", len(irregular), len(out),

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features.iterations import IrregularityConfig, detect_irregular, span_times
-from holmes_ml.localize.rules import iteration_spans_of, step_compute
+from holmes_ml.features.iterations import IrregularityConfig
+from holmes_ml.localize.rules import step_compute
 from holmes_ml.localize.types import Verdict
 
 if TYPE_CHECKING:
@@ -136,16 +136,16 @@ def iteration_line(iterations: pd.DataFrame, delta: float = IrregularityConfig.d
     (``delta`` times the monitor's reference, in seconds) and ``x``, its place on the axis:
     logged iterations side by side, a gap in the numbering one step wide (traces that log a few
     stretches of a long run stay readable) and marked by ``gap_before``."""
-    time_ns, end_to_end = span_times(iteration_spans_of(iterations), "start", "end", "last")
-    secs = (time_ns / 1e9).sort_index()
-    table = pd.DataFrame({"duration_s": secs.to_numpy()}, index=secs.index.rename("iteration"))
-    ref = detect_irregular(table, IrregularityConfig(delta=delta))["reference_s"]
-    its = secs.index.to_numpy(dtype=np.int64)
+    from holmes_ml.pipeline import iteration_monitor
+
+    monitor, end_to_end = iteration_monitor(iterations, delta)
+    its = monitor.index.to_numpy(dtype=np.int64)
     gap = np.r_[False, np.diff(its) > 1]
-    out = pd.DataFrame({"seconds": secs.to_numpy(), "threshold": delta * ref.to_numpy(),
+    out = pd.DataFrame({"seconds": monitor["duration_s"].to_numpy(),
+                        "threshold": delta * monitor["reference_s"].to_numpy(),
                         "x": np.arange(len(its)) + np.cumsum(gap), "gap_before": gap},
-                       index=secs.index)
-    out.attrs["end_to_end"] = bool(np.asarray(end_to_end).any())
+                       index=monitor.index)
+    out.attrs["end_to_end"] = end_to_end
     return out
 
 
