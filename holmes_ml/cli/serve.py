@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
                                           "in MiB (also once gunzipped); at least 0.001."),
         large_at_once: int = typer.Option(2, "--large-at-once", help="Requests with a body of "
                                           "1 MiB or more handled at once; the others wait "
-                                          "their turn. Parsed, a body costs some 15x its "
-                                          "size, so they take about N x 15 x the largest "
+                                          "their turn. Parsed, a body costs 5-10x its "
+                                          "size, so they take at most about N x 10 x the largest "
                                           "body."),
         analyze_every: float = typer.Option(2.0, "--analyze-every",
                                             help="Seconds between background localizations "

@@ -78,7 +78,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 64 * 2**20
 #: A request body of at least this many bytes (inflated) is *large*: parsed into Python objects
-#: it costs some 15x its size (24 MiB of raw records as short numbers took 350 MB), so only
+#: it costs 5-10x its size (``scripts/body_memory.py``: 5.0x for a logger's records, 9.3x for
+#: one-character values), so only
 #: ``ServeSettings.max_large_requests`` of them are handled at once and the others wait.
 LARGE_BODY = 2**20
 
@@ -114,9 +115,9 @@ class ServeSettings:
     max_large_requests:
         (``--large-at-once``) How many requests with a body of :data:`LARGE_BODY` bytes or
         more are parsed and stored at once; the others wait their turn (nothing is refused). A body parsed into Python
-        objects costs some 15x its size, so this bounds the service's memory when many
+        objects costs 5-10x its size, so this bounds the service's memory when many
         agents or loggers upload at once (a backlog after an outage): about
-        ``max_large_requests * 15 * max_body_bytes`` for them.
+        ``max_large_requests * 10 * max_body_bytes`` for them.
     analyze_interval_s:
         How often the background thread re-localizes jobs with new data (0: never; use
         ``POST /v1/jobs/{job}/analyze``).
