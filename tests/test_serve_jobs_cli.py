@@ -74,6 +74,7 @@ def test_a_deleted_job_is_gone_and_bad_requests_are_one_line(service, tmp_path):
     assert gone.returncode == 0 and gone.stdout.startswith("deleted job old ("), gone.stdout
     line = one_line_error(holmes("jobs", "old", "--server", srv.url))
     assert "HTTP 404" in line and "unknown job 'old'" in line
+    assert line.endswith(f"list them with holmes jobs --server {srv.url}"), line
     assert "old" not in [j["job"] for j in httpx.get(srv.url + "/v1/jobs").json()]
     nobody = f"http://127.0.0.1:{free_port()}"
     line = one_line_error(holmes("jobs", "--server", nobody))

@@ -125,6 +125,10 @@ class _Client:
                                f"({r.text[:200]!r}); expected a holmes serve answer") from None
         if r.status_code >= 400:
             why = body.get("detail") if isinstance(body, dict) else body
+            if isinstance(why, str):
+                # the service's hint names its endpoint; a CLI user lists jobs with the CLI
+                why = why.replace("list jobs with GET /v1/jobs",
+                                  f"list them with holmes jobs --server {self.server}")
             raise ServiceError(f"{method} {url}: HTTP {r.status_code}: {why}")
         return body
 
