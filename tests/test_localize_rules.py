@@ -210,5 +210,7 @@ def test_a_late_arrivals_long_own_copy_is_also_a_slow_transfer(last) -> None:
     comm = ev[ev["rule"] == "communication"]
     if last is not None and last >= CFG.min_wait_us:
         assert list(comm["rank"]) == [-1] and np.isclose(comm["weight"].iloc[0], last)
+        # the transfer began when rank 3 came, 430 ms after rank 1: placed there, not at 0
+        assert list(comm["t"]) == [430_000_000] and list(strag["t"]) == [0]
     else:  # a short copy, or none flagged: the lateness alone
         assert comm.empty

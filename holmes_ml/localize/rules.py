@@ -682,8 +682,9 @@ def _collective_events(
     comm = full[~full.set_index(key).index.isin(late.set_index(key).index)]
     comm = comm.assign(rank=-1, rule="communication", weight=comm["excess"])
     # the late arrival's own copy was long too: after it came, the transfer itself was slow
+    # (timed from its arrival: the transfer began when the last member came)
     xfer = late[late["own"] >= cfg.min_wait_us]
-    xfer = xfer.assign(rank=-1, rule="communication", weight=xfer["own"])
+    xfer = xfer.assign(rank=-1, rule="communication", weight=xfer["own"], t=xfer["own_t"])
     if len(partial):
         # Absent members = normal copies = the late arrivals (vectorised anti-join).
         cand = partial.merge(members, on="group", how="inner")
@@ -713,14 +714,15 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
     wait, so that copy is the transfer alone, and a long one is slow communication as well
     (a rank behind a capped NIC arrives late at its data-parallel all-reduce, because its
     other transfers crawled, and then crawls through this one): ``own`` is its duration, which
-    the caller counts as a communication event of the instance. Instances of three members or
-    more, or pairs of one pipeline stage (:data:`_SAME_STAGE_KINDS`, who do the same work
-    before they meet: a two-rank data-parallel job): of two, one always arrives last, and a pair
-    across stages is late by the job's shape (the embedding all-reduce between the first and
-    the last pipeline stage, which the last reaches after the pipeline drained: ByteDance
-    trace-AR) and would be read as a straggler whenever a slower step made both copies
-    abnormal. The caller passes only the instances that qualify."""
-    cols = key + ["op", "rank", "rule", "weight", "t", "own"]
+    the caller counts as a communication event of the instance from ``own_t``, its start.
+    Instances of three members or more, or pairs of one pipeline stage
+    (:data:`_SAME_STAGE_KINDS`, who do the same work before they meet: a two-rank
+    data-parallel job): of two, one always arrives last, and a pair across stages is late by
+    the job's shape (the embedding all-reduce between the first and the last pipeline stage,
+    which the last reaches after the pipeline drained: ByteDance trace-AR) and would be read as
+    a straggler whenever a slower step made both copies abnormal. The caller passes only the
+    instances that qualify."""
+    cols = key + ["op", "rank", "rule", "weight", "t", "own", "own_t"]
     if len(full) == 0 or cfg.late_fraction <= 0:
         return pd.DataFrame(columns=cols)
     r = ab[key + ["rank", "start_ns", "excess_us", "duration_us"]].merge(full[key], on=key)
@@ -736,7 +738,8 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
     out = full.set_index(key).loc[last.index[held.to_numpy()]].reset_index()
     return out.assign(rank=last["rank"][held].to_numpy(), rule="straggler",
                       weight=others[held].to_numpy(),
-                      own=last["duration_us"][held].to_numpy())[cols]
+                      own=last["duration_us"][held].to_numpy(),
+                      own_t=last["start_ns"][held].to_numpy())[cols]
 
 
 def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig) -> pd.DataFrame:
