@@ -268,3 +268,47 @@ def test_a_first_suspect_tied_with_the_faulty_device_counts_for_device_top1_ties
     assert row["top1"]  # the NIC's rank sends over the link
     assert row["device_top1"] is False
     assert row["device_top1_ties"] is True
+
+
+def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp_path):
+    import numpy as np
+
+    from holmes_ml.bench.localize import TRIALS_FILE, write_trials
+
+    lay = {"tp": 2, "pp": 2}
+
+    def spines(ops, topology):  # the same answer for every job: a switch above everyone
+        return ["switch:spine-0", "switch:spine-1"]
+
+    def shortest(ops, topology):  # numpy integers, as a pandas ranking gives them
+        total = ops.groupby("rank")["duration_us"].sum()
+        return total.index.to_numpy()[np.argsort(total.to_numpy())]
+
+    def raises(ops, topology):
+        raise RuntimeError("boom")
+
+    def odd(ops, topology):
+        return [1.5]
+
+    scs = [
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+            fault="gpu_slow:rank=9,severity=1.0,start=2"),
+        _sc(32, "3-D (tp,pp,dp)", "healthy", "", 5, iterations=6, layout=lay),
+    ]
+    plugins = {"spines": spines, "shortest": shortest, "raises": raises, "odd": odd}
+    summary, _, trials = _accuracy(scs, plugins, workers=1,
+                                   only=("shortest comm", *plugins))
+    by = {r["method"]: r for r in summary}
+    # a spine holds the slow GPU's rank, and every other rank: not a hit
+    assert by["spines"]["top1"] == 0.0 and by["spines"]["errors"] == 0
+    # numpy ranks are ranks: the plug-in scores as the built-in ranking it copies
+    assert by["shortest"]["top1"] == by["shortest comm"]["top1"] == 1.0
+    assert by["raises"]["errors"] == 2 and by["odd"]["errors"] == 2  # faulty and healthy job
+    assert by["shortest"]["errors"] == 0
+    failed = trials[trials["method"] == "odd"]["error"]
+    assert failed.str.startswith("TypeError: localizer returned a suspect of type float").all()
+    assert trials.loc[trials["method"] == "raises", "error"].tolist() == [
+        "RuntimeError: boom"] * 2
+    assert write_trials(trials, tmp_path) == TRIALS_FILE
+    back = pd.read_csv(tmp_path / TRIALS_FILE)
+    assert len(back) == len(trials) and {"method", "seed", "top1", "error"} <= set(back)

@@ -38,3 +38,17 @@ def test_plugin_loader_errors_name_the_spec():
     with pytest.raises(ValueError, match="module:attribute"):
         load_localizer("just-a-name")
     assert suspect_ranks(5, topology=None) == frozenset({5})
+
+    import numpy as np
+
+    assert suspect_ranks(np.int64(7), topology=None) == frozenset({7})
+    with pytest.raises(TypeError, match="of type bool"):
+        suspect_ranks(np.bool_(True), topology=None)
+
+
+def test_plugin_loader_refuses_a_callable_that_cannot_take_ops_and_topology():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"cannot be called as \(ops, topology\)"):
+        load_localizer("holmes_ml.topology:device_kind")  # takes one argument
+    assert load_localizer("holmes_ml.bench.plugins:example_longest_comm")

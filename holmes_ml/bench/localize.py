@@ -13,13 +13,16 @@ noisy, drifting clusters (:func:`healthy_sweep`: how often a healthy job gets a 
 sweep of faulty jobs drawn the same way (:func:`noisy_sweep`), scored apart from the grid
 (``noisy_*`` columns, table "faulty jobs on noisy clusters").
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
-(for rank-only baselines) — Holmes itself is also scored on the exact device id
+and covers no more ranks than the faulty device does (a host named for one slow GPU, or a
+spine switch above the whole job, is a miss) — Holmes itself is also scored on the exact device id
 (``device_top1``; ``device_top1_ties`` also accepts any network device crossed by exactly the
 same flows as the faulty one, e.g. a NIC and the leaf-spine link only its flows cross). Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a
 NIC that carries exactly the same flows as the faulty NIC: such NICs slow the same operators by
 the same amount, so durations cannot separate them (the NICs of one data-parallel ring in a 2-D
-job); the strict ``top1`` stays the headline. Holmes' misses are listed in ``details``.
+job); the strict ``top1`` stays the headline. Holmes' misses are listed in ``details``, every
+trial of every method in ``localize-trials.csv.gz`` beside the report, and a method's failures
+(a plug-in that raised or returned a suspect of no known type) in the ``errors`` column.
 ``holmes, per node`` is Holmes as it is deployed (``holmes agent`` on every host, ``holmes
 serve`` in the middle): each host's operators are scored on their own
 (:func:`~holmes_ml.pipeline.summarize_per_host`), without the copies the other hosts logged,
@@ -127,6 +130,13 @@ SEVERITY: dict[str, float] = {"gpu_slow": 0.5, "nic_slow": 2.0, "host_stall": 0.
 NOISY_KINDS: tuple[str, ...] = ("gpu_slow", "nic_slow", "host_stall", "link_slow")
 
 
+#: Simulator seeds of the grid's jobs: (full run, ``--quick``).
+GRID_SEEDS: tuple[tuple[int, ...], tuple[int, ...]] = ((11, 12, 13, 14, 15), (11, 12))
+#: The sweeps' (seed of the draw of their jobs' knobs, first job's simulator seed).
+HEALTHY_DRAW: tuple[int, int] = (2026, 2000)
+NOISY_DRAW: tuple[int, int] = (2027, 3000)
+
+
 def _sc(gpus: int, dims: str, kind: str, pattern: str, seed: int, **kw: Any) -> dict[str, Any]:
     sc: dict[str, Any] = {"gpus": gpus, "dims": dims, "delta": DELTA, "kind": kind,
                           "pattern": pattern, "seed": seed, "layout": LAYOUTS[dims],
@@ -146,7 +156,7 @@ def scenarios(quick: bool) -> list[dict[str, Any]]:
     :meth:`FaultSpec.parse` string or None for a healthy job) and ``target`` (None, or the peak
     iteration-time ratio against the fault-free twin the fault's severity is scaled to reach).
     """
-    seeds = [11, 12] if quick else [11, 12, 13, 14, 15]
+    seeds = list(GRID_SEEDS[1] if quick else GRID_SEEDS[0])
     kinds = list(SEVERITY)
     out: list[dict[str, Any]] = []
     scales = [64, 128, 256] if quick else [64, 128, 256, 512, 1024]
@@ -208,7 +218,7 @@ def _draw_noise(rng: np.random.Generator) -> dict[str, float]:
             "comm_drift": float(rng.choice(HEALTHY_COMM_DRIFT))}
 
 
-def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
+def noisy_sweep(quick: bool, draw: int = NOISY_DRAW[0], first_seed: int = NOISY_DRAW[1],
                 n: int | None = None, kinds: tuple[str, ...] = NOISY_KINDS
                 ) -> list[dict[str, Any]]:
     """Seeded faulty jobs drawn like :func:`healthy_sweep` (every layout, 64-256 GPUs, 10-24
@@ -237,7 +247,7 @@ def noisy_sweep(quick: bool, draw: int = 2027, first_seed: int = 3000,
     return out
 
 
-def healthy_sweep(quick: bool, draw: int = 2026, first_seed: int = 2000,
+def healthy_sweep(quick: bool, draw: int = HEALTHY_DRAW[0], first_seed: int = HEALTHY_DRAW[1],
                   n: int | None = None) -> list[dict[str, Any]]:
     """Seeded healthy jobs over every layout, 64-256 GPUs (128+ for the MoE layouts), 10-24
     iterations, each with a jitter, compute drift and transfer drift drawn from
@@ -297,14 +307,18 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
 def _suspect_ranks(s: Any, topology: Any) -> set[int]:
     from holmes_ml.bench.plugins import suspect_ranks
 
-    try:
-        return set(suspect_ranks(s, topology))
-    except (TypeError, ValueError, KeyError):
-        return set()
+    return set(suspect_ranks(s, topology))
+
+
+def _names(s: Any, truth: set[int], topology: Any) -> bool:
+    """Does suspect ``s`` name the fault: a rank of ``truth`` and no more ranks than it has (a
+    host, or a spine switch above the whole job, is not a hit for one slow GPU)?"""
+    ranks = _suspect_ranks(s, topology)
+    return bool(ranks & truth) and len(ranks) <= len(truth)
 
 
 def _hit(suspects: list[Any], truth: set[int], k: int, topology: Any = None) -> bool:
-    return any(_suspect_ranks(s, topology) & truth for s in suspects[:k])
+    return any(_names(s, truth, topology) for s in suspects[:k])
 
 
 def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> float:
@@ -323,8 +337,9 @@ def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> f
     # A GPU is tied with its host (two readings of one rank's lateness): both name that rank.
     # A tied network device the verdict did not list (beyond top_k) names no one.
     same = top if getattr(getattr(top, "kind", None), "value", None) == "gpu" else None
-    group = [top] + [listed.get(d, same) for d in tied]
-    hits = sum(s is not None and bool(_suspect_ranks(s, topology) & truth) for s in group)
+    group = [top] + [same if same is not None and d.startswith("host:") else listed.get(d, same)
+                     for d in tied]
+    hits = sum(s is not None and _names(s, truth, topology) for s in group)
     return hits / len(group)
 
 
@@ -475,12 +490,15 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                                        config=cfg).candidates)
                 else:
                     sus = list(fn(ops, res.topology))
+                    for s in sus[:2]:  # a suspect of no known type is the method's error
+                        _suspect_ranks(s, res.topology)
+                error = None
             except Exception as exc:  # noqa: BLE001 - a plug-in failing is a result, not a crash
                 logger.warning("%s failed on %s: %s", name, info, exc)
-                sus = []
+                sus, error = [], f"{type(exc).__name__}: {exc}"[:300]
             row = {**info, "method": name, "severity": severity,
                    "peak_ratio": round(peak, 4), "sim_seconds": round(t_sim, 3),
-                   "seconds": time.perf_counter() - t0}
+                   "seconds": time.perf_counter() - t0, "error": error}
             if truth:
                 row["top1"] = _hit(sus, truth, 1, res.topology)
                 row["top2"] = _hit(sus, truth, 2, res.topology)
@@ -500,6 +518,21 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
             rows.append(row)
     return rows, unobservable
+
+
+#: Where :func:`run` writes every trial, beside the report.
+TRIALS_FILE = "localize-trials.csv.gz"
+
+
+def write_trials(trials: pd.DataFrame, out_dir: Any) -> str:
+    """Write one row per trial and method (its scenario, severity, peak ratio, the scores and
+    the error of a method that failed) to :data:`TRIALS_FILE` in ``out_dir``, to recompute a
+    figure or compare two methods trial by trial; returns the file name."""
+    from pathlib import Path
+
+    trials.drop(columns=["layout"], errors="ignore").to_csv(Path(out_dir) / TRIALS_FILE,
+                                                            index=False)
+    return TRIALS_FILE
 
 
 def _abstains(fn: Any) -> bool:
@@ -583,7 +616,9 @@ def _accuracy(
                         "healthy_flagged": round(float(healthy["flagged"].mean()), 3)
                         if len(healthy) else None,
                         "healthy_flagged_ci95": _ci(int(healthy["flagged"].sum()), len(healthy))
-                        if len(healthy) else None})
+                        if len(healthy) else None,
+                        # trials it failed on (scored as misses, healthy jobs as not flagged)
+                        "errors": int(df.loc[df["method"] == name, "error"].notna().sum())})
         on_noise = noisy[noisy["method"] == name]
         if len(on_noise):
             k = int(on_noise["top1"].sum())
@@ -885,6 +920,16 @@ def run(
         node_only_misses = _node_only_misses(trials)
         figures["trials_with_tied_nics"] = int(
             (trials.loc[trials["method"] == "holmes", "tied_nics"].fillna(0) > 0).sum())
+    method_errors: dict[str, dict[str, Any]] = {}
+    trial_file = None
+    if len(trials):
+        failed = trials[trials["error"].notna()]
+        for name, sub in failed.groupby("method", sort=False):
+            method_errors[str(name)] = {"trials": len(sub), "first": sub["error"].iloc[0]}
+            logger.warning("%s failed on %d trial(s), scored as misses; the first: %s", name,
+                           len(sub), sub["error"].iloc[0])
+        if out_dir is not None:
+            trial_file = write_trials(trials, out_dir)
     figures["accuracy_seconds"] = round(t_acc, 1)
     figures.update(speed)
     figures["bench_seconds"] = round(time.perf_counter() - t0, 1)
@@ -893,6 +938,13 @@ def run(
         figures=figures,
         config={"quick": quick, "workers": workers,
                 "trials": sum(r["trials"] for r in summary[:1]),
+                "methods": [r["method"] for r in summary],
+                "trial_rows": trial_file,
+                "seeds": {"grid": GRID_SEEDS[1] if quick else GRID_SEEDS[0],
+                          "healthy_sweep": dict(zip(("draw", "first_seed"), HEALTHY_DRAW,
+                                                    strict=True)),
+                          "noisy_sweep": dict(zip(("draw", "first_seed"), NOISY_DRAW,
+                                                  strict=True))},
                 "scenarios": len(grid), "iterations": ITERATIONS, "delta": DELTA,
                 "deltas": list(DELTAS), "delta_headroom": DELTA_HEADROOM,
                 "big_jobs": {"layout": BIG_LAYOUT, "iterations": BIG_ITERATIONS,
@@ -911,7 +963,8 @@ def run(
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
                            "the fault-free twin are excluded and counted in the breakdown; "
-                           "top1/top2 are strict; top1_ties also accepts a NIC crossed by "
+                           "a suspect names the fault when it holds one of its ranks and no "
+                           "more ranks than the faulty device; top1/top2 are strict; top1_ties also accepts a NIC crossed by "
                            "exactly the same flows as the faulty one (no operator log can "
                            "tell such NICs apart); top1_split gives 1/k for a first "
                            "candidate the verdict itself declares tied (tied_with) with k-1 "
@@ -930,6 +983,7 @@ def run(
                 "faulty jobs on noisy clusters": noisy_rows},
         details={"holmes_misses": misses, "holmes_noisy_misses": noisy_misses,
                  "holmes_healthy_flagged_jobs": false_alarms,
-                 "holmes_per_node_only_misses": node_only_misses},
+                 "holmes_per_node_only_misses": node_only_misses,
+                 "method_errors": method_errors},
         plots=_plots(summary, breakdown, out_dir) if out_dir is not None and summary else [],
     )

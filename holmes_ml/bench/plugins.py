@@ -8,10 +8,15 @@ A localizer is any Python callable (a function, or an instance of a class with `
 It receives the canonical CommOps table of one simulated job **without** the label columns, and
 the job's topology, and returns its suspects best first. Each suspect may be
 
-* an ``int`` — a global rank (read as "the GPU of that rank"),
+* an integer (``int`` or a numpy integer) — a global rank (read as "the GPU of that rank"),
 * a ``str`` device id — ``gpu:H/g``, ``nic:H/g``, ``host:H``, ``switch:...``, ``link:...``
   (see :mod:`holmes_ml.topology`),
 * an object with a ``ranks`` attribute (such as :class:`holmes_ml.localize.Candidate`).
+
+The benchmark scores a suspect by the ranks it stands for: it hits when it shares a rank with
+the faulty device and covers no more ranks than that device does, so naming a whole host, or a
+spine switch above everyone, for one slow GPU is a miss. A suspect of another type, or a
+localizer that raises, is counted as that method's error in the results.
 
 A ranking always names someone, so on a healthy job a plug-in counts as having flagged it. A
 localizer that returns an empty list when it sees nothing wrong says so with a true
@@ -33,9 +38,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from holmes_ml.topology import Topology
@@ -62,12 +69,21 @@ def load_localizer(spec: str) -> Localizer:
         obj = obj()
     if not callable(obj):
         raise ValueError(f"--localizer {spec!r}: {type(obj).__name__} is not callable")
+    try:  # checked now, not as a failure on every trial of a long run
+        inspect.signature(obj).bind(None, None)
+    except TypeError as exc:
+        raise ValueError(f"--localizer {spec!r}: cannot be called as (ops, topology) ({exc}); "
+                         "expected a callable taking the operator table and the topology"
+                         ) from None
+    except ValueError:  # no signature to read (some builtins): it is called as it is
+        pass
     return obj
 
 
 def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
-    """The global ranks a suspect stands for (a rank, a device id, or a candidate)."""
-    if isinstance(suspect, (int,)) and not isinstance(suspect, bool):
+    """The global ranks a suspect stands for (a rank of any integer type, numpy's included; a
+    device id; or a candidate)."""
+    if isinstance(suspect, numbers.Integral) and not isinstance(suspect, (bool, np.bool_)):
         return frozenset([int(suspect)])
     if isinstance(suspect, str):
         return frozenset(int(r) for r in topology.ranks_on(suspect))

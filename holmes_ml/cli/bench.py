@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
             "(localize, detector), less for the others."
         ),
         out: Path = typer.Option(
-            Path("bench-results"), "--out", help="Directory for NAME.json, NAME.md and the PNG plots of the benchmarks that draw them."
+            Path("bench-results"), "--out", help="Directory for NAME.json, NAME.md, the PNG plots of the benchmarks that draw them and (localize) every trial as localize-trials.csv.gz."
         ),
         localizer: list[str] = typer.Option(
             [],
