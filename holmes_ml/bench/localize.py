@@ -311,10 +311,9 @@ def _suspect_ranks(s: Any, topology: Any) -> set[int]:
 
 
 def _names(s: Any, truth: set[int], topology: Any) -> bool:
-    """Does suspect ``s`` name the fault: a rank of ``truth`` and no more ranks than it has (a
-    host, or a spine switch above the whole job, is not a hit for one slow GPU)?"""
-    ranks = _suspect_ranks(s, topology)
-    return bool(ranks & truth) and len(ranks) <= len(truth)
+    from holmes_ml.bench.plugins import names_fault
+
+    return names_fault(s, truth, topology)
 
 
 def _hit(suspects: list[Any], truth: set[int], k: int, topology: Any = None) -> bool:

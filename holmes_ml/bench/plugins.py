@@ -98,6 +98,20 @@ def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
     return frozenset(int(r) for r in ranks)
 
 
+def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topology) -> bool:
+    """How the benchmark scores one suspect: does it name the fault whose device holds the
+    ranks ``truth``? It must hold one of them and no more ranks than the device does, so a host
+    named for one slow GPU, or a spine switch above the whole job, is a miss.
+
+    Example
+    -------
+    >>> names_fault(5, {5}, topology=None), names_fault(6, {5}, topology=None)
+    (True, False)
+    """
+    ranks = suspect_ranks(suspect, topology)
+    return bool(ranks & truth) and len(ranks) <= len(truth)
+
+
 def example_longest_comm(ops: pd.DataFrame, topology: Topology) -> list[int]:
     """A tiny example plug-in: ranks ordered by total communication time, longest first."""
     total = ops.groupby("rank")["duration_us"].sum().sort_values(ascending=False)
