@@ -174,9 +174,15 @@ class Topology:
         r = self.ranks
         if kind in ("gpu", "nic"):
             host, _, g = body.rpartition("/")
+            if not host or not g.isdigit():
+                raise ValueError(f"device id {device!r}: expected {kind}:HOST/INDEX, e.g. "
+                                 f"{kind}:node003/5")
             mask = (r["host"] == host) & (r["gpu"] == int(g))
         elif kind == "host":
             mask = r["host"] == body
+            if not mask.any() and (r["host"] == body.rpartition("/")[0]).any():
+                raise ValueError(f"device id {device!r}: expected host:HOST (a whole host, no "
+                                 f"/INDEX; gpu:{body} names one GPU)")
         elif kind == "switch" and body.startswith("leaf-p"):
             pod, rail = body[len("leaf-p"):].split("-r")
             mask = (r["pod"] == int(pod)) & (r["gpu"] == int(rail))

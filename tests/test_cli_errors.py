@@ -320,3 +320,49 @@ def test_demo_says_how_its_first_suspect_compares_with_the_injected_fault():
     assert "is on the injected fault's ranks, but is not its device (nic:node004/6)" in line
     assert "does not match" in _match_line(top("gpu:node000/1", ranks=(1,)), truth)
     assert "no device blamed" in _match_line(None, truth)
+
+
+def test_a_drawn_network_fault_that_would_slow_nothing_is_refused(tmp_path):
+    # one 8-GPU host: no traffic leaves it, so a drawn NIC or switch would be a silent no-op
+    for fault in ("nic_slow", "switch_congested:start=2"):
+        out = CliRunner().invoke(app, ["simulate", "--gpus", "8", "--iterations", "4",
+                                       "--fault", fault, "--out", str(tmp_path / "s")])
+        assert out.exit_code == 2, out.output
+        kind = fault.split(":")[0]
+        assert f"faults[0] {kind}: no traffic of this job leaves its hosts" in _flat(out.stderr)
+    # pinned by the user, it is injected as asked (with a warning)
+    out = CliRunner().invoke(app, ["simulate", "--gpus", "8", "--iterations", "4", "--fault",
+                                   "nic_slow:rank=3", "--out", str(tmp_path / "p")])
+    assert out.exit_code == 0, out.output
+
+
+@pytest.mark.parametrize(("fault", "says"), [
+    ("nic_slow:device=nic:nodeXYZ", "device id 'nic:nodeXYZ': expected nic:HOST/INDEX"),
+    ("gpu_slow:device=gpu:node001", "device id 'gpu:node001': expected gpu:HOST/INDEX"),
+    ("host_stall:device=host:node001/3", "expected host:HOST (a whole host, no /INDEX; "
+                                         "gpu:node001/3 names one GPU)"),
+])
+def test_a_malformed_device_id_says_what_a_device_id_looks_like(tmp_path, fault, says):
+    out = CliRunner().invoke(app, ["simulate", "--gpus", "64", "--iterations", "4", "--fault",
+                                   fault, "--out", str(tmp_path / "s")])
+    assert out.exit_code == 2, out.output
+    assert says in _flat(out.stderr) and "invalid literal" not in out.stderr
+
+
+def test_a_data_parallel_size_that_does_not_fit_says_so():
+    from holmes_ml.simulator import SimConfig
+
+    with pytest.raises(ValueError, match=r"= 12 GPUs; expected exactly gpus=64 \(drop dp to "
+                                         r"derive it, or give dp=16\)"):
+        SimConfig(gpus=64, model="llama2-7b", tp=2, pp=2, dp=3).layout  # noqa: B018
+
+
+def test_python_dash_m_runs_the_holmes_command():
+    import subprocess
+    import sys
+
+    for module in ("holmes_ml", "holmes_ml.cli"):
+        out = subprocess.run([sys.executable, "-m", module, "simulate", "--help"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "--fault" in out.stdout

@@ -439,10 +439,13 @@ class SimConfig:
         dp = self.dp or max(1, self.gpus // (tp * pp * self.cp * self.ep))
         world = tp * pp * dp * self.cp * self.ep
         if world != self.gpus:
+            rest = tp * self.cp * self.ep * pp
+            fix = (f"drop dp to derive it, or give dp={self.gpus // rest}"
+                   if self.dp and self.gpus % rest == 0 else
+                   f"make gpus divisible by tp*cp*ep*pp={rest}")
             raise ValueError(
                 f"SimConfig: layout tp={tp} x cp={self.cp} x ep={self.ep} x dp={dp} x pp={pp} = "
-                f"{world} GPUs; expected exactly gpus={self.gpus} (make gpus divisible by "
-                f"tp*cp*ep*pp={tp * self.cp * self.ep * pp})"
+                f"{world} GPUs; expected exactly gpus={self.gpus} ({fix})"
             )
         if spec.layers % pp:
             raise ValueError(

@@ -37,6 +37,15 @@ class ResolvedFault:
     stall_microbatch: dict[int, int] = field(default_factory=dict)
 
 
+def _idle_network(i: int, kind: str) -> str:
+    """The error for a network fault drawn on a job none of whose traffic it would carry."""
+    return (f"faults[{i}] {kind}: no traffic of this job leaves its hosts, so a drawn "
+            f"{'NIC' if kind == 'nic_slow' else 'switch'} would slow nothing (the job would "
+            "carry a fault its logs cannot show); expected a job spanning hosts (more GPUs, "
+            "or a layout whose groups cross hosts), or a device= / rank= to inject it on "
+            "regardless")
+
+
 def _pick_rank(cluster: Cluster, rng: np.random.Generator, inter_only: bool) -> int:
     """Draw a rank; for network faults prefer ranks that have inter-host traffic at all."""
     if inter_only:
@@ -171,6 +180,8 @@ def resolve_faults(
                 for dev in devices:
                     for key, idx in _crossing(cluster, dev, ranks).items():
                         slowed[key] = np.union1d(slowed.get(key, np.empty(0, np.int64)), idx)
+                if not slowed and not spec.ranks and spec.device is None:
+                    raise ValueError(_idle_network(i, kind))
                 if not slowed:  # as for a switch or link below: say so, not a silent no-op
                     logger.warning("fault %d (%s on %s) crosses no traffic of this job (its "
                                    "ranks talk only within their host)", i, kind,
@@ -213,6 +224,8 @@ def resolve_faults(
                 else np.asarray(topo.ranks_on(device), dtype=np.int64)
             )
             slowed = _crossing(cluster, device, below)
+            if not slowed and not spec.ranks and spec.device is None:
+                raise ValueError(_idle_network(i, kind))
             if not slowed:
                 logger.warning(
                     "fault %d (%s on %s) crosses no traffic of this job", i, kind, device
