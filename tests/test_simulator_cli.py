@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
@@ -112,3 +113,27 @@ def test_a_calibration_log_is_checked_as_localize_checks_it(tmp_path) -> None:
                                           str(tmp_path / "sim"), "--no-progress"])
         assert result.exit_code == 2 and str(path) in result.output, result.output
         assert needle in " ".join(result.output.split()), result.output
+
+
+def test_config_json_simulates_the_same_job_again(tmp_path) -> None:
+    """config.json holds the inputs, a drawn fault still drawn: SimConfig.from_dict of it
+    draws the same device and active iterations and writes the same operators."""
+    from holmes_ml.simulator import SimConfig, simulate
+
+    out = tmp_path / "a"
+    result = CliRunner().invoke(app, ["simulate", "--gpus", "64", "--iterations", "12",
+                                      "--seed", "5", "--fault",
+                                      "nic_slow:pattern=fluctuation,start=3", "--fault",
+                                      "gpu_slow:device=gpu:node002/3,start=4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["faults"][0]["devices"] == [] and saved["faults"][0]["device"] is None
+    assert saved["derived"]["chunks_per_microbatch"] >= 1
+    first = load_result(out)
+    again = simulate(SimConfig.from_dict(saved))
+    assert [f.to_dict() for f in again.faults] == [f.to_dict() for f in first.faults]
+    assert again.faults[0].active_iterations == first.faults[0].active_iterations
+    pd.testing.assert_frame_equal(again.ops.reset_index(drop=True),
+                                  first.ops.reset_index(drop=True), check_dtype=False)
+    with pytest.raises(ValueError, match="unknown key 'gpu'"):
+        SimConfig.from_dict({**saved, "gpu": 8})

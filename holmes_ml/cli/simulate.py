@@ -28,7 +28,9 @@ _EPILOG = (
 
 _HELP = (
     "Simulate a job and write OUT/ops.parquet (labelled), OUT/faults.json, OUT/topology.json "
-    "and OUT/config.json (the SimConfig it ran).\n\n"
+    "and OUT/config.json (the SimConfig it ran, faults as given: in Python, "
+    "`simulate(SimConfig.from_dict(json.load(open('OUT/config.json'))))` simulates the same "
+    "job again).\n\n"
     "Collectives complete at the last arrival plus an alpha-beta transfer over the links they "
     "cross, so a straggler's own ops look short and its peers' long; each op is labelled "
     "`affected` when a fault prolongs it (> 15 % + 20 us) against the same seed run without "

@@ -178,6 +178,7 @@ class FaultSpec:
         """The ``faults.json`` entry."""
         return {
             "kind": self.kind,
+            "device": self.device,
             "ranks": list(self.ranks),
             "hosts": list(self.hosts),
             "links": list(self.links),
@@ -478,6 +479,9 @@ class SimConfig:
         )
 
     def to_dict(self) -> dict:
+        """The ``config.json`` of a simulated job: this configuration with its layout filled
+        in and its faults as given (a drawn device stays drawn: :meth:`from_dict` of it
+        simulates the same job again; the resolved faults are ``faults.json``)."""
         lay = self.layout
         return {
             "gpus": self.gpus,
@@ -501,3 +505,27 @@ class SimConfig:
             "job": self.job,
             "faults": [f.to_dict() for f in self.faults],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SimConfig:
+        """Inverse of :meth:`to_dict`: the configuration a ``config.json`` holds, to simulate
+        that job again (``holmes simulate`` records under ``derived`` what it computed, which is
+        not an input and is ignored). An unknown key is refused, naming it.
+
+        >>> cfg = SimConfig(gpus=16, iterations=4, faults=(FaultSpec.parse("gpu_slow"),))
+        >>> SimConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+        True
+        """
+        from dataclasses import fields
+
+        known = {f.name for f in fields(cls) if f.init}
+        # derived values some config.json files carry beside the inputs
+        unknown = sorted(set(data) - known - {"derived", "chunks_per_microbatch"})
+        if unknown:
+            raise ValueError(f"SimConfig: unknown key {unknown[0]!r}; expected keys among "
+                             f"{sorted(known)}")
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["faults"] = tuple(FaultSpec.from_dict(f) for f in data.get("faults") or ())
+        if "stage_weights" in kw:
+            kw["stage_weights"] = tuple(kw["stage_weights"] or ())
+        return cls(**kw)

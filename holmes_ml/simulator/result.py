@@ -129,9 +129,8 @@ def simulate_to(cfg: SimConfig, out_dir: str | Path, progress: bool = False) -> 
 
 
 def _config_dict(cfg: SimConfig, engine: Engine) -> dict:
-    d = cfg.to_dict()
-    d["faults"] = [f.spec.to_dict() for f in engine.faults]
-    d["chunks_per_microbatch"] = engine.chunks
+    d = cfg.to_dict()  # the inputs, faults as given (resolved: faults.json)
+    d["derived"] = {"chunks_per_microbatch": engine.chunks}
     return d
 
 
