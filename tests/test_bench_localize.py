@@ -312,3 +312,30 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     assert write_trials(trials, tmp_path) == TRIALS_FILE
     back = pd.read_csv(tmp_path / TRIALS_FILE)
     assert len(back) == len(trials) and {"method", "seed", "top1", "error"} <= set(back)
+
+
+def test_run_reports_a_plugins_figures_and_writes_every_trial(tmp_path, monkeypatch):
+    from holmes_ml.bench import localize as bl
+
+    lay = {"tp": 2, "pp": 2}
+    tiny = [_sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+                fault="gpu_slow:rank=9,severity=1.0,start=2"),
+            _sc(32, "3-D (tp,pp,dp)", "healthy", "", 5, iterations=6, layout=lay)]
+    monkeypatch.setattr(bl, "scenarios", lambda quick: tiny)
+    monkeypatch.setattr(bl, "_speed", lambda quick: {})
+
+    def broken(ops, topology):
+        raise RuntimeError("no idea")
+
+    res = bl.run(quick=True, localizers={"mine": bl.shortest_comm, "broken": broken},
+                 out_dir=tmp_path)
+    assert res.figures["mine_top1"] == 1.0 and res.figures["mine_errors"] == 0
+    assert res.figures["broken_top1"] == 0.0 and res.figures["broken_errors"] == 2
+    assert res.details["method_errors"] == {"broken": {"trials": 2,
+                                                       "first": "RuntimeError: no idea"}}
+    assert res.config["trial_rows"] == bl.TRIALS_FILE
+    assert res.config["seeds"]["grid"] == bl.GRID_SEEDS[1]
+    assert {"holmes", "mine", "broken"} <= set(res.config["methods"])
+    back = pd.read_csv(tmp_path / bl.TRIALS_FILE)
+    assert set(back["method"]) == set(res.config["methods"]) and len(back) == 2 * len(
+        res.config["methods"])

@@ -864,6 +864,9 @@ def run(
     tags = {"holmes": "holmes", "holmes, per node": "holmes_nodes",
             "3sigma+rule (no ML)": "rule"}
     for row in summary:
+        if localizers and row["method"] in localizers:  # a plug-in: its headline figures too
+            for col in ("top1", "top2", "errors"):
+                figures[f"{row['method']}_{col}"] = row[col]
         if row["method"] in tags:
             tag = tags[row["method"]]
             figures[f"{tag}_top1"] = row["top1"]
