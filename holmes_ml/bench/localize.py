@@ -793,12 +793,13 @@ def _plots(summary: list[dict], breakdown: list[dict], out_dir: Any) -> list[str
     lows = np.array([t - lo for t, (lo, _) in zip(top1, ci, strict=True)])
     highs = np.array([hi - t for t, (_, hi) in zip(top1, ci, strict=True)])
     err = np.vstack([lows, highs])
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(names, top1, yerr=np.clip(err, 0, None), capsize=3, color="tab:blue")
-    ax.set_ylabel("top-1 accuracy")
-    ax.set_ylim(0, 1.05)
+    # horizontal bars: method names (a plug-in's module:attribute) read whatever their length
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.35 * len(names)))
+    ax.barh(names, top1, xerr=np.clip(err, 0, None), capsize=3, color="tab:blue")
+    ax.invert_yaxis()  # the summary's order, top down
+    ax.set_xlabel("top-1 accuracy (95 % interval)")
+    ax.set_xlim(0, 1.05)
     ax.set_title(f"localization top-1, {summary[0]['trials'] if summary else 0} faulty trials")
-    ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
     fig.savefig(out / "localize-methods.png", dpi=110)
     plt.close(fig)
@@ -816,16 +817,20 @@ def _plots(summary: list[dict], breakdown: list[dict], out_dir: Any) -> list[str
             elif key == "dims":
                 table = table.sort_index()  # "2-D ..." < "3-D ..." < ... < "6-D ..."
             table.index = [f"{v}\n(n={int(trials[v])})" for v in table.index]
-            table.plot(ax=ax, marker="o", legend=ax is axs[0][-1])
+            # one colour and marker per method, distinct beyond ten methods
+            cmap = plt.get_cmap("tab10" if len(table.columns) <= 10 else "tab20")
+            for i, col in enumerate(table.columns):
+                ax.plot(range(len(table.index)), table[col].to_numpy(), label=str(col),
+                        marker="os^vDP*Xph"[i % 10], color=cmap(i % cmap.N))
             ax.set_title(f"top-1 by {key}" + (" (sweep)" if key == "delta" else ""))
             ax.set_ylim(0, 1.05)
             ax.set_xticks(range(len(table.index)))
-            ax.set_xticklabels(table.index, fontsize=7, rotation=30 if key == "dims" else 0)
+            ax.set_xticklabels(table.index, fontsize=7, rotation=30 if key in ("dims", "kind") else 0)
             ax.set_xlabel(key)
-        if axs[0][-1].get_legend() is not None:
-            axs[0][-1].legend(fontsize=7, loc="lower left")
+        # beside the last panel, where it hides no line
+        axs[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         fig.tight_layout()
-        fig.savefig(out / "localize-breakdown.png", dpi=110)
+        fig.savefig(out / "localize-breakdown.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         files.append("localize-breakdown.png")
     return files
