@@ -72,3 +72,37 @@ def test_drift_aware_detector_restores_predictions():
     assert on.last_scale_ == pytest.approx(1.5, rel=0.05)
     assert (drift_pred == ref_pred).mean() > 0.97
     assert (off.predict(drifted) == ref_pred).mean() < (drift_pred == ref_pred).mean()
+
+
+def test_a_saved_tuned_detector_loads_without_its_storage_and_keeps_no_password(
+        tmp_path, monkeypatch):
+    """Loading a tuned model elsewhere opens no storage (it used to create an empty study.db
+    in the current directory, or fail when the database was gone), keeps what the study found,
+    and never holds the storage's password."""
+    import pickle
+
+    from holmes_ml.models import load_model, save_model
+
+    X, y = make_classification(200, n_features=5, random_state=0)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "train")
+    det = TunedDetector("lgbm", n_trials=2, storage="sqlite:///study.db", study_name="s",
+                        random_state=0).fit(X, y)
+    path = save_model(det, tmp_path / "t.holmes")
+    (tmp_path / "train" / "study.db").unlink()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    back = load_model(path, check_features=False)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert not (tmp_path / "train" / "study.db").exists()
+    assert not hasattr(back, "study_")
+    assert back.n_trials_ == 2 and back.study_name_ == "s"
+    assert back.best_params_ == det.best_params_ and back.best_score_ == det.best_score_
+    np.testing.assert_array_equal(back.decision_function(X), det.decision_function(X))
+    det.set_params(storage="postgresql://holmes:s3cret@db.example/optuna")
+    data = pickle.dumps(det)
+    assert b"s3cret" not in data
+    assert pickle.loads(data).storage == "postgresql://holmes:***@db.example/optuna"
+    # an unfitted one (a clone sent to a worker) keeps the URL it needs to open the study
+    fresh = TunedDetector(storage="postgresql://holmes:s3cret@db.example/optuna")
+    assert pickle.loads(pickle.dumps(fresh)).storage == fresh.storage

@@ -251,7 +251,7 @@ def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path, capfd):
                                       str(tmp_path / "mem.holmes")])
     assert result.exit_code == 0, result.output
     tuned = load_model(tmp_path / "mem.holmes")
-    assert len(tuned.study_.trials) == 2 and tuned.best_params_
+    assert tuned.n_trials_ == 2 and tuned.best_params_
     assert tuned.best_estimator_.get_params()["max_depth"] == tuned.best_params_["max_depth"]
     result = CliRunner().invoke(app, [*args, "--estimator", "tuned-rf", "--study",
                                       "holmes-tuned-lgbm", "--out", str(tmp_path / "r.holmes")])

@@ -3,6 +3,10 @@
 :class:`TunedDetector` searches the hyper-parameters of a random-forest or LightGBM detector by
 maximizing out-of-fold F1, then refits the best configuration on all data. With ``storage`` set to
 an optuna RDB URL (``sqlite:///study.db``) several processes can tune the same named study.
+
+A fitted detector keeps what the study found (best parameters and F1, the number of finished
+trials, the study's name), not the study itself: a pickled or saved one needs no storage and opens
+none when loaded, and it keeps the storage URL only with its password masked.
 """
 
 from __future__ import annotations
@@ -110,8 +114,14 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
 
     Attributes
     ----------
-    study_ : optuna.Study
     best_params_ : dict
+    best_score_ : float
+        The best trial's out-of-fold F1 (NaN when no trial finished).
+    n_trials_ : int
+        Trials with a value in the study when ``fit`` ended (those of other processes sharing
+        it included).
+    study_name_ : str
+        The study's name in ``storage`` (optuna's generated one when ``study_name`` is None).
     best_estimator_ : RandomForestDetector | LightGBMDetector
         Refit on all data with the best parameters.
     threshold_ : float
@@ -184,19 +194,21 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         # after the other: with a storage the sampler draws its own seed.
         sampler = optuna.samplers.TPESampler(
             seed=self.random_state if self.storage is None else None)
-        self.study_ = optuna.create_study(
+        # A local, not an attribute: a pickled study carries its storage, and unpickling one
+        # opens it (creating an empty sqlite file, relative to wherever the model is loaded).
+        study = optuna.create_study(
             storage=self.storage,
             study_name=self.study_name,
             direction="maximize",
             sampler=sampler,
             load_if_exists=True,
         )
-        tunes = self.study_.user_attrs.get("estimator")
+        tunes = study.user_attrs.get("estimator")
         if tunes is None:
-            self.study_.set_user_attr("estimator", self.estimator)
+            study.set_user_attr("estimator", self.estimator)
         elif tunes != self.estimator:
             raise ValueError(
-                f"TunedDetector: study {self.study_.study_name!r} in "
+                f"TunedDetector: study {study.study_name!r} in "
                 f"{storage_label(self.storage)} tunes {tunes!r}, not {self.estimator!r} (their "
                 "parameters differ); expected "
                 "another study name for this estimator")
@@ -207,12 +219,14 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
 
             with tqdm(total=int(self.n_trials), desc=f"tuning {self.estimator}", unit="trial",
                       disable=not self.progress) as bar:
-                self.study_.optimize(objective, n_trials=int(self.n_trials),
+                study.optimize(objective, n_trials=int(self.n_trials),
                                      timeout=self.timeout,
                                      callbacks=[lambda _study, _trial: bar.update()])
-        done = [t for t in self.study_.trials if t.value is not None]
+        self.study_name_ = study.study_name
+        done = [t for t in study.trials if t.value is not None]
+        self.n_trials_ = len(done)
         if done:
-            best = self.study_.best_trial
+            best = study.best_trial
             self.best_params_ = dict(best.params)
             self.best_score_ = float(best.value)
             self.threshold_ = float(best.user_attrs.get("threshold", 0.5))
@@ -222,6 +236,20 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         logger.info("tuned %s: best F1 %.4f with %s", self.estimator, self.best_score_,
                     self.best_params_)
         return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The state to pickle: a fitted detector's ``storage`` with its password masked.
+
+        A fitted detector is saved to files that travel (model envelopes); its ``fit`` is done
+        and :meth:`refit` needs no storage. An unfitted one keeps the URL as given, so a clone
+        sent to a worker process can still open the study.
+        """
+        state = super().__getstate__()
+        storage = state.get("storage")
+        if "best_estimator_" in state and storage is not None:
+            # an optuna storage object: its URL (a masked URL is no use to it anyway)
+            state = {**state, "storage": storage_label(getattr(storage, "url", storage))}
+        return state
 
     def refit(self, X, y):
         """Fit the configuration :meth:`fit` chose (``best_params_``, ``threshold_``) again on
