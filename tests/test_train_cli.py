@@ -306,3 +306,29 @@ def test_a_read_only_study_database_is_refused_before_any_work_with_the_drivers_
     assert r.stderr.strip().startswith(f"error: --storage {url!r}: cannot open it as an optuna "
                                        "storage and write to it (attempt to write a readonly "
                                        "database)"), r.stderr
+
+
+def test_trainings_started_together_on_a_fresh_study_database_both_open_it(tmp_path):
+    """Processes opening a new sqlite study at once race to create optuna's tables (UNIQUE
+    constraint failed: alembic_version.version_num, table ... already exists); the storage
+    check tries again after a short random pause instead of failing the loser."""
+    import threading
+
+    from holmes_ml.cli.train import _check_storage
+
+    errors: list[str] = []
+
+    def check(url: str) -> None:
+        try:
+            _check_storage(url, tmp_path / "m.holmes")
+        except ValueError as exc:
+            errors.append(str(exc))
+
+    for k in range(4):  # each race is lost by chance: several fresh files
+        url = f"sqlite:///{tmp_path / f'fresh{k}.db'}"
+        threads = [threading.Thread(target=check, args=(url,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []

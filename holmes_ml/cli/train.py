@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import numbers
+import random
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -59,7 +61,9 @@ def register(app: typer.Typer) -> None:
                                             help="Optuna trials (tuned-* only)  [default: 10]"),
         storage: str = typer.Option(
             None, "--storage", help="Optuna RDB URL shared by several processes, "
-            "e.g. sqlite:///study.db (tuned-* only; opened before training starts)."
+            "e.g. sqlite:///study.db (tuned-* only; opened before training starts, tried again "
+            "a few times when processes started together race to create a new database's "
+            "tables)."
         ),
         study: str = typer.Option(
             None, "--study", show_default=False,
@@ -176,17 +180,23 @@ def _check_storage(url: str, out: Path) -> None:
         if Path(db.database).resolve() == out.resolve():
             raise ValueError(f"--out {out}: is the --storage database; writing the model "
                              "there would destroy the study. Expected another file")
-    name = f"holmes-write-check-{uuid.uuid4().hex}"
     # optuna logs "A new study created in RDB with name: ..." for this scratch study: quiet
     # here, the user would take it for the study being tuned
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(url)
-        optuna.delete_study(study_name=optuna.create_study(storage=storage,
-                                                           study_name=name).study_name,
-                            storage=storage)
-        storage.engine.dispose()
+        for attempt in range(_STORAGE_ATTEMPTS):
+            try:
+                _write_check(url)
+                break
+            except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many
+                # Processes started together on a fresh database race to create optuna's
+                # schema (UNIQUE constraint failed: alembic_version.version_num, table ...
+                # already exists, database is locked): the loser finds the schema made when it tries again. Other
+                # errors (a missing driver, a read-only file, an unreachable host) are final.
+                if attempt + 1 == _STORAGE_ATTEMPTS or not _a_race(exc):
+                    raise
+                time.sleep(random.uniform(0.05, 0.25) * (attempt + 1))
     except Exception as exc:  # noqa: BLE001 - sqlalchemy and the drivers raise many kinds
         root: BaseException = exc  # the driver's reason, under optuna's and sqlalchemy's
         for _ in range(20):  # (a chain is short; a cycle in one must not hang)
@@ -195,11 +205,47 @@ def _check_storage(url: str, out: Path) -> None:
                 break
             root = below
         why = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        tries = f"; {_STORAGE_ATTEMPTS} attempts" if _a_race(exc) else ""
         raise ValueError(f"--storage {shown!r}: cannot open it as an optuna storage and write "
-                         f"to it ({why}); expected a database URL that opens and takes "
+                         f"to it ({why}{tries}); expected a database URL that opens and takes "
                          "writes, e.g. sqlite:///study.db") from exc
     finally:
         optuna.logging.set_verbosity(verbosity)
+
+
+#: Tries of the storage check before a race's error is final.
+_STORAGE_ATTEMPTS = 5
+
+
+def _write_check(url: str) -> None:
+    """Open the storage, create and delete a scratch study in it."""
+    import optuna
+
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        name = f"holmes-write-check-{uuid.uuid4().hex}"
+        optuna.delete_study(study_name=optuna.create_study(storage=storage,
+                                                           study_name=name).study_name,
+                            storage=storage)
+    finally:
+        storage.engine.dispose()
+
+
+def _a_race(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is what processes opening one database together meet:
+    a unique constraint of a row both inserted, a table the other created first, or sqlite's
+    lock."""
+    from sqlalchemy.exc import DBAPIError, IntegrityError
+
+    seen: BaseException | None = exc
+    for _ in range(20):  # (a chain is short; a cycle in one must not hang)
+        if seen is None:
+            return False
+        if isinstance(seen, IntegrityError) or (isinstance(seen, DBAPIError) and any(
+                why in str(seen) for why in ("already exists", "database is locked"))):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 #: Spellings of an ``abnormal`` label, compared in lower case.
