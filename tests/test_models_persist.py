@@ -11,6 +11,7 @@ import pytest
 from sklearn.datasets import make_classification
 
 from holmes_ml.models import (
+    LightGBMDetector,
     ModelFileError,
     RandomForestDetector,
     default_model,
@@ -19,6 +20,7 @@ from holmes_ml.models import (
     save_model,
     score_ops,
 )
+from holmes_ml.models.persist import _header_sha256
 
 
 @pytest.fixture()
@@ -73,6 +75,7 @@ def test_version_drift_warns(fitted, tmp_path):
     with zipfile.ZipFile(path) as zf:
         header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
     header["versions"]["sklearn"] = "0.0.1"
+    header["header_sha256"] = _header_sha256(header)  # drift, not an edit
     drifted = tmp_path / "drifted.holmes"
     with zipfile.ZipFile(drifted, "w") as zf:
         zf.writestr("header.json", json.dumps(header))
@@ -132,7 +135,68 @@ def test_an_envelope_whose_payload_is_no_detector_here_is_refused(fitted, tmp_pa
             payload = zf.read("model.joblib")
         header["versions"] = []
     header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    header["header_sha256"] = _header_sha256(header)
     bad = _envelope(tmp_path / "bad.holmes", header, payload)
     with pytest.raises(ModelFileError, match=r"bad\.holmes: ") as err:
         load_model(bad)
     assert said in str(err.value)
+
+
+@pytest.mark.parametrize("edit", ["metrics", "no feature schema", "estimator", "hash dropped"])
+def test_an_edited_header_is_refused(fitted, tmp_path, edit):
+    """The header is covered by its own hash: a better metric, a schema set to null (which
+    skipped the schema check) or another estimator name is an edit, refused as one."""
+    det, _, _ = fitted
+    path = save_model(det, tmp_path / "m.holmes", metrics={"f1": 0.5},
+                      feature_columns=[f"c{i}" for i in range(5)])
+    with zipfile.ZipFile(path) as zf:
+        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    if edit == "metrics":
+        header["metrics"]["f1"] = 0.99
+    elif edit == "no feature schema":
+        header["feature_columns"] = None
+    elif edit == "estimator":
+        header["estimator"] = "LightGBMDetector"
+    else:
+        del header["header_sha256"]
+    bad = _envelope(tmp_path / "bad.holmes", header, payload)
+    with pytest.raises(ModelFileError, match=r"bad\.holmes: header sha256 .* the file was "
+                                             "modified"):
+        load_model(bad, check_features=False)
+    with pytest.raises(ModelFileError, match="modified"):
+        read_header(bad)
+
+
+def test_a_header_naming_another_estimator_than_its_payload_is_refused(fitted, tmp_path):
+    """Even with both hashes made to match, the header's estimator must be the payload's."""
+    det, _, _ = fitted
+    path = save_model(det, tmp_path / "m.holmes")
+    with zipfile.ZipFile(path) as zf:
+        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    header["estimator"] = LightGBMDetector.__name__
+    header["header_sha256"] = _header_sha256(header)
+    bad = _envelope(tmp_path / "bad.holmes", header, payload)
+    with pytest.raises(ModelFileError, match=r"bad\.holmes: header names estimator "
+                                             "'LightGBMDetector' but the payload holds a "
+                                             "RandomForestDetector"):
+        load_model(bad)
+
+
+def test_a_version_1_envelope_without_header_hash_still_loads(fitted, tmp_path):
+    """Files written before the header hash (the bundled model among them) load as they are."""
+    det, X, _ = fitted
+    path = save_model(det, tmp_path / "m.holmes")
+    with zipfile.ZipFile(path) as zf:
+        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    assert header["format"]["version"] == 2
+    header["format"]["version"] = 1
+    del header["header_sha256"]
+    old = _envelope(tmp_path / "old.holmes", header, payload)
+    np.testing.assert_array_equal(load_model(old).decision_function(X), det.decision_function(X))
+    assert read_header(default_model_path())["format"]["version"] == 1
+
+
+def default_model_path():
+    from importlib import resources
+
+    return resources.files("holmes_ml") / "data" / "default-model.holmes"

@@ -1,12 +1,15 @@
 """The saved-model envelope: a zip holding a JSON header and a joblib payload.
 
 The header records the versions of holmes_ml, scikit-learn, lightgbm and numpy, the feature schema,
-a hash of the training data, metrics, and the sha256 of the payload. :func:`load_model` checks
-the header before it unpickles anything: a file that is not an envelope, or whose payload hash
-does not match, is refused with :class:`ModelFileError`; a version mismatch only warns.
+a hash of the training data, metrics, the sha256 of the payload and (from format version 2) the
+sha256 of the header itself. :func:`load_model` checks the header before it unpickles anything:
+a file that is not an envelope, whose header or payload hash does not match (an edited metric,
+schema or model), is refused with :class:`ModelFileError`, and so is a payload of another class
+than the header's ``estimator``; a version mismatch only warns. Files of format version 1 (the
+bundled model's) carry no header hash: their header is read as it is.
 
-The hash catches a damaged or edited payload, not a forgery: whoever can write a model file can
-write a matching header. The payload is a pickle, and loading one runs whatever code it names,
+The hashes catch a damaged or edited file, not a forgery: whoever can write a model file can
+write matching hashes. The payload is a pickle, and loading one runs whatever code it names,
 so load only model files from a source you trust (the bundled one, your own ``holmes train``).
 """
 
@@ -31,7 +34,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["FORMAT", "ModelFileError", "data_hash", "read_header", "load_model", "save_model"]
 
 #: Identifies the envelope format in the header (bump ``version`` on incompatible changes).
-FORMAT = {"name": "holmes-ml-model", "version": 1}
+#: Version 2 added ``header_sha256``.
+FORMAT = {"name": "holmes-ml-model", "version": 2}
+#: Versions this holmes_ml reads: 1 (no header hash; the bundled model's) and :data:`FORMAT`'s.
+_READS = (1, 2)
 _HEADER = "header.json"
 _PAYLOAD = "model.joblib"
 _LIBS = {"holmes_ml": "holmes-ml", "sklearn": "scikit-learn", "lightgbm": "lightgbm",
@@ -63,6 +69,14 @@ def data_hash(*arrays: Any) -> str:
         else:
             h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
     return h.hexdigest()
+
+
+def _header_sha256(header: dict[str, Any]) -> str:
+    """sha256 of the header without its own ``header_sha256``, as canonical JSON (sorted keys,
+    no whitespace: the same however the file's JSON is laid out)."""
+    body = {k: v for k, v in header.items() if k != "header_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+                          ).hexdigest()
 
 
 def save_model(
@@ -117,6 +131,7 @@ def save_model(
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "extra": extra or {},
     }
+    header["header_sha256"] = _header_sha256(header)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Fixed timestamps keep the file byte-identical for identical models.
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
@@ -127,7 +142,8 @@ def save_model(
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
-    """The JSON header of an envelope, without loading the model."""
+    """The JSON header of an envelope, without loading the model (checked against its hash
+    from format version 2 on)."""
     header, _ = _open(Path(path), payload=False)
     return header
 
@@ -161,11 +177,19 @@ def _open(path: Path, payload: bool) -> tuple[dict[str, Any], bytes | None]:
     fmt = header.get("format") if isinstance(header, dict) else None
     if not isinstance(fmt, dict) or fmt.get("name") != FORMAT["name"]:
         raise ModelFileError(f"{path}: header format is {fmt!r}; expected {FORMAT}")
-    if fmt.get("version") != FORMAT["version"]:
+    if fmt.get("version") not in _READS:
         raise ModelFileError(
             f"{path}: envelope version {fmt.get('version')!r}; this holmes_ml reads "
-            f"version {FORMAT['version']}"
+            f"versions {', '.join(map(str, _READS))}"
         )
+    if fmt.get("version") != 1:
+        digest = _header_sha256(header)
+        if digest != header.get("header_sha256"):
+            raise ModelFileError(
+                f"{path}: header sha256 {digest[:16]}... does not match the one it records "
+                f"({str(header.get('header_sha256'))[:16]}...); the file was modified — "
+                "refusing to load"
+            )
     return header, data
 
 
@@ -175,9 +199,10 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
     Raises
     ------
     ModelFileError
-        The file is not an envelope, is damaged, or its payload hash does not match the header
-        (edited); its feature schema differs from :data:`holmes_ml.features.FEATURE_COLUMNS`;
-        its payload does not unpickle here or is no detector. The checks are no defence against
+        The file is not an envelope, is damaged, or its header's or payload's hash does not
+        match (edited: a version-1 file has no header hash); its feature schema differs from
+        :data:`holmes_ml.features.FEATURE_COLUMNS`; its payload does not unpickle here, is no
+        detector, or is of another class than the header's ``estimator``. The checks are no defence against
         a forged file (see the module's note): load only model files you trust.
 
     Warns
@@ -220,4 +245,9 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
     if not callable(getattr(model, "decision_function", None)):
         raise ModelFileError(f"{path}: holds a {type(model).__name__}, not a detector (expected "
                              "an object with decision_function, saved by save_model)")
+    named = header.get("estimator")
+    if named != type(model).__name__:
+        raise ModelFileError(f"{path}: header names estimator {named!r} but the payload holds "
+                             f"a {type(model).__name__}; the file was modified — refusing to "
+                             "load")
     return model
