@@ -200,3 +200,40 @@ def default_model_path():
     from importlib import resources
 
     return resources.files("holmes_ml") / "data" / "default-model.holmes"
+
+
+def test_an_estimator_of_another_library_is_neither_saved_nor_loaded_nor_scored(fitted,
+                                                                                 tmp_path):
+    """A LogisticRegression has a decision_function too, but its scores are unbounded margins:
+    thresholded as P(abnormal) they would flag at random. save_model, load_model and
+    score_ops refuse it, naming what they expected."""
+    import hashlib
+    import io
+
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+
+    from holmes_ml.features import FEATURE_COLUMNS
+
+    _, X, y = fitted
+    lr = LogisticRegression().fit(X, y)
+    with pytest.raises(TypeError, match="save_model: model is a LogisticRegression, not a "
+                                        "detector of holmes_ml .*P\\(abnormal\\) in \\[0, 1\\]"):
+        save_model(lr, tmp_path / "lr.holmes")
+    assert not (tmp_path / "lr.holmes").exists()
+    header = read_header(save_model(fitted[0], tmp_path / "m.holmes"))
+    buf = io.BytesIO()
+    joblib.dump(lr, buf)
+    header.update(estimator="LogisticRegression",
+                  payload_sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+    header["header_sha256"] = _header_sha256(header)
+    bad = _envelope(tmp_path / "bad.holmes", header, buf.getvalue())
+    with pytest.raises(ModelFileError, match=r"bad\.holmes: holds a LogisticRegression, not a "
+                                             "detector of holmes_ml"):
+        load_model(bad, check_features=False)
+    F = pd.DataFrame(np.random.default_rng(0).normal(size=(5, len(FEATURE_COLUMNS))),
+                     columns=list(FEATURE_COLUMNS))
+    margins = LogisticRegression().fit(F, [0, 1, 0, 1, 1])
+    with pytest.raises(ValueError, match="score_ops: model LogisticRegression scored ops from "
+                                         ".*; expected P\\(abnormal\\) in \\[0, 1\\]"):
+        score_ops(pd.DataFrame(index=range(5)), model=margins, features=F)

@@ -71,6 +71,19 @@ def data_hash(*arrays: Any) -> str:
     return h.hexdigest()
 
 
+def _not_a_detector(model: Any) -> str | None:
+    """Why ``model`` is no holmes_ml detector, or None when it is one. Any object with a
+    ``decision_function`` would score, but only ours return P(abnormal) in [0, 1] that a
+    threshold means something on (a LogisticRegression's are unbounded margins)."""
+    from holmes_ml.models.detectors import BinaryDetectorMixin, _UnsupervisedDetector
+
+    if isinstance(model, (BinaryDetectorMixin, _UnsupervisedDetector)):
+        return None
+    return (f"a {type(model).__name__}, not a detector of holmes_ml "
+            "(expected one of holmes_ml.models' detectors, whose decision_function is "
+            "P(abnormal) in [0, 1])")
+
+
 def _header_sha256(header: dict[str, Any]) -> str:
     """sha256 of the header without its own ``header_sha256``, as canonical JSON (sorted keys,
     no whitespace: the same however the file's JSON is laid out)."""
@@ -92,7 +105,7 @@ def save_model(
     Parameters
     ----------
     model:
-        A fitted detector.
+        A fitted holmes_ml detector (:mod:`holmes_ml.models`); any other object is refused.
     path:
         Output file (``.holmes`` by convention).
     metrics:
@@ -108,8 +121,17 @@ def save_model(
     -------
     Path
         ``path``.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is no holmes_ml detector (a scikit-learn classifier's ``decision_function``
+        is no probability: thresholded like one, it would flag at random).
     """
     path = Path(path)
+    why = _not_a_detector(model)
+    if why is not None:
+        raise TypeError(f"save_model: model is {why}")
     buf = io.BytesIO()
     joblib.dump(model, buf, compress=3)
     payload = buf.getvalue()
@@ -202,8 +224,10 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
         The file is not an envelope, is damaged, or its header's or payload's hash does not
         match (edited: a version-1 file has no header hash); its feature schema differs from
         :data:`holmes_ml.features.FEATURE_COLUMNS`; its payload does not unpickle here, is no
-        detector, or is of another class than the header's ``estimator``. The checks are no defence against
-        a forged file (see the module's note): load only model files you trust.
+        holmes_ml detector (an estimator of another library, whose ``decision_function`` is
+        no probability), or is of another class than the header's ``estimator``. The checks
+        are no defence against a forged file (see the module's note): load only model files
+        you trust.
 
     Warns
     -----
@@ -242,9 +266,9 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
         raise ModelFileError(
             f"{path}: saved by holmes_ml {saved.get('holmes_ml')} with objects this version "
             f"cannot load ({type(exc).__name__}: {exc}); retrain it with `holmes train`") from exc
-    if not callable(getattr(model, "decision_function", None)):
-        raise ModelFileError(f"{path}: holds a {type(model).__name__}, not a detector (expected "
-                             "an object with decision_function, saved by save_model)")
+    why = _not_a_detector(model)
+    if why is not None:
+        raise ModelFileError(f"{path}: holds {why}")
     named = header.get("estimator")
     if named != type(model).__name__:
         raise ModelFileError(f"{path}: header names estimator {named!r} but the payload holds "

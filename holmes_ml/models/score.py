@@ -40,7 +40,8 @@ def score_ops(
     ops:
         Canonical CommOps table.
     model:
-        A fitted detector; ``None`` uses :func:`default_model`.
+        A fitted detector whose ``decision_function`` is P(abnormal) in [0, 1] (those of
+        :mod:`holmes_ml.models`); ``None`` uses :func:`default_model`.
     features:
         Precomputed :func:`holmes_ml.features.build_features` of ``ops`` (same row order).
 
@@ -48,6 +49,11 @@ def score_ops(
     -------
     numpy.ndarray
         float64 scores in [0, 1], one per row of ``ops``.
+
+    Raises
+    ------
+    ValueError
+        ``model`` gave a score outside [0, 1] (or NaN): it is no holmes_ml detector.
     """
     from holmes_ml.features import FEATURE_COLUMNS, build_features
 
@@ -62,4 +68,13 @@ def score_ops(
     if len(ops) == 0:
         return np.zeros(0, dtype=np.float64)
     F = features.loc[:, list(FEATURE_COLUMNS)]
-    return np.asarray(model.decision_function(F), dtype=np.float64)
+    scores = np.asarray(model.decision_function(F), dtype=np.float64)
+    # A model of another kind (a LogisticRegression's margins) would be thresholded as if its
+    # scores were probabilities: refused rather than read.
+    low, high = float(np.min(scores)), float(np.max(scores))
+    if not (0.0 <= low and high <= 1.0):
+        raise ValueError(
+            f"score_ops: model {type(model).__name__} scored ops from {low:.4g} to {high:.4g}; "
+            "expected P(abnormal) in [0, 1], as holmes_ml.models' detectors give"
+        )
+    return scores
