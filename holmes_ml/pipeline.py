@@ -449,13 +449,14 @@ def _score(
     if isinstance(model, str) and model == "rule":
         return rule(), 0.5
     try:
-        from holmes_ml.models import default_model, score_ops
+        from holmes_ml.models import score_ops
+        from holmes_ml.models.score import _shared_default_model
     except ImportError:
         logger.warning("holmes_ml.models unavailable; using the 3-sigma + rule baseline")
         return rule(), 0.5
     if model is None:
         try:
-            model = default_model()
+            model = _shared_default_model()  # read only here: no copy per window
         except Exception as exc:  # noqa: BLE001 - any unusable default falls back, loudly
             logger.warning("default model unusable (%s); using the 3-sigma + rule baseline", exc)
             return rule(), 0.5

@@ -237,3 +237,23 @@ def test_an_estimator_of_another_library_is_neither_saved_nor_loaded_nor_scored(
     with pytest.raises(ValueError, match="score_ops: model LogisticRegression scored ops from "
                                          ".*; expected P\\(abnormal\\) in \\[0, 1\\]"):
         score_ops(pd.DataFrame(index=range(5)), model=margins, features=F)
+
+
+def test_a_caller_cannot_change_the_default_model_of_later_calls():
+    """default_model() is a copy of its own: re-configuring and re-fitting it leaves what later
+    calls and score_ops use as it was (it used to be the one cached object)."""
+    from holmes_ml.features import FEATURE_COLUMNS, build_features
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    ops = simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=8, seed=3, faults=(
+        FaultSpec.parse("gpu_slow:rank=5,severity=0.8,start=2"),))).ops
+    before = score_ops(ops)
+    threshold = default_model().threshold_
+    mine = default_model()
+    assert mine is not default_model()
+    X, y = build_features(ops)[list(FEATURE_COLUMNS)], ops["abnormal"].to_numpy(bool)
+    mine.set_params(detector=RandomForestDetector(n_estimators=3, random_state=0)).fit(X, y)
+    mine.threshold_ = 0.01
+    assert default_model().threshold_ == threshold
+    assert type(default_model().detector).__name__ == "LightGBMDetector"
+    np.testing.assert_array_equal(score_ops(ops), before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from importlib import resources
 from typing import Any
@@ -18,8 +19,9 @@ DEFAULT_MODEL = "default-model.holmes"
 
 
 @functools.lru_cache(maxsize=1)
-def default_model() -> Any:
-    """The detector shipped in ``holmes_ml/data/default-model.holmes`` (loaded once)."""
+def _shared_default_model() -> Any:
+    """The bundled detector, loaded once and shared by the scoring paths of this package, which
+    only read it; never handed to callers (see :func:`default_model`)."""
     ref = resources.files("holmes_ml") / "data" / DEFAULT_MODEL
     if not ref.is_file():
         raise ModelFileError(
@@ -28,6 +30,16 @@ def default_model() -> Any:
         )
     with resources.as_file(ref) as path:
         return load_model(path)
+
+
+def default_model() -> Any:
+    """The detector shipped in ``holmes_ml/data/default-model.holmes``: a copy of its own.
+
+    The file is read once per process; each call returns a fresh deep copy (some 5 ms), so
+    that ``default_model().set_params(...).fit(...)`` changes that copy only, not what later
+    calls and :func:`score_ops` (``model=None``) use.
+    """
+    return copy.deepcopy(_shared_default_model())
 
 
 def score_ops(
@@ -58,7 +70,7 @@ def score_ops(
     from holmes_ml.features import FEATURE_COLUMNS, build_features
 
     if model is None:
-        model = default_model()
+        model = _shared_default_model()
     if features is None:
         features = build_features(ops)
     if len(features) != len(ops):
