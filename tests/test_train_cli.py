@@ -332,3 +332,49 @@ def test_trainings_started_together_on_a_fresh_study_database_both_open_it(tmp_p
         for t in threads:
             t.join()
     assert errors == []
+
+
+def test_runs_are_grouped_by_directory_and_job_whatever_the_order_of_the_paths(tmp_path):
+    """`holmes train jobs/*/lo.parquet jobs/*/hi.parquet` used to read B/lo with A/hi as one
+    run (a PATH joined the run before it when their ranks differed); PATHs are now grouped by
+    directory and job, the same in any order, and the grouping is printed."""
+    from holmes_ml.features import build_features
+    from holmes_ml.models.persist import data_hash
+
+    whole = {}
+    for job, seed, rank in (("A", 31, 3), ("B", 32, 12)):
+        ops = simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=seed, faults=(
+            FaultSpec.parse(f"gpu_slow:rank={rank},severity=0.8,start=3"),))).ops
+        (tmp_path / "jobs" / job).mkdir(parents=True)
+        ops[ops["rank"] < 8].to_parquet(tmp_path / "jobs" / job / "lo.parquet", index=False)
+        ops[ops["rank"] >= 8].to_parquet(tmp_path / "jobs" / job / "hi.parquet", index=False)
+        whole[job] = pd.concat([ops[ops["rank"] >= 8], ops[ops["rank"] < 8]],
+                               ignore_index=True)  # as read: hi, then lo
+    X = pd.concat([build_features(whole["A"]), build_features(whole["B"])], ignore_index=True)
+    y = np.concatenate([whole[j]["abnormal"].to_numpy(bool) for j in "AB"])
+
+    def train(*names: str) -> dict:
+        out = tmp_path / f"m{len(list(tmp_path.glob('m*.holmes')))}.holmes"
+        result = CliRunner().invoke(app, ["train", *(str(tmp_path / "jobs" / n) for n in names),
+                                          "--estimator", "lgbm-small", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert "  runs: 2\n" in result.output, result.output
+        assert f"run 1 (16 ranks, job sim): {tmp_path}/jobs/A/hi.parquet, {tmp_path}/jobs/A/lo.parquet" \
+            in result.output, result.output
+        return read_header(out)
+
+    globbed = train("A/lo.parquet", "B/lo.parquet", "A/hi.parquet", "B/hi.parquet")
+    assert globbed["metrics"]["runs"] == 2
+    assert globbed["training_data_sha256"] == data_hash(X, y)
+    assert train("B/hi.parquet", "A/lo.parquet", "B/lo.parquet", "A/hi.parquet")[
+        "training_data_sha256"] == data_hash(X, y)
+    # two jobs' files in one directory, ranks apart: the job column keeps them apart
+    mixed = tmp_path / "jobs" / "mixed"
+    mixed.mkdir()
+    for job, half in (("A", "lo"), ("B", "hi")):
+        part = pd.read_parquet(tmp_path / "jobs" / job / f"{half}.parquet")
+        part.assign(job=f"job-{job}").to_parquet(mixed / f"{job}.parquet", index=False)
+    from holmes_ml.cli.train import _read_labelled, _runs
+
+    paths = [mixed / "A.parquet", mixed / "B.parquet"]
+    assert _runs(paths, [_read_labelled(p, "auto") for p in paths]) == [[0], [1]]

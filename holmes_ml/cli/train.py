@@ -30,10 +30,12 @@ def register(app: typer.Typer) -> None:
             None,
             help="Labelled CommOps logs (any format `holmes localize` reads, simulator output "
             "directories included) with an `abnormal` column of true/false or 1/0 "
-            "(case-insensitive; anything else is refused). PATHs of one job (each with ranks "
-            "the others lack, e.g. per-rank files) are read together; a PATH with ranks "
-            "already seen starts another run, whose features are built on their own. F1 is "
-            "measured on the last fifth of each run's iterations. Without PATHs the detector "
+            "(case-insensitive; anything else is refused). PATHs in one directory (a "
+            "directory PATH: its own) naming one job (the logs' job column, if any) are one "
+            "run, read together in the order of their names, unless a PATH has ranks another "
+            "of them has: it starts another run. The grouping does not depend on the order "
+            "PATHs are given in, and is printed. Each run's features are built on their own; "
+            "F1 is measured on the last fifth of each run's iterations. Without PATHs the detector "
             "is trained on the --preset simulator scenarios.",
             show_default=False,
         ),
@@ -138,8 +140,9 @@ def register(app: typer.Typer) -> None:
             option = given[0]
             raise ValueError(f"{option} is only used by --estimator tuned-lgbm or tuned-rf "
                              f"(got --estimator {estimator}); drop it or pick a tuned estimator")
+        described: list[str] = []
         if paths:
-            metrics = _train_on_logs(paths, det, out, format)
+            metrics, described = _train_on_logs(paths, det, out, format)
         else:
             metrics = train_default(out, preset=preset, seed=seed, estimator=det,
                                     progress=sys.stderr.isatty())
@@ -152,6 +155,8 @@ def register(app: typer.Typer) -> None:
         for k, v in metrics.items():
             typer.echo(f"  {k}: {v:,.0f}" if float(v).is_integer() and k != "heldout_f1"
                        else f"  {k}: {v:.4g}")
+        if described:  # which PATHs were read together (features are built per run)
+            typer.echo("\n".join(described))
 
 
 def _check_storage(url: str, out: Path) -> None:
@@ -327,37 +332,69 @@ def _read_labelled(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray]:
     return ops, _labels(ops, files, format)
 
 
-def _runs(parts: list[tuple[pd.DataFrame, np.ndarray]]) -> list[list[int]]:
-    """Which PATHs (by index, in order) are one run: a PATH whose ranks none of the current
-    run's PATHs logged joins it (the per-rank files of one job), one whose ranks it has seen
-    starts the next run (another job of the same ranks)."""
+def _runs(paths: list[Path], parts: list[tuple[pd.DataFrame, np.ndarray]]
+          ) -> list[list[int]]:
+    """Which PATHs (by index) are one run, whatever order they were given in: PATHs of one
+    directory (a PATH that is a directory: its own) naming the same job (the ``job`` column,
+    when the logs have one) are one run, read in the order of their names, except that a PATH
+    with ranks another of them logged starts another run (two jobs of the same ranks in one
+    directory). Runs come in the order of their directories' names."""
+    from holmes_ml.io.schema import job_of
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for k, (path, (ops, _)) in enumerate(zip(paths, parts, strict=True)):
+        where = path.resolve() if path.is_dir() else path.resolve().parent
+        found = job_of(ops)
+        groups.setdefault((str(where), found[1] if found else ""), []).append(k)
     runs: list[list[int]] = []
-    seen: set[int] = set()
-    for k, (ops, _) in enumerate(parts):
-        ranks = set(map(int, pd.unique(ops["rank"])))
-        if runs and not ranks & seen:
-            runs[-1].append(k)
-            seen |= ranks
-        else:
-            runs.append([k])
-            seen = ranks
+    for key in sorted(groups):
+        seen: set[int] = set()
+        start = len(runs)
+        for k in sorted(groups[key], key=lambda k: (paths[k].name, str(paths[k]))):
+            ranks = set(map(int, pd.unique(parts[k][0]["rank"])))
+            if len(runs) > start and not ranks & seen:
+                runs[-1].append(k)
+                seen |= ranks
+            else:
+                runs.append([k])
+                seen = ranks
     return runs
 
 
-def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, float]:
-    """Fit ``det`` on labelled logs. PATHs of one job (each with ranks the others lack, such
-    as per-rank files) are read together; a PATH with ranks already seen starts another run,
-    whose features are built on their own (two jobs read as one table would be each other's
-    peers and history). F1 is measured on the last fifth of each run's iterations by a fit
+def _describe_runs(paths: list[Path], parts: list[tuple[pd.DataFrame, np.ndarray]],
+                   runs: list[list[int]]) -> list[str]:
+    """One line per run: its ranks, job and PATHs (printed with the metrics)."""
+    from holmes_ml.io.schema import job_of
+
+    lines = []
+    for i, run in enumerate(runs, 1):
+        ranks = {int(r) for k in run for r in pd.unique(parts[k][0]["rank"])}
+        found = job_of(parts[run[0]][0])
+        job = f", job {found[1]}" if found else ""
+        names = [str(paths[k]) for k in run]
+        shown = ", ".join(names) if len(names) <= 4 else \
+            f"{names[0]}, {names[1]}, ... {names[-1]} ({len(names)} PATHs)"
+        lines.append(f"  run {i} ({len(ranks)} ranks{job}): {shown}")
+    return lines
+
+
+def _train_on_logs(paths: list[Path], det, out: Path, format: str
+                   ) -> tuple[dict[str, float], list[str]]:
+    """Fit ``det`` on labelled logs. The PATHs of a run (see :func:`_runs`: one directory,
+    one job, no rank twice) are read together; each run's features are built on their own
+    (two jobs read as one table would be each other's peers and history). F1 is measured on the last fifth of each run's iterations by a fit
     on the rest; then ``det`` is fitted on every row (a tuned detector with the
-    configuration that fit chose)."""
+    configuration that fit chose). Returns the metrics and a line per run."""
     from sklearn.metrics import f1_score
 
     from holmes_ml.features import build_features
     from holmes_ml.models import TunedDetector, save_model
 
     parts = [_read_labelled(p, format) for p in paths]
-    groups = _runs(parts)
+    groups = _runs(paths, parts)
+    described = _describe_runs(paths, parts, groups)
+    if sys.stderr.isatty():  # before a long fit: which PATHs were read as one run
+        print("\n".join(described), file=sys.stderr, flush=True)
     Xs, held_parts = [], []
     for run in groups:
         ops = pd.concat([parts[k][0] for k in run], ignore_index=True) if len(run) > 1 \
@@ -402,4 +439,4 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str) -> dict[str, 
         det.fit(X, y)
     save_model(det, out, metrics=metrics, training_data=(X, y),
                extra={"sources": list(map(str, paths))})
-    return metrics
+    return metrics, described
