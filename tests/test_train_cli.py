@@ -216,7 +216,10 @@ def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, capl
     assert "share rank, group, seq" not in caplog.text
     metrics = read_header(out)["metrics"]
     assert metrics["runs"] == 2 and metrics["train_rows"] == sum(map(len, runs))
-    assert metrics["heldout_rows"] == sum(int((r["iteration"] >= 8).sum()) for r in runs)
+    assert metrics["late_rows"] == sum(int((r["iteration"] >= 8).sum()) for r in runs)
+    assert metrics["train_abnormal"] == sum(int(r["abnormal"].sum()) for r in runs)
+    assert {"late_f1", "late_precision", "late_recall"} <= set(metrics)
+    assert "late_f1: " in result.output and "late_recall: " in result.output
     from holmes_ml import pipeline
 
     first = pipeline.read_paths(files)  # the rank files read together, as the CLI reads them

@@ -35,8 +35,10 @@ def register(app: typer.Typer) -> None:
             "run, read together in the order of their names, unless a PATH has ranks another "
             "of them has: it starts another run. The grouping does not depend on the order "
             "PATHs are given in, and is printed. Each run's features are built on their own; "
-            "F1 is measured on the last fifth of each run's iterations. Without PATHs the detector "
-            "is trained on the --preset simulator scenarios.",
+            "late_f1 / late_precision / late_recall are measured on the last fifth of each "
+            "run's iterations by a fit on the rest (the same runs and faults: held-out jobs "
+            "say more about other jobs). Without PATHs the detector is trained on the --preset "
+            "simulator scenarios (heldout_f1 / _precision / _recall: on runs of other seeds).",
             show_default=False,
         ),
         out: Path = typer.Option(Path("model.holmes"), "--out", help="Model envelope to write."),
@@ -153,7 +155,8 @@ def register(app: typer.Typer) -> None:
 
             typer.echo(f"  study: {study} in {storage_label(storage)}")
         for k, v in metrics.items():
-            typer.echo(f"  {k}: {v:,.0f}" if float(v).is_integer() and k != "heldout_f1"
+            rate = k.endswith(("_f1", "_precision", "_recall"))
+            typer.echo(f"  {k}: {v:,.0f}" if float(v).is_integer() and not rate
                        else f"  {k}: {v:.4g}")
         if described:  # which PATHs were read together (features are built per run)
             typer.echo("\n".join(described))
@@ -382,10 +385,13 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str
                    ) -> tuple[dict[str, float], list[str]]:
     """Fit ``det`` on labelled logs. The PATHs of a run (see :func:`_runs`: one directory,
     one job, no rank twice) are read together; each run's features are built on their own
-    (two jobs read as one table would be each other's peers and history). F1 is measured on the last fifth of each run's iterations by a fit
-    on the rest; then ``det`` is fitted on every row (a tuned detector with the
+    (two jobs read as one table would be each other's peers and history). ``late_f1``,
+    ``late_precision`` and ``late_recall`` are measured on the last fifth of each run's
+    iterations (``late_rows``) by a fit on the rest: the same runs, faults and devices, so
+    they say more about fitting than about other jobs (held-out jobs, or ``holmes bench
+    detector``, measure that). Then ``det`` is fitted on every row (a tuned detector with the
     configuration that fit chose). Returns the metrics and a line per run."""
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score, precision_score, recall_score
 
     from holmes_ml.features import build_features
     from holmes_ml.models import TunedDetector, save_model
@@ -420,17 +426,20 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str
                        "simulated ones: holmes simulate --fault ...)", source, int(y.sum()),
                        len(y))
     metrics: dict[str, float] = {"runs": float(len(groups)), "train_rows": float(len(y)),
-                                 "abnormal_rows": float(y.sum()),
-                                 "heldout_rows": float(held.sum())}
+                                 "train_abnormal": float(y.sum()),
+                                 "late_rows": float(held.sum())}
     fitted = False
     if not y[held].any() or not y[~held].any():
         logger.warning("%s: the last fifth of the iterations holds %s abnormal operator(s) "
-                       "and the rest %s: no held-out F1 (it needs both to hold some; give "
+                       "and the rest %s: no late_f1 (it needs both to hold some; give "
                        "runs whose fault spans their end)", source, int(y[held].sum()),
                        int(y[~held].sum()))
     else:
         det.fit(X[~held], y[~held])
-        metrics["heldout_f1"] = float(f1_score(y[held], det.predict(X[held]).astype(bool)))
+        late = det.predict(X[held]).astype(bool)
+        metrics.update(late_f1=float(f1_score(y[held], late)),
+                       late_precision=float(precision_score(y[held], late, zero_division=0.0)),
+                       late_recall=float(recall_score(y[held], late)))
         if isinstance(det, TunedDetector) and det.best_params_:
             # the study has its trials: the best of them on every row, without tuning again
             det.refit(X, y)
