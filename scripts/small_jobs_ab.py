@@ -72,6 +72,9 @@ def main() -> None:
         for j, c in enumerate(test):
             m = gs == j
             f = c.faults[0]
+            if not m.any():  # skipped by make_dataset (a fault the job cannot host)
+                print(f"   {c.gpus:>3} {f.kind:<17} not simulated: the job cannot host it")
+                continue
             if not ys[m].any():
                 print(f"   {c.gpus:>3} {f.kind:<17} no abnormal op; flagged {int(ps[m].sum())}")
                 continue
