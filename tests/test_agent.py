@@ -6,6 +6,7 @@ import dataclasses
 import logging
 
 import httpx
+import pytest
 from test_serve_support import (
     TOKEN,
     auth,
@@ -290,3 +291,137 @@ def test_a_job_deleted_under_a_running_agent_gets_its_hosts_and_groups_again(tmp
         assert store.topology("again") == sim.topology.to_dict()
     finally:
         store.close()
+
+
+def _answering(status: int, body: bytes, content_type: str = "text/html"):
+    """A web server on 127.0.0.1 answering every request with ``status`` and ``body`` (a
+    proxy in front of nothing); returns (url, stop)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PUT = _answer  # noqa: N815 - http.server's names
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{httpd.server_address[1]}", httpd.shutdown
+
+
+def test_a_server_url_with_a_path_keeps_the_batches_for_the_right_one(tmp_path):
+    """``--server http://HOST:PORT/v1`` gets 404 for every batch: a setting to fix, not bad
+    data. The batches stayed marked rejected (lost), and the right URL then sent nothing."""
+    from test_agent_robustness import agent_cli
+
+    ops = make_ops(seed=14, ranks=4, iterations=6)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=6)
+    srv = start_server(tmp_path)
+    args = ["--follow", logs, "--job", "path", "--token", TOKEN, "--once", "--model", "rule"]
+    try:
+        wrong = agent_cli(*args, "--server", srv.url + "/v1", "--retry-for", "5")
+        assert wrong.returncode == 1, (wrong.stdout, wrong.stderr)
+        last = wrong.stderr.strip().splitlines()[-1]
+        assert f"--server {srv.url}/v1 answered as no holmes serve (HTTP 404" in last, last
+        assert "1 batch kept in the outbox" in last and "refused" not in last, last
+        assert httpx.get(srv.url + "/v1/jobs/path").status_code == 404
+        right = agent_cli(*args, "--server", srv.url)
+        assert right.returncode == 0, (right.stdout, right.stderr)
+        assert httpx.get(srv.url + "/v1/jobs/path").json()["records"] == len(ops)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("status, body, content_type", [
+    (413, b"<html><body>413 Request Entity Too Large</body></html>", "text/html"),
+    (405, b'{"detail": "Method Not Allowed"}', "application/json"),
+    (400, b'{"error": "bad request"}', "application/json"),
+    (200, b"<html>welcome to nginx</html>", "text/html"),
+    (302, b"", "text/html"),
+])
+def test_a_proxys_answer_is_no_verdict_on_the_batch(tmp_path, status, body, content_type):
+    """Only holmes serve refusing a batch's content (its JSON ``detail`` and ``field``) marks
+    it rejected; a proxy's page, a 405 or a 2xx that acknowledges nothing keeps it queued."""
+    ops = make_ops(seed=15, ranks=2, iterations=4)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=4)
+    url, stop = _answering(status, body, content_type)
+    try:
+        agent = Agent(AgentConfig(follow=logs, server=url, job="proxy", source="n1",
+                                  backoff_s=0.05, timeout_s=5, once_retry_s=5),
+                      summarize=fallback_summarize)
+        agent.run(once=True)
+        assert agent.misconfigured and agent.misconfigured.startswith(f"HTTP {status}")
+        assert agent.stats.batches_rejected == 0 and agent.stats.batches_sent == 0
+        assert agent.outbox.n_pending() == 1
+        agent.close()
+    finally:
+        stop()
+
+
+def test_a_seq_the_service_saw_already_is_sent_again_after_its_last(tmp_path):
+    """An outbox begun again (or a clock set back) numbers batches below what the service
+    took from the source: the 409 names the last seq, and the agent continues after it
+    instead of rejecting every batch from then on."""
+    from test_serve_support import window_batch
+
+    ops = make_ops(seed=16, ranks=2, iterations=6)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=6)
+    srv = start_server(tmp_path)
+    try:
+        ahead = window_batch(10**15, range(100, 102), None)  # source n1, far ahead
+        r = httpx.post(srv.url + "/v1/jobs/seqs/batches", json=ahead, headers=auth())
+        assert r.status_code == 200, r.text
+        agent = Agent(AgentConfig(follow=logs, server=srv.url, job="seqs", token=TOKEN,
+                                  source="n1", backoff_s=0.05, timeout_s=5),
+                      summarize=fallback_summarize)
+        agent.run(once=True)
+        assert agent.stats.batches_rejected == 0 and agent.stats.batches_sent == 1
+        assert agent.outbox.n_pending() == 0
+        assert agent.outbox.counts() == {"acked": 1}
+        agent.close()
+        before = r.json()["records"]
+        assert httpx.get(srv.url + "/v1/jobs/seqs").json()["records"] == before + len(ops)
+    finally:
+        srv.stop()
+
+
+def test_a_run_over_an_outbox_with_rejected_batches_says_so(tmp_path, caplog):
+    """A batch the service refused stays in the outbox as 'rejected'; a later run that sends
+    everything else must not be silent about it."""
+    from test_serve_support import raw_body
+
+    ops = make_ops(seed=17, ranks=2, iterations=4)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=4)
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="rawjob", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    try:
+        r = httpx.post(srv.url + "/v1/jobs/rawjob/raw", json=raw_body(ops, "r-0"),
+                       headers=auth())
+        assert r.status_code == 200, r.text
+        first = Agent(cfg, summarize=fallback_summarize)
+        first.run(once=True)  # the job holds raw records: 409, the batch's content refused
+        assert first.stats.batches_rejected == 1 and first.misconfigured is None
+        first.close()
+        again = Agent(cfg, summarize=fallback_summarize)
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            again.run(once=True)
+        again.close()
+        said = caplog.text
+        assert "holds 1 batch(es) the service refused in earlier runs" in said, said
+        assert "receives raw data" in said, said
+    finally:
+        srv.stop()

@@ -118,8 +118,10 @@ def register(app: typer.Typer) -> None:
                                    "directory (> 0)."),
         once: bool = typer.Option(False, "--once", help="Ship everything now and exit: 0 when "
                                   "all was sent, 1 when the service could not be reached in "
-                                  "--retry-for seconds or refused something (unsent batches "
-                                  "stay in the outbox for the next run), 2 when a log file "
+                                  "--retry-for seconds, answered as no holmes serve would "
+                                  "(a wrong --server: a 404, a proxy's page) or refused "
+                                  "something (unsent batches stay in the outbox for the next "
+                                  "run), 2 when a log file "
                                   "could not be read (the others are shipped) or there is "
                                   "none."),
         retry_for: float = typer.Option(30.0, "--retry-for", help="With --once: seconds to "
@@ -180,6 +182,9 @@ def register(app: typer.Typer) -> None:
             why = ("interrupted" if interrupted
                    else f"service {server} refused the token ({agent.auth_refused}); check "
                    "--token / HOLMES_SERVE_TOKEN" if agent.auth_refused
+                   else f"--server {server} answered as no holmes serve "
+                   f"({agent.misconfigured}); expected the service's 'listening on' URL"
+                   if agent.misconfigured
                    else f"service {server} unreachable for {retry_for:g} s "
                    f"({agent.last_error})")
             typer.secho(f"error: {why}: {what} kept in the outbox "

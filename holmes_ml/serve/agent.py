@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import math
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -278,6 +279,38 @@ class Outbox:
     def counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT state, count(*) FROM outbox GROUP BY state"))
 
+    def last_rejection(self) -> str | None:
+        """The service's answer to the latest batch it refused (None when it refused none)."""
+        row = self.db.execute("SELECT error FROM outbox WHERE state='rejected' "
+                              "ORDER BY seq DESC LIMIT 1").fetchone()
+        return None if row is None else str(row[0])
+
+    def renumber(self, after: int) -> int:
+        """Give the queued batches seqs (and batch ids) greater than ``after`` and than every
+        seq of the outbox, in their order; returns the first new seq.
+
+        The service refuses a seq not above the last one it took from this source (an outbox
+        deleted and begun again, a clock set back): renumbered, the batches are new to it.
+        """
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            top = self.db.execute("SELECT max(seq) FROM outbox").fetchone()[0]
+            first = seq = max(after + 1, int(top) + 1, int(time.time() * 1000))
+            rows = self.db.execute("SELECT seq, body FROM outbox WHERE state='queued' "
+                                   "ORDER BY seq").fetchall()
+            for old, body in rows:
+                batch = json.loads(gzip.decompress(body))
+                batch["seq"], batch["batch_id"] = seq, f"{batch['source']}-{seq}"
+                body = gzip.compress(json.dumps(batch, separators=(",", ":")).encode(), 6)
+                self.db.execute("UPDATE outbox SET seq=?, batch_id=?, body=? WHERE seq=?",
+                                (seq, batch["batch_id"], body, old))
+                seq += 1
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return first
+
 
 # ----------------------------------------------------------------------------- file following
 @dataclass
@@ -378,6 +411,48 @@ def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int
     return pd.DataFrame.from_records(records)
 
 
+#: Statuses with which holmes serve refuses what a request holds (with its JSON ``detail``
+#: and ``field``): sending the same batch again would get the same answer.
+_CONTENT_REFUSALS = (400, 409, 413, 415, 422)
+
+
+def _refusal(r: Any) -> dict | None:
+    """The body of answer ``r`` when it is holmes serve refusing the content of the request
+    (``detail`` and ``field``), else None: a 404 or 405 (a --server with a path, a proxy in
+    the way), or a body that is no answer of the service, says nothing of the batch."""
+    if r.status_code not in _CONTENT_REFUSALS:
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    if (isinstance(body, dict) and isinstance(body.get("detail"), str)
+            and isinstance(body.get("field"), str)):
+        return body
+    return None
+
+
+def _answer_of(r: Any, key: str, value: Any = None) -> bool:
+    """Whether the 2xx answer ``r`` is the service's: a JSON object with ``key`` (equal to
+    ``value`` unless None). A redirect or a proxy's page is no acknowledgement."""
+    if not 200 <= r.status_code < 300:
+        return False
+    try:
+        body = r.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and key in body and (value is None or body[key] == value)
+
+
+def _last_seq(refusal: dict) -> int | None:
+    """The service's last seq of this source, as a seq conflict (409, field ``seq``) names
+    it ("expected more than N"); None for any other refusal."""
+    if refusal.get("field") != "seq":
+        return None
+    m = re.search(r"expected more than (-?\d+)", refusal["detail"])
+    return int(m.group(1)) if m else None
+
+
 def _describe(exc: BaseException) -> str:
     # A SchemaError (or one of our ValueErrors) reads as a sentence already; a reader's
     # exception (ArrowInvalid, ParserError, ...) needs its name to mean anything.
@@ -445,6 +520,11 @@ class Agent:
         #: the service's answer when it refused the token (401/403) at the last attempt:
         #: a setting to fix, not bad data, so the batches stay queued
         self.auth_refused: str | None = None
+        #: the answer at the last attempt when it was none of holmes serve's to a batch (a
+        #: 404 or 405, a proxy's page): --server is wrong, the batches stay queued
+        self.misconfigured: str | None = None
+        #: batches the service refused before this agent started (kept as 'rejected')
+        self.rejected_before = self.outbox.counts().get("rejected", 0)
         self._deadline: float | None = None
         self._empty_said = False
         #: files that could not be read, with why (cleared when a file reads again)
@@ -886,9 +966,13 @@ class Agent:
         """Post queued batches in order; returns how many the service acknowledged.
 
         Stops at the first transport error, 5xx, refused token (401/403: the token is wrong or
-        was rotated, which the next attempt may not repeat), 408 or 429, and waits
-        (exponential back-off) before the next attempt, the batch still queued; any other 4xx
-        (the batch itself is wrong) marks the batch ``rejected`` and moves on.
+        was rotated, which the next attempt may not repeat), 408 or 429, or answer that is
+        not holmes serve's to a batch (a 404 or 405, a page of a proxy, a 2xx that does not
+        acknowledge it: ``--server`` is wrong), and waits (exponential back-off) before the
+        next attempt, the batch still queued. Only the service refusing what the batch holds
+        (400, 409, 413, 415 or 422 with its JSON ``detail``) marks the batch ``rejected`` and
+        moves on; a seq conflict (409 naming the service's last seq of this source) gives the
+        queued batches seqs after it instead.
         """
         if time.monotonic() < self._retry_at:
             return 0
@@ -898,7 +982,10 @@ class Agent:
             return 0
         acked = 0
         url = f"/v1/jobs/{self.config.job}/batches"
-        for seq, batch_id, body in self.outbox.pending():
+        renumbered: set[int] = set()
+        queue = self.outbox.pending()
+        while queue:
+            seq, batch_id, body = queue.pop(0)
             try:
                 r = self._http().post(url, content=body, timeout=self._timeout())
             except httpx.HTTPError as exc:
@@ -906,9 +993,23 @@ class Agent:
                 break
             if self._retry_later(r):
                 break
-            if r.status_code >= 400:
+            if r.status_code >= 300 or not _answer_of(r, "batch_id", batch_id):
+                refusal = _refusal(r)
+                if refusal is None:
+                    self._misconfigured(r, f"batch {batch_id}")
+                    break
+                last = _last_seq(refusal)
+                if last is not None and last >= seq and seq not in renumbered:
+                    first = self.outbox.renumber(last)
+                    logger.warning("the service took seqs up to %d from source %r already "
+                                   "(an outbox begun again?): the %d queued batch(es) from %s "
+                                   "on are sent again as seq %d on", last,
+                                   self.config.source_name, len(queue) + 1, batch_id, first)
+                    renumbered.add(first)
+                    queue = self.outbox.pending()
+                    continue
                 logger.error("batch %s refused by the service (HTTP %s): %s", batch_id,
-                             r.status_code, r.text[:500])
+                             r.status_code, refusal["detail"][:500])
                 self.outbox.mark(seq, "rejected", r.text[:2000])
                 self.stats.batches_rejected += 1
                 continue
@@ -959,7 +1060,10 @@ class Agent:
             return False
         if self._retry_later(r):
             return False
-        if r.status_code >= 400:
+        if not _answer_of(r, "job") and _refusal(r) is None:
+            self._misconfigured(r, "the topology")
+            return False
+        if r.status_code >= 300:
             # Sending it again would get the same answer: say so and go on with the batches.
             logger.error("topology refused by the service (HTTP %s): %s", r.status_code,
                          r.text[:500])
@@ -970,10 +1074,22 @@ class Agent:
         self.last_error = None
         return True
 
+    def _misconfigured(self, r: Any, what: str) -> None:
+        """Record answer ``r`` to ``what``, none of holmes serve's (``--server`` is wrong, or
+        a proxy answers for the service), and wait before the next attempt: what was sent
+        stays queued."""
+        kind = r.headers.get("content-type", "no content type").split(";")[0]
+        self.misconfigured = f"HTTP {r.status_code}, {kind}: {r.text[:200]!r}"
+        logger.error("%s got an answer that is not holmes serve's from --server %s (%s): "
+                     "expected the service's 'listening on' URL (no path); batches stay "
+                     "queued", what, self.config.server, self.misconfigured)
+        self._fail(self.misconfigured, "answered as no holmes serve")
+
     def _retry_later(self, r: Any) -> bool:
         """Whether answer ``r`` says to try again later (a failure is then recorded)."""
         status = r.status_code
         self.auth_refused = None
+        self.misconfigured = None
         if status in (401, 403):
             self.auth_refused = f"HTTP {status}: {r.text[:300]}"
             logger.error("the service refused the token (HTTP %s): check --token / "
@@ -1021,6 +1137,10 @@ class Agent:
 
     def run(self, once: bool = False, stop: Callable[[], bool] | None = None) -> None:
         """Poll until ``stop()`` is true (or once, flushing and sending everything)."""
+        if self.rejected_before:
+            logger.warning("the outbox %s holds %d batch(es) the service refused in earlier "
+                           "runs, not sent again (the last: %s)", self.config.outbox_path,
+                           self.rejected_before, (self.outbox.last_rejection() or "")[:300])
         if once:
             self._empty_said = True  # no logs at all: the caller of a one-shot run says so
             self.read_new()
@@ -1031,8 +1151,9 @@ class Agent:
             try:
                 self.send_pending()
                 while self.outbox.n_pending() or self._topology is not None:
-                    if self._retry_at > self._deadline or self.auth_refused:
-                        break  # (a token refused now is refused again within this run)
+                    if (self._retry_at > self._deadline or self.auth_refused
+                            or self.misconfigured):
+                        break  # (a token or URL refused now is refused again in this run)
                     time.sleep(max(0.0, self._retry_at - time.monotonic()))
                     if self.send_pending() == 0 and stop is not None and stop():
                         break
