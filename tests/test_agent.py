@@ -425,3 +425,24 @@ def test_a_run_over_an_outbox_with_rejected_batches_says_so(tmp_path, caplog):
         assert "receives raw data" in said, said
     finally:
         srv.stop()
+
+
+def test_logs_without_a_host_place_their_ranks_where_the_topology_says(tmp_path):
+    """The service refuses a batch placing a rank elsewhere than the job's topology; ranks of
+    logs without a ``host`` column were put on this machine's name, contradicting it."""
+    import gzip
+    import json
+
+    ops = make_ops(seed=18, ranks=2, iterations=4).drop(columns=["host"])
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=4)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+                  summarize=fallback_summarize)
+    agent.attach_topology({"ranks": {"rank": [0, 1], "host": ["node-a", "node-b"],
+                                     "gpu": [0, 0], "pod": [0, 0]}, "groups": []})
+    agent.read_new()
+    agent.queue_ready()
+    [(_, _, body)] = agent.outbox.pending()
+    agent.close()
+    ranks = json.loads(gzip.decompress(body))["ranks"]
+    assert ranks["rank"] == [0, 1] and ranks["host"] == ["node-a", "node-b"], ranks

@@ -830,3 +830,63 @@ def test_body_limit_hands_on_large_bodies_a_few_at_a_time():
     held, statuses = asyncio.run(scenario())
     assert held == 2
     assert statuses == [200] * 6
+
+
+def _topology(hosts: list[str], groups: list[list[int]] | None = None) -> dict:
+    n = len(hosts)
+    gpu = [hosts[:r].count(h) for r, h in enumerate(hosts)]  # each rank its host's next GPU
+    return {"ranks": {"rank": list(range(n)), "host": hosts, "gpu": gpu, "pod": [0] * n},
+            "groups": [{"name": "dp-0", "kind": "dp", "ranks": g} for g in groups or []]}
+
+
+def _stored_topology(server, job: str) -> dict | None:
+    from holmes_ml.serve.store import Store
+
+    store = Store(server.db)
+    try:
+        return store.topology(job)
+    finally:
+        store.close()
+
+
+def test_a_topology_contradicting_the_jobs_batches_is_refused_and_the_stored_one_kept(server):
+    """A topology placing a rank on another host than its agent said (hosts swapped, another
+    job's topology) was stored with 200, and then every verdict failed on the two."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    assert c.post("/v1/jobs/jobTopo/batches",
+                  json=_agent_batch("n1", 0, [0, 1], "h0", [0, 1])).status_code == 200
+    assert c.post("/v1/jobs/jobTopo/batches",
+                  json=_agent_batch("n2", 0, [2, 3], "h1", [0, 1, 2, 3])).status_code == 200
+    good = _topology(["h0", "h0", "h1", "h1"], [[0, 1, 2, 3]])
+    assert c.put("/v1/jobs/jobTopo/topology", json=good).status_code == 200
+    swapped = _topology(["h0", "h1", "h0", "h1"], [[0, 1, 2, 3]])
+    r = c.put("/v1/jobs/jobTopo/topology", json=swapped)
+    assert r.status_code == 409 and r.json()["field"] == "ranks.host", r.text
+    detail = r.json()["detail"]
+    assert ("rank 1 is on host 'h1' in it, on host 'h0' since batch 'n1-0' of source 'n1' "
+            "(and 1 more rank(s) on other hosts)") in detail, detail
+    assert "\n" not in detail and "stored topology is unchanged" in detail
+    smaller = _topology(["h0", "h0"], [[0, 1]])  # another job's
+    r = c.put("/v1/jobs/jobTopo/topology", json=smaller)
+    assert r.status_code == 409 and r.json()["field"] == "ranks.rank", r.text
+    assert "not rank(s) 2, 3" in r.json()["detail"], r.text
+    r = c.put("/v1/jobs/jobTopo/topology", json=_topology(["h0", "h0", "h1", "h1"], [[0, 1]]))
+    assert r.status_code == 409 and r.json()["field"] == "groups.ranks", r.text
+    stored = _stored_topology(server, "jobTopo")
+    assert stored is not None and stored["ranks"]["host"] == good["ranks"]["host"], stored
+
+
+def test_an_agent_batch_contradicting_the_jobs_topology_is_refused(server):
+    """The agent PUTs its --topology before its first batch: a batch then placing a rank on
+    another host (or a rank the topology lacks) is refused, not stored to fail each verdict."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    assert c.put("/v1/jobs/jobTopo2/topology",
+                 json=_topology(["h0", "h0"], [[0, 1]])).status_code == 200
+    r = c.post("/v1/jobs/jobTopo2/batches", json=_agent_batch("n1", 0, [0, 1], "h9", [0, 1]))
+    assert r.status_code == 409 and r.json()["field"] == "ranks.host", r.text
+    assert ("puts rank 0 on host 'h9'; it is on host 'h0' by the job's topology"
+            in r.json()["detail"]), r.text
+    r = c.post("/v1/jobs/jobTopo2/batches", json=_agent_batch("n1", 1, [1, 2], "h0", [0, 1, 2]))
+    assert r.status_code == 409 and "rank 2 on host 'h0'; it is not placed" in r.json()["detail"]
+    r = c.post("/v1/jobs/jobTopo2/batches", json=_agent_batch("n1", 2, [0, 1], "h0", [0, 1]))
+    assert r.status_code == 200, r.text

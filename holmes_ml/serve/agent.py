@@ -938,7 +938,9 @@ class Agent:
                 if r in placed:
                     h, g = placed[r]
                 else:
-                    h = hosts.get(r, "") or socket.gethostname()
+                    # logs without a host: where --topology puts the rank (the service
+                    # refuses a batch contradicting it), else this machine
+                    h = hosts.get(r, "") or self._topology_host(r) or socket.gethostname()
                     g = first.get(h, 0)
                     first[h] = g + 1
                 host.append(h)
@@ -949,6 +951,16 @@ class Agent:
                     v = sub.groupby("rank")[c].first().reindex(seen).fillna(-1)
                     batch["ranks"][c] = v.astype(np.int64).tolist()
         return batch
+
+    def _topology_host(self, rank: int) -> str | None:
+        """The host the attached topology places ``rank`` on (None: no topology, or not
+        placed by it)."""
+        topology = self._topology or self._topology_sent
+        cols = (topology or {}).get("ranks") or {}
+        for r, h in zip(cols.get("rank") or (), cols.get("host") or (), strict=False):
+            if int(r) == rank:
+                return str(h)
+        return None
 
     # -------------------------------------------------------------- sending
     def _http(self) -> Any:

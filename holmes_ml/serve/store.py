@@ -615,10 +615,10 @@ class Store:
         # (a shared directory) would overwrite the first one's
         self._settle(db, job, source, batch_id, "ranks", {str(r): source for r in ranks})
         if batch.get("ranks"):  # an agent sending a rank again puts it on the same host
-            self._settle(db, job, source, batch_id, "host",
-                         {str(r): str(h) for r, h in zip(batch["ranks"]["rank"],
-                                                         batch["ranks"]["host"], strict=True)},
-                         field="ranks.host")
+            hosts = {str(r): str(h) for r, h in zip(batch["ranks"]["rank"],
+                                                    batch["ranks"]["host"], strict=True)}
+            self._settle(db, job, source, batch_id, "host", hosts, field="ranks.host")
+            self._held_to_topology(db, job, source, batch_id, hosts, "ranks.host")
         # agents send a communicator each as far as they saw it: the member lists add up
         # (_members), its kind must be the same
         self._settle(db, job, source, batch_id, "group_kind",
@@ -798,6 +798,32 @@ class Store:
                         if k not in known])
 
     @staticmethod
+    def _held_to_topology(db: sqlite3.Connection, job: str, source: str, batch_id: str,
+                          hosts: dict[str, str], field: str) -> None:
+        """:class:`ConflictError` (nothing of the batch stored, naming ``field``) when the
+        ranks' ``hosts`` (rank -> host) of a batch contradict the topology put for ``job``:
+        stored, every verdict would fail on the two."""
+        row = db.execute("SELECT topology FROM jobs WHERE job=?", (job,)).fetchone()
+        if not hosts or row is None or row[0] is None:
+            return
+        cols = json.loads(row[0]).get("ranks") or {}
+        placed = {str(int(r)): str(h) for r, h in zip(cols.get("rank") or (),
+                                                      cols.get("host") or (), strict=False)}
+        for key in sorted(hosts, key=int):
+            if not hosts[key]:
+                continue
+            if key not in placed:
+                where = f"is not placed by the job's topology ({len(placed)} ranks)"
+            elif placed[key] != hosts[key]:
+                where = f"is on host {placed[key]!r} by the job's topology"
+            else:
+                continue
+            raise ConflictError(
+                f"batch {batch_id!r} of source {source!r} puts rank {key} on host "
+                f"{hosts[key]!r}; it {where}. Expected the ranks of the job the topology "
+                "describes (PUT the right topology, or send to another job name)", field=field)
+
+    @staticmethod
     def _members(db: sqlite3.Connection, job: str, group: dict[str, Any]) -> str:
         """The members of ``group`` to store: as sent, or, when agents list the communicator
         differently (each the ranks it saw, when the logs do not say), the union of the
@@ -836,6 +862,7 @@ class Store:
                 return dup
             for fact, values in facts.items():
                 self._settle(db, job, source, batch_id, fact, values)
+            self._held_to_topology(db, job, source, batch_id, facts.get("host", {}), "host")
             db.execute(
                 "INSERT INTO raw VALUES (?,?,?,?,?)",
                 (job, source, batch_id, table.num_rows, sqlite3.Binary(payload)),
@@ -863,14 +890,66 @@ class Store:
         return {t: n for t, n in out.items() if n}
 
     def set_topology(self, job: str, topology: dict) -> None:
+        """Attach ``topology`` (``Topology.to_dict()``) to ``job``; :class:`ConflictError`
+        (the stored one kept) when it contradicts what the job's batches said: a rank it does
+        not place or places on another host, a communicator with other members. Every verdict
+        would fail on it."""
         now = time.time()
         with self._tx() as db:
+            self._check_topology(db, job, topology)
             db.execute(
                 "INSERT INTO jobs (job, created_at, topology, topology_version) VALUES (?,?,?,1) "
                 "ON CONFLICT(job) DO UPDATE SET topology=excluded.topology, "
                 "topology_version=topology_version+1",
                 (job, now, json.dumps(topology)),
             )
+
+    @staticmethod
+    def _check_topology(db: sqlite3.Connection, job: str, topology: dict) -> None:
+        """Refuse (:class:`ConflictError`, 409) a ``topology`` for ``job`` that contradicts
+        the ranks, hosts and communicators its batches stored: the localizer would refuse it
+        at every verdict (:func:`holmes_ml.pipeline.localize_summaries` checks the same)."""
+        cols = topology.get("ranks") or {}
+        if "rank" not in cols:
+            return  # no placement to hold it to (the service refuses such a topology: 422)
+        placed = {str(int(r)): str(h) for r, h in zip(cols["rank"], cols.get("host") or (),
+                                                      strict=False)}
+        facts: dict[str, dict[str, tuple[str, str, str]]] = {}
+        for fact, key, value, source, batch_id in db.execute(
+                "SELECT fact, key, value, source, batch_id FROM facts WHERE job=? AND fact IN "
+                "('ranks', 'host', 'group_ranks')", (job,)):
+            facts.setdefault(fact, {})[key] = (value, source, batch_id)
+        expected = ("Expected the topology of the job that sent these batches (a job restarted "
+                    "elsewhere goes under a new job name); the stored topology is unchanged")
+        hosts = facts.get("host", {})
+        for key in sorted(hosts, key=int):
+            host, source, batch_id = hosts[key]
+            if host and key in placed and placed[key] != host:
+                clash = sum(1 for k, (h, _, _) in hosts.items()
+                            if h and k in placed and placed[k] != h)
+                raise ConflictError(
+                    f"topology of job {job!r}: rank {key} is on host {placed[key]!r} in it, on "
+                    f"host {host!r} since batch {batch_id!r} of source {source!r}"
+                    + (f" (and {clash - 1} more rank(s) on other hosts)" if clash > 1 else "")
+                    + f". {expected}", field="ranks.host")
+        known = sorted(set(facts.get("ranks", {})) | set(hosts), key=int)
+        missing = [k for k in known if k not in placed]
+        if missing:
+            raise ConflictError(
+                f"topology of job {job!r}: it places {len(placed)} rank(s) and not rank(s) "
+                f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}, which batches "
+                f"of the job sent. {expected}", field="ranks.rank")
+        stored = {name: members for name, members in
+                  db.execute("SELECT name, ranks FROM groups WHERE job=?", (job,))}
+        stored.update({k: v for k, (v, _, _) in facts.get("group_ranks", {}).items()})
+        for g in sorted(topology.get("groups") or (), key=lambda g: str(g.get("name"))):
+            logged = member_ranks(stored.get(str(g.get("name")), ""))
+            if logged and set(logged) != {int(r) for r in g.get("ranks") or ()}:
+                raise ConflictError(
+                    f"topology of job {job!r}: communicator {g['name']!r} has ranks "
+                    f"{' '.join(map(str, sorted(g['ranks'])[:8]))} in it, "
+                    f"{' '.join(map(str, sorted(logged)[:8]))} by the job's batches. {expected}",
+                    field="groups.ranks")
 
     def save_verdict(self, job: str, verdict: dict, data_batches: int, top: str | None,
                      topology_version: int = 0) -> int:
