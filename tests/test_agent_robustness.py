@@ -335,3 +335,69 @@ def test_a_torn_line_rotation_truncation_and_a_fifo_do_not_stop_a_followed_log(t
     finally:
         agent.close()
         srv.stop()
+
+
+def test_a_following_agent_ships_the_last_iteration_once_the_logs_are_idle(tmp_path):
+    """A rank's last iteration is held back until it logs a later one: when training stops
+    (or pauses) it never came, and a following agent never shipped it."""
+    import time
+
+    ops = make_ops(seed=22, ranks=2, iterations=4)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="idle", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5, poll_s=0.05, flush_after_s=0.5)
+    agent = Agent(cfg, summarize=fallback_summarize)
+    deadline = time.monotonic() + 20
+    shipped: list[bool] = []
+
+    def stop() -> bool:
+        # (flushing at stop would ship it too: what counts is that it came before)
+        r = httpx.get(srv.url + "/v1/jobs/idle")
+        if r.status_code == 200 and r.json()["records"] == len(ops):
+            shipped.append(True)
+        return bool(shipped) or time.monotonic() > deadline
+
+    try:
+        agent.run(stop=stop)
+        assert shipped, "the last iteration was not shipped while the logs were idle"
+        assert agent.stats.batches_sent == 2  # the complete iterations, then the last one
+        agent.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_flushes_what_was_read_before_exiting(tmp_path, sig):
+    """A following agent stopped by SIGTERM (systemd, kubernetes) or Ctrl-C exited without
+    queueing the last iteration it had read, nor sending it."""
+    import signal
+    import time
+
+    ops = make_ops(seed=23, ranks=2, iterations=4)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    srv = start_server(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLMES, "agent", "--follow", str(logs), "--server", srv.url,
+         "--job", "term", "--token", TOKEN, "--model", "rule", "--poll", "0.1",
+         "--flush-after", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        complete = len(ops[ops["iteration"] < 3])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = httpx.get(srv.url + "/v1/jobs/term")
+            if r.status_code == 200 and r.json()["records"] == complete:
+                break
+            time.sleep(0.1)
+        assert r.json()["records"] == complete, r.text  # the last iteration held back
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, (out, err)
+        assert "sent 2 batches" in out, (out, err)
+        assert httpx.get(srv.url + "/v1/jobs/term").json()["records"] == len(ops)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        srv.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -127,11 +128,18 @@ def register(app: typer.Typer) -> None:
         retry_for: float = typer.Option(30.0, "--retry-for", help="With --once: seconds to "
                                         "keep retrying an unreachable service before giving "
                                         "up (without --once the agent retries forever)."),
+        flush_after: float = typer.Option(30.0, "--flush-after", help="Seconds without new "
+                                          "log rows after which each rank's last iteration "
+                                          "(held back until a later one is logged) is shipped "
+                                          "as it stands; rows of it logged later ship it "
+                                          "again, whole (> 0)."),
     ) -> None:
         """Follow a node's CommOps logs and ship summaries to `holmes serve`.
 
         A log file that cannot be read is reported (ERROR, naming the file) and skipped until
-        it changes; the others keep being shipped.
+        it changes; the others keep being shipped. SIGTERM or Ctrl-C queues what was read
+        (each rank's last iteration too) and tries once more to send it before exiting; a
+        second one exits at once (nothing queued is lost).
 
         Example: `holmes agent --follow /logs/job7 --server http://svc:8787 --job job7 --token $T`
         """
@@ -139,7 +147,8 @@ def register(app: typer.Typer) -> None:
 
         cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
-                          outbox=outbox, poll_s=poll, once_retry_s=retry_for)
+                          outbox=outbox, poll_s=poll, once_retry_s=retry_for,
+                          flush_after_s=flush_after)
         cfg.check()  # before the model is loaded: a typo fails at once, in one `error:` line
         topo = None
         if topology is not None:
@@ -152,20 +161,38 @@ def register(app: typer.Typer) -> None:
 
             loaded = load_model(model)
         agent = Agent(cfg, model=loaded)
+        stopping: list[int] = []
+
+        def stop_on(signum: int, _frame: object) -> None:
+            # the first SIGTERM/SIGINT ends the loop at its next check, and the agent flushes;
+            # a second one (a flush that hangs) interrupts at once
+            if stopping:
+                raise KeyboardInterrupt
+            stopping.append(signum)
+
+        previous = {sig: signal.signal(sig, stop_on) for sig in (signal.SIGTERM, signal.SIGINT)}
         interrupted = False
         try:
             if topo is not None:
                 agent.attach_topology(topo)
-            agent.run(once=once)
+            agent.run(once=once, stop=lambda: bool(stopping))
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             unsent = agent.outbox.n_pending()
             agent.close()
+        interrupted = interrupted or bool(stopping)
         s = agent.stats
         typer.echo(f"read {s.ops_read} ops ({s.raw_bytes} B), sent {s.batches_sent} batches "
                    f"({s.sent_bytes} B)")
         if not once:
+            if unsent:
+                typer.secho(f"warning: {unsent} batch{'es' if unsent != 1 else ''} kept in the "
+                            f"outbox {cfg.outbox_path} ({agent.last_error or 'not sent yet'}); "
+                            "run the agent again to send them", err=True,
+                            fg=typer.colors.YELLOW)
             return
         status = 0
         if not agent.n_log_files and not agent.bad_files:

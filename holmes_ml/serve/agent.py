@@ -91,6 +91,10 @@ class AgentConfig:
     once_retry_s:
         With ``run(once=True)``: how long to keep retrying an unreachable service before giving
         up (the batches stay in the outbox for the next run). Following never gives up.
+    flush_after_s:
+        Following: once no log has grown for this many seconds, each rank's last iteration
+        (held back until the rank logs a later one) is shipped as it stands; rows of it logged
+        later ship it again, whole (the service replaces it).
     """
 
     follow: Path
@@ -105,6 +109,7 @@ class AgentConfig:
     backoff_max_s: float = 30.0
     timeout_s: float = 30.0
     once_retry_s: float = 30.0
+    flush_after_s: float = 30.0
 
     def check(self) -> None:
         """Refuse impossible numbers (raises ``ValueError`` naming the option and the value)."""
@@ -127,6 +132,7 @@ class AgentConfig:
         positive("backoff_s", self.backoff_s)
         positive("backoff_max_s", self.backoff_max_s)
         positive("timeout_s", self.timeout_s)
+        positive("--flush-after", self.flush_after_s)
         if not (math.isfinite(self.once_retry_s) and self.once_retry_s >= 0):
             raise ValueError(f"--retry-for {self.once_retry_s:g}: expected a finite number of "
                              "seconds >= 0")
@@ -1148,7 +1154,12 @@ class Agent:
         self.send_pending()
 
     def run(self, once: bool = False, stop: Callable[[], bool] | None = None) -> None:
-        """Poll until ``stop()`` is true (or once, flushing and sending everything)."""
+        """Poll until ``stop()`` is true (or once, flushing and sending everything).
+
+        Following, each rank's last iteration is shipped once the logs have been idle for
+        ``config.flush_after_s``; when ``stop()`` turns true (the CLI's SIGTERM or SIGINT) what
+        was read is flushed to the outbox and sent once more before returning.
+        """
         if self.rejected_before:
             logger.warning("the outbox %s holds %d batch(es) the service refused in earlier "
                            "runs, not sent again (the last: %s)", self.config.outbox_path,
@@ -1166,15 +1177,44 @@ class Agent:
                     if (self._retry_at > self._deadline or self.auth_refused
                             or self.misconfigured):
                         break  # (a token or URL refused now is refused again in this run)
-                    time.sleep(max(0.0, self._retry_at - time.monotonic()))
+                    _sleep(self._retry_at - time.monotonic(), stop)
                     if self.send_pending() == 0 and stop is not None and stop():
                         break
             finally:
                 self._deadline = None
             return
+        grew_at = time.monotonic()
         while not (stop is not None and stop()):
-            self.step()
-            time.sleep(self.config.poll_s)
+            if self.read_new():
+                grew_at = time.monotonic()
+            idle = time.monotonic() - grew_at >= self.config.flush_after_s
+            self.queue_ready(flush=idle)
+            self.send_pending()
+            _sleep(self.config.poll_s, stop)
+        self.flush_and_send()
+
+    def flush_and_send(self) -> None:
+        """Read what the logs gained, queue it all (each rank's last iteration too) and try
+        once to send the outbox, within ``timeout_s`` and at most 5 s: what a stopping agent
+        does. What is not sent stays in the outbox for the next run."""
+        self.read_new()
+        self.queue_ready(flush=True)
+        self._retry_at = 0.0  # a back-off in progress must not skip the last attempt
+        self._deadline = time.monotonic() + min(self.config.timeout_s, 5.0)
+        try:
+            self.send_pending()
+        finally:
+            self._deadline = None
+
+
+def _sleep(seconds: float, stop: Callable[[], bool] | None) -> None:
+    """Sleep ``seconds``, in short naps when ``stop`` is given, returning once it is true."""
+    if stop is None:
+        time.sleep(max(0.0, seconds))
+        return
+    until = time.monotonic() + seconds
+    while not stop() and (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
 
 
 def _log_files(root: Path, pattern: str) -> list[Path]:
