@@ -50,3 +50,43 @@ def test_webhook_fires_once_per_new_top_device_and_state_persists(tmp_path):
         assert c.get("/v1/jobs/w").json()["records"] == len(ops) + len(more)
         assert 'holmes_job_top_candidate_score{device="gpu:r2",job="w",kind="gpu"} 1.0' in \
             c.get("/metrics").text
+
+
+def test_a_webhook_refusing_or_unreachable_is_logged_and_counted(tmp_path, caplog):
+    """A webhook answering non-2xx was dropped without a word, as was one not answering but
+    for a log line: each is a warning naming the URL and why, counted in
+    holmes_webhook_failures_total."""
+    import logging
+    import socket
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server API
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"receiver down")
+
+        def log_message(self, *args):
+            pass
+
+    hook = HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+    failing = f"http://127.0.0.1:{hook.server_port}/hook"
+    for n, (url, reason, said) in enumerate([(failing, "status", "HTTP 500: receiver down"),
+                                              (dead, "error", "ConnectError")]):
+        settings = ServeSettings(db=tmp_path / f"s{n}.db", token=TOKEN, analyze_interval_s=0,
+                                 webhook=url)
+        with TestClient(create_app(settings, analyzers=ANALYZERS)) as c, \
+                caplog.at_level(logging.WARNING, logger="holmes_ml.serve.app"):
+            assert c.post("/v1/jobs/w/raw", json=raw_body(make_ops(seed=5), "a", seq=0),
+                          headers=auth()).status_code == 200
+            assert c.post("/v1/jobs/w/analyze", headers=auth()).status_code == 200
+            metrics = c.get("/metrics").text
+        assert f'holmes_webhook_failures_total{{reason="{reason}"}} 1.0' in metrics, metrics
+        assert f"webhook {url}: notification of job w not delivered" in caplog.text
+        assert said in caplog.text, caplog.text
+        caplog.clear()
+    hook.shutdown()

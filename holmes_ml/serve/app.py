@@ -535,6 +535,9 @@ class Service:
         self.pruned = prom.Counter(
             "holmes_pruned_rows", "Rows deleted by --keep-iterations (raw_batches: raw payloads)",
             ["table"], registry=r)
+        self.webhook_failures = prom.Counter(
+            "holmes_webhook_failures", "Webhook notifications not delivered (reason: 'status' "
+            "for a non-2xx answer, 'error' for no answer)", ["reason"], registry=r)
         r.register(_JobCollector(self))
 
     def lock(self, job: str) -> threading.Lock:
@@ -590,9 +593,17 @@ class Service:
         try:
             import httpx
 
-            httpx.post(self.webhook, json=payload, timeout=5.0)
+            r = httpx.post(self.webhook, json=payload, timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - a dead webhook must not block localization
-            logger.warning("webhook %s failed: %s", self.webhook, exc)
+            logger.warning("webhook %s: notification of job %s not delivered (%s: %s)",
+                           self.webhook, job, type(exc).__name__, exc)
+            self.webhook_failures.labels("error").inc()
+            return
+        if not 200 <= r.status_code < 300:
+            # a redirect is not followed: the notification did not reach its receiver either
+            logger.warning("webhook %s: notification of job %s not delivered (HTTP %s: %s)",
+                           self.webhook, job, r.status_code, r.text[:200])
+            self.webhook_failures.labels("status").inc()
 
     def forget(self, job: str) -> dict[str, int]:
         """Delete ``job`` and all it stored, once no verdict of it is being computed."""
