@@ -749,6 +749,54 @@ def test_a_database_file_removed_under_the_service_is_a_503_not_a_silent_loss(tm
         srv.stop()
 
 
+def test_healthz_is_503_naming_why_when_the_store_cannot_take_writes(tmp_path):
+    """/healthz said ok while every batch got 503 (the database file removed under it): a
+    load balancer or a liveness probe saw a healthy service."""
+    srv = start_server(tmp_path)
+    try:
+        ok = httpx.get(srv.url + "/healthz")
+        assert ok.status_code == 200 and ok.json()["status"] == "ok", ok.text
+        for suffix in ("", "-wal", "-shm"):
+            p = srv.db.with_name(srv.db.name + suffix)
+            if p.exists():
+                p.unlink()
+        for method in ("GET", "HEAD"):
+            r = httpx.request(method, srv.url + "/healthz")
+            assert r.status_code == 503, (method, r.text)
+        body = httpx.get(srv.url + "/healthz").json()
+        assert body["status"] == "unavailable" and body["field"] == "store", body
+        assert body["detail"].startswith("store unusable: the database file"), body
+        assert "removed or replaced" in body["detail"], body
+    finally:
+        srv.stop()
+
+
+def test_healthz_remembers_a_failed_write_until_one_succeeds(tmp_path):
+    import sqlite3
+
+    from fastapi.testclient import TestClient
+    from test_serve_support import ANALYZERS
+
+    from holmes_ml.serve.app import ServeSettings, create_app
+
+    settings = ServeSettings(db=tmp_path / "s.db", token=TOKEN, analyze_interval_s=0)
+    with TestClient(create_app(settings, analyzers=ANALYZERS)) as c:
+        store = c.app.state.service.store
+        assert c.get("/healthz").status_code == 200
+        try:
+            with store._tx():
+                raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError:
+            pass
+        r = c.get("/healthz")
+        assert r.status_code == 503, r.text
+        assert r.json()["detail"] == ("store unusable: the last write failed (database or "
+                                      "disk is full)"), r.text
+        assert c.post("/v1/jobs/h/batches", json=_agent_batch("n1", 0, [0], "h0", [0]),
+                      headers=auth()).status_code == 200
+        assert c.get("/healthz").status_code == 200
+
+
 def test_a_raw_batch_whose_communicator_lists_a_member_twice_is_refused(server):
     """As an agent's `groups`: a member list naming a rank twice is a 422 naming the row (it was
     stored, and the communicator counted one member too many)."""

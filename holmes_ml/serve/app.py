@@ -796,9 +796,15 @@ def create_app(
                       last_ingest_at=j["last_ingest_at"], records=j["records"],
                       batches=j["batches"], mode=j["mode"], top=top)
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"])  # HEAD: what load balancers send
-    def healthz() -> dict:
-        """Liveness and a few counters."""
+    # HEAD: what load balancers send
+    @app.api_route("/healthz", methods=["GET", "HEAD"], response_model=None)
+    def healthz() -> dict | JSONResponse:
+        """Liveness and a few counters; 503 naming why when the store cannot take writes
+        (its file removed, read-only, the last write failed): batches would be refused."""
+        why = store.unusable()
+        if why is not None:
+            return JSONResponse({"status": "unavailable", "detail": f"store unusable: {why}",
+                                 "field": "store"}, status_code=503)
         return {"status": "ok", "jobs": len(store.jobs()),
                 "pipeline": service.analyzers is not None}
 

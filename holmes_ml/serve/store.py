@@ -368,6 +368,8 @@ class Store:
         self._db = connect_sqlite(self.path, "a holmes serve database", "batches", "--db",
                                   check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
+        #: why the last write failed, until one succeeds (a lock held elsewhere aside)
+        self.write_error: str | None = None
         self._inode = None if self.path == ":memory:" else os.stat(self.path).st_ino
         if not self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             # Only settable in a new file, before WAL mode and the first table: lets _reclaim
@@ -469,14 +471,34 @@ class Store:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._check_file()
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
                 self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    self.write_error = str(exc)
+                raise
+            self.write_error = None
+
+    def unusable(self) -> str | None:
+        """Why the store cannot take writes now, None when it can: the file removed or
+        replaced, a write lock it cannot take (a read-only file), or the last write failed
+        (disk full, I/O error) and none succeeded since. Cheap: it writes nothing."""
+        try:
+            with self._lock:
+                self._check_file()
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            return str(exc)
+        if self.write_error is not None:
+            return f"the last write failed ({self.write_error})"
+        return None
 
     def _check_file(self) -> None:
         """Refuse to write into a database file removed (or replaced) under the service: the
