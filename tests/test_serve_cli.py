@@ -103,6 +103,7 @@ def test_serve_announces_its_url_once_listening(tmp_path):
         url = f"http://127.0.0.1:{port}"
         assert line.startswith(f"holmes serve: listening on {url} "), (line, proc.stderr)
         assert str(db) in line and "/v1/jobs/JOB/batches" in line
+        assert "; no --token: writes need none;" in line, line
         # announced only once bound: the very next request is answered
         assert httpx.get(url + "/healthz", timeout=5).json()["status"] == "ok"
     finally:
@@ -181,7 +182,28 @@ def test_serve_on_all_interfaces_announces_an_address_agents_can_use(tmp_path):
         assert line.startswith(f"holmes serve: listening on {url} (all interfaces, also "
                                f"http://127.0.0.1:{port} from this machine; "), line
         assert "0.0.0.0" not in line and f"{url}/v1/jobs/JOB/batches" in line
+        assert "; writes need the --token;" in line, line
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).is_success
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
+
+
+@pytest.mark.parametrize("cmd", ["serve", "agent"])
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_an_empty_token_is_refused_not_taken_for_none(tmp_path, cmd, how):
+    """``--token ''`` (or ``HOLMES_SERVE_TOKEN=`` from a variable not set where it was
+    expanded) ran the service without authentication, silently."""
+    import os
+
+    args = (["--db", tmp_path / "s.db", "--port", "1"] if cmd == "serve"
+            else ["--follow", tmp_path, "--job", "j", "--once"])
+    env = {**os.environ, "HOLMES_SERVE_TOKEN": ""} if how == "env" else None
+    if how == "option":
+        args += ["--token", ""]
+    proc = subprocess.run([sys.executable, "-c", HOLMES, cmd, *map(str, args)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    line = one_line_error(proc)
+    assert line.startswith("error: --token '' (or HOLMES_SERVE_TOKEN): expected a non-empty "
+                           "token"), line
+    assert not (tmp_path / "s.db").exists()

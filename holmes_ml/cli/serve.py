@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
         db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file "
                                 "(created when missing; must be a holmes serve database)."),
         token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
-                                  help="Bearer token required for writes."),
+                                  help="Bearer token required for writes (not empty; "
+                                  "without one only a loopback --host is allowed)."),
         model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
                                    "output) used for raw-record jobs (default: the shipped "
                                    "model; 'rule' for the rule baseline)."),
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
         if not (math.isfinite(max_body_mb) and max_body_mb >= MIN_BODY_MB):
             raise ValueError(f"--max-body-mb {max_body_mb:g}: expected a finite size in MiB of "
                              f"at least {MIN_BODY_MB:g}")
-        settings = ServeSettings(db=db, host=host, port=port, token=token or None, model=model,
+        settings = ServeSettings(db=db, host=host, port=port, token=_token(token), model=model,
                                  webhook=webhook, max_body_bytes=int(max_body_mb * 2**20),
                                  max_large_requests=large_at_once,
                                  analyze_interval_s=analyze_every,
@@ -81,7 +82,9 @@ def register(app: typer.Typer) -> None:
                 url = base_url(socket.gethostname(), port)
                 also = (f"all interfaces, also {base_url('::1' if ':' in host else '127.0.0.1', port)}"
                         " from this machine; ")
-            typer.echo(f"holmes serve: listening on {url} ({also}db {db}; agents POST "
+            auth = ("writes need the --token" if settings.token
+                    else "no --token: writes need none")
+            typer.echo(f"holmes serve: listening on {url} ({also}db {db}; {auth}; agents POST "
                        f"{url}/v1/jobs/JOB/batches; API docs {url}/docs, metrics "
                        f"{url}/metrics; Ctrl-C stops)")
 
@@ -145,7 +148,7 @@ def register(app: typer.Typer) -> None:
         """
         from holmes_ml.serve.agent import Agent, AgentConfig
 
-        cfg = AgentConfig(follow=follow, server=server, job=job, token=token or None,
+        cfg = AgentConfig(follow=follow, server=server, job=job, token=_token(token),
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
                           outbox=outbox, poll_s=poll, once_retry_s=retry_for,
                           flush_after_s=flush_after)
@@ -226,6 +229,14 @@ def register(app: typer.Typer) -> None:
             status = 1
         if status:
             raise typer.Exit(status)
+
+
+def _token(token: str | None) -> str | None:
+    """``--token`` as given, or ``""`` when HOLMES_SERVE_TOKEN is set but empty (click takes
+    an empty variable for an unset one): the settings refuse it rather than run without."""
+    if token is None and os.environ.get("HOLMES_SERVE_TOKEN") == "":
+        return ""
+    return token
 
 
 def _all_interfaces(host: str) -> bool:

@@ -126,6 +126,9 @@ class AgentConfig:
             raise ValueError(f"--server {self.server!r}: expected a URL like "
                              "http://HOST:8787 (the service's 'listening on' address)")
         check_name("--job", self.job)
+        if self.token is not None and not self.token.strip():
+            raise ValueError(f"--token {self.token!r} (or HOLMES_SERVE_TOKEN): expected a "
+                             "non-empty token; leave both unset for a service without one")
         if self.source is not None:
             check_name("--source", self.source)
         positive("--poll", self.poll_s)

@@ -151,6 +151,12 @@ class ServeSettings:
 
     def check(self) -> None:
         """Refuse unsafe or impossible settings (raises ``ValueError`` naming the option)."""
+        if self.token is not None and not self.token.strip():
+            # an empty HOLMES_SERVE_TOKEN (a variable not set where it was expanded) would
+            # otherwise run the service without authentication, silently
+            raise ValueError(f"--token {self.token!r} (or HOLMES_SERVE_TOKEN): expected a "
+                             "non-empty token; leave both unset to run without one "
+                             "(loopback only)")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(
                 f"--host {self.host!r} is not a loopback address; a --token (or "
@@ -195,7 +201,7 @@ class ServeSettings:
             "db": Path(env.get("HOLMES_SERVE_DB", "holmes-serve.db")),
             "host": env.get("HOLMES_SERVE_HOST", "127.0.0.1"),
             "port": int(env.get("HOLMES_SERVE_PORT", "8787")),
-            "token": env.get("HOLMES_SERVE_TOKEN") or None,
+            "token": env.get("HOLMES_SERVE_TOKEN"),  # "" is refused by check(), not ignored
             "model": Path(env["HOLMES_SERVE_MODEL"]) if env.get("HOLMES_SERVE_MODEL") else None,
             "webhook": env.get("HOLMES_SERVE_WEBHOOK") or None,
         }
