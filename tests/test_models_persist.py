@@ -72,8 +72,7 @@ def test_foreign_files_are_refused(fitted, tmp_path):
 def test_version_drift_warns(fitted, tmp_path):
     det, _, _ = fitted
     path = save_model(det, tmp_path / "m.holmes")
-    with zipfile.ZipFile(path) as zf:
-        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    header, payload = _parts(path)
     header["versions"]["sklearn"] = "0.0.1"
     header["header_sha256"] = _header_sha256(header)  # drift, not an edit
     drifted = tmp_path / "drifted.holmes"
@@ -98,6 +97,12 @@ def test_default_model_scores_simulated_ops():
     assert (s[~ab] >= det.threshold_).mean() < 0.01
     shuffled = res.ops.sample(frac=1.0, random_state=0)
     np.testing.assert_allclose(score_ops(shuffled), s[shuffled.index.to_numpy()], atol=1e-9)
+
+
+def _parts(path):
+    """An envelope's header (as a dict) and payload bytes, to edit and write back."""
+    with zipfile.ZipFile(path) as zf:
+        return json.loads(zf.read("header.json")), zf.read("model.joblib")
 
 
 def _envelope(path, header, payload):
@@ -149,8 +154,7 @@ def test_an_edited_header_is_refused(fitted, tmp_path, edit):
     det, _, _ = fitted
     path = save_model(det, tmp_path / "m.holmes", metrics={"f1": 0.5},
                       feature_columns=[f"c{i}" for i in range(5)])
-    with zipfile.ZipFile(path) as zf:
-        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    header, payload = _parts(path)
     if edit == "metrics":
         header["metrics"]["f1"] = 0.99
     elif edit == "no feature schema":
@@ -171,8 +175,7 @@ def test_a_header_naming_another_estimator_than_its_payload_is_refused(fitted, t
     """Even with both hashes made to match, the header's estimator must be the payload's."""
     det, _, _ = fitted
     path = save_model(det, tmp_path / "m.holmes")
-    with zipfile.ZipFile(path) as zf:
-        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    header, payload = _parts(path)
     header["estimator"] = LightGBMDetector.__name__
     header["header_sha256"] = _header_sha256(header)
     bad = _envelope(tmp_path / "bad.holmes", header, payload)
@@ -186,8 +189,7 @@ def test_a_version_1_envelope_without_header_hash_still_loads(fitted, tmp_path):
     """Files written before the header hash (the bundled model among them) load as they are."""
     det, X, _ = fitted
     path = save_model(det, tmp_path / "m.holmes")
-    with zipfile.ZipFile(path) as zf:
-        header, payload = json.loads(zf.read("header.json")), zf.read("model.joblib")
+    header, payload = _parts(path)
     assert header["format"]["version"] == 2
     header["format"]["version"] = 1
     del header["header_sha256"]
