@@ -220,8 +220,8 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             with tqdm(total=int(self.n_trials), desc=f"tuning {self.estimator}", unit="trial",
                       disable=not self.progress) as bar:
                 study.optimize(objective, n_trials=int(self.n_trials),
-                                     timeout=self.timeout,
-                                     callbacks=[lambda _study, _trial: bar.update()])
+                               timeout=self.timeout,
+                               callbacks=[lambda _study, _trial: bar.update()])
         self.study_name_ = study.study_name
         done = [t for t in study.trials if t.value is not None]
         self.n_trials_ = len(done)
