@@ -60,7 +60,7 @@ def test_cli_refuses_an_option_the_named_benchmark_would_ignore(tmp_path):
 
     from holmes_ml.cli import app
 
-    for args, said in [(["simulator", "--localizer", "os:getcwd"],
+    for args, said in [(["simulator", "--localizer", "holmes_ml.bench.plugins:example_longest_comm"],
                         "--localizer does not apply to bench simulator; it applies to localize"),
                        (["features", "--keep-cores-awake"],
                         "--keep-cores-awake does not apply to bench features")]:
