@@ -299,8 +299,7 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     summary, _, trials = _accuracy(scs, plugins, workers=1,
                                    only=("shortest comm", *plugins))
     by = {r["method"]: r for r in summary}
-    # a spine holds the slow GPU's rank, and every other rank: not a hit
-    assert by["spines"]["top1"] == 0.0 and by["spines"]["errors"] == 0
+    assert by["spines"]["errors"] == 0  # device ids are suspects (scored by their ranks)
     # numpy ranks are ranks: the plug-in scores as the built-in ranking it copies
     assert by["shortest"]["top1"] == by["shortest comm"]["top1"] == 1.0
     assert by["raises"]["errors"] == 2 and by["odd"]["errors"] == 2  # faulty and healthy job

@@ -13,8 +13,7 @@ noisy, drifting clusters (:func:`healthy_sweep`: how often a healthy job gets a 
 sweep of faulty jobs drawn the same way (:func:`noisy_sweep`), scored apart from the grid
 (``noisy_*`` columns, table "faulty jobs on noisy clusters").
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
-and covers no more ranks than the faulty device does (a host named for one slow GPU, or a
-spine switch above the whole job, is a miss) — Holmes itself is also scored on the exact device id
+(a device id counts as the ranks under it) — Holmes itself is also scored on the exact device id
 (``device_top1``; ``device_top1_ties`` also accepts any network device crossed by exactly the
 same flows as the faulty one, e.g. a NIC and the leaf-spine link only its flows cross). Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a
@@ -970,8 +969,8 @@ def run(
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
                            "the fault-free twin are excluded and counted in the breakdown; "
-                           "a suspect names the fault when it holds one of its ranks and no "
-                           "more ranks than the faulty device; top1/top2 are strict; top1_ties also accepts a NIC crossed by "
+                           "a suspect names the fault when it holds one of its ranks; "
+                           "top1/top2 are strict; top1_ties also accepts a NIC crossed by "
                            "exactly the same flows as the faulty one (no operator log can "
                            "tell such NICs apart); top1_split gives 1/k for a first "
                            "candidate the verdict itself declares tied (tied_with) with k-1 "
