@@ -183,6 +183,13 @@ class ConflictError(StoreError):
     status = 409
 
 
+def _placement(topology: dict) -> dict[str, str]:
+    """Rank (as text, the facts' key) -> host of a ``Topology.to_dict()``."""
+    cols = topology.get("ranks") or {}
+    return {str(int(r)): str(h) for r, h in zip(cols.get("rank") or (), cols.get("host") or (),
+                                                strict=False)}
+
+
 class UnknownJobError(StoreError):
     status = 404
 
@@ -828,9 +835,7 @@ class Store:
         row = db.execute("SELECT topology FROM jobs WHERE job=?", (job,)).fetchone()
         if not hosts or row is None or row[0] is None:
             return
-        cols = json.loads(row[0]).get("ranks") or {}
-        placed = {str(int(r)): str(h) for r, h in zip(cols.get("rank") or (),
-                                                      cols.get("host") or (), strict=False)}
+        placed = _placement(json.loads(row[0]))
         for key in sorted(hosts, key=int):
             if not hosts[key]:
                 continue
@@ -931,11 +936,9 @@ class Store:
         """Refuse (:class:`ConflictError`, 409) a ``topology`` for ``job`` that contradicts
         the ranks, hosts and communicators its batches stored: the localizer would refuse it
         at every verdict (:func:`holmes_ml.pipeline.localize_summaries` checks the same)."""
-        cols = topology.get("ranks") or {}
-        if "rank" not in cols:
+        if "rank" not in (topology.get("ranks") or {}):
             return  # no placement to hold it to (the service refuses such a topology: 422)
-        placed = {str(int(r)): str(h) for r, h in zip(cols["rank"], cols.get("host") or (),
-                                                      strict=False)}
+        placed = _placement(topology)
         facts: dict[str, dict[str, tuple[str, str, str]]] = {}
         for fact, key, value, source, batch_id in db.execute(
                 "SELECT fact, key, value, source, batch_id FROM facts WHERE job=? AND fact IN "
