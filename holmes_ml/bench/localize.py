@@ -335,8 +335,7 @@ def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> f
     # A GPU is tied with its host (two readings of one rank's lateness): both name that rank.
     # A tied network device the verdict did not list (beyond top_k) names no one.
     same = top if getattr(getattr(top, "kind", None), "value", None) == "gpu" else None
-    group = [top] + [same if same is not None and d.startswith("host:") else listed.get(d, same)
-                     for d in tied]
+    group = [top] + [listed.get(d, same) for d in tied]
     hits = sum(s is not None and _names(s, truth, topology) for s in group)
     return hits / len(group)
 
