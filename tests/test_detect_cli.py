@@ -65,6 +65,7 @@ def test_detect_json_reports_episodes_and_writes_the_iteration_table(tmp_path):
     assert first["peak_ratio"] == round(its.loc[first["first"]:first["last"], "ratio"].max(), 4)
     scored = pd.read_parquet(out)
     assert report["abnormal_ops"] == int(scored["predicted"].sum()) > 0
+    assert report["labels"] is None  # an unlabelled log is not scored against anything
     assert report["top_ranks"][0]["abnormal_ops"] == int(
         scored.loc[scored["predicted"]].groupby("rank").size().max())
     # --help lists the table's columns, every one of them
@@ -86,6 +87,48 @@ def test_detect_threshold_and_delta_options(tmp_path):
     assert report["threshold"] == 1.0
     assert report["abnormal_ops"] == int((scored["score"] >= 1.0).sum())
     assert report["irregular_iterations"] == [] and report["episodes"] == []
+
+
+def test_labelled_logs_are_scored_against_their_labels(tmp_path):
+    """A researcher compares detectors on labelled held-out jobs with `holmes detect` alone."""
+    import json
+
+    import numpy as np
+    from sklearn.metrics import f1_score, precision_score, recall_score
+
+    from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+    ops = simulate(SimConfig(gpus=32, iterations=12, seed=9, faults=(
+        FaultSpec.parse("gpu_slow:rank=6,severity=0.8,start=5"),))).ops
+    ops = ops.drop(columns=["fault_id", "affected"]).astype({"abnormal": object})
+    ops.loc[ops["iteration"] == 0, "abnormal"] = None  # a part of the run carries no labels
+    log, out = tmp_path / "ops.parquet", tmp_path / "out" / "scores.parquet"
+    ops.to_parquet(log, index=False)
+    r = CliRunner().invoke(app, ["detect", str(log), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    lab = json.loads(r.output)["labels"]
+    scored = pd.read_parquet(out)
+    known = scored["abnormal"].notna()
+    truth = scored.loc[known, "abnormal"].astype(bool)
+    pred = scored.loc[known, "predicted"]
+    assert lab["unlabelled_ops"] == int((ops["iteration"] == 0).sum()) > 0
+    assert lab["labelled_ops"] == int(known.sum()) and lab["abnormal"] == int(truth.sum()) > 0
+    for name, metric in (("precision", precision_score), ("recall", recall_score),
+                         ("f1", f1_score)):
+        assert lab[name] == round(float(metric(truth, pred)), 4), name
+    assert lab["missed"] == int((truth & ~pred).sum())
+    assert lab["false_alarms"] == int((~truth & pred).sum())
+    assert lab["f1"] > 0.8  # the bundled model on a plain straggler
+    r = CliRunner().invoke(app, ["detect", str(log), "--out", str(tmp_path / "s2.parquet")],
+                           terminal_width=300)
+    assert f"F1 {lab['f1']:.3f}" in r.output and "left out" in r.output
+    # a label that is not one is refused by name before anything is written
+    ops["abnormal"] = np.where(ops["abnormal"] == True, "yes", "no")  # noqa: E712
+    ops.to_parquet(log, index=False)
+    again = tmp_path / "again.parquet"
+    r = CliRunner().invoke(app, ["detect", str(log), "--out", str(again)])
+    assert r.exit_code == 2 and not again.exists()
+    assert "'abnormal'" in r.stderr and "'no'" in r.stderr and str(log) in r.stderr
 
 
 def test_bad_input_is_one_line_on_stderr_not_a_traceback(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 import typing
@@ -184,3 +185,34 @@ def config_overrides(items: list[str], config: type, option: str = "--set",
             raise ValueError(f"{option} {item}: expected {expected}"
                              + (" or none" if optional else "")) from None
     return out
+
+
+#: Spellings of an ``abnormal`` label, compared in lower case.
+TRUE_LABELS, FALSE_LABELS = ("true", "1"), ("false", "0")
+
+
+def _label_text(value: object) -> str:
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, numbers.Real) and value in (0, 1):
+        return "1" if value == 1 else "0"  # 1.0 from a column with gaps reads as 1
+    return str(value).strip().lower()
+
+
+def bad_labels(labels: Any) -> tuple[Any, Any]:
+    """``(y, bad)`` for a Series of ``abnormal`` labels: the labels as booleans and where they
+    are not true/false/1/0 (a gap included), both numpy arrays."""
+    import numpy as np
+    import pandas as pd
+
+    if pd.api.types.is_bool_dtype(labels) and not labels.isna().any():
+        y = labels.to_numpy(dtype=bool)
+        return y, np.zeros(len(y), dtype=bool)
+    if pd.api.types.is_numeric_dtype(labels):
+        v = labels.to_numpy(dtype=np.float64, na_value=np.nan)
+        return v == 1, ~((v == 0) | (v == 1))
+    text = labels.map(_label_text, na_action="ignore").to_numpy(dtype=object)
+    y = np.isin(text, TRUE_LABELS)
+    return y, ~(y | np.isin(text, FALSE_LABELS))

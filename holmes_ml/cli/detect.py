@@ -10,11 +10,13 @@ import typer
 
 from holmes_ml.cli._checks import (
     TRUST_PICKLE_HELP,
+    bad_labels,
     check_delta,
     check_not_input,
     check_writable,
 )
 from holmes_ml.io import FORMATS
+from holmes_ml.io.schema import SchemaError
 
 
 def register(app: typer.Typer) -> None:
@@ -61,6 +63,10 @@ def register(app: typer.Typer) -> None:
         where the slowness shows, not necessarily its cause (a straggler's own ops look normal
         while its peers wait): `holmes localize` on the same logs names the device.
 
+        Logs that carry an `abnormal` label column (`holmes simulate` writes one; so can your
+        own labelled traces) are also scored against it: precision, recall and F1 of the
+        flagged ops, as `holmes train` reports them; how to compare detectors on held-out jobs.
+
         Examples: `holmes detect sim/` (a `holmes simulate` output directory; writes
         `scores.parquet` and `scores.iterations.csv`); `holmes detect traces/ --format kineto
         --model my.holmes --json`.
@@ -87,6 +93,7 @@ def register(app: typer.Typer) -> None:
         files, _ = pipeline.resolve_paths(paths)
         ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
                                   trust_pickle=trust_pickle)
+        labels = _read_labels(ops, ", ".join(map(str, paths)))
         scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
         cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
         table = ops.assign(score=scores, predicted=scores >= cut)
@@ -96,6 +103,7 @@ def register(app: typer.Typer) -> None:
         iterations_out.parent.mkdir(parents=True, exist_ok=True)
         its.to_csv(iterations_out)
         report = _report(table, its, cut, out, iterations_out)
+        report["labels"] = _against_labels(labels, table["predicted"].to_numpy(dtype=bool))
         if as_json:
             typer.echo(json.dumps(report))
         else:
@@ -118,7 +126,47 @@ def _report(table, its, threshold: float, out: Path, iterations_out: Path) -> di
         "irregular_iterations": [int(i) for i in irregular],
         "episodes": episodes,
         "top_ranks": [{"rank": int(r), "abnormal_ops": int(n)} for r, n in per_rank[:5].items()],
+        "labels": None,
         "scores": str(out), "iterations": str(iterations_out),
+    }
+
+
+def _read_labels(ops, source: str):  # noqa: ANN001, ANN202 - a DataFrame in, arrays out
+    """``(truth, known)`` from the logs' own ``abnormal`` column, ``None`` without one.
+
+    Rows without a label (files of which only some are labelled) are not ``known``; a value
+    that is not true/false/1/0 is refused naming ``source``, not read as ``True``.
+    """
+    if "abnormal" not in ops.columns:
+        return None
+    label = ops["abnormal"]
+    known = label.notna().to_numpy()
+    if not known.any():
+        return None
+    truth, bad = bad_labels(label[known])
+    if bad.any():
+        raise SchemaError(f"{int(bad.sum()):,} of {int(known.sum()):,} labels are not a boolean",
+                          source=source, column="abnormal",
+                          value=label[known].iloc[int(bad.argmax())],
+                          expected="true/false/1/0 (case-insensitive), or no abnormal column")
+    return truth, known
+
+
+def _against_labels(labels, predicted) -> dict | None:  # noqa: ANN001 - numpy arrays
+    """The flagged ops (``predicted``) scored against ``labels`` (from :func:`_read_labels`)."""
+    if labels is None:
+        return None
+    from sklearn.metrics import f1_score, precision_score, recall_score
+
+    truth, known = labels
+    pred = predicted[known]
+    return {
+        "column": "abnormal", "labelled_ops": int(known.sum()),
+        "unlabelled_ops": int((~known).sum()), "abnormal": int(truth.sum()),
+        "precision": round(float(precision_score(truth, pred, zero_division=0)), 4),
+        "recall": round(float(recall_score(truth, pred, zero_division=0)), 4),
+        "f1": round(float(f1_score(truth, pred, zero_division=0)), 4),
+        "false_alarms": int((pred & ~truth).sum()), "missed": int((truth & ~pred).sum()),
     }
 
 
@@ -146,3 +194,10 @@ def _print(report: dict) -> None:
             f"{r['rank']} ({r['abnormal_ops']})" for r in report["top_ranks"]))
         console.print("(where the slowness shows, not necessarily its cause: a straggler's own "
                       "ops look normal while its peers wait; `holmes localize` names the device)")
+    lab = report["labels"]
+    if lab is not None:
+        skipped = f", {lab['unlabelled_ops']} unlabelled left out" if lab["unlabelled_ops"] else ""
+        console.print(f"against the logs' abnormal labels ({lab['abnormal']} of "
+                      f"{lab['labelled_ops']} ops{skipped}): precision {lab['precision']:.3f}, "
+                      f"recall {lab['recall']:.3f}, F1 {lab['f1']:.3f} ({lab['false_alarms']} "
+                      f"false alarms, {lab['missed']} missed)")

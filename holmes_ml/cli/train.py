@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import numbers
 import random
 import sys
 import time
@@ -14,7 +13,7 @@ import numpy as np
 import pandas as pd
 import typer
 
-from holmes_ml.cli._checks import check_not_input, check_seed, check_writable
+from holmes_ml.cli._checks import bad_labels, check_not_input, check_seed, check_writable
 from holmes_ml.io import FORMATS
 from holmes_ml.io.schema import SchemaError
 
@@ -256,35 +255,10 @@ def _a_race(exc: BaseException) -> bool:
     return False
 
 
-#: Spellings of an ``abnormal`` label, compared in lower case.
-TRUE_LABELS, FALSE_LABELS = ("true", "1"), ("false", "0")
-
-
-def _label_text(value: object) -> str:
-    if isinstance(value, (bool, np.bool_)):
-        return "true" if value else "false"
-    if isinstance(value, numbers.Real) and value in (0, 1):
-        return "1" if value == 1 else "0"  # 1.0 from a column with gaps reads as 1
-    return str(value).strip().lower()
-
-
-def _bad_labels(labels) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001 - a Series
-    """``(y, bad)``: the labels as booleans and where they are not true/false/1/0."""
-    if pd.api.types.is_bool_dtype(labels) and not labels.isna().any():
-        y = labels.to_numpy(dtype=bool)
-        return y, np.zeros(len(y), dtype=bool)
-    if pd.api.types.is_numeric_dtype(labels):
-        v = labels.to_numpy(dtype=np.float64, na_value=np.nan)
-        return v == 1, ~((v == 0) | (v == 1))
-    text = labels.map(_label_text, na_action="ignore").to_numpy(dtype=object)
-    y = np.isin(text, TRUE_LABELS)
-    return y, ~(y | np.isin(text, FALSE_LABELS))
-
-
 def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
     """The ``abnormal`` column as booleans; a value that is not one (``maybe``, ``2``, a gap)
     is refused naming the file that holds it, rather than read as ``True``."""
-    y, bad = _bad_labels(ops["abnormal"])
+    y, bad = bad_labels(ops["abnormal"])
     if not bad.any():
         return y
     source = ", ".join(map(str, files))
@@ -304,7 +278,7 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
             if "abnormal" not in own.columns:
                 raise SchemaError("missing while other files have it", source=str(f),
                                   column="abnormal", expected="labels in every file")
-            own_bad = _bad_labels(own["abnormal"])[1]
+            own_bad = bad_labels(own["abnormal"])[1]
             if own_bad.any():
                 source = str(f)
                 value = own["abnormal"].iloc[int(np.flatnonzero(own_bad)[0])]
