@@ -64,6 +64,35 @@ def test_simulate_cli_hsdp_layout(tmp_path) -> None:
     assert {"dp", "dp_replicate"} <= kinds
 
 
+def test_simulate_cli_fabric_hardware_batch_and_job_options(tmp_path) -> None:
+    """The SimConfig knobs a benchmark varies are options, checked by their option names."""
+    def run(out, *extra):
+        return CliRunner().invoke(app, ["simulate", "--gpus", "64", "--model", "llama2-7b",
+                                        "--iterations", "2", "--seed", "3", "--out", str(out),
+                                        "--no-progress", *extra])
+
+    base = run(tmp_path / "base")
+    assert base.exit_code == 0, base.output
+    r = run(tmp_path / "set", "--hardware", "h100", "--hosts-per-pod", "4", "--spines", "3",
+            "--micro-batch-size", "2", "--job", "exp7")
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "set" / "config.json").read_text())
+    assert (cfg["hardware"], cfg["hosts_per_pod"], cfg["spines"], cfg["micro_batch_size"],
+            cfg["job"]) == ("h100", 4, 3, 2, "exp7")
+    topo = json.loads((tmp_path / "set" / "topology.json").read_text())
+    assert topo["spines"] == 3 and max(topo["ranks"]["pod"]) + 1 == 2  # 8 hosts, 4 per pod
+    ops, ops0 = load_result(tmp_path / "set").ops, load_result(tmp_path / "base").ops
+    assert set(ops["job"].astype(str)) == {"exp7"}
+    for op in ("send", "all_reduce"):  # activations (pipeline, tensor parallel): 2 sequences
+        now, before = (int(o.loc[o["op"] == op, "nbytes"].max()) for o in (ops, ops0))
+        assert abs(now - 2 * before) <= 2, op
+    for flag, value in (("--hardware", "b200"), ("--spines", "0"), ("--hosts-per-pod", "0"),
+                        ("--micro-batch-size", "0"), ("--job", " ")):
+        r = run(tmp_path / "bad", flag, value)
+        assert r.exit_code == 2 and f"{flag}: got" in r.output, (flag, r.output)
+        assert "None" not in r.output
+
+
 def test_simulate_cli_rejects_bad_fault_naming_the_key(tmp_path) -> None:
     result = CliRunner().invoke(
         app,

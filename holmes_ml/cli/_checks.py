@@ -32,7 +32,9 @@ def as_options(message: str, fields: dict[str, str]) -> str:
         m = re.match(rf"(\w+Config\.)?{field_name}(=|: )", message)
         if m is not None:
             said = f"{option} " if m.group(2) == "=" else f"{option}: "
-            return said + message[m.end():]
+            # "None" is the Python spelling of leaving an option out
+            rest = re.sub(r" or None\b", " (or leave the option out)", message[m.end():])
+            return said + rest
     return message
 
 

@@ -95,6 +95,19 @@ def register(app: typer.Typer) -> None:
             "--calibrate-from",
             help="Canonical CommOps log (parquet/csv/jsonl, file or dir) to fit op durations from.",
         ),
+        hardware: str = typer.Option(
+            "a100", "--hardware", help="GPU and network generation: a100 or h100 (compute, "
+            "NVLink and NIC bandwidths)."),
+        hosts_per_pod: int = typer.Option(
+            None, "--hosts-per-pod",
+            help="Fabric: 8-GPU hosts below one set of rail leaf switches (default 32, but at "
+            "least 4 pods for jobs under 128 hosts, so small jobs still cross leaf-spine links)."),
+        spines: int = typer.Option(8, "--spines", help="Fabric: spine switches above the leaves."),
+        micro_batch_size: int = typer.Option(
+            1, "--micro-batch-size", help="Sequences per microbatch (scales compute and "
+            "activation transfers)."),
+        job: str = typer.Option("sim", "--job", help="Value of the logs' job column (what holmes "
+                                "serve and holmes train group runs by)."),
         seed: int = typer.Option(0, "--seed", help="Seed for layout draws, faults and jitter."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
@@ -138,13 +151,19 @@ def register(app: typer.Typer) -> None:
                 seq_imbalance=seq_imbalance,
                 log_compute=log_compute,
                 calibrate_from=calibrate_from,
+                hardware=hardware,
+                hosts_per_pod=hosts_per_pod,
+                spines=spines,
+                micro_batch_size=micro_batch_size,
+                job=job,
             )
         except ValueError as exc:
             raise typer.BadParameter(as_options(str(exc), {
                 f: "--" + f.replace("_", "-") for f in (
                     "gpus", "model", "tp", "pp", "dp", "ep", "cp", "dp_replicate", "iterations",
                     "microbatches", "jitter", "drift", "comm_drift", "stage_weights",
-                    "seq_imbalance", "seed")})) from exc
+                    "seq_imbalance", "seed", "hardware", "hosts_per_pod", "spines",
+                    "micro_batch_size", "job")})) from exc
         show = progress and console.is_terminal
         est_rows = _estimate_rows(cfg)
         if est_rows > STREAM_ROWS:

@@ -361,6 +361,8 @@ class SimConfig:
                 raise ValueError(
                     f"SimConfig.{name}: got {value!r}; expected an integer >= 1 or None"
                 )
+        if not isinstance(self.job, str) or not self.job.strip():
+            raise ValueError(f"SimConfig.job: got {self.job!r}; expected a non-empty name")
         if self.gpus < 2:
             raise ValueError(f"SimConfig.gpus: got {self.gpus}; expected at least 2 (a rank "
                              "alone runs no collective and has no peer to compare with)")

@@ -151,14 +151,15 @@ class Engine:
     def _compute_model(self) -> None:
         spec, lay, hw = self.spec, self.lay, self.hw
         cfg = self.cfg
-        tokens = cfg.micro_batch_size * spec.seq_len / lay.cp
+        tokens = cfg.micro_batch_size * spec.seq_len / lay.cp  # this rank's, per microbatch
         per_layer = spec.attn_params_per_layer + spec.topk * spec.expert_params_per_layer
         dense = 2.0 * per_layer * tokens / lay.tp
-        attn = 4.0 * cfg.micro_batch_size * spec.seq_len * tokens * spec.hidden / lay.tp
+        # scores and values: each of the rank's tokens attends to its whole sequence
+        attn = 4.0 * spec.seq_len * tokens * spec.hidden / lay.tp
         fwd_flops = self.layers_per_stage * (dense + attn)
         self.t_fwd_us = fwd_flops / hw.flops * 1e6
         self.t_bwd_us = 2.0 * self.t_fwd_us
-        act = int(tokens * spec.hidden * BYTES_PER_ELEM * cfg.micro_batch_size)
+        act = int(tokens * spec.hidden * BYTES_PER_ELEM)
         layers_per_chunk = self.layers_per_stage / self.chunks
         # Megatron TP: two all-reduces of the activations per layer (attention out, MLP out).
         self.tp_bytes = int(2 * act * layers_per_chunk)
