@@ -290,12 +290,20 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     def odd(ops, topology):
         return [1.5]
 
+    told = []
+
+    def tuned(ops, topology, *, delta):  # a method that needs the trial's delta asks for it
+        told.append(delta)
+        return shortest(ops, topology)
+
     scs = [
         _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
             fault="gpu_slow:rank=9,severity=1.0,start=2"),
         _sc(32, "3-D (tp,pp,dp)", "healthy", "", 5, iterations=6, layout=lay),
     ]
-    plugins = {"spines": spines, "shortest": shortest, "raises": raises, "odd": odd}
+    scs[0]["delta"] = 1.2
+    plugins = {"spines": spines, "shortest": shortest, "raises": raises, "odd": odd,
+               "tuned": tuned}
     summary, _, trials = _accuracy(scs, plugins, workers=1,
                                    only=("shortest comm", *plugins))
     by = {r["method"]: r for r in summary}
@@ -304,6 +312,7 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     assert by["shortest"]["top1"] == by["shortest comm"]["top1"] == 1.0
     assert by["raises"]["errors"] == 2 and by["odd"]["errors"] == 2  # faulty and healthy job
     assert by["shortest"]["errors"] == 0
+    assert sorted(told) == sorted(sc["delta"] for sc in scs) and by["tuned"]["errors"] == 0
     failed = trials[trials["method"] == "odd"]["error"]
     assert failed.str.startswith("TypeError: localizer returned a suspect of type float").all()
     assert trials.loc[trials["method"] == "raises", "error"].tolist() == [

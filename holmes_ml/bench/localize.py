@@ -433,6 +433,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
     ``holmes`` method localizes with (default: the bundled model); the scripts that re-draw the
     sweeps (``scripts/healthy_holdout.py``) score a model exactly as the bench does this way.
     """
+    from holmes_ml.bench.plugins import call_localizer
     from holmes_ml.features import iteration_table
     from holmes_ml.localize import LocalizeConfig
     from holmes_ml.pipeline import analyze, localize_summaries, summarize_per_host
@@ -486,7 +487,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                     sus = list(analyze(ops, res.topology, model=model if fn == "holmes" else fn,
                                        config=cfg).candidates)
                 else:
-                    sus = list(fn(ops, res.topology))
+                    sus = call_localizer(fn, ops, res.topology, sc["delta"])
                     for s in sus[:2]:  # a suspect of no known type is the method's error
                         _suspect_ranks(s, res.topology)
                 error = None

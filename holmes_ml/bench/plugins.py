@@ -18,6 +18,11 @@ the faulty device (so a broad device, a host or a spine switch, covers many; the
 ``device_top1`` asks for the device itself). A suspect of another type, or a localizer that
 raises, is counted as that method's error in the results.
 
+A localizer that also takes a ``delta`` keyword (``def loc(ops, topology, delta=1.1)``, or
+``**kwargs``) is told each trial's irregularity factor: the bench runs its grid at several
+(the built-in methods localize with ``LocalizeConfig(delta=...)`` of the trial), and a fault is
+scored only where it made some iteration ``delta`` times slower.
+
 A ranking always names someone, so on a healthy job a plug-in counts as having flagged it. A
 localizer that returns an empty list when it sees nothing wrong says so with a true
 ``abstains`` attribute; its healthy jobs are then flagged only when it names a suspect.
@@ -78,6 +83,28 @@ def load_localizer(spec: str) -> Localizer:
     except ValueError:  # no signature to read (some builtins): it is called as it is
         pass
     return obj
+
+
+def takes_delta(localizer: Any) -> bool:
+    """Does ``localizer`` accept a ``delta`` keyword (by name, or through ``**kwargs``)?
+
+    >>> takes_delta(lambda ops, topology, delta=1.1: []), takes_delta(lambda ops, topology: [])
+    (True, False)
+    """
+    try:
+        params = inspect.signature(localizer).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: called as (ops, topology)
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "delta" and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in params)
+
+
+def call_localizer(localizer: Any, ops: pd.DataFrame, topology: Topology,
+                   delta: float) -> list[Any]:
+    """The suspects ``localizer`` names for one job, telling it ``delta`` when it takes it."""
+    if takes_delta(localizer):
+        return list(localizer(ops, topology, delta=delta))
+    return list(localizer(ops, topology))
 
 
 def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
