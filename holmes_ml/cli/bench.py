@@ -75,7 +75,9 @@ def register(app: typer.Typer) -> None:
             [],
             "--localizer",
             help="Your own localizer, as module:callable, benchmarked beside the built-in ones on "
-            "the same scenarios (see holmes_ml/bench/plugins.py for the interface). Repeatable.",
+            "the same scenarios: called as f(ops, topology) (and delta=..., if it takes it), "
+            "it returns suspects best first (ranks, device ids like nic:node003/5, or "
+            "candidates); see holmes_ml/bench/plugins.py. Repeatable.",
         ),
         model: Path = typer.Option(
             None, "--model", exists=True, dir_okay=False,
