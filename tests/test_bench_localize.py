@@ -307,7 +307,8 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     summary, _, trials = _accuracy(scs, plugins, workers=1,
                                    only=("shortest comm", *plugins))
     by = {r["method"]: r for r in summary}
-    assert by["spines"]["errors"] == 0  # device ids are suspects (scored by their ranks)
+    assert by["spines"]["errors"] == 0  # device ids are suspects (scored by their ranks) ...
+    assert by["spines"]["top1"] == 0.0  # ... but one above everyone names no GPU's fault
     # numpy ranks are ranks: the plug-in scores as the built-in ranking it copies
     assert by["shortest"]["top1"] == by["shortest comm"]["top1"] == 1.0
     assert by["raises"]["errors"] == 2 and by["odd"]["errors"] == 2  # faulty and healthy job
@@ -347,3 +348,31 @@ def test_run_reports_a_plugins_figures_and_writes_every_trial(tmp_path, monkeypa
     back = pd.read_csv(tmp_path / bl.TRIALS_FILE)
     assert set(back["method"]) == set(res.config["methods"]) and len(back) == 2 * len(
         res.config["methods"])
+
+
+def test_a_suspect_broader_than_the_faulty_device_names_no_fault():
+    """Scoring by shared ranks alone would let a spine switch above everyone name any fault."""
+    from holmes_ml.bench.plugins import fault_breadth, names_fault
+    from holmes_ml.simulator import SimConfig, simulate
+
+    topo = simulate(SimConfig(gpus=64, model="llama2-7b", iterations=2, seed=1)).topology
+    leaf = "switch:leaf-p0-r1"
+    link = "link:leaf-p0-r1~spine-0"
+    cases = {  # fault device: (suspects that name it, suspects that do not)
+        "gpu:node000/1": (["gpu:node000/1", 1], ["host:node000", "nic:node000/2", leaf]),
+        "host:node000": (["host:node000", "gpu:node000/3", 2], ["switch:spine-0"]),
+        "nic:node000/1": (["nic:node000/1", "gpu:node000/1"], [link, leaf, "host:node000"]),
+        link: ([link, leaf, "nic:node000/1", 1], ["switch:spine-0", "host:node000"]),
+        "switch:spine-0": (["switch:spine-0", leaf, 9], []),
+    }
+    for device, (hits, misses) in cases.items():
+        truth = set(topo.ranks_on(device))
+        widest = fault_breadth(truth, [device], topo)
+        assert widest == len(truth), device
+        for s in hits:
+            assert names_fault(s, truth, topo, widest), (device, s)
+        for s in misses:
+            assert not names_fault(s, truth, topo, widest), (device, s)
+    # a link fault's truth may be only the ranks whose flows cross it: the link still names it
+    assert fault_breadth({1}, [link], topo) == len(topo.ranks_on(link)) > 1
+    assert names_fault(link, {1}, topo, fault_breadth({1}, [link], topo))

@@ -13,7 +13,9 @@ noisy, drifting clusters (:func:`healthy_sweep`: how often a healthy job gets a 
 sweep of faulty jobs drawn the same way (:func:`noisy_sweep`), scored apart from the grid
 (``noisy_*`` columns, table "faulty jobs on noisy clusters").
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
-(a device id counts as the ranks under it) — Holmes itself is also scored on the exact device id
+(a device id counts as the ranks under it) and stands for no more ranks than the faulty device
+(:func:`~holmes_ml.bench.plugins.fault_breadth`: a spine switch above everyone names no fault
+but a spine's, a host no slow GPU of its own) — Holmes itself is also scored on the exact device id
 (``device_top1``; ``device_top1_ties`` also accepts any network device crossed by exactly the
 same flows as the faulty one, e.g. a NIC and the leaf-spine link only its flows cross). Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a
@@ -309,17 +311,19 @@ def _suspect_ranks(s: Any, topology: Any) -> set[int]:
     return set(suspect_ranks(s, topology))
 
 
-def _names(s: Any, truth: set[int], topology: Any) -> bool:
+def _names(s: Any, truth: set[int], topology: Any, widest: int | None = None) -> bool:
     from holmes_ml.bench.plugins import names_fault
 
-    return names_fault(s, truth, topology)
+    return names_fault(s, truth, topology, widest)
 
 
-def _hit(suspects: list[Any], truth: set[int], k: int, topology: Any = None) -> bool:
-    return any(_names(s, truth, topology) for s in suspects[:k])
+def _hit(suspects: list[Any], truth: set[int], k: int, topology: Any = None,
+         widest: int | None = None) -> bool:
+    return any(_names(s, truth, topology, widest) for s in suspects[:k])
 
 
-def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> float:
+def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None,
+                widest: int | None = None) -> float:
     """Top-1 credit when the method's own declared ties at the top are broken at random.
 
     A verdict that names its first candidate ``tied_with`` other devices (same evidence, same
@@ -336,7 +340,7 @@ def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None) -> f
     # A tied network device the verdict did not list (beyond top_k) names no one.
     same = top if getattr(getattr(top, "kind", None), "value", None) == "gpu" else None
     group = [top] + [listed.get(d, same) for d in tied]
-    hits = sum(s is not None and _names(s, truth, topology) for s in group)
+    hits = sum(s is not None and _names(s, truth, topology, widest) for s in group)
     return hits / len(group)
 
 
@@ -433,7 +437,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
     ``holmes`` method localizes with (default: the bundled model); the scripts that re-draw the
     sweeps (``scripts/healthy_holdout.py``) score a model exactly as the bench does this way.
     """
-    from holmes_ml.bench.plugins import call_localizer
+    from holmes_ml.bench.plugins import call_localizer, fault_breadth
     from holmes_ml.features import iteration_table
     from holmes_ml.localize import LocalizeConfig
     from holmes_ml.pipeline import analyze, localize_summaries, summarize_per_host
@@ -498,10 +502,13 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                    "peak_ratio": round(peak, 4), "sim_seconds": round(t_sim, 3),
                    "seconds": time.perf_counter() - t0, "error": error}
             if truth:
-                row["top1"] = _hit(sus, truth, 1, res.topology)
-                row["top2"] = _hit(sus, truth, 2, res.topology)
-                row["top1_ties"] = _hit(sus, tied, 1, res.topology)
-                row["top1_split"] = _top1_split(sus, truth, res.topology)
+                # a suspect broader than the faulty device (a spine above everyone, the host
+                # of one slow GPU) names no fault, however many ranks it covers
+                widest = fault_breadth(truth, sorted(devices), res.topology)
+                row["top1"] = _hit(sus, truth, 1, res.topology, widest)
+                row["top2"] = _hit(sus, truth, 2, res.topology, widest)
+                row["top1_ties"] = _hit(sus, tied, 1, res.topology, widest)
+                row["top1_split"] = _top1_split(sus, truth, res.topology, widest)
                 # the best any log-only method can expect: one guess among the tied NICs
                 row["top1_bound"] = len(truth) / len(tied)
                 row["tied_nics"] = len(tied - truth)
@@ -969,7 +976,9 @@ def run(
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
                            "the fault-free twin are excluded and counted in the breakdown; "
-                           "a suspect names the fault when it holds one of its ranks; "
+                           "a suspect names the fault when it holds one of its ranks and "
+                           "stands for no more ranks than the faulty device (a host does not "
+                           "name one slow GPU of its own, a spine switch no leaf's fault); "
                            "top1/top2 are strict; top1_ties also accepts a NIC crossed by "
                            "exactly the same flows as the faulty one (no operator log can "
                            "tell such NICs apart); top1_split gives 1/k for a first "

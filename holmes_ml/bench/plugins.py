@@ -125,16 +125,32 @@ def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
     return frozenset(int(r) for r in ranks)
 
 
-def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topology) -> bool:
+def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topology,
+                widest: int | None = None) -> bool:
     """How the benchmark scores one suspect: does it name the fault whose device holds the
-    ranks ``truth``? It must hold one of them (a device id stands for the ranks under it).
+    ranks ``truth``? It must hold one of them (a device id stands for the ranks under it), and
+    stand for at most ``widest`` ranks (:func:`fault_breadth`: no broader than the faulty
+    device itself), so that naming a spine switch above everyone, or a whole host for one
+    slow GPU, is no hit. ``widest=None`` sets no bound.
 
     Example
     -------
     >>> names_fault(5, {5}, topology=None), names_fault(6, {5}, topology=None)
     (True, False)
+    >>> names_fault(type("Host", (), {"ranks": range(8)})(), {5}, None, widest=1)
+    False
     """
-    return bool(suspect_ranks(suspect, topology) & truth)
+    ranks = suspect_ranks(suspect, topology)
+    return bool(ranks & truth) and (widest is None or len(ranks) <= widest)
+
+
+def fault_breadth(truth: set[int] | frozenset[int], devices: Sequence[str],
+                  topology: Topology) -> int:
+    """How many ranks a suspect naming the fault may stand for: those of its widest device
+    (a slow GPU or NIC: its own; a host: its GPUs; a leaf switch or a leaf-spine link: the
+    ranks below the leaf; a spine: everyone), or of ``truth`` when that is more."""
+    sizes = [len(topology.ranks_on(d)) for d in devices]
+    return max([len(truth), *sizes])
 
 
 def example_longest_comm(ops: pd.DataFrame, topology: Topology) -> list[int]:
