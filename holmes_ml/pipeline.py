@@ -485,8 +485,9 @@ def summarize(
         Canonical CommOps table (optionally with ``group_ranks, peer, host, group_kind`` and
         coordinate columns ``dp, pp, tp, cp, ep``).
     model:
-        Detector for :func:`holmes_ml.models.score_ops`; ``None`` uses the default model (or the
-        rule baseline when no model package is available); ``"rule"`` forces the baseline.
+        Detector for :func:`holmes_ml.models.score_ops`, or the path of a model file;
+        ``None`` uses the default model (or the rule baseline when no model package is
+        available); ``"rule"`` forces the baseline.
     config:
         :class:`LocalizeConfig`.
 
@@ -498,6 +499,7 @@ def summarize(
     missing = [c for c in REQUIRED_COLUMNS if c not in ops.columns]
     if missing:
         raise ValueError(f"ops: missing columns {missing}; expected {list(REQUIRED_COLUMNS)}")
+    model = model_from(model)
     ops = ops.reset_index(drop=True)
     classes = _op_classes(ops)
     per = _rank_spans(ops)
@@ -544,7 +546,20 @@ def summarize_per_host(
     ValueError
         When ``ops`` has no ``host`` column.
     """
+    model = model_from(model)  # a file is read once, not once per host
     return [summarize(sub, model, config) for _, sub in per_host(ops)]
+
+
+def model_from(model: Any) -> Any:
+    """``model`` as :func:`summarize` takes it: a model file's path (``str`` or ``Path``, as
+    ``holmes localize --model`` takes it) is loaded with
+    :func:`~holmes_ml.models.load_model`; ``None``, ``"rule"`` and a detector pass as they
+    are."""
+    if isinstance(model, (str, Path)) and str(model) != "rule":
+        from holmes_ml.models import load_model
+
+        return load_model(model)
+    return model
 
 
 def per_host(ops: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:

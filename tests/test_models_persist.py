@@ -32,7 +32,7 @@ def fitted():
 def test_round_trip_keeps_scores_and_header(fitted, tmp_path):
     det, X, y = fitted
     path = save_model(det, tmp_path / "m.holmes", metrics={"f1": 0.9}, training_data=(X, y))
-    back = load_model(path)
+    back = load_model(path, check_features=False)  # 5 features of its own
     np.testing.assert_allclose(back.decision_function(X), det.decision_function(X))
     h = read_header(path)
     assert h["metrics"] == {"f1": 0.9}
@@ -80,7 +80,7 @@ def test_version_drift_warns(fitted, tmp_path):
         zf.writestr("header.json", json.dumps(header))
         zf.writestr("model.joblib", payload)
     with pytest.warns(UserWarning, match="sklearn saved 0.0.1"):
-        load_model(drifted)
+        load_model(drifted, check_features=False)
 
 
 def test_default_model_scores_simulated_ops():
@@ -194,7 +194,8 @@ def test_a_version_1_envelope_without_header_hash_still_loads(fitted, tmp_path):
     header["format"]["version"] = 1
     del header["header_sha256"]
     old = _envelope(tmp_path / "old.holmes", header, payload)
-    np.testing.assert_array_equal(load_model(old).decision_function(X), det.decision_function(X))
+    np.testing.assert_array_equal(load_model(old, check_features=False).decision_function(X),
+                                  det.decision_function(X))
     assert read_header(default_model_path())["format"]["version"] == 1
 
 
@@ -259,3 +260,23 @@ def test_a_caller_cannot_change_the_default_model_of_later_calls():
     assert default_model().threshold_ == threshold
     assert type(default_model().detector).__name__ == "LightGBMDetector"
     np.testing.assert_array_equal(score_ops(ops), before)
+
+
+def test_a_model_fitted_on_an_unnamed_array_is_saved_with_a_warning_and_counted_on_load(tmp_path):
+    """Its envelope cannot name its features; load_model still refuses a wrong count."""
+    from holmes_ml.features import FEATURE_COLUMNS
+
+    rng = np.random.default_rng(0)
+    y = rng.random(300) < 0.3
+    for n, refused in ((10, True), (len(FEATURE_COLUMNS), False)):
+        X = rng.normal(size=(300, n)) + y[:, None]
+        det = RandomForestDetector(n_estimators=5, random_state=0).fit(X, y)
+        with pytest.warns(UserWarning, match="records no feature schema"):
+            path = save_model(det, tmp_path / f"np{n}.holmes")
+        assert read_header(path)["feature_columns"] is None
+        if refused:
+            with pytest.raises(ModelFileError, match=rf"np10.holmes: takes 10 features .* {len(FEATURE_COLUMNS)}"):
+                load_model(path)
+            assert load_model(path, check_features=False).n_features_in_ == 10
+        else:
+            assert load_model(path).n_features_in_ == n

@@ -293,3 +293,19 @@ def test_logs_without_any_duration_are_warned_about(caplog) -> None:
     with caplog.at_level("WARNING"):
         analyze(res.ops.assign(duration_us=0.0), res.topology, model="rule")
     assert "every operator's duration_us is 0" in caplog.text
+
+
+def test_a_model_file_path_is_a_model_in_python_as_on_the_command_line(tmp_path) -> None:
+    from importlib.resources import files
+
+    from holmes_ml.models import ModelFileError, load_model
+
+    res = simulate(SimConfig(gpus=32, model="llama2-7b", iterations=10, seed=3,
+                             faults=(FaultSpec.parse("gpu_slow:rank=6,severity=0.8,start=3"),)))
+    path = files("holmes_ml") / "data" / "default-model.holmes"
+    by_path = analyze(res.ops, res.topology, model=str(path)).to_dict()
+    loaded = analyze(res.ops, res.topology, model=load_model(path)).to_dict()
+    assert by_path == loaded and by_path["candidates"][0]["ranks"] == [6]
+    assert len(summarize_per_host(res.ops, model=path)) == res.ops["host"].nunique()
+    with pytest.raises(ModelFileError, match="nope.holmes: no such model file"):
+        analyze(res.ops, res.topology, model=tmp_path / "nope.holmes")

@@ -113,7 +113,9 @@ def save_model(
     training_data:
         ``X`` or ``(X, y)``; only its sha256 is stored.
     feature_columns:
-        The feature schema; defaults to ``model.feature_names_in_`` when present.
+        The feature schema; defaults to ``model.feature_names_in_`` when present (a model
+        fitted on a DataFrame). Without either, a warning: :func:`load_model` can then only
+        check the number of features.
     extra:
         Any other JSON-serializable facts (training command, scenarios).
 
@@ -137,6 +139,12 @@ def save_model(
     payload = buf.getvalue()
     if feature_columns is None and hasattr(model, "feature_names_in_"):
         feature_columns = [str(c) for c in model.feature_names_in_]
+    if feature_columns is None:
+        warnings.warn(
+            f"save_model {path}: the model was fitted on an array without column names, so its "
+            "envelope records no feature schema and load_model cannot check the features "
+            "come in the order it learnt; fit it on the DataFrame build_features returns, or "
+            "pass feature_columns=", UserWarning, stacklevel=2)
     if isinstance(training_data, tuple):
         th = data_hash(*training_data)
     elif training_data is not None:
@@ -215,6 +223,20 @@ def _open(path: Path, payload: bool) -> tuple[dict[str, Any], bytes | None]:
     return header, data
 
 
+def _check_feature_count(path: Path, model: Any) -> None:
+    """A model whose envelope records no feature schema (fitted on an unnamed array) must at
+    least take as many features as :func:`~holmes_ml.features.build_features` gives."""
+    from holmes_ml.features import FEATURE_COLUMNS
+
+    n = getattr(model, "n_features_in_", None)
+    if n is None or int(n) == len(FEATURE_COLUMNS):
+        return
+    raise ModelFileError(
+        f"{path}: takes {int(n)} features and records no feature schema; holmes_ml builds "
+        f"{len(FEATURE_COLUMNS)} (FEATURE_COLUMNS): retrain it on the table build_features "
+        "returns, or load it with check_features=False to score features of your own")
+
+
 def load_model(path: str | Path, check_features: bool = True) -> Any:
     """Load a model saved by :func:`save_model`, after checking its envelope.
 
@@ -223,7 +245,8 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
     ModelFileError
         The file is not an envelope, is damaged, or its header's or payload's hash does not
         match (edited: a version-1 file has no header hash); its feature schema differs from
-        :data:`holmes_ml.features.FEATURE_COLUMNS`; its payload does not unpickle here, is no
+        :data:`holmes_ml.features.FEATURE_COLUMNS` (or, when it records none, the model takes
+        another number of features); its payload does not unpickle here, is no
         holmes_ml detector (an estimator of another library, whose ``decision_function`` is
         no probability), or is of another class than the header's ``estimator``. The checks
         are no defence against a forged file (see the module's note): load only model files
@@ -274,4 +297,6 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
         raise ModelFileError(f"{path}: header names estimator {named!r} but the payload holds "
                              f"a {type(model).__name__}; the file was modified — refusing to "
                              "load")
+    if check_features and header.get("feature_columns") is None:
+        _check_feature_count(path, model)
     return model
