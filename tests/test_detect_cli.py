@@ -119,6 +119,14 @@ def test_labelled_logs_are_scored_against_their_labels(tmp_path):
     assert lab["missed"] == int((truth & ~pred).sum())
     assert lab["false_alarms"] == int((~truth & pred).sum())
     assert lab["f1"] > 0.8  # the bundled model on a plain straggler
+    # a healthy labelled job left alone has no precision, recall or F1 to report (not 0)
+    healthy = simulate(SimConfig(gpus=32, iterations=8, seed=9)).ops
+    healthy.to_parquet(tmp_path / "healthy.parquet", index=False)
+    r = CliRunner().invoke(app, ["detect", str(tmp_path / "healthy.parquet"), "--out",
+                                 str(tmp_path / "h.parquet"), "--json", "--threshold", "1"])
+    calm = json.loads(r.output)["labels"]
+    assert calm["abnormal"] == calm["false_alarms"] == calm["missed"] == 0
+    assert calm["precision"] is calm["recall"] is calm["f1"] is None
     r = CliRunner().invoke(app, ["detect", str(log), "--out", str(tmp_path / "s2.parquet")],
                            terminal_width=300)
     assert f"F1 {lab['f1']:.3f}" in r.output and "left out" in r.output

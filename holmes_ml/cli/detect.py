@@ -153,20 +153,27 @@ def _read_labels(ops, source: str):  # noqa: ANN001, ANN202 - a DataFrame in, ar
 
 
 def _against_labels(labels, predicted) -> dict | None:  # noqa: ANN001 - numpy arrays
-    """The flagged ops (``predicted``) scored against ``labels`` (from :func:`_read_labels`)."""
+    """The flagged ops (``predicted``) scored against ``labels`` (from :func:`_read_labels`).
+
+    A figure with nothing to divide by is ``None``, not 0: precision when no op was flagged,
+    recall when none is labelled abnormal, F1 when neither (a healthy job left alone), so an
+    average over jobs can leave them out rather than count a perfect healthy job as F1 0.
+    """
     if labels is None:
         return None
-    from sklearn.metrics import f1_score, precision_score, recall_score
-
     truth, known = labels
     pred = predicted[known]
+    tp = int((pred & truth).sum())
+    fp, fn = int((pred & ~truth).sum()), int((truth & ~pred).sum())
+
+    def share(num: int, den: int) -> float | None:
+        return round(num / den, 4) if den else None
+
     return {
         "column": "abnormal", "labelled_ops": int(known.sum()),
         "unlabelled_ops": int((~known).sum()), "abnormal": int(truth.sum()),
-        "precision": round(float(precision_score(truth, pred, zero_division=0)), 4),
-        "recall": round(float(recall_score(truth, pred, zero_division=0)), 4),
-        "f1": round(float(f1_score(truth, pred, zero_division=0)), 4),
-        "false_alarms": int((pred & ~truth).sum()), "missed": int((truth & ~pred).sum()),
+        "precision": share(tp, tp + fp), "recall": share(tp, tp + fn),
+        "f1": share(2 * tp, 2 * tp + fp + fn), "false_alarms": fp, "missed": fn,
     }
 
 
@@ -197,7 +204,10 @@ def _print(report: dict) -> None:
     lab = report["labels"]
     if lab is not None:
         skipped = f", {lab['unlabelled_ops']} unlabelled left out" if lab["unlabelled_ops"] else ""
+        def fig(name: str) -> str:
+            return "n/a" if lab[name] is None else f"{lab[name]:.3f}"
+
         console.print(f"against the logs' abnormal labels ({lab['abnormal']} of "
-                      f"{lab['labelled_ops']} ops{skipped}): precision {lab['precision']:.3f}, "
-                      f"recall {lab['recall']:.3f}, F1 {lab['f1']:.3f} ({lab['false_alarms']} "
+                      f"{lab['labelled_ops']} ops{skipped}): precision {fig('precision')}, "
+                      f"recall {fig('recall')}, F1 {fig('f1')} ({lab['false_alarms']} "
                       f"false alarms, {lab['missed']} missed)")
