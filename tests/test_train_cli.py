@@ -229,6 +229,27 @@ def test_each_path_is_a_run_whose_features_are_built_on_their_own(tmp_path, capl
     assert read_header(out)["training_data_sha256"] == data_hash(X, y)
 
 
+def test_two_runs_in_one_directory_are_refused_not_trained_as_one(tmp_path):
+    """Read as one table, two runs of one layout would be each other's peers and history."""
+    both = tmp_path / "both"
+    both.mkdir()
+    for seed in (31, 32):
+        simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=6, seed=seed, faults=(
+            FaultSpec.parse("gpu_slow:rank=3,severity=0.8,start=2"),))).ops.to_parquet(
+                both / f"run{seed}.parquet", index=False)
+    out = tmp_path / "m.holmes"
+    r = CliRunner().invoke(app, ["train", str(both), "--estimator", "lgbm-small", "--out",
+                                 str(out)])
+    assert r.exit_code == 2 and not out.exists()
+    said = " ".join(r.stderr.split())
+    assert str(both) in said and "two runs" in said and "one run per PATH" in said
+    # each file as its own PATH: two runs, trained
+    r = CliRunner().invoke(app, ["train", *(str(p) for p in sorted(both.iterdir())),
+                                 "--estimator", "lgbm-small", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert read_header(out)["metrics"]["runs"] == 2
+
+
 def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path, capfd):
     """--trials N runs N trials (the fit on every row reuses the held-out fit's study), in a
     study named after the estimator by default; a study of another estimator, an in-memory

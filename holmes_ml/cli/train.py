@@ -301,6 +301,15 @@ def _read_labelled(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray]:
 
     files, _ = pipeline.resolve_paths([path])
     ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty())
+    reused = int(ops.attrs.get("reused_key_rows", 0))
+    if reused:
+        # two runs in one directory: built as one table, each would be the other's peers
+        # and history, and the model would learn from features no single job has
+        raise SchemaError(f"{reused:,} rows share an operator's identity (iteration, rank, "
+                          "group, seq, op) with others: two runs, or a restarted job, read "
+                          "as one", source=str(path),
+                          expected="one run per PATH: give each run's files or directory as "
+                          "a PATH of its own (the warning above names the files)")
     if "abnormal" not in ops.columns:
         raise SchemaError("missing; training needs op-level labels", source=str(path),
                           column="abnormal",
