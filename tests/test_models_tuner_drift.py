@@ -27,6 +27,29 @@ def test_tuner_shares_sqlite_study(tmp_path):
     assert b.best_score_ > 0.5
 
 
+def test_a_study_used_again_for_other_data_chooses_among_this_datas_trials(tmp_path, caplog):
+    """A trial scored on an easy dataset must not become the choice for a hard one."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    easy = make_classification(200, n_features=6, class_sep=3.0, flip_y=0, random_state=1)
+    hard = make_classification(300, n_features=6, class_sep=0.3, flip_y=0.2, random_state=2)
+    a = TunedDetector("lgbm", n_trials=3, storage=url, study_name="s", random_state=0).fit(*easy)
+    with caplog.at_level("WARNING", logger="holmes_ml.models.tuner"):
+        b = TunedDetector("lgbm", n_trials=2, storage=url, study_name="s",
+                          random_state=0).fit(*hard)
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    mine = [t for t in trials[3:] if t.value is not None]
+    assert len(trials) == 5 and a.n_trials_ == 3 and b.n_trials_ == len(mine) == 2
+    best = max(mine, key=lambda t: t.value)
+    assert b.best_score_ == best.value < a.best_score_  # the easy data's best was left out
+    assert b.best_params_ == best.params and b.threshold_ == best.user_attrs["threshold"]
+    assert "3 trial(s) scored on other data" in caplog.text
+    # the same data again: its trials are all in the choice, and no warning about them
+    caplog.clear()
+    c = TunedDetector("lgbm", n_trials=1, storage=url, study_name="s", random_state=5).fit(*easy)
+    assert c.n_trials_ == 4 and c.best_score_ >= a.best_score_
+    assert "2 trial(s) scored on other data" in caplog.text
+
+
 def test_tuner_rejects_unknown_estimator():
     X, y = make_classification(60, random_state=0)
     with pytest.raises(ValueError, match="estimator: got 'xgb'"):

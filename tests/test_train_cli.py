@@ -100,6 +100,8 @@ def test_train_refuses_tuning_options_with_an_untuned_estimator(tmp_path, option
      "--preset quick: trains on simulated scenarios, not on the PATHs given; drop one of them"),
     (["--preset", "tiny", "--format", "kineto"],
      "--format kineto: says how to read PATHs, and none is given"),
+    (["--preset", "tiny", "--estimator", "tuned-lgbm", "--study", "mine"],
+     "--study mine: names a study in --storage; without one the study lives in memory"),
 ])
 def test_train_refuses_options_it_would_ignore(tmp_path, args, said):
     line = _one_error_line(CliRunner().invoke(app, [

@@ -59,7 +59,10 @@ def register(app: typer.Typer) -> None:
             "(every column, absolute microseconds included), lgbm-small (30 depth-3 trees "
             "alone), rf, or tuned-lgbm / tuned-rf (optuna)."
         ),
-        seed: int = typer.Option(0, "--seed", help="Seeds scenarios and estimators."),
+        seed: int = typer.Option(
+            0, "--seed", help="Seeds scenarios and estimators, and the tuner's sampler "
+            "without --storage (with one, each process draws its own, so that processes "
+            "sharing a study try different configurations: not reproducible from --seed)."),
         n_trials: int | None = typer.Option(None, "--trials", min=1, show_default=False,
                                             help="Optuna trials (tuned-* only)  [default: 10]"),
         storage: str = typer.Option(
@@ -141,6 +144,10 @@ def register(app: typer.Typer) -> None:
             option = given[0]
             raise ValueError(f"{option} is only used by --estimator tuned-lgbm or tuned-rf "
                              f"(got --estimator {estimator}); drop it or pick a tuned estimator")
+        if study is not None and storage is None:
+            raise ValueError(f"--study {study}: names a study in --storage; without one the "
+                             "study lives in memory and its name would be ignored (expected "
+                             "--storage sqlite:///study.db beside it, or no --study)")
         described: list[str] = []
         if paths:
             metrics, described = _train_on_logs(paths, det, out, format)

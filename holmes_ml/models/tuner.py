@@ -26,6 +26,7 @@ from holmes_ml.models.detectors import (
     RandomForestDetector,
     best_f1_threshold,
 )
+from holmes_ml.models.persist import data_hash
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,13 @@ def _base(kind: str, random_state: Any, params: dict[str, Any]) -> Any:
 
 
 class _Objective:
-    """Out-of-fold F1 of one trial's configuration (at its own best threshold)."""
+    """Out-of-fold F1 of one trial's configuration (at its own best threshold), recorded with
+    the fingerprint of the data it was scored on (``data``)."""
 
-    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: int, random_state: Any):
+    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: int, random_state: Any,
+                 data: str):
         self.kind, self.X, self.y, self.cv, self.random_state = kind, X, y, cv, random_state
+        self.data = data
 
     def __call__(self, trial: Any) -> float:
         det = _base(self.kind, self.random_state, _suggest(trial, self.kind))
@@ -83,6 +87,7 @@ class _Objective:
         tp = float(np.sum(pred & (self.y == 1)))
         f1 = 2 * tp / max(float(pred.sum() + self.y.sum()), 1.0)
         trial.set_user_attr("threshold", cut)
+        trial.set_user_attr("data", self.data)
         return f1
 
 
@@ -110,7 +115,13 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
     random_state:
         Seeds the subsample, the estimators and, without ``storage``, the sampler (with one,
         each process draws its own sampler seed: processes sharing a study would otherwise
-        propose the same configurations).
+        propose the same configurations; so with a storage, tuning is not reproducible from
+        ``random_state``).
+
+    A shared study may hold trials that other fits scored on other data (a study name used
+    again for a new dataset): the choice takes only the trials scored on this ``fit``'s data
+    (by a fingerprint of it, recorded with each trial), and a warning says how many others
+    were left out.
 
     Attributes
     ----------
@@ -118,8 +129,8 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
     best_score_ : float
         The best trial's out-of-fold F1 (NaN when no trial finished).
     n_trials_ : int
-        Trials with a value in the study when ``fit`` ended (those of other processes sharing
-        it included).
+        Trials scored on this ``fit``'s data in the study when it ended (those of other
+        processes tuning the same data in it included).
     study_name_ : str
         The study's name in ``storage`` (optuna's generated one when ``study_name`` is None).
     best_estimator_ : RandomForestDetector | LightGBMDetector
@@ -212,9 +223,11 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
                 f"{storage_label(self.storage)} tunes {tunes!r}, not {self.estimator!r} (their "
                 "parameters differ); expected "
                 "another study name for this estimator")
+        data = data_hash(Xa, y01)[:16]  # the whole data: alike in every process tuning it
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
         if cv >= 2 and self.n_trials > 0:
-            objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state)
+            objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state,
+                                   data)
             from tqdm.auto import tqdm
 
             with tqdm(total=int(self.n_trials), desc=f"tuning {self.estimator}", unit="trial",
@@ -223,10 +236,17 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
                                timeout=self.timeout,
                                callbacks=[lambda _study, _trial: bar.update()])
         self.study_name_ = study.study_name
-        done = [t for t in study.trials if t.value is not None]
+        scored = [t for t in study.trials if t.value is not None]
+        done = [t for t in scored if t.user_attrs.get("data") == data]
+        if len(done) < len(scored):
+            logger.warning(
+                "study %r in %s holds %d trial(s) scored on other data: left out of the choice "
+                "(their F1 and threshold are another dataset's; a new study name keeps "
+                "datasets apart)", study.study_name, storage_label(self.storage),
+                len(scored) - len(done))
         self.n_trials_ = len(done)
         if done:
-            best = study.best_trial
+            best = max(done, key=lambda t: float(t.value))
             self.best_params_ = dict(best.params)
             self.best_score_ = float(best.value)
             self.threshold_ = float(best.user_attrs.get("threshold", 0.5))
