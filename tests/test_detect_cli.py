@@ -106,7 +106,9 @@ def test_labelled_logs_are_scored_against_their_labels(tmp_path):
     ops.to_parquet(log, index=False)
     r = CliRunner().invoke(app, ["detect", str(log), "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
-    lab = json.loads(r.output)["labels"]
+    said = json.loads(r.output)
+    lab = said["labels"]
+    assert said["model"] == "bundled"
     scored = pd.read_parquet(out)
     known = scored["abnormal"].notna()
     truth = scored.loc[known, "abnormal"].astype(bool)

@@ -272,6 +272,15 @@ def test_train_tunes_once_in_a_shared_study_of_one_estimator(tmp_path, capfd):
     said = capfd.readouterr().err + result.output
     assert "holmes-write-check" not in said and "holmes-tuned-lgbm" in said, said
     assert len(optuna.load_study(study_name="holmes-tuned-lgbm", storage=url).trials) == 2
+    # the envelope says how the model was made, readable without loading it
+    made = read_header(tmp_path / "t.holmes")["extra"]
+    assert (made["estimator_option"], made["seed"], made["trials"], made["study"]) == (
+        "tuned-lgbm", 0, 2, "holmes-tuned-lgbm")
+    assert made["storage"] == url and made["sources"] == [str((tmp_path / "run").resolve())]
+    tuned = load_model(tmp_path / "t.holmes")
+    assert made["fitted"] == {"threshold": tuned.threshold_, "best_params": tuned.best_params_,
+                              "best_score": tuned.best_score_, "n_trials": 2,
+                              "study_name": "holmes-tuned-lgbm"}
     # without a storage (an in-memory study) the saved model keeps what the trials chose
     result = CliRunner().invoke(app, [*args[:4], "--estimator", "tuned-rf", "--out",
                                       str(tmp_path / "mem.holmes")])

@@ -104,6 +104,8 @@ def register(app: typer.Typer) -> None:
         its.to_csv(iterations_out)
         report = _report(table, its, cut, out, iterations_out)
         report["labels"] = _against_labels(labels, table["predicted"].to_numpy(dtype=bool))
+        # which scores these are: comparing models means keeping that beside the figures
+        report["model"] = "rule" if rule else str(model.resolve()) if model else "bundled"
         if as_json:
             typer.echo(json.dumps(report))
         else:

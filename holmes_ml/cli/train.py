@@ -149,11 +149,18 @@ def register(app: typer.Typer) -> None:
                              "study lives in memory and its name would be ignored (expected "
                              "--storage sqlite:///study.db beside it, or no --study)")
         described: list[str] = []
+        # how the model was made, in its envelope (holmes_ml.models.read_header(...)["extra"])
+        made = {"estimator_option": estimator, "seed": seed}
+        if estimator.startswith("tuned-"):
+            from holmes_ml.models.tuner import storage_label
+
+            made.update(trials=det.n_trials, study=study,
+                        storage=storage_label(storage) if storage is not None else None)
         if paths:
-            metrics, described = _train_on_logs(paths, det, out, format)
+            metrics, described = _train_on_logs(paths, det, out, format, made)
         else:
             metrics = train_default(out, preset=preset, seed=seed, estimator=det,
-                                    progress=sys.stderr.isatty())
+                                    progress=sys.stderr.isatty(), extra=made)
         size = out.stat().st_size
         typer.echo(f"wrote {out} ({size / 1e6:.2f} MB)")
         if storage is not None:  # where the trials are, for the next process to join
@@ -371,8 +378,8 @@ def _describe_runs(paths: list[Path], parts: list[tuple[pd.DataFrame, np.ndarray
     return lines
 
 
-def _train_on_logs(paths: list[Path], det, out: Path, format: str
-                   ) -> tuple[dict[str, float], list[str]]:
+def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN001
+                   made: dict | None = None) -> tuple[dict[str, float], list[str]]:
     """Fit ``det`` on labelled logs. The PATHs of a run (see :func:`_runs`: one directory,
     one job, no rank twice) are read together; each run's features are built on their own
     (two jobs read as one table would be each other's peers and history). ``late_f1``,
@@ -437,5 +444,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str
     if not fitted:
         det.fit(X, y)
     save_model(det, out, metrics=metrics, training_data=(X, y),
-               extra={"sources": list(map(str, paths))})
+               extra={**(made or {}), "format": format,
+                      "sources": [str(p.resolve()) for p in paths],
+                      "runs": [[str(paths[k].resolve()) for k in run] for run in groups]})
     return metrics, described

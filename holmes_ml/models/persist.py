@@ -71,6 +71,29 @@ def data_hash(*arrays: Any) -> str:
     return h.hexdigest()
 
 
+#: What a fitted detector chose, kept in the envelope's ``extra.fitted`` (read without loading).
+_FITTED_FACTS = ("threshold_", "best_params_", "best_score_", "n_trials_", "study_name_")
+
+
+def fitted_facts(model: Any) -> dict[str, Any]:
+    """What ``model`` chose when it was fitted, as JSON-able values: its decision threshold
+    and, for a tuned one, the tuned parameters, their out-of-fold F1, the trials it chose
+    among and its study's name (of a screened or drift-aware wrapper: its detector's)."""
+    inner = getattr(model, "detector_", None) or getattr(model, "detector", None)
+    out: dict[str, Any] = {}
+    for obj in (inner, model):
+        for name in _FITTED_FACTS:
+            value = getattr(obj, name, None) if obj is not None else None
+            if isinstance(value, np.generic):
+                value = value.item()
+            if isinstance(value, dict):
+                value = {str(k): v.item() if isinstance(v, np.generic) else v
+                         for k, v in value.items()}
+            if value is not None and isinstance(value, (int, float, str, dict)):
+                out[name.rstrip("_")] = value
+    return out
+
+
 def _not_a_detector(model: Any) -> str | None:
     """Why ``model`` is no holmes_ml detector, or None when it is one. Any object with a
     ``decision_function`` would score, but only ours return P(abnormal) in [0, 1] that a
@@ -117,7 +140,8 @@ def save_model(
         fitted on a DataFrame). Without either, a warning: :func:`load_model` can then only
         check the number of features.
     extra:
-        Any other JSON-serializable facts (training command, scenarios).
+        Any other JSON-serializable facts (training command, scenarios). ``extra.fitted`` is
+        added: what the model chose when fitted (:func:`fitted_facts`).
 
     Returns
     -------
@@ -159,7 +183,7 @@ def save_model(
         "training_data_sha256": th,
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
-        "extra": extra or {},
+        "extra": {**(extra or {}), "fitted": fitted_facts(model)},
     }
     header["header_sha256"] = _header_sha256(header)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -239,10 +239,11 @@ def _takes_groups(det: Any) -> bool:
 
 def train_default(
     out: str | Path, preset: str = "default", seed: int = 0, estimator: Any = None,
-    progress: bool = False,
+    progress: bool = False, extra: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Train on ``preset`` scenarios (seed ``seed``), evaluate on held-out seed, save to ``out``
-    (``progress``: bars over the scenarios simulated).
+    (``progress``: bars over the scenarios simulated; ``extra``: more facts for the
+    envelope's header, e.g. the command's options).
 
     Returns
     -------
@@ -274,5 +275,5 @@ def train_default(
         "train_abnormal": float(y.sum()),
     }
     save_model(det, out, metrics=metrics, training_data=(X, y),
-               extra={"preset": preset, "seed": seed})
+               extra={**(extra or {}), "preset": preset, "seed": seed})
     return metrics
