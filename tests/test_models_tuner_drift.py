@@ -50,6 +50,26 @@ def test_a_study_used_again_for_other_data_chooses_among_this_datas_trials(tmp_p
     assert "2 trial(s) scored on other data" in caplog.text
 
 
+def test_tuner_folds_leave_whole_runs_out_when_given_them():
+    """Rows of one run are near-copies: folds over rows score memorizing them, runs do not."""
+    from holmes_ml.models.tuner import _folds
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(240, 6))
+    label = rng.random(240) < 0.3  # no pattern to learn: only copies to remember
+    X = np.repeat(base, 5, axis=0) + rng.normal(scale=1e-3, size=(1200, 6))
+    y = np.repeat(label, 5)
+    runs = np.repeat(np.arange(6), 200)  # 6 runs of 40 rows, each row 5 times
+    rows = TunedDetector("rf", n_trials=2, random_state=0).fit(X, y)
+    left_out = TunedDetector("rf", n_trials=2, random_state=0).fit(X, y, groups=runs)
+    assert rows.best_score_ > 0.8 and left_out.best_score_ < rows.best_score_ - 0.3
+    # fewer than 5 runs (or a fold without an abnormal op to train on): folds over rows
+    assert not isinstance(_folds(y.astype(int), runs % 4, 3), list)
+    assert isinstance(_folds(y.astype(int), runs, 3), list)
+    with pytest.raises(ValueError, match="groups: got 3 values; expected one per row"):
+        TunedDetector("rf", n_trials=1).fit(X, y, groups=[1, 2, 3])
+
+
 def test_tuner_rejects_unknown_estimator():
     X, y = make_classification(60, random_state=0)
     with pytest.raises(ValueError, match="estimator: got 'xgb'"):

@@ -392,6 +392,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
 
     from holmes_ml.features import build_features
     from holmes_ml.models import TunedDetector, save_model
+    from holmes_ml.models.training import takes_groups
 
     parts = [_read_labelled(p, format) for p in paths]
     groups = _runs(paths, parts)
@@ -410,6 +411,9 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
               file=sys.stderr, flush=True)
     X = pd.concat(Xs, ignore_index=True)
     y = np.concatenate([parts[k][1] for run in groups for k in run])
+    # the run of each row: folds (a tuner's trials, a threshold's pick) leave whole runs out
+    run_of = np.repeat(np.arange(len(Xs)), [len(x) for x in Xs])
+    runs = {"groups": run_of} if takes_groups(det) else None
     held = np.concatenate(held_parts)
     source = ", ".join(map(str, paths))
     if y.all() or not y.any():
@@ -432,7 +436,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
                        "runs whose fault spans their end)", source, int(y[held].sum()),
                        int(y[~held].sum()))
     else:
-        det.fit(X[~held], y[~held])
+        det.fit(X[~held], y[~held], **({"groups": run_of[~held]} if runs else {}))
         late = det.predict(X[held]).astype(bool)
         metrics.update(late_f1=float(f1_score(y[held], late)),
                        late_precision=float(precision_score(y[held], late, zero_division=0.0)),
@@ -442,7 +446,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
             det.refit(X, y)
             fitted = True
     if not fitted:
-        det.fit(X, y)
+        det.fit(X, y, **(runs or {}))
     save_model(det, out, metrics=metrics, training_data=(X, y),
                extra={**(made or {}), "format": format,
                       "sources": [str(p.resolve()) for p in paths],

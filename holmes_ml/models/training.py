@@ -231,7 +231,8 @@ def small_estimator(random_state: int = 0) -> Any:
                             ignore_features=SCALE_DEPENDENT, random_state=random_state)
 
 
-def _takes_groups(det: Any) -> bool:
+def takes_groups(det: Any) -> bool:
+    """Does ``det.fit`` take ``groups`` (a run id per row) for folds that leave runs out?"""
     import inspect
 
     return "groups" in inspect.signature(det.fit).parameters
@@ -262,7 +263,7 @@ def train_default(
     det = estimator if estimator is not None else default_estimator(seed)
     # groups: the decision threshold is picked on out-of-fold scores of held-out *runs*, with
     # the subsampled normal rows weighted back to their share of the runs
-    det = (det.fit(X, y, groups=run, threshold_weights=weight) if _takes_groups(det)
+    det = (det.fit(X, y, groups=run, threshold_weights=weight) if takes_groups(det)
            else det.fit(X, y))
     Xh, yh, _, wh = make_dataset(scenarios("tiny", seed + 1), seed=seed + 1,
                                  return_weights=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator
-from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold, cross_val_predict
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from holmes_ml.models.detectors import (
@@ -72,23 +72,46 @@ class _Objective:
     """Out-of-fold F1 of one trial's configuration (at its own best threshold), recorded with
     the fingerprint of the data it was scored on (``data``)."""
 
-    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: int, random_state: Any,
-                 data: str):
+    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: Any, random_state: Any,
+                 data: str, weights: np.ndarray | None = None):
         self.kind, self.X, self.y, self.cv, self.random_state = kind, X, y, cv, random_state
         self.data = data
+        self.w = np.ones(len(y)) if weights is None else weights
 
     def __call__(self, trial: Any) -> float:
         det = _base(self.kind, self.random_state, _suggest(trial, self.kind))
         est = det._make_estimator()
-        folds = StratifiedKFold(self.cv, shuffle=True, random_state=0)
-        oof = cross_val_predict(est, self.X, self.y, cv=folds, method="predict_proba")[:, 1]
-        cut = best_f1_threshold(self.y, oof)
-        pred = oof >= cut
-        tp = float(np.sum(pred & (self.y == 1)))
-        f1 = 2 * tp / max(float(pred.sum() + self.y.sum()), 1.0)
+        oof = cross_val_predict(est, self.X, self.y, cv=self.cv, method="predict_proba")[:, 1]
+        cut = best_f1_threshold(self.y, oof, self.w)
+        pred, abnormal = oof >= cut, self.y == 1
+        tp = float(self.w[pred & abnormal].sum())
+        f1 = 2 * tp / max(float(self.w[pred].sum() + self.w[abnormal].sum()), 1e-12)
         trial.set_user_attr("threshold", cut)
         trial.set_user_attr("data", self.data)
         return f1
+
+
+#: Fewest runs for folds that leave runs out (as the detectors' threshold picking).
+_MIN_GROUPS = 5
+
+
+def _row_groups(values: Any, y: np.ndarray, name: str = "groups") -> np.ndarray:
+    """``values`` (one per row) as an array, or a ValueError naming ``name``."""
+    g = np.asarray(values)
+    if len(g) != len(y):
+        raise ValueError(f"{name}: got {len(g)} values; expected one per row of X ({len(y)})")
+    return g
+
+
+def _folds(y01: np.ndarray, groups: np.ndarray | None, cv: int) -> Any:
+    """The trials' folds: whole runs left out when ``groups`` names enough runs and every
+    training fold keeps an abnormal and a normal op; otherwise stratified over rows."""
+    if groups is not None and len(np.unique(groups)) >= _MIN_GROUPS:
+        grouped = list(StratifiedGroupKFold(cv, shuffle=True, random_state=0).split(
+            np.zeros(len(y01)), y01, groups))
+        if all(len(np.unique(y01[train])) == 2 for train, _ in grouped):
+            return grouped
+    return StratifiedKFold(cv, shuffle=True, random_state=0)
 
 
 class TunedDetector(BinaryDetectorMixin, BaseEstimator):
@@ -169,8 +192,19 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         self.random_state = random_state
         self.progress = progress
 
-    def fit(self, X, y):
-        """Run the study on ``(X, y)``, then refit the best configuration on all rows."""
+    def fit(self, X, y, groups=None, threshold_weights=None):
+        """Run the study on ``(X, y)``, then refit the best configuration on all rows.
+
+        ``threshold_weights`` (how many ops each row stands for, as the detectors take them)
+        weigh each trial's F1 and its threshold, so that they are those of the runs the rows
+        were sampled from.
+
+        ``groups`` (a run id per row), when it names at least 5 runs, makes each trial's
+        folds leave whole runs out: rows of one run are alike (the same fault, the same
+        job), and folds that split them score a configuration on near-copies of its training
+        rows, above what it reaches on other jobs. Without it, or with fewer runs (or where a
+        fold would train without an abnormal op), the folds are stratified over rows.
+        """
         import optuna
 
         if self.estimator not in _ESTIMATORS:
@@ -190,6 +224,9 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             )
         self.classes_ = classes
         y01 = (ya == classes[1]).astype(np.int64)
+        runs = None if groups is None else _row_groups(groups, ya)
+        weights = None if threshold_weights is None else _row_groups(
+            threshold_weights, ya, "threshold_weights").astype(np.float64)
         rng = np.random.default_rng(self.random_state)
         idx = np.arange(len(y01))
         if len(idx) > self.max_tune_samples:
@@ -226,8 +263,9 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         data = data_hash(Xa, y01)[:16]  # the whole data: alike in every process tuning it
         cv = int(min(self.cv, np.bincount(y01[idx]).min()))
         if cv >= 2 and self.n_trials > 0:
-            objective = _Objective(self.estimator, Xa[idx], y01[idx], cv, self.random_state,
-                                   data)
+            folds = _folds(y01[idx], None if runs is None else runs[idx], cv)
+            objective = _Objective(self.estimator, Xa[idx], y01[idx], folds, self.random_state,
+                                   data, None if weights is None else weights[idx])
             from tqdm.auto import tqdm
 
             with tqdm(total=int(self.n_trials), desc=f"tuning {self.estimator}", unit="trial",
