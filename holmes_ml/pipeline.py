@@ -743,8 +743,14 @@ def _check_topology_matches(topology: Topology, summary: NodeSummary | SimpleNam
         known = topology.groups.get(str(g.group))
         logged = member_ranks(g.group_ranks)
         if known is not None and logged and set(known.ranks) != set(logged):
-            refuse(f"communicator {g.group!r} has ranks {_few(logged)} in the logs, "
-                   f"{_few(known.ranks)} in the topology")
+            only_logs = sorted(set(logged) - set(known.ranks))
+            only_topo = sorted(set(known.ranks) - set(logged))
+            diff = "; ".join(
+                [f"ranks {_few(only_logs)} only in the logs"] * bool(only_logs)
+                + [f"ranks {_few(only_topo)} only in the topology"] * bool(only_topo))
+            refuse(f"communicator {g.group!r} has {len(set(logged))} ranks in the logs "
+                   f"({_few(sorted(set(logged)))}), {len(set(known.ranks))} in the topology "
+                   f"({_few(sorted(set(known.ranks)))}): {diff}")
     if summary.ranks is None or "host" not in summary.ranks.columns:
         return
     logged_hosts = summary.ranks.set_index("rank")["host"].astype(str)
