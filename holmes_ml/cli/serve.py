@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
                                  help="TCP port to listen on (1-65535); agents' --server "
                                  "points here."),
         db: Path = typer.Option(Path("holmes-serve.db"), "--db", help="SQLite database file "
-                                "(created when missing; must be a holmes serve database)."),
+                                "(created, with its directories, when missing; must be a holmes serve database)."),
         token: str = typer.Option(None, "--token", envvar="HOLMES_SERVE_TOKEN",
                                   help="Bearer token required for writes (not empty; "
                                   "without one only a loopback --host is allowed)."),
@@ -90,8 +90,12 @@ def register(app: typer.Typer) -> None:
 
         # A --db that is not ours raises DatabaseFileError, a ValueError: the CLI prints it
         # in one line like any other bad input; so is a port in use, before the db is made.
+        def stopped() -> None:
+            typer.echo(f"holmes serve: stopped; what it accepted is kept in {db} (start it "
+                       "again with the same --db to go on)", err=True)
+
         try:
-            serve(settings, on_ready=ready)
+            serve(settings, on_ready=ready, on_stopped=stopped)
         except BindError as exc:
             raise ValueError(str(exc)) from exc
 

@@ -1022,7 +1022,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
-          log_level: str = "warning", on_ready: Callable[[str], None] | None = None) -> None:
+          log_level: str = "warning", on_ready: Callable[[str], None] | None = None,
+          on_stopped: Callable[[], None] | None = None) -> None:
     """Run the service with uvicorn until interrupted.
 
     The socket is bound before the database is opened: a port in use raises
@@ -1033,6 +1034,9 @@ def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
     on_ready:
         Called with the base URL once the service listens (not before: a port already in
         use must not be announced as listening).
+    on_stopped:
+        Called once the service has shut down on SIGINT or SIGTERM (before uvicorn raises the
+        signal again, so that the exit status says which one stopped it).
     """
     uvicorn = require_extra("uvicorn")
     settings.check()
@@ -1050,6 +1054,11 @@ def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
             await super().startup(sockets=sockets)
             if self.started and on_ready is not None:
                 on_ready(base_url(settings.host, settings.port))
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets=sockets)
+            if on_stopped is not None:
+                on_stopped()
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             access_log=False, timeout_graceful_shutdown=5)
