@@ -366,3 +366,14 @@ def test_python_dash_m_runs_the_holmes_command():
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "--fault" in out.stdout
+
+
+def test_format_help_names_every_format_at_80_columns():
+    """One `auto|native|...` token was cut short by a narrow terminal; words wrap."""
+    from holmes_ml.io import FORMATS
+
+    for cmd in ("localize", "detect", "check", "train"):
+        out = CliRunner().invoke(app, [cmd, "--help"], terminal_width=80).output
+        text = " ".join(line.strip("│ ") for line in out.splitlines())
+        assert all(f in text for f in FORMATS), (cmd, out)
+        assert "…" not in out.split("--format", 1)[1].split("--", 1)[0], (cmd, out)

@@ -16,6 +16,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
+
+def format_help(what: str = "Log format") -> str:
+    """``--format`` of the commands that read logs: the choices as words a narrow terminal
+    can wrap (one ``auto|native|...`` token is cut short at 80 columns)."""
+    from holmes_ml.io import FORMATS
+
+    return (f"{what}: auto (told from each file's content), " + ", ".join(FORMATS[:-1])
+            + f" or {FORMATS[-1]}.")
+
+
 #: ``--trust-pickle`` of the commands that read logs
 TRUST_PICKLE_HELP = (
     "Read Flight Recorder dumps that torch pickled (its default before JSON dumps). "

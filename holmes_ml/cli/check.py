@@ -8,8 +8,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import TRUST_PICKLE_HELP
-from holmes_ml.io import FORMATS
+from holmes_ml.cli._checks import TRUST_PICKLE_HELP, format_help
 
 
 def register(app: typer.Typer) -> None:
@@ -20,7 +19,7 @@ def register(app: typer.Typer) -> None:
         paths: list[Path] = typer.Argument(
             ..., help="Log files or directories, as for `holmes localize`.", show_default=False
         ),
-        format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
+        format: str = typer.Option("auto", "--format", help=format_help()),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         topology: Path | None = typer.Option(
             None, "--topology", help="topology.json of the job (default: one beside the logs, "

@@ -14,8 +14,8 @@ from holmes_ml.cli._checks import (
     check_delta,
     check_not_input,
     check_writable,
+    format_help,
 )
-from holmes_ml.io import FORMATS
 from holmes_ml.io.schema import SchemaError
 
 
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
             None, "--model", help="Detector file (default: the bundled model). 'rule' scores "
             "with the 3-sigma + rule baseline instead (0.5 at its abnormality bar)."
         ),
-        format: str = typer.Option("auto", "--format", help="auto|" + "|".join(FORMATS)),
+        format: str = typer.Option("auto", "--format", help=format_help()),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         delta: float = typer.Option(
             1.1, "--delta",

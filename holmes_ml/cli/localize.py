@@ -16,10 +16,10 @@ from holmes_ml.cli._checks import (
     check_not_input,
     check_writable,
     config_overrides,
+    format_help,
     iteration_range,
 )
 from holmes_ml.cli._verdict import print_verdict
-from holmes_ml.io import FORMATS
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         ),
         format: str = typer.Option(
             "auto", "--format",
-            help="auto|" + "|".join(FORMATS),
+            help=format_help(),
         ),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),

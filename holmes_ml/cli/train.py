@@ -13,8 +13,13 @@ import numpy as np
 import pandas as pd
 import typer
 
-from holmes_ml.cli._checks import bad_labels, check_not_input, check_seed, check_writable
-from holmes_ml.io import FORMATS
+from holmes_ml.cli._checks import (
+    bad_labels,
+    check_not_input,
+    check_seed,
+    check_writable,
+    format_help,
+)
 from holmes_ml.io.schema import SchemaError
 
 logger = logging.getLogger(__name__)
@@ -42,7 +47,7 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path = typer.Option(Path("model.holmes"), "--out", help="Model envelope to write."),
         format: str = typer.Option(
-            "auto", "--format", help="Format of the PATHs: auto|" + "|".join(FORMATS) + "."
+            "auto", "--format", help=format_help("Format of the PATHs")
         ),
         preset: str | None = typer.Option(
             None, "--preset", show_default=False,
