@@ -711,3 +711,31 @@ def test_a_dangling_link_in_a_log_directory_is_named(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert len(read_ops(logs)) == len(_ops())
     assert "rank1.csv: a symbolic link to nothing readable, skipped" in caplog.text
+
+
+def test_a_jsonl_line_still_being_written_is_left_out_with_a_warning(tmp_path, caplog):
+    """A live log's last line is often half written: read the rest, say what was left out;
+    the same bytes anywhere else (or a line that has its end) are still refused."""
+    df = _ops(n_ranks=2, iters=3)
+    whole = df.to_json(orient="records", lines=True)
+    if not whole.endswith("\n"):
+        whole += "\n"
+    torn = whole + whole.splitlines()[0][:25]  # the writer is mid-line
+    live = tmp_path / "live.jsonl"
+    live.write_text(torn)
+    with caplog.at_level(logging.WARNING):
+        got = read_ops(live)
+    assert len(got) == len(df)
+    assert f"line {len(df) + 1}: no end of line and not JSON yet" in caplog.text
+    assert str(live) in caplog.text
+    # ... with its end it is a malformed line, refused by number
+    ended = tmp_path / "ended.jsonl"
+    ended.write_text(torn + "\n")
+    with pytest.raises(SchemaError, match=rf"ended.jsonl, line {len(df) + 1}: malformed JSON"):
+        read_ops(ended)
+    # ... and so is a torn line in the middle of the file
+    middle = tmp_path / "middle.jsonl"
+    lines = whole.splitlines()
+    middle.write_text("\n".join([lines[0], lines[1][:25], *lines[2:]]))
+    with pytest.raises(SchemaError, match=r"middle.jsonl, line 2: malformed JSON"):
+        read_ops(middle)

@@ -327,16 +327,27 @@ def iter_jsonl(
 ) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-empty line of a JSON Lines file.
 
-    ``what`` names the expected input in the error when the file is not JSON at all.
+    ``what`` names the expected input in the error when the file is not JSON at all. A last
+    line without its end that is not JSON (yet) is left out with a warning: the normal state
+    of a log still being written, which an operator reads while the job runs.
     """
     raw = open_bytes(path)
     _refuse_binary(raw, path, "JSON Lines", what)
     text = decode_text(raw, path)
     first = True
+    # the number of the last line when it has no end (io.StringIO splits as it counts)
+    unfinished = text.count("\n") + 1 if text and not text.endswith(("\n", "\r")) else 0
     for lineno, line in enumerate(io.StringIO(text), start=1):
         line = line.strip()
         if not line:
             continue
+        if lineno == unfinished and not first:
+            try:
+                json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                logger.warning("%s, line %d: no end of line and not JSON yet (%d characters): "
+                               "a line still being written? Left out", path, lineno, len(line))
+                return
         try:
             obj = json.loads(line)
         except RecursionError:
