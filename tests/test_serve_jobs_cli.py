@@ -57,6 +57,32 @@ def test_a_verdict_reads_as_holmes_localize_prints_one(service):
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if "job7" in line)
     assert "raw" in row and f"{len(ops):,}" in row and "gpu:node000/5" in row
+    # who delivers the job's data: one logger, not lagging, also for alerting
+    assert "sources: 1 (logger); all delivering" in out
+    (src,) = httpx.get(srv.url + "/v1/jobs/job7").json()["sources"]
+    assert (src["source"], src["batches"], src["records"], src["last_iteration"],
+            src["behind_iterations"], src["lagging"]) == ("logger", 1, len(ops), 15, 0, False)
+    assert 'holmes_source_iterations_behind{job="job7",source="logger"} 0.0' in metrics
+    assert 'holmes_source_seconds_since_batch{job="job7",source="logger"}' in metrics
+
+
+def test_a_lagging_source_is_named_with_what_the_verdict_misses():
+    import io
+
+    from rich.console import Console
+
+    from holmes_ml.cli.jobs import _print_sources
+
+    out = io.StringIO()
+    _print_sources([
+        {"source": "node0", "last_at": 0.0, "last_iteration": 120, "behind_iterations": 360,
+         "lagging": True},
+        {"source": "node1", "last_at": 1.0, "last_iteration": 480, "behind_iterations": 0,
+         "lagging": False}], Console(file=out, width=200))
+    text = out.getvalue()
+    assert "sources: 2 (node0, node1); 1 lagging" in text
+    assert "lagging: node0 last delivered" in text and "up to iteration 120 (360 behind" in text
+    assert "node1 last delivered" not in text
 
 
 def test_a_deleted_job_is_gone_and_bad_requests_are_one_line(service, tmp_path):

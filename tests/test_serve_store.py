@@ -536,3 +536,41 @@ def test_a_stored_topology_that_fails_todays_checks_is_set_aside_not_fatal(tmp_p
     with caplog.at_level("WARNING", logger="holmes_ml.serve.engine"):
         assert topology_of(store, "old") is None
     assert "two ranks on one GPU" in caplog.text and "without it" in caplog.text
+
+
+def test_a_source_that_stopped_while_the_others_went_on_is_lagging(tmp_path, monkeypatch):
+    """An agent that died shows: its last delivery and newest iteration stay where they were
+    (also after pruning, and in a database of a holmes_ml before the table existed)."""
+    import holmes_ml.serve.store as store_module
+    from holmes_ml.serve.store import LAG_SECONDS
+
+    clock = [1000.0]
+    monkeypatch.setattr(store_module.time, "time", lambda: clock[0])
+    store = Store(tmp_path / "serve.db")
+    ops = validate(make_ops(seed=1, iterations=40))
+
+    def send(source: str, k: int, first: int, last: int) -> None:
+        part = ops[ops["iteration"].between(first, last)]
+        store.ingest_raw("job", source, f"{source}{k}", k, pa.Table.from_pandas(
+            part, preserve_index=False), f"{source}-{k}")
+
+    send("node0", 0, 0, 9)
+    send("node1", 0, 0, 9)
+    clock[0] += LAG_SECONDS - 1
+    send("node1", 1, 10, 39)
+    first = {s["source"]: s for s in store.sources("job")}
+    assert first["node0"]["behind_iterations"] == 30 and not first["node0"]["lagging"]
+    clock[0] += 2  # node0 silent for LAG_SECONDS + 1 while node1 went on
+    send("node1", 2, 39, 39)
+    got = {s["source"]: s for s in store.sources("job")}
+    assert got["node0"]["lagging"] and not got["node1"]["lagging"]
+    assert (got["node0"]["last_iteration"], got["node1"]["last_iteration"]) == (9, 39)
+    assert got["node1"]["batches"] == 3 and got["node0"]["batches"] == 1
+    assert got["node0"]["records"] == int(ops["iteration"].between(0, 9).sum())
+    assert got["node0"]["last_at"] == 1000.0 and got["node1"]["first_at"] == 1000.0
+    store.prune("job", 5)  # node0's only batch is pruned; its activity is not
+    assert {s["source"]: s for s in store.sources("job")}["node0"]["lagging"]
+    # an older database: the table is filled from the batches it kept, once, on opening
+    store._db.execute("DELETE FROM source_activity")
+    again = {s["source"]: s for s in Store(tmp_path / "serve.db").sources("job")}
+    assert set(again) == {"node1"} and again["node1"]["batches"] == 2  # 2 kept of 3

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(verdict))
             return
         _print_job_verdict(verdict, console)
+        _print_sources(client.call("GET", path).get("sources") or [], console)
 
 
 class _Client:
@@ -152,7 +153,8 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
         console.print(f"no jobs at {server} yet: agents create one with their first batch")
         return
     table = Table(title=f"jobs at {server}")
-    for col in ("job", "mode", "records", "batches", "last data", "top suspect", "score"):
+    for col in ("job", "mode", "records", "batches (sources)", "last data", "top suspect",
+                "score"):
         table.add_column(col, overflow="fold")
     for j in listed:
         top = j.get("top")
@@ -162,10 +164,29 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
             if top.get("tied_with"):
                 n = len(top["tied_with"])
                 suspect += f" (tied with {n} other{'s' * (n != 1)})"
-        table.add_row(j["job"], j["mode"], f"{j['records']:,}", f"{j['batches']:,}",
+        sources = j.get("sources") or []
+        lagging = sum(bool(x.get("lagging")) for x in sources)
+        table.add_row(j["job"], j["mode"], f"{j['records']:,}",
+                      f"{j['batches']:,} ({len(sources)}"
+                      + (f", [red]{lagging} lagging[/red])" if lagging else ")"),
                       _ago(j.get("last_ingest_at"), stamp=False), suspect,
                       f"{top['score']:.3f}" if top else "")
     console.print(table)
+
+
+def _print_sources(sources: list[dict[str, Any]], console: Console) -> None:
+    """Who delivers the job's data, and a warning for each source that stopped."""
+    if not sources:
+        return
+    lagging = [x for x in sources if x.get("lagging")]
+    names = ", ".join(x["source"] for x in sources[:6]) + (" ..." if len(sources) > 6 else "")
+    console.print(f"sources: {len(sources)} ({names}); "
+                  + (f"[red]{len(lagging)} lagging[/red]" if lagging else "all delivering"))
+    for x in lagging:
+        console.print(f"[red]lagging[/red]: {x['source']} last delivered "
+                      f"{_ago(x['last_at'])}, up to iteration {x['last_iteration']} "
+                      f"({x['behind_iterations']:,} behind the job): its agent may be down or "
+                      "its ranks silent, and the verdict reads nothing newer of them")
 
 
 def _print_job_verdict(verdict: dict[str, Any], console: Console) -> None:

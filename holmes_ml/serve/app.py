@@ -67,6 +67,7 @@ from holmes_ml.serve.schemas import (  # noqa: E402
     JobOut,
     RawBatch,
     RawColumns,
+    SourceOut,
     TopologyIn,
     VerdictOut,
     finite,
@@ -477,6 +478,12 @@ class _JobCollector:
         slowdown = GaugeMetricFamily(
             "holmes_job_slowdown", "The slowest irregular iteration's time over the usual one "
             "in the latest verdict (1 when no iteration is irregular)", labels=["job"])
+        since = GaugeMetricFamily(
+            "holmes_source_seconds_since_batch", "Seconds since a source (an agent) last "
+            "delivered a batch of the job", labels=["job", "source"])
+        behind = GaugeMetricFamily(
+            "holmes_source_iterations_behind", "The job's newest iteration minus the newest a "
+            "source delivered (an agent that stopped falls behind)", labels=["job", "source"])
         usual = GaugeMetricFamily(
             "holmes_job_usual_iteration_seconds", "Median time of the iterations the latest "
             "verdict read that are not irregular", labels=["job"])
@@ -485,6 +492,10 @@ class _JobCollector:
             records.add_metric([name], float(job["records"]))
             if job["newest_ns"]:
                 lag.add_metric([name], max(0.0, now - job["newest_ns"] / 1e9))
+            for src in self.service.store.sources(name):
+                since.add_metric([name, src["source"]], max(0.0, now - src["last_at"]))
+                if src["behind_iterations"] is not None:
+                    behind.add_metric([name, src["source"]], float(src["behind_iterations"]))
             latest = self.service.store.latest_verdict(name)
             if latest is None:
                 continue
@@ -499,7 +510,7 @@ class _JobCollector:
                 c = body["candidates"][0]
                 top.add_metric([name, str(c.get("device") or ""), str(c.get("kind", ""))],
                                finite(c.get("score", 0.0)))
-        yield from (lag, stale, irregular, slowdown, usual, top, records)
+        yield from (lag, stale, irregular, slowdown, usual, top, records, since, behind)
 
 
 # ----------------------------------------------------------------------------- service
@@ -800,7 +811,8 @@ def create_app(
             top = _candidate(latest["verdict"]["candidates"][0])
         return JobOut(job=j["job"], created_at=j["created_at"],
                       last_ingest_at=j["last_ingest_at"], records=j["records"],
-                      batches=j["batches"], mode=j["mode"], top=top)
+                      batches=j["batches"], mode=j["mode"], top=top,
+                      sources=[SourceOut(**x) for x in store.sources(j["job"])])
 
     # HEAD: what load balancers send
     @app.api_route("/healthz", methods=["GET", "HEAD"], response_model=None)

@@ -311,6 +311,21 @@ class VerdictOut(BaseModel):
         "iteration of the window the candidates come from")
 
 
+class SourceOut(BaseModel):
+    """One sender of a job's batches (an agent's ``--source``, by default its host name)."""
+
+    source: str
+    first_at: float
+    last_at: float
+    batches: int
+    records: int
+    last_iteration: int | None
+    #: the job's newest iteration minus this source's newest
+    behind_iterations: int | None
+    #: silent for 120 s while the job's other sources went on, and behind them
+    lagging: bool
+
+
 class JobOut(BaseModel):
     job: str
     created_at: float
@@ -319,6 +334,7 @@ class JobOut(BaseModel):
     batches: int
     mode: Literal["agent", "raw", "empty"]
     top: Candidate | None = None
+    sources: list[SourceOut] = []
 
 
 class IterationOut(BaseModel):

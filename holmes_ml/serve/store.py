@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 #: in ``names``); a database of version 1 or 2 is converted on opening (:meth:`Store._upgrade`).
 SCHEMA_VERSION = 4
 COORDS = ("dp", "pp", "tp", "cp", "ep")
+#: A source that has not delivered for this long while the others of its job went on (4
+#: flushes of an agent at its default ``--flush-after``), and is behind them, is ``lagging``.
+LAG_SECONDS = 120.0
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,6 +55,10 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE TABLE IF NOT EXISTS sources (
     job TEXT NOT NULL, source TEXT NOT NULL, last_seq INTEGER NOT NULL,
     pruned_seq INTEGER NOT NULL DEFAULT -1, PRIMARY KEY (job, source));
+CREATE TABLE IF NOT EXISTS source_activity (
+    job TEXT NOT NULL, source TEXT NOT NULL, first_at REAL NOT NULL, last_at REAL NOT NULL,
+    batches INTEGER NOT NULL, records INTEGER NOT NULL, last_iteration INTEGER,
+    PRIMARY KEY (job, source));
 CREATE TABLE IF NOT EXISTS ranks (
     job TEXT NOT NULL, rank INTEGER NOT NULL, host TEXT NOT NULL, gpu INTEGER NOT NULL,
     dp INTEGER NOT NULL DEFAULT -1, pp INTEGER NOT NULL DEFAULT -1,
@@ -403,6 +410,11 @@ class Store:
                 f"{SCHEMA_VERSION} or older (use a new --db file, or the holmes_ml that made it)"
             )
         self._upgrade()
+        # a database of a holmes_ml before source_activity: each sender from its batches
+        self._db.execute(
+            "INSERT OR IGNORE INTO source_activity SELECT job, source, min(received_at), "
+            "max(received_at), count(*), sum(records), max(last_iteration) FROM batches "
+            "WHERE NOT EXISTS (SELECT 1 FROM source_activity) GROUP BY job, source")
 
     def _upgrade(self) -> None:
         """Convert the tables of an older holmes_ml, if any: ``iterations`` and ``abnormal``
@@ -604,6 +616,17 @@ class Store:
                 "DO UPDATE SET last_seq=excluded.last_seq",
                 (job, source, seq),
             )
+        # each sender's last delivery, kept past pruning: how an agent that stopped shows
+        db.execute(
+            "INSERT INTO source_activity (job, source, first_at, last_at, batches, records,"
+            " last_iteration) VALUES (?,?,?,?,1,?,?) ON CONFLICT(job, source) DO UPDATE SET"
+            " last_at=excluded.last_at, batches=batches+1,"
+            " records=min(records + excluded.records, 9223372036854775807),"
+            " last_iteration=CASE WHEN excluded.last_iteration IS NULL THEN last_iteration"
+            " WHEN last_iteration IS NULL THEN excluded.last_iteration"
+            " ELSE max(last_iteration, excluded.last_iteration) END",
+            (job, source, now, now, int(records), last_iteration),
+        )
         db.execute(
             "INSERT INTO jobs (job, created_at, last_ingest_at, records, batches, mode, newest_ns)"
             " VALUES (?,?,?,?,1,?,?) ON CONFLICT(job) DO UPDATE SET"
@@ -1008,6 +1031,29 @@ class Store:
         rows = self._query(f"SELECT {', '.join(self._JOB_KEYS)} FROM jobs {where}ORDER BY job",
                            args)
         return [dict(zip(self._JOB_KEYS, r, strict=True)) for r in rows]
+
+    _SOURCE_KEYS = ("source", "first_at", "last_at", "batches", "records", "last_iteration")
+
+    def sources(self, job: str) -> list[dict]:
+        """Who sent ``job`` its batches (an agent's ``--source``, a logger's host), each with
+        its first and last delivery (epoch seconds), batches, records and newest iteration,
+        plus ``behind_iterations`` (the job's newest iteration minus its own) and
+        ``lagging``: it has not delivered for :data:`LAG_SECONDS` while others went on and
+        its newest iteration is behind theirs (an agent that died, a node whose ranks fell
+        silent). Kept past pruning; by source name."""
+        rows = [dict(zip(self._SOURCE_KEYS, r, strict=True)) for r in self._query(
+            f"SELECT {', '.join(self._SOURCE_KEYS)} FROM source_activity WHERE job=? "
+            "ORDER BY source", (job,))]
+        newest = max((r["last_iteration"] for r in rows if r["last_iteration"] is not None),
+                     default=None)
+        latest = max((r["last_at"] for r in rows), default=None)
+        for r in rows:
+            behind = (None if newest is None or r["last_iteration"] is None
+                      else int(newest - r["last_iteration"]))
+            r["behind_iterations"] = behind
+            r["lagging"] = bool(behind and latest is not None
+                                and latest - r["last_at"] >= LAG_SECONDS)
+        return rows
 
     def job(self, job: str) -> dict:
         """One job's bookkeeping row; raises :class:`UnknownJobError` when absent."""
