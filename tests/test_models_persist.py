@@ -186,7 +186,10 @@ def test_a_header_naming_another_estimator_than_its_payload_is_refused(fitted, t
 
 
 def test_a_version_1_envelope_without_header_hash_still_loads(fitted, tmp_path):
-    """Files written before the header hash (the bundled model among them) load as they are."""
+    """Files written before the header hash load as they are, and upgrade_envelope rewrites
+    one in today's format with the same payload bytes (as the bundled model was)."""
+    from holmes_ml.models.persist import upgrade_envelope
+
     det, X, _ = fitted
     path = save_model(det, tmp_path / "m.holmes")
     header, payload = _parts(path)
@@ -196,7 +199,18 @@ def test_a_version_1_envelope_without_header_hash_still_loads(fitted, tmp_path):
     old = _envelope(tmp_path / "old.holmes", header, payload)
     np.testing.assert_array_equal(load_model(old, check_features=False).decision_function(X),
                                   det.decision_function(X))
-    assert read_header(default_model_path())["format"]["version"] == 1
+    new = upgrade_envelope(old, tmp_path / "new.holmes")
+    up = read_header(new)
+    assert up["format"]["version"] == 2 and up["extra"]["upgraded_from_format"] == 1
+    assert up["payload_sha256"] == header["payload_sha256"] and _parts(new)[1] == payload
+    assert {k: v for k, v in up.items() if k not in ("format", "extra", "header_sha256")} == {
+        k: v for k, v in header.items() if k not in ("format", "extra")}
+    _, same = _parts(new)
+    edited = dict(up, metrics={"f1": 1.0})  # the upgraded header is hashed: an edit shows
+    with pytest.raises(ModelFileError, match="header sha256"):
+        load_model(_envelope(tmp_path / "edited.holmes", edited, same), check_features=False)
+    bundled = read_header(default_model_path())
+    assert bundled["format"]["version"] == 2 and bundled["extra"]["upgraded_from_format"] == 1
 
 
 def default_model_path():

@@ -5,8 +5,9 @@ a hash of the training data, metrics, the sha256 of the payload and (from format
 sha256 of the header itself. :func:`load_model` checks the header before it unpickles anything:
 a file that is not an envelope, whose header or payload hash does not match (an edited metric,
 schema or model), is refused with :class:`ModelFileError`, and so is a payload of another class
-than the header's ``estimator``; a version mismatch only warns. Files of format version 1 (the
-bundled model's) carry no header hash: their header is read as it is.
+than the header's ``estimator``; a version mismatch only warns. Files of format version 1 carry
+no header hash: their header is read as it is (:func:`upgrade_envelope` rewrites one in today's
+format, as the bundled model was, keeping its payload's bytes).
 
 The hashes catch a damaged or edited file, not a forgery: whoever can write a model file can
 write matching hashes. The payload is a pickle, and loading one runs whatever code it names,
@@ -36,7 +37,7 @@ __all__ = ["FORMAT", "ModelFileError", "data_hash", "read_header", "load_model",
 #: Identifies the envelope format in the header (bump ``version`` on incompatible changes).
 #: Version 2 added ``header_sha256``.
 FORMAT = {"name": "holmes-ml-model", "version": 2}
-#: Versions this holmes_ml reads: 1 (no header hash; the bundled model's) and :data:`FORMAT`'s.
+#: Versions this holmes_ml reads: 1 (no header hash) and :data:`FORMAT`'s.
 _READS = (1, 2)
 _HEADER = "header.json"
 _PAYLOAD = "model.joblib"
@@ -185,14 +186,38 @@ def save_model(
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "extra": {**(extra or {}), "fitted": fitted_facts(model)},
     }
+    _write(path, header, payload)
+    logger.info("saved %s (%d bytes) to %s", type(model).__name__, path.stat().st_size, path)
+    return path
+
+
+def _write(path: Path, header: dict[str, Any], payload: bytes) -> None:
+    """The envelope: ``header`` (hashed here) and ``payload`` in a zip at ``path``."""
     header["header_sha256"] = _header_sha256(header)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Fixed timestamps keep the file byte-identical for identical models.
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         for name, data in ((_HEADER, json.dumps(header, indent=2).encode()), (_PAYLOAD, payload)):
             zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
-    logger.info("saved %s (%d bytes) to %s", type(model).__name__, path.stat().st_size, path)
-    return path
+
+
+def upgrade_envelope(path: str | Path, out: str | Path | None = None) -> Path:
+    """Rewrite an envelope of an older format version in :data:`FORMAT` (to ``out``, else in
+    place), after :func:`load_model`'s checks: the payload's bytes, and so its hash, stay as
+    they are; the header keeps every fact and gains the header hash. Returns the path."""
+    path = Path(path)
+    load_model(path, check_features=False)  # the checks; a damaged file is refused here
+    header, payload = _open(path, payload=True)
+    assert payload is not None
+    header = {k: v for k, v in header.items() if k != "header_sha256"}
+    was = header["format"]["version"]
+    if was == FORMAT["version"] and out is None:
+        return path  # nothing to upgrade
+    header["format"] = dict(FORMAT)
+    header["extra"] = {**(header.get("extra") or {}), "upgraded_from_format": was}
+    target = Path(out) if out is not None else path
+    _write(target, header, payload)
+    return target
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
