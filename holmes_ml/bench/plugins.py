@@ -13,10 +13,11 @@ the job's topology, and returns its suspects best first. Each suspect may be
   (see :mod:`holmes_ml.topology`),
 * an object with a ``ranks`` attribute (such as :class:`holmes_ml.localize.Candidate`).
 
-The benchmark scores a suspect by the ranks it stands for: it hits when it shares a rank with
-the faulty device (so a broad device, a host or a spine switch, covers many; the bench's
-``device_top1`` asks for the device itself). A suspect of another type, or a localizer that
-raises, is counted as that method's error in the results.
+The benchmark scores a suspect by the ranks it stands for (:func:`names_fault`): it hits when it
+shares a rank with the faulty device and stands for no more ranks than that device
+(:func:`fault_breadth`): a host does not name one slow GPU of its own, nor a spine switch above
+everyone a leaf's fault (the bench's ``device_top1`` asks for the device itself). A suspect of
+another type, or a localizer that raises, is counted as that method's error in the results.
 
 A localizer that also takes a ``delta`` keyword (``def loc(ops, topology, delta=1.1)``, or
 ``**kwargs``) is told each trial's irregularity factor: the bench runs its grid at several
