@@ -304,14 +304,14 @@ def _last_per_rank(rows: np.ndarray) -> np.ndarray:
 
 
 def _last_of_each(rows: np.ndarray) -> np.ndarray:
-    """``rows`` keeping the last of those of one operator (rank, communicator, seq, peer),
-    in their order."""
+    """``rows`` keeping the last of those of one operator (rank, communicator, seq, peer, op:
+    a pipeline send and the recv of one step can share the other four), in their order."""
     back = rows[::-1]
-    order = np.lexsort((back["peer"], back["seq"], back["group"], back["rank"]))  # stable
+    keys = ("op", "peer", "seq", "group", "rank")
+    order = np.lexsort(tuple(back[k] for k in keys))  # stable
     s = back[order]
     first = np.ones(len(s), dtype=bool)
-    first[1:] = ((s["rank"][1:] != s["rank"][:-1]) | (s["group"][1:] != s["group"][:-1])
-                 | (s["seq"][1:] != s["seq"][:-1]) | (s["peer"][1:] != s["peer"][:-1]))
+    first[1:] = np.logical_or.reduce([s[k][1:] != s[k][:-1] for k in keys])
     return rows[np.sort(len(rows) - 1 - order[first])]
 
 
