@@ -589,4 +589,5 @@ def test_a_send_and_a_recv_of_one_step_are_two_abnormal_operators(tmp_path):
     store.ingest_agent("job", body, "d0")
     got = store.agent_data("job")["abnormal"]
     # the send and the recv both stay; of the same send sent twice, the last one
-    assert sorted(zip(got["op"], got["duration_us"])) == [("recv", 7.0), ("send", 9.0)]
+    assert sorted(zip(got["op"], got["duration_us"], strict=True)) == [("recv", 7.0),
+                                                                       ("send", 9.0)]
