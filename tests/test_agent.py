@@ -113,8 +113,9 @@ def test_agent_reads_other_formats_whole_and_survives_a_bad_file(tmp_path):
     n = agent.read_new()
     assert n > 0 and agent._ops["rank"].nunique() == 8
     (logs / "broken.json").write_text('{"traceEvents": [')
-    assert agent.read_new() == 0  # bad file: a warning, the accepted rows stay
-    assert len(agent._ops) == n
+    # the bad file is set aside, naming it; the good traces are read again without it
+    assert agent.read_new() == n
+    assert len(agent._ops) == n and set(agent.bad_files) == {logs / "broken.json"}
     agent.close()
 
 
@@ -208,11 +209,12 @@ def test_a_json_file_in_no_trace_format_is_ignored_until_it_changes(tmp_path, ca
     # the topology beside the logs is no trace either: the warning says how to give it
     assert "topology.json" in warned[1] and "--topology" in warned[1], warned
     assert "--topology" not in warned[0]
-    # changed into a trace (one that does not parse): read with the others, and refused
+    # changed into a trace (one that does not parse): refused, naming it; the others are
+    # read again without it
     (logs / "config.json").write_text('{"traceEvents": [')
-    assert agent.read_new() == 0
-    assert list(agent.bad_files) == [logs / "<whole-file traces>"]
-    assert len(agent._ops) == len(ops)  # what was accepted stays
+    assert agent.read_new() == len(ops)
+    assert list(agent.bad_files) == [logs / "config.json"]
+    assert len(agent._ops) == len(ops)  # what was accepted stays, once
     agent.close()
 
 
@@ -542,3 +544,51 @@ def test_one_agent_following_the_whole_ar_trace_names_what_localize_names(tmp_pa
         # share all four, so it drops about 30 % of them and some NICs of dp 0 gain weight.
         pytest.xfail(f"the service's verdict {got} has more suspects than localize's "
                      f"{expected}: its store drops send/recv pairs (store.py _last_of_each)")
+
+
+def _kineto_job(tmp_path) -> Path:
+    """The 8 ranks' Kineto traces of the real DLRM job, unpacked into ``tmp_path/logs``."""
+    import tarfile
+
+    tars = sorted(Path("/work/shared/realdata/kineto-param-dlrm-8rank").glob("*.tar.gz"))
+    if not tars:
+        pytest.skip("/work/shared/realdata/kineto-param-dlrm-8rank is absent")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with tarfile.open(tars[0]) as tf:
+        tf.extractall(tmp_path / "x", filter="data")
+    for p in (tmp_path / "x").rglob("*.json"):
+        (logs / p.name).write_bytes(p.read_bytes())
+    return logs
+
+
+def test_one_cut_short_trace_is_set_aside_naming_it_and_the_others_are_shipped(
+        tmp_path, caplog):
+    # One worker's trace cut short stopped the node's whole batch: "cannot read
+    # logs/<whole-file traces>", nothing read, nothing sent.
+    logs = _kineto_job(tmp_path)
+    bad = sorted(logs.glob("worker3_*.json"))[0]
+    whole = bad.read_bytes()
+    bad.write_bytes(whole[:20_000])
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="kin", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    agent = Agent(cfg, model="rule")
+    try:
+        with caplog.at_level(logging.ERROR, logger="holmes_ml.serve.agent"):
+            agent.run(once=True)
+            agent.read_new()  # unchanged: not read, nor reported, again
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and str(bad) in errors[0], errors
+        assert "<whole-file" not in errors[0] and "malformed JSON" in errors[0]
+        assert list(agent.bad_files) == [bad]
+        assert agent.outbox.n_pending() == 0 and agent.stats.batches_sent == 1
+        assert agent.outbox.sent_ranks() == set(range(8)) - {3}
+        bad.write_bytes(whole)  # written again, whole: read again
+        agent.read_new()
+        agent.queue_ready(flush=True)
+        agent.send_pending()
+        assert agent.bad_files == {} and agent.outbox.sent_ranks() == set(range(8))
+    finally:
+        agent.close()
+        srv.stop()

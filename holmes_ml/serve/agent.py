@@ -18,7 +18,7 @@ watermark says was already queued, so a crash of the agent or of the service los
 
 A log file the agent cannot read (malformed JSON, a truncated Parquet file, rows that break the
 schema) is logged as an ERROR naming the file and set aside until it changes; the other files
-keep being shipped. A line still being written (no newline yet) is simply not read yet.
+keep being shipped (the other traces read together with a bad one too). A line still being written (no newline yet) is simply not read yet.
 """
 
 from __future__ import annotations
@@ -471,6 +471,28 @@ def _last_seq(refusal: dict) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _names(paths: Sequence[Path], root: Path | None = None) -> str:
+    """``paths`` named in a message: the first few (relative to ``root``), and how many
+    more."""
+    shown = ", ".join(str(p.relative_to(root) if root else p) for p in paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def _culprit(paths: list[Path], exc: BaseException) -> tuple[Path, BaseException] | None:
+    """The one of ``paths`` (read together) that cannot be read, with why, given ``exc``
+    from reading them together: the first that fails read alone (the file ``exc`` names
+    tried first); None when each reads alone (files of two formats: none is to blame)."""
+    from holmes_ml.io import read_ops
+
+    named = [p for p in paths if str(p) == getattr(exc, "source", None)]
+    for path in named + [p for p in paths if p not in named]:
+        try:
+            read_ops([str(path)])
+        except (SchemaError, ValueError, OSError) as alone:
+            return path, alone
+    return None
+
+
 def _describe(exc: BaseException) -> str:
     # A SchemaError (or one of our ValueErrors) reads as a sentence already; a reader's
     # exception (ArrowInvalid, ParserError, ...) needs its name to mean anything.
@@ -553,6 +575,9 @@ class Agent:
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
         #: whole-file traces as last sniffed: (size, mtime) -> in a known format
         self._sniffed: dict[Path, tuple[tuple[int, int], bool]] = {}
+        #: whole-file traces that could not be read: (size, mtime) then, set aside until
+        #: that changes
+        self._bad_traces: dict[Path, tuple[int, int]] = {}
         #: Parquet files as last sniffed: (size, mtime) -> a what-if trace (read whole)
         self._whatif: dict[Path, tuple[tuple[int, int], bool]] = {}
         #: why the service could not be reached at the last attempt (None once it answered)
@@ -627,7 +652,7 @@ class Agent:
                 n += len(df)
         n += self._read_whole_files(whatif)
         self._say_if_empty()
-        for gone in [p for p in self.bad_files if p.name != _WHOLE and not p.exists()]:
+        for gone in [p for p in self.bad_files if not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
             self._ops = concat_ops([self._ops, *self._buffer])
@@ -638,36 +663,57 @@ class Agent:
     def _read_whole_files(self, whatif: list[Path]) -> int:
         """Re-read every non-incremental trace when any of them changed (ranks of a Kineto or
         Flight Recorder job are matched across files, so they are read together); ``whatif``:
-        the Parquet files :meth:`read_new` found to be what-if traces."""
+        the Parquet files :meth:`read_new` found to be what-if traces.
+
+        A trace that cannot be read (cut short, malformed) is reported naming it and set aside
+        until it changes; the others are read together without it."""
         from holmes_ml.io import read_ops
 
         root = Path(self.config.follow)
         paths = self._traces(sorted({p for pat in WHOLE_FILE_PATTERNS
                                      for p in _log_files(root, pat)} | set(whatif)))
+        for gone in [p for p in self._bad_traces if p not in paths]:
+            del self._bad_traces[gone]  # removed, or no longer a trace: not set aside
         if not paths:
-            self.bad_files.pop(root / _WHOLE, None)
+            self.bad_files.pop(root, None)
             return 0
-        stats = [p.stat() for p in paths]
-        stamp = tuple((str(p), st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats, strict=True))
+        stats = {p: p.stat() for p in paths}
+        usable = [p for p in paths
+                  if self._bad_traces.get(p) != (stats[p].st_size, stats[p].st_mtime_ns)]
+        stamp = tuple((str(p), stats[p].st_size, stats[p].st_mtime_ns) for p in usable)
         state = self._files.setdefault(root / _WHOLE, _FileState())
         if stamp in (state.stamp, state.bad):
             return 0
-        try:
-            df = read_ops([str(p) for p in paths])
-            facts = self._new_facts(df, root / _WHOLE)
-        except (SchemaError, ValueError, OSError) as exc:
-            # A trace still being written, or a bad file: say which, keep what was accepted,
-            # try again when one of the files changes.
-            self._set_bad(root / _WHOLE, _describe(exc))
-            state.bad = stamp
-            return 0
-        self._set_good(root / _WHOLE)
-        self._keep_facts(facts, root / _WHOLE)
-        state.stamp = stamp
+        df = None
+        while usable:
+            try:
+                df = read_ops([str(p) for p in usable])
+                facts = self._new_facts(df, _names(usable))
+                break
+            except (SchemaError, ValueError, OSError) as exc:
+                # A trace still being written, or a bad file: say which, read the others
+                # without it, try it again when it changes.
+                culprit = _culprit(usable, exc)
+                if culprit is None:  # each reads alone: together they do not
+                    self._set_bad(root, f"its traces {_names(usable, root)} read together: "
+                                  f"{_describe(exc)}")
+                    state.bad = stamp
+                    return 0
+                bad, why = culprit
+                self._set_bad(bad, _describe(why))
+                self._bad_traces[bad] = (stats[bad].st_size, stats[bad].st_mtime_ns)
+                usable.remove(bad)
+        self._set_good(root, f"the traces in {root} read together again")
+        state.stamp = tuple((str(p), stats[p].st_size, stats[p].st_mtime_ns) for p in usable)
+        for path in usable:
+            self._set_good(path)
+        if df is None:
+            return 0  # every trace is set aside: what was read of them before stays
+        self._keep_facts(facts, _names(usable))
         df = df.assign(_file=_WHOLE)
         if len(self._ops) and "_file" in self._ops.columns:
             self._ops = self._ops[self._ops["_file"] != _WHOLE]
-        self.stats.raw_bytes += sum(st.st_size for st in stats)
+        self.stats.raw_bytes += sum(stats[p].st_size for p in usable)
         self._buffer.append(df)
         return len(df)
 
@@ -722,7 +768,7 @@ class Agent:
                 out.append(path)
         return out
 
-    def _new_facts(self, df: pd.DataFrame, path: Path) -> dict[str, dict[str, str]]:
+    def _new_facts(self, df: pd.DataFrame, path: Path | str) -> dict[str, dict[str, str]]:
         """The facts of ``df``, rows new from ``path``; :class:`SchemaError` at the first
         row that contradicts what rows read before said (a rank on another host, a
         communicator with other members or another kind).
@@ -750,7 +796,7 @@ class Agent:
                     )
         return new
 
-    def _job_of(self, df: pd.DataFrame, path: Path) -> str | None:
+    def _job_of(self, df: pd.DataFrame, path: Path | str) -> str | None:
         """The job ``df`` names (validated: one at most), None when it names none;
         :class:`SchemaError` when rows read before named another (the logs of two jobs in
         the followed directory would be shipped as one job's)."""
@@ -767,7 +813,7 @@ class Agent:
                 "its own logs)")
         return job
 
-    def _keep_facts(self, facts: dict[str, dict[str, str]], path: Path) -> None:
+    def _keep_facts(self, facts: dict[str, dict[str, str]], path: Path | str) -> None:
         for fact, values in facts.items():
             seen = self._facts.setdefault(fact, {})
             for key, value in values.items():
@@ -832,9 +878,9 @@ class Agent:
             logger.error("agent: cannot read %s (skipped until it changes): %s", path, why)
         self.bad_files[path] = why
 
-    def _set_good(self, path: Path) -> None:
+    def _set_good(self, path: Path, saying: str | None = None) -> None:
         if self.bad_files.pop(path, None) is not None:
-            logger.warning("agent: %s is readable again", path)
+            logger.warning("agent: %s", saying or f"{path} is readable again")
 
     # -------------------------------------------------------------- summarizing
     def queue_ready(self, flush: bool = False) -> int | None:
