@@ -401,3 +401,39 @@ def test_sigterm_flushes_what_was_read_before_exiting(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
         srv.stop()
+
+
+def test_a_csv_log_truncated_in_place_keeps_its_header(tmp_path, caplog):
+    # logrotate's copytruncate empties the file; its writer goes on appending rows without a
+    # header. The agent read the first row as a header, then ignored the file for good ("not a
+    # CommOps log"). A writer that starts again with a header gives it anew.
+    ops = make_ops(seed=27, ranks=2, iterations=12)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    r1.to_csv(logs / "rank1.csv", index=False)
+    log = logs / "rank16.csv"
+    r0[r0["iteration"] < 6].to_csv(log, index=False)
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "copytrunc")
+    try:
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            log.write_text("")  # `: > rank16.csv`
+            r0[r0["iteration"].between(6, 8)].to_csv(log, mode="a", index=False, header=False)
+            agent.read_new()
+            assert "rank16.csv was truncated: reading it again from its start with the " \
+                "columns of its header" in caplog.text
+            # truncated again, and this writer starts the file with its header
+            r0[r0["iteration"].between(9, 10)].to_csv(log, index=False)
+            agent.read_new()
+            r0[r0["iteration"] == 11].to_csv(log, mode="a", index=False, header=False)
+        agent.run(once=True)
+        assert "not a CommOps log" not in caplog.text
+        assert agent.bad_files == {}
+        its = httpx.get(srv.url + "/v1/jobs/copytrunc/iterations").json()
+        assert {i["iteration"] for i in its} == set(range(12))
+        assert httpx.get(srv.url + "/v1/jobs/copytrunc").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()

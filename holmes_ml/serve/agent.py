@@ -377,6 +377,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
                              "expected one operator per line")
         return None  # a line still being written
     data = data[: end + 1]
+    begun = state.offset == 0
     first_line = state.lines + 1
     state.offset += len(data)
     state.lines += data.count(b"\n")
@@ -390,6 +391,12 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
             if records is None:  # every line is one: pandas' own reason stands
                 raise ValueError(str(exc)) from exc
             return records
+    if begun and state.header is not None:
+        # truncated in place, the header it had kept: a writer that starts the file again
+        # with a header (the same, or other columns) gives it anew
+        names = data.partition(b"\n")[0].decode(errors="replace").strip().split(",")
+        if names == state.header or set(REQUIRED_COLUMNS) <= set(names):
+            state.header = None
     if state.header is None:
         first, _, data = data.partition(b"\n")
         state.header = first.decode().strip().split(",")
@@ -599,7 +606,8 @@ class Agent:
                     whatif.append(path)
                     continue
                 state = self._files.setdefault(path, _FileState())
-                if state.ignored or (state.offset == 0 and self._not_a_log(path, state)):
+                if state.ignored or (state.offset == 0 and state.header is None
+                                     and self._not_a_log(path, state)):
                     continue
                 try:
                     st = path.stat()
@@ -608,10 +616,14 @@ class Agent:
                 if state.offset and (st.st_ino != state.inode or st.st_size < state.offset):
                     # rotated (another file under the name) or truncated (copytruncate): the
                     # offset points into other data; read what is there now from its start
-                    logger.warning("agent: %s was %s: reading it again from its start", path,
-                                   "replaced (rotated?)" if st.st_ino != state.inode
-                                   else "truncated")
-                    state = self._files[path] = _FileState()
+                    rotated = st.st_ino != state.inode
+                    # a CSV truncated in place goes on without a header (its writer wrote it
+                    # once): its rows keep the columns the header named
+                    header = None if rotated else state.header
+                    logger.warning("agent: %s was %s: reading it again from its start%s", path,
+                                   "replaced (rotated?)" if rotated else "truncated",
+                                   " with the columns of its header" if header else "")
+                    state = self._files[path] = _FileState(header=header)
                 before = state.offset
                 stamp = (st.st_size, st.st_mtime_ns)
                 if state.bad == stamp:
