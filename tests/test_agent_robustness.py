@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -177,9 +178,13 @@ def test_an_outbox_of_another_job_is_refused_naming_both_jobs(tmp_path):
 def test_once_names_an_empty_follow_directory(tmp_path):
     logs = tmp_path / "logs"
     (logs / "sub").mkdir(parents=True)
-    line = one_line_error(agent_cli("--follow", logs, "--server", "http://127.0.0.1:9",
-                                    "--job", "j", "--once", "--retry-for", "0.2"))
-    assert line.startswith(f"error: --follow {logs}: no CommOps log files"), line
+    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
+                     "--once", "--retry-for", "0.2")
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    # (it says what it follows, having started, then why it found nothing to ship)
+    assert len(lines) == 2 and lines[0].startswith(f"holmes agent: following {logs} "), lines
+    assert lines[1].startswith(f"error: --follow {logs}: no CommOps log files"), lines
 
 
 def test_agent_reads_subdirectories_and_ignores_tables_that_are_not_logs(tmp_path, caplog):
@@ -434,6 +439,63 @@ def test_a_csv_log_truncated_in_place_keeps_its_header(tmp_path, caplog):
         its = httpx.get(srv.url + "/v1/jobs/copytrunc/iterations").json()
         assert {i["iteration"] for i in its} == set(range(12))
         assert httpx.get(srv.url + "/v1/jobs/copytrunc").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+def test_the_agent_says_once_what_it_follows_and_when_delivery_begins(tmp_path):
+    # It printed nothing until something went wrong: no way to tell a working agent from a
+    # stuck one, or to see what it follows and where it sends.
+    ops = make_ops(seed=28, ranks=2, iterations=6)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    srv = start_server(tmp_path)
+    try:
+        proc = agent_cli("--follow", logs, "--server", srv.url, "--job", "hello", "--token",
+                         TOKEN, "--source", "n7", "--once", "--model", "rule")
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("holmes agent: ")]
+    assert len(said) == 2, proc.stderr
+    assert said[0].startswith(f"holmes agent: following {logs} ")
+    assert "job 'hello'" in said[0] and "source 'n7'" in said[0] and srv.url in said[0]
+    assert said[1].startswith(f"holmes agent: delivering to {srv.url}: the first batch")
+
+
+def test_delivery_resuming_after_an_outage_is_said_once(tmp_path):
+    ops = make_ops(seed=29, ranks=2, iterations=12)
+    logs = tmp_path / "logs"
+    port = free_port()
+    said: list[str] = []
+    logs.mkdir()
+    cfg = AgentConfig(follow=logs, server=f"http://127.0.0.1:{port}", job="outage",
+                      token=TOKEN, source="n1", backoff_s=0.05, backoff_max_s=0.05, timeout_s=5)
+    agent = Agent(cfg, summarize=fallback_summarize, say=said.append)
+    srv = start_server(tmp_path, port=port)
+    try:
+        _write_good(logs, ops[ops["iteration"] < 4])
+        agent.step()
+        _write_good(logs, ops[ops["iteration"] < 6])
+        agent.step()  # a second batch delivered: nothing more to say
+        assert agent.stats.batches_sent == 2
+        assert len(said) == 1 and "the first batch of job 'outage'" in said[0], said
+        srv.stop()
+        _write_good(logs, ops[ops["iteration"] < 8])
+        agent.step()
+        agent.step()
+        assert agent.stats.failures >= 1 and len(said) == 1, said
+        srv = start_server(tmp_path, port=port)
+        time.sleep(0.1)
+        agent.step()
+        _write_good(logs, ops)
+        time.sleep(0.1)
+        agent.step()
+        assert agent.outbox.n_pending() == 0
+        assert len(said) == 2, said
+        assert said[1].startswith(f"delivering to {srv.url} again: the service answered "
+                                  "after"), said
     finally:
         agent.close()
         srv.stop()

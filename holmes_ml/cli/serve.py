@@ -167,7 +167,8 @@ def register(app: typer.Typer) -> None:
             from holmes_ml.models import load_model
 
             loaded = load_model(model)
-        agent = Agent(cfg, model=loaded)
+        agent = Agent(cfg, model=loaded,
+                      say=lambda line: typer.echo(f"holmes agent: {line}", err=True))
         stopping: list[int] = []
 
         def stop_on(signum: int, _frame: object) -> None:

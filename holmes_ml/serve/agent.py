@@ -538,12 +538,17 @@ class Agent:
         :func:`holmes_ml.pipeline.summarize` with ``model``.
     model:
         Detector used by the default ``summarize``.
+    say:
+        Where the lines an operator wants to see go: what the agent follows and where it
+        sends when it starts, its first delivery, and delivery resuming after an outage
+        (default: this module's logger at INFO; ``holmes agent`` prints them on stderr).
     """
 
     config: AgentConfig
     summarize: Callable[[pd.DataFrame], Any] | None = None
     model: Any = None
     stats: AgentStats = field(default_factory=AgentStats)
+    say: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.config.check()
@@ -574,6 +579,11 @@ class Agent:
         self.rejected_before = self.outbox.counts().get("rejected", 0)
         self._deadline: float | None = None
         self._empty_said = False
+        self._say = self.say or logger.info
+        #: whether a batch was delivered, and whether attempts failed since the last one
+        self._delivered = False
+        self._failing = False
+        self._failing_for = 0
         self._hostless_said = False  # (the placement of hostless ranks by rank was told)
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
@@ -872,6 +882,17 @@ class Agent:
         self._empty_said = True
 
     @property
+    def starting_message(self) -> str:
+        """What the agent follows, for which job, as whom and where it sends."""
+        queued = self.outbox.n_pending()
+        return (f"following {self.config.follow} (and its subdirectories) for job "
+                f"{self.config.job!r} as source {self.config.source_name!r} on host "
+                f"{socket.gethostname()!r} (that of its ranks whose logs name none, up to "
+                f"{GPUS_PER_HOST}); sending to "
+                f"{self.config.server} (outbox {self.config.outbox_path}"
+                + (f", {queued} batch(es) queued" if queued else "") + ")")
+
+    @property
     def n_log_files(self) -> int:
         """Log files found so far (tables that are not CommOps logs not counted)."""
         return sum(not st.ignored for st in self._files.values())
@@ -1149,6 +1170,8 @@ class Agent:
                 self.stats.batches_rejected += 1
                 continue
             self.outbox.mark(seq, "acked")
+            if not self._delivered or self._failing:
+                self._say_delivered(len(queue))
             self._resend_facts(r)
             self.last_error = None
             self.stats.sent_bytes += len(body)
@@ -1156,6 +1179,20 @@ class Agent:
             acked += 1
             self._backoff = self.config.backoff_s
         return acked
+
+    def _say_delivered(self, queued: int) -> None:
+        """Say the first delivery, and delivery resuming after failed attempts (once each,
+        not at every batch)."""
+        more = f"; {queued} more queued" if queued else ""
+        if not self._delivered:
+            self._say(f"delivering to {self.config.server}: the first batch of job "
+                      f"{self.config.job!r} was acknowledged{more}")
+        else:
+            self._say(f"delivering to {self.config.server} again: the service answered "
+                      f"after {self._failing_for} failed attempt(s){more}")
+        self._delivered = True
+        self._failing = False
+        self._failing_for = 0
 
     def _resend_facts(self, r: Any) -> None:
         """Queue the ranks' placement and the communicators again (and PUT the topology again)
@@ -1241,6 +1278,8 @@ class Agent:
         longer before the next."""
         self.last_error = why
         self.stats.failures += 1
+        self._failing = True
+        self._failing_for += 1
         logger.warning("service %s %s (%s); retrying in %.1fs", self.config.server, state,
                        why, self._backoff)
         self._retry_at = time.monotonic() + self._backoff
@@ -1277,6 +1316,7 @@ class Agent:
         ``config.flush_after_s``; when ``stop()`` turns true (the CLI's SIGTERM or SIGINT) what
         was read is flushed to the outbox and sent once more before returning.
         """
+        self._say(self.starting_message)
         if self.rejected_before:
             logger.warning("the outbox %s holds %d batch(es) the service refused in earlier "
                            "runs, not sent again (the last: %s)", self.config.outbox_path,
