@@ -499,3 +499,33 @@ def test_delivery_resuming_after_an_outage_is_said_once(tmp_path):
     finally:
         agent.close()
         srv.stop()
+
+
+def test_logs_whose_job_column_names_another_job_than_job_are_warned_of_once(
+        tmp_path, caplog):
+    # Logs saying job "sim" were shipped as --job llm5 without a word.
+    ops = make_ops(seed=30, ranks=2, iterations=6).assign(job="sim")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ops[ops["rank"] == 0].to_csv(logs / "rank0.csv", index=False)
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "llm5")
+    try:
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            ops[ops["rank"] == 1].to_csv(logs / "rank1.csv", index=False)
+            agent.run(once=True)
+        said = [r.getMessage() for r in caplog.records if "job column" in r.getMessage()]
+        assert len(said) == 1, said
+        assert "'sim'" in said[0] and "--job 'llm5'" in said[0] and "rank0.csv" in said[0]
+        assert httpx.get(srv.url + "/v1/jobs/llm5").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+    caplog.clear()
+    same = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="sim",
+                             outbox=tmp_path / "sim.db"), summarize=fallback_summarize)
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+        same.read_new()
+    same.close()
+    assert "job column" not in caplog.text

@@ -584,6 +584,7 @@ class Agent:
         self._delivered = False
         self._failing = False
         self._failing_for = 0
+        self._job_said = False  # (a job column naming another job than --job was told)
         self._hostless_said = False  # (the placement of hostless ranks by rank was told)
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
@@ -836,6 +837,13 @@ class Agent:
         return job
 
     def _keep_facts(self, facts: dict[str, dict[str, str]], path: Path | str) -> None:
+        job = facts.get("job", {}).get("")
+        if job is not None and job != self.config.job and not self._job_said:
+            # (shipped anyway: --job is the name the operator gave the job in the service)
+            self._job_said = True
+            logger.warning("agent: the logs' job column says %r (%s), but they are shipped as "
+                           "--job %r: is it the job you meant? (give --job %r to file them "
+                           "under the name they carry)", job, path, self.config.job, job)
         for fact, values in facts.items():
             seen = self._facts.setdefault(fact, {})
             for key, value in values.items():
