@@ -529,3 +529,48 @@ def test_logs_whose_job_column_names_another_job_than_job_are_warned_of_once(
         same.read_new()
     same.close()
     assert "job column" not in caplog.text
+
+
+def test_a_second_agent_on_one_outbox_is_refused_until_the_first_is_gone(tmp_path):
+    # Two agents following one directory (its default outbox) side by side shipped the same
+    # ranks twice under one source, racing for the outbox's seqs, without a word.
+    ops = make_ops(seed=31, ranks=2, iterations=6)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    outbox = logs / ".holmes-agent.db"
+    first = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+                  summarize=fallback_summarize)
+    with pytest.raises(ValueError, match=f"--outbox {outbox}: in use by another holmes agent "
+                       rf"\(pid {os.getpid()}\)"):
+        Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+              summarize=fallback_summarize)
+    first.close()  # released: the next one may take it
+    Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+          summarize=fallback_summarize).close()
+
+    srv = start_server(tmp_path)
+    common = ["--follow", logs, "--server", srv.url, "--job", "j", "--token", TOKEN,
+              "--model", "rule"]
+    following = subprocess.Popen([sys.executable, "-c", HOLMES, "agent", *map(str, common)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = logs / ".holmes-agent.db.lock"
+        deadline = time.monotonic() + 60
+        while not (lock.exists() and lock.read_text().strip() == str(following.pid)):
+            assert following.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        line = one_line_error(agent_cli(*common, "--once"))
+        assert line == (f"error: --outbox {outbox}: in use by another holmes agent (pid "
+                        f"{following.pid}); expected one agent per outbox (two following one "
+                        "directory would ship its ranks twice): stop that one first, or give "
+                        "this one its own --outbox and --source"), line
+        following.kill()  # SIGKILL: no clean-up, the lock file stays behind
+        following.wait(timeout=30)
+        assert lock.exists()
+        again = agent_cli(*common, "--once")
+        assert again.returncode == 0, again.stderr
+        assert httpx.get(srv.url + "/v1/jobs/j").json()["records"] == len(ops)
+    finally:
+        if following.poll() is None:
+            following.kill()
+        srv.stop()

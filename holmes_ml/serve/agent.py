@@ -159,8 +159,14 @@ class Outbox:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self.db = connect_sqlite(self.path, "a holmes agent outbox", "outbox", "--outbox",
-                                 isolation_level=None)
+        self._lock = _lock_outbox(self.path)
+        try:
+            self.db = connect_sqlite(self.path, "a holmes agent outbox", "outbox", "--outbox",
+                                     isolation_level=None)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.close()
+            raise
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(
@@ -182,6 +188,8 @@ class Outbox:
 
     def close(self) -> None:
         self.db.close()
+        if self._lock is not None:
+            self._lock.close()  # (releases the lock)
 
     def claim(self, job: str) -> None:
         """Tie the outbox to ``job``; refuse (``ValueError``) one that serves another job.
@@ -328,6 +336,39 @@ class Outbox:
             self.db.execute("ROLLBACK")
             raise
         return first
+
+
+def _lock_outbox(path: str) -> Any:
+    """Hold an advisory lock (``flock``) on ``<path>.lock`` while the outbox is open: a
+    second agent on the same outbox (two agents following one directory side by side) would
+    ship the same ranks twice under one source, racing for its seqs. Refused with a
+    ``ValueError`` naming the outbox and the process holding it. The kernel drops the lock
+    when its process ends, killed too: a stale lock file blocks nothing."""
+    import fcntl
+    import os
+
+    try:
+        lock = open(f"{path}.lock", "a+")  # noqa: SIM115 - open as long as the outbox is
+    except OSError:
+        return None  # (no directory there: opening the outbox says so, naming it)
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ValueError(
+            f"--outbox {path}: in use by another holmes agent (pid {holder}); expected one "
+            "agent per outbox (two following one directory would ship its ranks twice): stop "
+            "that one first, or give this one its own --outbox and --source") from None
+    except BaseException:
+        lock.close()
+        raise
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 # ----------------------------------------------------------------------------- file following
