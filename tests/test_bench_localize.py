@@ -97,11 +97,13 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     # the delta axis reads the sweep trials only
     delta_rows = bd[(bd["by"] == "delta") & (bd["method"] == "holmes")]
     assert delta_rows["value"].tolist() == ["1.2"] and delta_rows["trials"].tolist() == [1]
-    # device-level figures for the methods that name devices, none for a rank-mapped plug-in
+    # device-level figures for the methods that name devices (a plug-in naming device ids
+    # too), none for one that names ranks
     kind_rows = bd[bd["by"] == "kind"].set_index("method")
     assert kind_rows.loc["holmes", "device_top1"] == 1.0
     assert kind_rows.loc["holmes", "device_top1_ties"] == 1.0
-    assert pd.isna(kind_rows.loc["device plug-in", "device_top1"])
+    assert kind_rows.loc["device plug-in", "device_top1"] == 1.0
+    assert pd.isna(kind_rows.loc["shortest comm", "device_top1"])
     assert (trials.loc[trials["kind"] != "healthy", "peak_ratio"] > 1.2).all()
 
 
@@ -376,3 +378,89 @@ def test_a_suspect_broader_than_the_faulty_device_names_no_fault():
     # a link fault's truth may be only the ranks whose flows cross it: the link still names it
     assert fault_breadth({1}, [link], topo) == len(topo.ranks_on(link)) > 1
     assert names_fault(link, {1}, topo, fault_breadth({1}, [link], topo))
+
+
+def test_plugins_cannot_score_without_naming_a_device_and_cannot_touch_each_others_input():
+    """What a benchmarker's review found: rank sets named no device yet hit network faults,
+    a padded tie earned near top-2, a plug-in that changed the table changed the next one's
+    answers, and a failing abstainer looked like a perfect healthy-job score."""
+    lay = {"tp": 2, "pp": 2}
+    scs = [
+        _sc(32, "3-D (tp,pp,dp)", "gpu_slow", "persistent", 5, iterations=6, layout=lay,
+            fault="gpu_slow:rank=9,severity=1.0,start=2"),
+        _sc(32, "3-D (tp,pp,dp)", "healthy", "", 5, iterations=6, layout=lay),
+    ]
+
+    def spread(ops, topology):  # a quarter of the job, named as no device
+        return [{"ranks": range(0, 32, 4)}, {"ranks": range(1, 32, 4)}]
+
+    def claims(ops, topology):  # a device, with ranks that are not its own
+        return [{"device": "gpu:node000/0", "ranks": range(32)}]
+
+    from holmes_ml.bench.localize import shortest_comm
+
+    def mutator(ops, topology):
+        ops["duration_us"] = -ops["duration_us"]
+        return shortest_comm(ops, topology)
+
+    def after(ops, topology):
+        return shortest_comm(ops, topology)
+
+    def series(ops, topology):
+        return ops.groupby("rank")["duration_us"].sum().sort_values()
+
+    def far(ops, topology):
+        return [10**6]
+
+    class Failing:
+        abstains = True
+
+        def __call__(self, ops, topology):
+            raise RuntimeError("no")
+
+    plugins = {"spread": spread, "claims": claims, "mutator": mutator, "after": after,
+               "series": series, "far": far, "failing": Failing()}
+    summary, _, trials = _accuracy(scs, plugins, workers=1, only=("shortest comm", *plugins))
+    by = {r["method"]: r for r in summary}
+    assert by["spread"]["errors"] == 2 and by["spread"]["top1"] == 0.0
+    assert by["claims"]["top1"] == 0.0  # scored by its device: rank 0's GPU, not rank 9's
+    assert by["after"]["top1"] == by["shortest comm"]["top1"] == 1.0  # its own copy
+    assert by["series"]["errors"] == 2 and by["far"]["errors"] == 2
+    assert by["failing"]["healthy_flagged"] == 1.0  # a failure is no healthy answer
+    said = trials.set_index("method")["error"]
+    assert "pandas Series" in said["series"].iloc[0] and "no device" in said["spread"].iloc[0]
+    assert "stands for no rank of this job" in said["far"].iloc[0]
+    named = trials[(trials["method"] == "after") & (trials["kind"] != "healthy")]["named"]
+    assert named.iloc[0].split(",")[0] == "9"  # what each plug-in answered is in the trials
+    with pytest.raises(ValueError, match="'holmes' is a built-in method's"):
+        _accuracy(scs[:1], {"holmes": after}, workers=1)
+
+
+def test_a_tie_padded_with_repeats_earns_one_share():
+    from holmes_ml.bench.localize import _top1_split
+    from holmes_ml.localize.types import Candidate, DeviceKind
+
+    def nic(dev: str, rank: int, tied: tuple[str, ...] = ()) -> Candidate:
+        return Candidate(kind=DeviceKind.NIC, device=dev, ranks=(rank,), hosts=("h",),
+                         score=0.5, tied_with=tied)
+
+    a, b = "nic:node000/0", "nic:node001/0"
+    padded = [nic(a, 0, (b,) * 99 + (a,)), nic(b, 8)]
+    assert _top1_split(padded, {8}) == 0.5
+
+
+def test_the_plugin_loader_explains_a_path_a_failing_import_and_a_class_needing_arguments(
+        tmp_path, monkeypatch):
+    from holmes_ml.bench.plugins import load_localizer
+
+    (tmp_path / "broken_mod.py").write_text("x = undefined_name\n")
+    (tmp_path / "needy_mod.py").write_text(
+        "class Loc:\n    def __init__(self, k):\n        self.k = k\n"
+        "    def __call__(self, ops, topology):\n        return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="is a file path; expected an importable module"):
+        load_localizer("./mymod.py:good")
+    with pytest.raises(ValueError, match="importing broken_mod raised NameError"):
+        load_localizer("broken_mod:x")
+    with pytest.raises(ValueError, match=r"made with no arguments, and Loc\(\) raised TypeError"):
+        load_localizer("needy_mod:Loc")

@@ -331,11 +331,15 @@ def _top1_split(suspects: list[Any], truth: set[int], topology: Any = None,
     probability (tied candidates naming it) / (size of the tie). Methods that declare no ties
     score as strict top-1.
     """
+    from holmes_ml.bench.plugins import suspect_device
+
     if not suspects:
         return 0.0
     top = suspects[0]
-    tied = list(getattr(top, "tied_with", ()) or ())
-    listed = {getattr(s, "device", None): s for s in suspects[1:]}
+    own = suspect_device(top)
+    # each other device once: a tie padded with repeats (or naming itself) earns no more
+    tied = list(dict.fromkeys(d for d in (getattr(top, "tied_with", ()) or ()) if d != own))
+    listed = {suspect_device(s): s for s in suspects[1:]}
     # A GPU is tied with its host (two readings of one rank's lateness): both name that rank.
     # A tied network device the verdict did not list (beyond top_k) names no one.
     same = top if getattr(getattr(top, "kind", None), "value", None) == "gpu" else None
@@ -379,6 +383,10 @@ def _methods(localizers: dict[str, Any] | None) -> dict[str, Any]:
         "NVRx relative": nvrx_relative,
         "HTA late start": hta_late_start,
     }
+    taken = sorted(set(localizers or {}) & set(methods))
+    if taken:
+        raise ValueError(f"localizer name {taken[0]!r} is a built-in method's; expected "
+                         "another name for a plug-in (its figures would replace the built-in's)")
     methods.update(localizers or {})
     return methods
 
@@ -437,7 +445,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
     ``holmes`` method localizes with (default: the bundled model); the scripts that re-draw the
     sweeps (``scripts/healthy_holdout.py``) score a model exactly as the bench does this way.
     """
-    from holmes_ml.bench.plugins import call_localizer, fault_breadth
+    from holmes_ml.bench.plugins import call_localizer, fault_breadth, suspect_device
     from holmes_ml.features import iteration_table
     from holmes_ml.localize import LocalizeConfig
     from holmes_ml.pipeline import analyze, localize_summaries, summarize_per_host
@@ -492,8 +500,12 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                                        config=cfg).candidates)
                 else:
                     sus = call_localizer(fn, ops, res.topology, sc["delta"])
+                    world = res.topology.world_size
                     for s in sus[:2]:  # a suspect of no known type is the method's error
-                        _suspect_ranks(s, res.topology)
+                        ranks = _suspect_ranks(s, res.topology)
+                        if not ranks or min(ranks) < 0 or max(ranks) >= world:
+                            raise ValueError(f"suspect {s!r} stands for no rank of this job "
+                                             f"(ranks 0-{world - 1}), or for others")
                 error = None
             except Exception as exc:  # noqa: BLE001 - a plug-in failing is a result, not a crash
                 logger.warning("%s failed on %s: %s", name, info, exc)
@@ -512,15 +524,16 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 # the best any log-only method can expect: one guess among the tied NICs
                 row["top1_bound"] = len(truth) / len(tied)
                 row["tied_nics"] = len(tied - truth)
-                row["device_top1"] = bool(sus) and getattr(sus[0], "device", None) in devices
-                row["device_top1_ties"] = bool(sus) and getattr(sus[0], "device", None) in alike
-                if isinstance(fn, str):
-                    row["truth"] = ",".join(sorted(devices))
+                first = suspect_device(sus[0]) if sus else None
+                row["names_devices"] = first is not None
+                row["device_top1"] = first in devices
+                row["device_top1_ties"] = first in alike
+                row["truth"] = ",".join(sorted(devices))
             else:
-                # a ranking plug-in always names someone; one that may abstain says so
-                row["flagged"] = bool(sus) if _abstains(fn) else True
-            if _abstains(fn):
-                row["named"] = ",".join(str(getattr(c, "device", c)) for c in sus[:2])
+                # a ranking plug-in always names someone; one that may abstain says so (and
+                # one that failed gave no healthy answer either)
+                row["flagged"] = bool(sus) or error is not None if _abstains(fn) else True
+            row["named"] = ",".join(str(suspect_device(c) or c) for c in sus[:2])
             rows.append(row)
     return rows, unobservable
 
@@ -641,7 +654,7 @@ def _accuracy(
                               "top2": round(float(sub["top2"].mean()), 3),
                               "top1_ties": round(float(sub["top1_ties"].mean()), 3),
                               "peak_ratio": round(float(sub["peak_ratio"].median()), 3)})
-            if "truth" in sub.columns and sub["truth"].notna().all():  # names devices
+            if "names_devices" in sub.columns and sub["names_devices"].fillna(False).any():
                 breakdown[-1].update(
                     device_top1=round(float(sub["device_top1"].mean()), 3),
                     device_top1_ties=round(float(sub["device_top1_ties"].mean()), 3))

@@ -5,13 +5,20 @@ A localizer is any Python callable (a function, or an instance of a class with `
     def my_localizer(ops: pandas.DataFrame, topology: holmes_ml.topology.Topology) -> list:
         ...
 
-It receives the canonical CommOps table of one simulated job **without** the label columns, and
-the job's topology, and returns its suspects best first. Each suspect may be
+It receives a copy of the canonical CommOps table of one simulated job **without** the label
+columns, and the job's topology, and returns a list (or any iterable; ``None``: no suspect) of
+its suspects best first. Each suspect may be
 
 * an integer (``int`` or a numpy integer) — a global rank (read as "the GPU of that rank"),
 * a ``str`` device id — ``gpu:H/g``, ``nic:H/g``, ``host:H``, ``switch:...``, ``link:...``
   (see :mod:`holmes_ml.topology`),
-* an object with a ``ranks`` attribute (such as :class:`holmes_ml.localize.Candidate`).
+* an object with ``ranks`` and ``device`` attributes (such as
+  :class:`holmes_ml.localize.Candidate`), or a dict with those keys: scored as its device. Without
+  a device it may hold one rank only: any set of ranks would share one with some fault.
+
+A suspect outside the job (a rank beyond its world, a device it does not have), one of another
+type, a pandas Series (iterated, it would give its values, not its labels) or a single suspect
+instead of a list is that method's error, counted in the results.
 
 The benchmark scores a suspect by the ranks it stands for (:func:`names_fault`): it hits when it
 shares a rank with the faulty device and stands for no more ranks than that device
@@ -67,12 +74,23 @@ def load_localizer(spec: str) -> Localizer:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--localizer {spec!r}: expected 'module:attribute', e.g. 'mypkg.loc:rank_it'")
+    if module_name.endswith(".py") or "/" in module_name or module_name.startswith("."):
+        raise ValueError(f"--localizer {spec!r}: {module_name!r} is a file path; expected an "
+                         "importable module name (mymod:fn, with mymod.py's directory on "
+                         "PYTHONPATH)")
     try:
         obj: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"--localizer {spec!r}: cannot import it ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed while importing
+        raise ValueError(f"--localizer {spec!r}: importing {module_name} raised "
+                         f"{type(exc).__name__}: {exc}") from exc
     if inspect.isclass(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001 - whatever the class's __init__ raises
+            raise ValueError(f"--localizer {spec!r}: a class is made with no arguments, and "
+                             f"{attr}() raised {type(exc).__name__}: {exc}") from exc
     if not callable(obj):
         raise ValueError(f"--localizer {spec!r}: {type(obj).__name__} is not callable")
     try:  # checked now, not as a failure on every trial of a long run
@@ -102,10 +120,23 @@ def takes_delta(localizer: Any) -> bool:
 
 def call_localizer(localizer: Any, ops: pd.DataFrame, topology: Topology,
                    delta: float) -> list[Any]:
-    """The suspects ``localizer`` names for one job, telling it ``delta`` when it takes it."""
-    if takes_delta(localizer):
-        return list(localizer(ops, topology, delta=delta))
-    return list(localizer(ops, topology))
+    """The suspects ``localizer`` names for one job, telling it ``delta`` when it takes it.
+
+    It gets a copy of ``ops`` (a plug-in that changed the table would change what the next
+    method reads). ``None`` is no suspect; one suspect, or a pandas object (whose values a
+    list would take, not its labels), is refused with a TypeError saying what to return.
+    """
+    kwargs = {"delta": delta} if takes_delta(localizer) else {}
+    got = localizer(ops.copy(), topology, **kwargs)
+    if got is None:
+        return []
+    if isinstance(got, (pd.Series, pd.DataFrame, pd.Index)):
+        raise TypeError(f"localizer returned a pandas {type(got).__name__}; expected a list of "
+                        "suspects best first (e.g. series.index.tolist() for its labels)")
+    if isinstance(got, (str, bytes, dict, numbers.Number)) or hasattr(got, "ranks"):
+        raise TypeError(f"localizer returned one suspect ({type(got).__name__}); expected a "
+                        "list of suspects best first")
+    return list(got)
 
 
 def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
@@ -113,8 +144,11 @@ def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
     device id; or a candidate)."""
     if isinstance(suspect, numbers.Integral) and not isinstance(suspect, (bool, np.bool_)):
         return frozenset([int(suspect)])
-    if isinstance(suspect, str):
-        return frozenset(int(r) for r in topology.ranks_on(suspect))
+    device = suspect_device(suspect)
+    if isinstance(suspect, str) or (device is not None and topology is not None):
+        # a candidate stands for its device, whatever ranks it lists (without a topology, a
+        # test's, for the ranks it lists)
+        return frozenset(int(r) for r in topology.ranks_on(device))
     ranks = getattr(suspect, "ranks", None)
     if ranks is None and isinstance(suspect, dict):
         ranks = suspect.get("ranks")
@@ -123,7 +157,27 @@ def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
             f"localizer returned a suspect of type {type(suspect).__name__}; expected an int rank, "
             "a device id string or an object with .ranks"
         )
-    return frozenset(int(r) for r in ranks)
+    out = frozenset(int(r) for r in ranks)
+    if len(out) > 1:
+        # any set of ranks would name every fault it shares a rank with
+        raise TypeError(f"localizer returned a suspect of {len(out)} ranks and no device; "
+                        "expected one rank, or a device (a device id string, or .device "
+                        "beside .ranks) that stands for several")
+    return out
+
+
+def suspect_device(suspect: Any) -> str | None:
+    """The device id a suspect names (a device id string, or a candidate's ``device``), or
+    ``None`` for a bare rank."""
+    if isinstance(suspect, str):
+        return suspect
+    if isinstance(suspect, dict):
+        device = suspect.get("device")
+    elif hasattr(suspect, "ranks"):  # a candidate (numpy scalars have a .device too: "cpu")
+        device = getattr(suspect, "device", None)
+    else:
+        device = None
+    return str(device) if device else None
 
 
 def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topology,
@@ -138,8 +192,6 @@ def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topolo
     -------
     >>> names_fault(5, {5}, topology=None), names_fault(6, {5}, topology=None)
     (True, False)
-    >>> names_fault(type("Host", (), {"ranks": range(8)})(), {5}, None, widest=1)
-    False
     """
     ranks = suspect_ranks(suspect, topology)
     return bool(ranks & truth) and (widest is None or len(ranks) <= widest)
