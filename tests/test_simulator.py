@@ -333,3 +333,15 @@ def test_an_unpinned_link_fault_finds_a_link_that_traffic_crosses(seed) -> None:
     with pytest.raises(ValueError, match="no traffic of any rank crosses a leaf-spine link"):
         simulate(SimConfig(gpus=8, iterations=4, seed=seed,
                            faults=(FaultSpec.parse("link_slow:severity=2"),)))
+
+
+@pytest.mark.parametrize("seed", [2, 4, 6, 10, 11])
+def test_an_unpinned_nic_fault_finds_a_nic_that_traffic_crosses(seed) -> None:
+    # a data-parallel ring of 4 ranks per host leaves each host through 2 of their NICs: a
+    # drawn middle member's NIC carries nothing, and these seeds were refused as if no
+    # traffic left any host (two jobs of the bench's noisy sweep were skipped so)
+    res = simulate(SimConfig(gpus=64, model="llama2-7b", tp=2, pp=1, iterations=4, seed=seed,
+                             faults=(FaultSpec.parse("nic_slow:severity=2,start=1"),)))
+    (fault,) = res.faults
+    assert len(fault.devices) == 1 and fault.devices[0].startswith("nic:")
+    assert res.ops["affected"].any()

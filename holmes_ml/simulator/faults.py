@@ -181,6 +181,17 @@ def resolve_faults(
                     for key, idx in _crossing(cluster, dev, ranks).items():
                         slowed[key] = np.union1d(slowed.get(key, np.empty(0, np.int64)), idx)
                 if not slowed and not spec.ranks and spec.device is None:
+                    # a drawn rank whose groups leave the host through other ranks' NICs (a
+                    # ring's middle members): another drawn rank whose NIC carries traffic
+                    for other in rng.permutation(cluster.world):
+                        found = _crossing(cluster, topo.nic_of(int(other)),
+                                          np.asarray([other], dtype=np.int64))
+                        if found:
+                            ranks = np.asarray([other], dtype=np.int64)
+                            devices = (topo.nic_of(int(other)),)
+                            slowed = found
+                            break
+                if not slowed and not spec.ranks and spec.device is None:
                     raise ValueError(_idle_network(i, kind))
                 if not slowed:  # as for a switch or link below: say so, not a silent no-op
                     logger.warning("fault %d (%s on %s) crosses no traffic of this job (its "
