@@ -323,6 +323,12 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     assert write_trials(trials, tmp_path) == TRIALS_FILE
     back = pd.read_csv(tmp_path / TRIALS_FILE)
     assert len(back) == len(trials) and {"method", "seed", "top1", "error"} <= set(back)
+    # a row rebuilds its job: the layout (as JSON), the iterations and the target ratio
+    import json
+
+    row = back[back["method"] == "shortest"].iloc[0].to_dict()
+    assert json.loads(row["layout"]) == lay and row["iterations"] == 6
+    assert by["shortest"]["median_seconds"] >= 0
 
 
 def test_run_reports_a_plugins_figures_and_writes_every_trial(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ Parquet size of the summary versus the raw operator log.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
 import time
@@ -511,6 +512,9 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 logger.warning("%s failed on %s: %s", name, info, exc)
                 sus, error = [], f"{type(exc).__name__}: {exc}"[:300]
             row = {**info, "method": name, "severity": severity,
+                   # what rebuilds the job (bl._sim_config of the row, layout parsed)
+                   "iterations": sc["iterations"], "target": sc.get("target"),
+                   "layout": json.dumps(sc["layout"], sort_keys=True),
                    "peak_ratio": round(peak, 4), "sim_seconds": round(t_sim, 3),
                    "seconds": time.perf_counter() - t0, "error": error}
             if truth:
@@ -543,13 +547,13 @@ TRIALS_FILE = "localize-trials.csv.gz"
 
 
 def write_trials(trials: pd.DataFrame, out_dir: Any) -> str:
-    """Write one row per trial and method (its scenario, severity, peak ratio, the scores and
-    the error of a method that failed) to :data:`TRIALS_FILE` in ``out_dir``, to recompute a
-    figure or compare two methods trial by trial; returns the file name."""
+    """Write one row per trial and method (its scenario, with its layout as JSON, iterations
+    and target ratio; severity, peak ratio, what the method named first and second, the scores
+    and the error of a method that failed) to :data:`TRIALS_FILE` in ``out_dir``, to recompute
+    a figure, rebuild a job or compare two methods trial by trial; returns the file name."""
     from pathlib import Path
 
-    trials.drop(columns=["layout"], errors="ignore").to_csv(Path(out_dir) / TRIALS_FILE,
-                                                            index=False)
+    trials.to_csv(Path(out_dir) / TRIALS_FILE, index=False)
     return TRIALS_FILE
 
 
@@ -636,7 +640,10 @@ def _accuracy(
                         "healthy_flagged_ci95": _ci(int(healthy["flagged"].sum()), len(healthy))
                         if len(healthy) else None,
                         # trials it failed on (scored as misses, healthy jobs as not flagged)
-                        "errors": int(df.loc[df["method"] == name, "error"].notna().sum())})
+                        "errors": int(df.loc[df["method"] == name, "error"].notna().sum()),
+                        # what a method costs per job (a plug-in's own time included)
+                        "median_seconds": round(float(
+                            df.loc[df["method"] == name, "seconds"].median()), 3)})
         on_noise = noisy[noisy["method"] == name]
         if len(on_noise):
             k = int(on_noise["top1"].sum())
