@@ -145,7 +145,7 @@ def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
     if isinstance(suspect, numbers.Integral) and not isinstance(suspect, (bool, np.bool_)):
         return frozenset([int(suspect)])
     device = suspect_device(suspect)
-    if isinstance(suspect, str) or (device is not None and topology is not None):
+    if device is not None and (isinstance(suspect, str) or topology is not None):
         # a candidate stands for its device, whatever ranks it lists (without a topology, a
         # test's, for the ranks it lists)
         return frozenset(int(r) for r in topology.ranks_on(device))
