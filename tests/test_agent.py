@@ -81,23 +81,7 @@ def test_agent_csv_incremental_reads_partial_lines(tmp_path):
 
 
 def test_agent_reads_other_formats_whole_and_survives_a_bad_file(tmp_path):
-    import tarfile
-    from pathlib import Path
-
-    import pytest
-
-    real = Path(__file__).resolve().parents[1] / ".." / "shared" / "realdata"
-    if not real.exists():  # a clone elsewhere than next to the shared data
-        real = Path("/work/shared/realdata")
-    tars = sorted((real / "kineto-param-dlrm-8rank").glob("*.tar.gz"))
-    if not tars:
-        pytest.skip("../shared/realdata/kineto-param-dlrm-8rank is absent")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with tarfile.open(tars[0]) as tf:
-        tf.extractall(tmp_path / "x", filter="data")
-    for p in (tmp_path / "x").rglob("*.json"):
-        (logs / p.name).write_bytes(p.read_bytes())
+    logs = _kineto_job(tmp_path)
     ops = make_ops(seed=13, ranks=2, iterations=3)
     ops.to_json(logs / "native.jsonl.gz", orient="records", lines=True, compression="gzip")
     agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
@@ -503,7 +487,13 @@ def test_a_nodes_own_hostless_ranks_keep_its_name(tmp_path, caplog):
     assert not [r for r in caplog.records if "name no host" in r.getMessage()]
 
 
-REALDATA = Path("/work/shared/realdata/bytedance-whatif")
+def _realdata() -> Path:
+    """../shared/realdata beside the clone, else where this machine keeps it."""
+    real = Path(__file__).resolve().parents[1] / ".." / "shared" / "realdata"
+    return real if real.exists() else Path("/work/shared/realdata")
+
+
+REALDATA = _realdata() / "bytedance-whatif"
 
 
 @pytest.mark.skipif(not REALDATA.exists(), reason="real traces not available")
@@ -547,9 +537,9 @@ def _kineto_job(tmp_path) -> Path:
     """The 8 ranks' Kineto traces of the real DLRM job, unpacked into ``tmp_path/logs``."""
     import tarfile
 
-    tars = sorted(Path("/work/shared/realdata/kineto-param-dlrm-8rank").glob("*.tar.gz"))
+    tars = sorted((_realdata() / "kineto-param-dlrm-8rank").glob("*.tar.gz"))
     if not tars:
-        pytest.skip("/work/shared/realdata/kineto-param-dlrm-8rank is absent")
+        pytest.skip("../shared/realdata/kineto-param-dlrm-8rank is absent")
     logs = tmp_path / "logs"
     logs.mkdir()
     with tarfile.open(tars[0]) as tf:

@@ -225,6 +225,10 @@ def bad_labels(labels: Any) -> tuple[Any, Any]:
     if pd.api.types.is_numeric_dtype(labels):
         v = labels.to_numpy(dtype=np.float64, na_value=np.nan)
         return v == 1, ~((v == 0) | (v == 1))
-    text = labels.map(_label_text, na_action="ignore").to_numpy(dtype=object)
+    try:  # each distinct value spelled once (a column of millions holds a handful of them)
+        spelled: Any = {v: _label_text(v) for v in pd.unique(labels.dropna())}
+    except TypeError:  # unhashable values (a JSON list): spelled one by one
+        spelled = _label_text
+    text = labels.map(spelled, na_action="ignore").to_numpy(dtype=object)
     y = np.isin(text, TRUE_LABELS)
     return y, ~(y | np.isin(text, FALSE_LABELS))

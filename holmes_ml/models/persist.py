@@ -80,7 +80,9 @@ def fitted_facts(model: Any) -> dict[str, Any]:
     """What ``model`` chose when it was fitted, as JSON-able values: its decision threshold
     and, for a tuned one, the tuned parameters, their out-of-fold F1, the trials it chose
     among and its study's name (of a screened or drift-aware wrapper: its detector's)."""
-    inner = getattr(model, "detector_", None) or getattr(model, "detector", None)
+    inner = getattr(model, "detector_", None)
+    if inner is None:  # (not `or`: an ensemble's truth is its length)
+        inner = getattr(model, "detector", None)
     out: dict[str, Any] = {}
     for obj in (inner, model):
         for name in _FITTED_FACTS:

@@ -95,7 +95,7 @@ class _Objective:
 _MIN_GROUPS = 5
 
 
-def _row_groups(values: Any, y: np.ndarray, name: str = "groups") -> np.ndarray:
+def _per_row(values: Any, y: np.ndarray, name: str = "groups") -> np.ndarray:
     """``values`` (one per row) as an array, or a ValueError naming ``name``."""
     g = np.asarray(values)
     if len(g) != len(y):
@@ -224,8 +224,8 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
             )
         self.classes_ = classes
         y01 = (ya == classes[1]).astype(np.int64)
-        runs = None if groups is None else _row_groups(groups, ya)
-        weights = None if threshold_weights is None else _row_groups(
+        runs = None if groups is None else _per_row(groups, ya)
+        weights = None if threshold_weights is None else _per_row(
             threshold_weights, ya, "threshold_weights").astype(np.float64)
         rng = np.random.default_rng(self.random_state)
         idx = np.arange(len(y01))

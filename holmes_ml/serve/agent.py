@@ -623,8 +623,7 @@ class Agent:
         self._say = self.say or logger.info
         #: whether a batch was delivered, and whether attempts failed since the last one
         self._delivered = False
-        self._failing = False
-        self._failing_for = 0
+        self._failing_for = 0  # failed attempts since the last delivery
         self._job_said = False  # (a job column naming another job than --job was told)
         self._hostless_said = False  # (the placement of hostless ranks by rank was told)
         #: files that could not be read, with why (cleared when a file reads again)
@@ -1219,7 +1218,7 @@ class Agent:
                 self.stats.batches_rejected += 1
                 continue
             self.outbox.mark(seq, "acked")
-            if not self._delivered or self._failing:
+            if not self._delivered or self._failing_for:
                 self._say_delivered(len(queue))
             self._resend_facts(r)
             self.last_error = None
@@ -1240,7 +1239,6 @@ class Agent:
             self._say(f"delivering to {self.config.server} again: the service answered "
                       f"after {self._failing_for} failed attempt(s){more}")
         self._delivered = True
-        self._failing = False
         self._failing_for = 0
 
     def _resend_facts(self, r: Any) -> None:
@@ -1327,7 +1325,6 @@ class Agent:
         longer before the next."""
         self.last_error = why
         self.stats.failures += 1
-        self._failing = True
         self._failing_for += 1
         logger.warning("service %s %s (%s); retrying in %.1fs", self.config.server, state,
                        why, self._backoff)
