@@ -406,10 +406,28 @@ def test_a_run_over_an_outbox_with_rejected_batches_says_so(tmp_path, caplog):
         again = Agent(cfg, summarize=fallback_summarize)
         with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
             again.run(once=True)
+        kept = again.outbox.counts()
         again.close()
         said = caplog.text
         assert "holds 1 batch(es) the service refused in earlier runs" in said, said
         assert "receives raw data" in said, said
+        assert "--resend-rejected" in said, said
+        assert kept.get("rejected") == 1, kept
+        # the cause fixed on the service's side (the raw job deleted), the refused batch is
+        # sent again on request, its content as it was
+        assert httpx.delete(srv.url + "/v1/jobs/rawjob", headers=auth()).status_code == 200
+        lines: list[str] = []
+        third = Agent(dataclasses.replace(cfg, resend_rejected=True), summarize=fallback_summarize,
+                      say=lines.append)
+        third.run(once=True)
+        counts = third.outbox.counts()
+        third.close()
+        assert any("sending again 1 batch(es)" in line and "raw data" in line
+                   for line in lines), lines
+        assert counts.get("rejected", 0) == 0 and counts.get("queued", 0) == 0, counts
+        assert third.stats.batches_sent == 1 and third.stats.batches_rejected == 0
+        job = httpx.get(srv.url + "/v1/jobs/rawjob").json()
+        assert job["records"] == len(ops), job
     finally:
         srv.stop()
 

@@ -140,6 +140,11 @@ def register(app: typer.Typer) -> None:
                                           "(held back until a later one is logged) is shipped "
                                           "as it stands; rows of it logged later ship it "
                                           "again, whole (> 0)."),
+        resend_rejected: bool = typer.Option(False, "--resend-rejected", help="Send again "
+                                             "the batches the service refused in earlier "
+                                             "runs (kept in the outbox, named at start), "
+                                             "once the cause is fixed on the service's side, "
+                                             "e.g. a job that held raw records deleted."),
     ) -> None:
         """Follow a node's CommOps logs and ship summaries to `holmes serve`.
 
@@ -155,7 +160,7 @@ def register(app: typer.Typer) -> None:
         cfg = AgentConfig(follow=follow, server=server, job=job, token=_token(token),
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
                           outbox=outbox, poll_s=poll, once_retry_s=retry_for,
-                          flush_after_s=flush_after)
+                          flush_after_s=flush_after, resend_rejected=resend_rejected)
         cfg.check()  # before the model is loaded: a typo fails at once, in one `error:` line
         topo = None
         if topology is not None:
@@ -230,7 +235,8 @@ def register(app: typer.Typer) -> None:
             typer.secho(f"error: the service refused {s.batches_rejected} batch(es)"
                         + (" and the topology" if agent.topology_refused else "")
                         + f" (see the log above; refused batches are kept as 'rejected' in "
-                        f"{cfg.outbox_path})", err=True, fg=typer.colors.RED)
+                        f"{cfg.outbox_path}; --resend-rejected sends them again once the "
+                        "cause is fixed)", err=True, fg=typer.colors.RED)
             status = 1
         if status:
             raise typer.Exit(status)

@@ -97,6 +97,9 @@ class AgentConfig:
         Following: once no log has grown for this many seconds, each rank's last iteration
         (held back until the rank logs a later one) is shipped as it stands; rows of it logged
         later ship it again, whole (the service replaces it).
+    resend_rejected:
+        Queue the batches the service refused in earlier runs again before sending (once the
+        cause is fixed on the service's side, e.g. a job that held raw records deleted).
     """
 
     follow: Path
@@ -112,6 +115,7 @@ class AgentConfig:
     timeout_s: float = 30.0
     once_retry_s: float = 30.0
     flush_after_s: float = 30.0
+    resend_rejected: bool = False
 
     def check(self) -> None:
         """Refuse impossible numbers (raises ``ValueError`` naming the option and the value)."""
@@ -310,6 +314,14 @@ class Outbox:
         row = self.db.execute("SELECT error FROM outbox WHERE state='rejected' "
                               "ORDER BY seq DESC LIMIT 1").fetchone()
         return None if row is None else str(row[0])
+
+    def requeue_rejected(self) -> int:
+        """Queue the batches the service refused again (their bodies are kept); returns how
+        many. They go first, in their order: a seq the service has passed is renumbered when
+        it says so, as for any queued batch."""
+        cur = self.db.execute("UPDATE outbox SET state='queued', error=NULL "
+                              "WHERE state='rejected'")
+        return int(cur.rowcount)
 
     def renumber(self, after: int) -> int:
         """Give the queued batches seqs (and batch ids) greater than ``after`` and than every
@@ -1363,10 +1375,17 @@ class Agent:
         was read is flushed to the outbox and sent once more before returning.
         """
         self._say(self.starting_message)
-        if self.rejected_before:
+        if self.rejected_before and self.config.resend_rejected:
+            last = (self.outbox.last_rejection() or "")[:300]
+            n = self.outbox.requeue_rejected()
+            self._say(f"sending again {n} batch(es) the service refused in earlier runs "
+                      f"(the last refusal: {last})")
+        elif self.rejected_before:
             logger.warning("the outbox %s holds %d batch(es) the service refused in earlier "
-                           "runs, not sent again (the last: %s)", self.config.outbox_path,
-                           self.rejected_before, (self.outbox.last_rejection() or "")[:300])
+                           "runs, not sent again (the last: %s); fix the cause on the "
+                           "service's side and run the agent with --resend-rejected to send "
+                           "them", self.config.outbox_path, self.rejected_before,
+                           (self.outbox.last_rejection() or "")[:300])
         if once:
             self._empty_said = True  # no logs at all: the caller of a one-shot run says so
             self.read_new()
