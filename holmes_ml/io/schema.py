@@ -288,6 +288,13 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
     bad = numeric.isna().to_numpy() | ~np.isfinite(numeric.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = _first_bad(bad)
+        if pd.isna(col.iloc[i]):
+            # nothing there (a JSON line without the key, an empty CSV field; readers give
+            # these as NaN, as they do a written 'nan'): no value to show
+            raise SchemaError(
+                "missing value (or NaN)", source=source, column=column, row=i, value=None,
+                expected="the peer's rank on every send and recv" if column == "peer"
+                else f"a finite {kind} on every row")
         raise SchemaError(
             "not a number", source=source, column=column, row=i, value=shown(col.iloc[i]),
             expected=f"a finite {kind}",
@@ -397,6 +404,11 @@ def validate(
             expected="columns " + ", ".join(REQUIRED_COLUMNS),
         )
     df = df.reset_index(drop=True)
+    if "peer" in df.columns and df["peer"].isna().any():
+        # a collective has no peer: a row leaving it out (a JSON line without the key, an
+        # empty CSV field) means -1, as the column left out does; a send/recv needs one
+        p2p = df["op"].astype(str).str.strip().str.lower().isin(P2P_OPS)
+        df = df.assign(peer=df["peer"].where(p2p | df["peer"].notna(), -1))
     out: dict[str, pd.Series] = {}
     for column, kind in {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}.items():
         if column in df.columns:
