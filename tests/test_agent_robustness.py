@@ -38,9 +38,11 @@ def _write_good(logs, ops):
 def _write_bad(logs, ops):
     first = ops.iloc[:1].to_json(orient="records", lines=True).strip()
     # (a line that is no JSON is skipped as torn; a record of an unknown op is refused)
-    (logs / "bad.jsonl").write_text(first + "\n" + first.replace('"all_reduce"', '"gossip"')
-                                    .replace('"reduce_scatter"', '"gossip"')
-                                    .replace('"all_gather"', '"gossip"') + "\n")
+    # (one bad row among good ones is set aside, the rest read; here half the rows are bad,
+    # and the file is refused whole)
+    gossip = (first.replace('"all_reduce"', '"gossip"').replace('"reduce_scatter"', '"gossip"')
+              .replace('"all_gather"', '"gossip"'))
+    (logs / "bad.jsonl").write_text(first + "\n" + gossip + "\n" + gossip + "\n")
     ops.to_parquet(logs / "whole.parquet")
     (logs / "trunc.parquet").write_bytes((logs / "whole.parquet").read_bytes()[:3000])
     (logs / "whole.parquet").unlink()
@@ -230,9 +232,53 @@ def test_a_bad_value_is_named_by_its_file_line_and_the_file_once(tmp_path, suffi
     proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
                      "--once", "--retry-for", "0.2", "--model", "rule")
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    error = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert error == [f"error: {path}: column 'nbytes', line {line}: not a number (got 'lots'; "
-                     "expected a finite int)"], proc.stderr
+    error = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"error: {path}")]
+    # the row is set aside, the file's other rows read (and queued: the service is down)
+    assert error == [f"error: {path}: 1 row(s) set aside, the rest shipped: column 'nbytes', "
+                     f"line {line}: not a number (got 'lots'; expected a finite int)"], \
+        proc.stderr
+    assert "1 batch kept in the outbox" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_bad_row_in_a_followed_log_is_set_aside_and_the_rows_after_it_ship(
+        tmp_path, caplog, suffix):
+    """One bad row (an unknown op; a torn CSV line run into the next, of more fields) kept the
+    whole file unread from it on, however much its writer added after it."""
+    ops = make_ops(seed=31, ranks=2, iterations=6)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / f"all{suffix}"
+
+    def text(part) -> str:
+        if suffix == ".csv":
+            return part.to_csv(index=False, header=False)
+        return part.to_json(orient="records", lines=True)
+
+    head = ops[ops["iteration"] < 3]
+    if suffix == ".csv":
+        path.write_text(head.to_csv(index=False))
+        bad = "3,1,all_red" + text(head.iloc[:1])  # a line torn, then a whole record after it
+    else:
+        path.write_text(text(head))
+        bad = text(head.iloc[:1]).replace('"op":"' + str(head["op"].iloc[0]), '"op":"gossip')
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "aside")
+    try:
+        agent.step()
+        bad_line = len(path.read_text().splitlines()) + 1
+        with path.open("a") as fh:
+            fh.write(bad + text(ops[ops["iteration"] >= 3]))
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            agent.run(once=True)
+        said = caplog.text
+        assert f"line {bad_line}" in said, said
+        assert agent.bad_files == {}
+        assert list(agent.rows_set_aside) == ([path] if suffix == ".jsonl" else [])
+        assert httpx.get(srv.url + "/v1/jobs/aside").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
 
 
 def test_rows_that_contradict_earlier_files_are_set_aside_naming_both(tmp_path, caplog):

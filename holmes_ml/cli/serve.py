@@ -130,8 +130,9 @@ def register(app: typer.Typer) -> None:
                                   "(a wrong --server: a 404, a proxy's page) or refused "
                                   "something (unsent batches stay in the outbox for the next "
                                   "run), 2 when a log file "
-                                  "could not be read (the others are shipped) or there is "
-                                  "none."),
+                                  "or some of its rows could not be read (the rest is "
+                                  "shipped, each bad row named by its line) or there is "
+                                  "no log (2 also when 1 applies)."),
         retry_for: float = typer.Option(30.0, "--retry-for", help="With --once: seconds to "
                                         "keep retrying an unreachable service before giving "
                                         "up (without --once the agent retries forever)."),
@@ -215,6 +216,11 @@ def register(app: typer.Typer) -> None:
         for path, why in agent.bad_files.items():
             typer.secho(f"error: {path}: {why}", err=True, fg=typer.colors.RED)
             status = 2
+        for path, rows in agent.rows_set_aside.items():
+            typer.secho(f"error: {path}: {len(rows)} row(s) set aside, the rest shipped: "
+                        + "; ".join(rows[:3]) + (" ..." if len(rows) > 3 else ""), err=True,
+                        fg=typer.colors.RED)
+            status = 2
         if unsent or agent.topology_pending:
             what = f"{unsent} batch{'es' if unsent != 1 else ''}"
             if agent.topology_pending:
@@ -230,14 +236,14 @@ def register(app: typer.Typer) -> None:
             typer.secho(f"error: {why}: {what} kept in the outbox "
                         f"{cfg.outbox_path}; run the agent again to send them", err=True,
                         fg=typer.colors.RED)
-            status = 1
+            status = max(status, 1)  # an unreadable log (2) stays the first thing to fix
         if s.batches_rejected or agent.topology_refused:
             typer.secho(f"error: the service refused {s.batches_rejected} batch(es)"
                         + (" and the topology" if agent.topology_refused else "")
                         + f" (see the log above; refused batches are kept as 'rejected' in "
                         f"{cfg.outbox_path}; --resend-rejected sends them again once the "
                         "cause is fixed)", err=True, fg=typer.colors.RED)
-            status = 1
+            status = max(status, 1)
         if status:
             raise typer.Exit(status)
 

@@ -31,6 +31,7 @@ import math
 import re
 import socket
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -397,6 +398,8 @@ class _FileState:
     bad: tuple[Any, ...] | None = None
     #: file line of the first row of the chunk read last (None for Parquet: rows, not lines)
     chunk_line: int | None = None
+    #: file lines of that chunk that gave no row (torn, or more fields than the header)
+    chunk_skipped: list[int] = field(default_factory=list)
     #: a table that is not a CommOps log (another tool's CSV): never read
     ignored: bool = False
     #: the file's inode when read last: another one under the name is a rotated log
@@ -435,12 +438,13 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     state.offset += len(data)
     state.lines += data.count(b"\n")
     state.chunk_line = first_line
+    state.chunk_skipped = []
     if path.suffix == ".jsonl":
         try:
             return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
         except ValueError as exc:
             # lines that are no JSON object are skipped, each named by its line of the file
-            records = _json_lines_skipping_torn(path, data, first_line)
+            records = _json_lines_skipping_torn(path, data, first_line, state.chunk_skipped)
             if records is None:  # every line is one: pandas' own reason stands
                 raise ValueError(str(exc)) from exc
             return records
@@ -453,17 +457,103 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     if state.header is None:
         first, _, data = data.partition(b"\n")
         state.header = first.decode().strip().split(",")
-        state.chunk_line = first_line + 1
+        state.chunk_line = first_line = first_line + 1
         if not data.strip():
             return None
-    return pd.read_csv(io.BytesIO(data), names=state.header, header=None)
+    try:
+        with warnings.catch_warnings():
+            # more fields than the header on the first line: pandas would take the first ones
+            # as an index (shifting every column), or with index_col=False drop the rest
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            return pd.read_csv(io.BytesIO(data), names=state.header, header=None,
+                               index_col=False)
+    except (pd.errors.ParserError, pd.errors.ParserWarning):
+        # a line of more fields than the header (two records run together when a writer
+        # died mid-line): skipped, named by its line of the file, rather than the whole chunk
+        return _csv_skipping_ragged(path, data, state.header, first_line, state.chunk_skipped)
+
+
+def _csv_skipping_ragged(path: Path, data: bytes, header: list[str], first_line: int,
+                         skipped: list[int]) -> pd.DataFrame:
+    """The rows of CSV lines ``data`` without the lines holding more fields than ``header``
+    (or no text), each named in a warning and appended to ``skipped``; raises the parser's
+    error when there is none such."""
+    import csv
+
+    kept = []
+    for number, line in enumerate(data.split(b"\n"), first_line):
+        if not line.strip():
+            continue
+        try:
+            fields = next(csv.reader([line.decode()]))
+        except (UnicodeDecodeError, csv.Error):
+            fields = None
+        if fields is None or len(fields) > len(header):
+            skipped.append(number)
+        else:
+            kept.append(line)
+    if not skipped:
+        return pd.read_csv(io.BytesIO(data), names=header, header=None, index_col=False)
+    logger.warning("agent: %s: %d line(s) of more fields than the header's %d (or not text) "
+                   "skipped (line %s): torn when a writer died?", path, len(skipped),
+                   len(header), ", ".join(map(str, skipped[:5]))
+                   + (" ..." if len(skipped) > 5 else ""))
+    if not kept:
+        return pd.DataFrame(columns=header)
+    return pd.read_csv(io.BytesIO(b"\n".join(kept) + b"\n"), names=header, header=None,
+                       index_col=False)
 
 
 #: Bytes of a followed log read at most per poll.
 _MAX_CHUNK = 64 << 20
 
 
-def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int
+#: Rows of one chunk of a followed log set aside at most (and fewer than half of it): more, and
+#: the chunk is refused whole, the file set aside until it changes (not a log of this schema).
+_MAX_SET_ASIDE = 20
+
+
+def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
+                skipped: Sequence[int] = ()) -> tuple[pd.DataFrame, list[str]]:
+    """``df`` validated, and why each of its few bad rows (an unknown op, a torn line's
+    missing fields, a value of the wrong type) was set aside, naming it by its line of the file
+    (``first_line``: the file line of the chunk's first row, ``skipped`` the chunk's lines
+    that gave no row; ``first_line`` None: a Parquet file, by row).
+
+    Left in, one bad row would keep the file unread from it on, whatever its writer adds.
+    Raises the first error when it is no row's (a missing column) or when more than
+    :data:`_MAX_SET_ASIDE` rows, or half the chunk, are bad.
+    """
+    lines = np.arange(len(df)) + (first_line if first_line is not None else 0)
+    for line in sorted(skipped):  # the rows after a line that gave none sit a line further
+        lines[lines >= line] += 1
+    aside: list[str] = []
+    first: SchemaError | None = None
+    while True:
+        try:
+            out = validate(df, source=str(path))
+            break
+        except SchemaError as exc:
+            if first is None:
+                first = exc if first_line is None or exc.row is None or exc.line is not None \
+                    or not 0 <= exc.row < len(lines) else exc.at(line=int(lines[exc.row]))
+            if (exc.row is None or not 0 <= exc.row < len(df)
+                    or len(aside) >= min(_MAX_SET_ASIDE, (len(lines) + len(aside)) // 2)):
+                raise first from None
+            aside.append(str(SchemaError(
+                exc.message, column=exc.column, value=exc.value, expected=exc.expected,
+                line=int(lines[exc.row]) if first_line is not None else None,
+                row=None if first_line is not None else int(lines[exc.row]))))
+            keep = np.ones(len(df), dtype=bool)
+            keep[exc.row] = False
+            df = df[keep].reset_index(drop=True)
+            lines = lines[keep]
+            if df.empty:
+                raise first from None
+    return out, aside
+
+
+def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int, skipped: list[int]
                               ) -> pd.DataFrame | None:
     """The records of complete JSON lines ``data``, the lines that are no JSON object (a
     record torn when its writer died, then the restarted writer's lines after it) skipped
@@ -483,6 +573,7 @@ def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int
             torn.append(number)
     if not torn:
         return None
+    skipped += torn
     logger.warning("agent: %s: %d line(s) that are no JSON object skipped (line %s): torn "
                    "when a writer died?", path, len(torn), ", ".join(map(str, torn[:5]))
                    + (" ..." if len(torn) > 5 else ""))
@@ -640,6 +731,9 @@ class Agent:
         self._hostless_said = False  # (the placement of hostless ranks by rank was told)
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
+        #: rows of the followed logs that could not be read (the rest of their files was),
+        #: with why, each naming its line of the file
+        self.rows_set_aside: dict[Path, list[str]] = {}
         #: what the rows read so far say of each rank's host and each communicator's members
         #: and kind (:data:`~holmes_ml.io.schema.FACTS`): fact -> key -> (value, file)
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
@@ -691,12 +785,14 @@ class Agent:
                 stamp = (st.st_size, st.st_mtime_ns)
                 if state.bad == stamp:
                     continue  # could not be read and has not changed since
-                trial = replace(state, bad=None, chunk_line=None)
+                trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
                 try:
                     df = _read_increment(path, trial)
                     facts: dict[str, dict[str, str]] = {}
+                    aside: list[str] = []
                     if df is not None and not df.empty:
-                        df = validate(df, source=str(path))
+                        df, aside = _valid_rows(df, path, trial.chunk_line,
+                                                trial.chunk_skipped)
                         facts = self._new_facts(df, path)
                 except SchemaError as exc:
                     if exc.row is not None and trial.chunk_line is not None and exc.line is None:
@@ -712,6 +808,10 @@ class Agent:
                 self._files[path] = state = trial
                 self._keep_facts(facts, path)
                 self._set_good(path)
+                if aside:
+                    logger.warning("agent: %s: %d row(s) set aside, the rest read: %s", path,
+                                   len(aside), "; ".join(aside))
+                    self.rows_set_aside.setdefault(path, []).extend(aside)
                 if df is None or df.empty:
                     continue
                 if path.suffix == ".parquet":
