@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -183,14 +184,27 @@ class Topology:
             if not mask.any() and (r["host"] == body.rpartition("/")[0]).any():
                 raise ValueError(f"device id {device!r}: expected host:HOST (a whole host, no "
                                  f"/INDEX; gpu:{body} names one GPU)")
-        elif kind == "switch" and body.startswith("leaf-p"):
-            pod, rail = body[len("leaf-p"):].split("-r")
-            mask = (r["pod"] == int(pod)) & (r["gpu"] == int(rail))
-        elif kind == "link":
-            leaf = body.split("~", 1)[0]
-            return self.ranks_on(f"switch:{leaf}")
-        else:  # spine: everybody below it
-            mask = np.ones(len(r), dtype=bool)
+        else:  # a switch, or a link: the ranks below its leaf (a spine: everybody)
+            leaf, tilde, spine = body.partition("~") if kind == "link" else (
+                (body, "", "") if body.startswith("leaf-") else ("", "", body))
+            m = re.fullmatch(r"leaf-p(\d+)-r(\d+)", leaf)
+            s = re.fullmatch(r"spine-(\d+)", spine)
+            if (kind == "link" and not (tilde and m and s)) or (leaf and not m) \
+                    or (spine and not s):
+                raise ValueError(f"device id {device!r}: expected switch:leaf-pPOD-rRAIL, "
+                                 "switch:spine-S or link:leaf-pPOD-rRAIL~spine-S")
+            if s and int(s.group(1)) >= self.spines:
+                raise ValueError(f"device id {device!r}: this job's fabric has "
+                                 f"{self.spines} spine(s)"
+                                 + (f"; expected spine-0 ... spine-{self.spines - 1}"
+                                    if self.spines else ""))
+            if m is None:
+                mask = np.ones(len(r), dtype=bool)
+            else:
+                mask = (r["pod"] == int(m.group(1))) & (r["gpu"] == int(m.group(2)))
+                if not mask.any():
+                    raise ValueError(f"device id {device!r}: no rank of this job sits below "
+                                     f"{leaf} (pod {m.group(1)}, rail {m.group(2)})")
         return sorted(int(x) for x in r.loc[mask, "rank"])
 
     # ----------------------------------------------------------------- routing

@@ -317,11 +317,14 @@ def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp
     assert by["shortest"]["errors"] == 0
     assert sorted(told) == sorted(sc["delta"] for sc in scs) and by["tuned"]["errors"] == 0
     failed = trials[trials["method"] == "odd"]["error"]
-    assert failed.str.startswith("TypeError: localizer returned a suspect of type float").all()
+    assert failed.str.startswith("TypeError: localizer returned a suspect of type float (").all()
     assert trials.loc[trials["method"] == "raises", "error"].tolist() == [
         "RuntimeError: boom"] * 2
-    assert write_trials(trials, tmp_path) == TRIALS_FILE
-    back = pd.read_csv(tmp_path / TRIALS_FILE)
+    # into a directory not made yet (the CLI's default bench-results/ in a fresh checkout):
+    # the run's work is written, not lost to a missing directory at the end
+    out = tmp_path / "not" / "yet"
+    assert write_trials(trials, out) == TRIALS_FILE
+    back = pd.read_csv(out / TRIALS_FILE)
     assert len(back) == len(trials) and {"method", "seed", "top1", "error"} <= set(back)
     # a row rebuilds its job: the layout (as JSON), the iterations and the target ratio
     import json
@@ -424,8 +427,15 @@ def test_plugins_cannot_score_without_naming_a_device_and_cannot_touch_each_othe
         def __call__(self, ops, topology):
             raise RuntimeError("no")
 
+    def third(ops, topology):  # right first, but its third suspect is no rank of the job
+        return [9, 1, 10**9]
+
+    def bogus(ops, topology):  # a switch the fabric lacks read as a spine above everyone
+        return ["switch:nonexistent", "link:foo~bar"]
+
     plugins = {"spread": spread, "claims": claims, "mutator": mutator, "after": after,
-               "series": series, "far": far, "failing": Failing()}
+               "series": series, "far": far, "failing": Failing(), "third": third,
+               "bogus": bogus}
     summary, _, trials = _accuracy(scs, plugins, workers=1, only=("shortest comm", *plugins))
     by = {r["method"]: r for r in summary}
     assert by["spread"]["errors"] == 2 and by["spread"]["top1"] == 0.0
@@ -436,6 +446,9 @@ def test_plugins_cannot_score_without_naming_a_device_and_cannot_touch_each_othe
     said = trials.set_index("method")["error"]
     assert "pandas Series" in said["series"].iloc[0] and "no device" in said["spread"].iloc[0]
     assert "stands for no rank of this job" in said["far"].iloc[0]
+    assert by["third"]["errors"] == 2 and "1000000000" in said["third"].iloc[0]
+    assert by["bogus"]["errors"] == 2 and by["bogus"]["top1"] == 0.0
+    assert "'switch:nonexistent': expected switch:leaf-pPOD-rRAIL" in said["bogus"].iloc[0]
     named = trials[(trials["method"] == "after") & (trials["kind"] != "healthy")]["named"]
     assert named.iloc[0].split(",")[0] == "9"  # what each plug-in answered is in the trials
     with pytest.raises(ValueError, match="'holmes' is a built-in method's"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -43,7 +44,23 @@ def test_collective_devices_and_ranks_on():
     assert topo.ranks_on("nic:node001/0") == [8]
     assert topo.ranks_on("host:node001") == list(range(8, 16))
     assert topo.ranks_on("switch:leaf-p1-r3") == [19, 27]
+    assert topo.ranks_on("link:leaf-p1-r3~spine-1") == [19, 27]
+    assert topo.ranks_on("switch:spine-0") == list(range(32))
     assert topo.coords_of(9) == {"tp": 1, "dp": 1}
+
+
+@pytest.mark.parametrize(("device", "says"), [
+    ("switch:nonexistent", "expected switch:leaf-pPOD-rRAIL, switch:spine-S or link:"),
+    ("link:foo~bar", "expected switch:leaf-pPOD-rRAIL"),
+    ("link:leaf-p0-r0", "expected switch:leaf-pPOD-rRAIL"),
+    ("switch:spine-7", "has 4 spine(s); expected spine-0 ... spine-3"),
+    ("link:leaf-p0-r0~spine-4", "has 4 spine(s)"),
+    ("switch:leaf-p5-r0", "no rank of this job sits below leaf-p5-r0"),
+])
+def test_a_switch_or_link_the_fabric_lacks_is_refused(device, says):
+    # read as a spine above everyone, any made-up switch id stood for every rank of the job
+    with pytest.raises(ValueError, match=re.escape(says)):
+        _two_pods().ranks_on(device)
 
 
 def test_json_round_trip(tmp_path):

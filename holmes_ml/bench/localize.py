@@ -438,6 +438,10 @@ def _simulate_scenario(sc: dict[str, Any], twin: pd.Series) -> tuple[Any, float,
     return res, spec.severity, peak
 
 
+#: Methods whose failure this process has logged already (the rest are counted, not shown).
+_SAID_FAILING: set[str] = set()
+
+
 def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
             only: tuple[str, ...] | None = None, model: Any = None) -> tuple[list, list]:
     """Run the scenarios of one fault-free twin (same job, same seed): rows and unobservables.
@@ -502,15 +506,21 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 else:
                     sus = call_localizer(fn, ops, res.topology, sc["delta"])
                     world = res.topology.world_size
-                    for s in sus[:2]:  # a suspect of no known type is the method's error
+                    for s in sus:  # a suspect of no known type, or none of this job: an error
                         ranks = _suspect_ranks(s, res.topology)
                         if not ranks or min(ranks) < 0 or max(ranks) >= world:
                             raise ValueError(f"suspect {s!r} stands for no rank of this job "
                                              f"(ranks 0-{world - 1}), or for others")
                 error = None
             except Exception as exc:  # noqa: BLE001 - a plug-in failing is a result, not a crash
-                logger.warning("%s failed on %s: %s", name, info, exc)
                 sus, error = [], f"{type(exc).__name__}: {exc}"[:300]
+                # said once per method (its errors are counted in the report), with the
+                # traceback under -v
+                if name not in _SAID_FAILING:
+                    _SAID_FAILING.add(name)
+                    logger.warning("%s failed on %s: %s (its later failures are counted, not "
+                                   "shown)", name, info, error)
+                logger.debug("%s failed on %s", name, info, exc_info=True)
             row = {**info, "method": name, "severity": severity,
                    # what rebuilds the job (bl._sim_config of the row, layout parsed)
                    "iterations": sc["iterations"], "target": sc.get("target"),
@@ -553,6 +563,7 @@ def write_trials(trials: pd.DataFrame, out_dir: Any) -> str:
     a figure, rebuild a job or compare two methods trial by trial; returns the file name."""
     from pathlib import Path
 
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     trials.to_csv(Path(out_dir) / TRIALS_FILE, index=False)
     return TRIALS_FILE
 
@@ -887,6 +898,7 @@ def run(
     t0 = time.perf_counter()
     if workers is None:
         workers = 1 if quick else max(1, min(2, os.cpu_count() or 1))
+    _SAID_FAILING.clear()
     grid = scenarios(quick)
     summary, breakdown, trials = _accuracy(grid, localizers, workers)
     t_acc = time.perf_counter() - t0

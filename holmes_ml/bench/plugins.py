@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import shown
 from holmes_ml.topology import Topology
 
 Localizer = Callable[[pd.DataFrame, Topology], Sequence[Any]]
@@ -154,8 +155,9 @@ def suspect_ranks(suspect: Any, topology: Topology) -> frozenset[int]:
         ranks = suspect.get("ranks")
     if ranks is None:
         raise TypeError(
-            f"localizer returned a suspect of type {type(suspect).__name__}; expected an int rank, "
-            "a device id string or an object with .ranks"
+            f"localizer returned a suspect of type {type(suspect).__name__} "
+            f"({shown(suspect)!r}); expected an int rank, a device id string or an object "
+            "with .ranks"
         )
     out = frozenset(int(r) for r in ranks)
     if len(out) > 1:

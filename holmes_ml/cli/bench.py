@@ -133,6 +133,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{option} does not apply to bench {name}; it applies "
                                          f"to {', '.join(users)}", param_hint=option)
         check_writable(out, "--out", directory=True)
+        out.mkdir(parents=True, exist_ok=True)  # now: not after an hour of work
         reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake)
                    for n in names]
         if name == "all":
