@@ -882,6 +882,7 @@ def resolve_paths(
         if p.is_dir() and (p / "ops.parquet").exists():
             files.append(p / "ops.parquet")
             near = p / "topology.json"
+            _say_unread_beside(p)
         else:
             files.append(p)
             near = p / "topology.json" if p.is_dir() else p.parent / "topology.json"
@@ -891,6 +892,29 @@ def resolve_paths(
         logger.info("topology from %s", found)
         topology = Topology.from_json(found)
     return files, topology
+
+
+#: What a ``holmes simulate --out`` directory holds beside its ops.parquet (and what ``holmes
+#: detect`` and ``--plot`` may have written there): not logs.
+_SIMULATE_DIR_FILES = frozenset({"faults.json", "topology.json", "config.json"})
+_NOT_LOGS = (".png", ".md", ".txt", ".yaml", ".yml", ".db", ".lock", ".holmes", ".iterations.csv")
+
+
+def _say_unread_beside(directory: Path) -> None:
+    """Warn about files that look like logs beside a simulate directory's ops.parquet: the
+    directory is read as that file alone (another rank's log split off beside it would be
+    missing from the verdict without a word)."""
+    others = sorted(
+        f.name for f in directory.iterdir()
+        if f.is_file() and not f.name.startswith(".") and f.name != "ops.parquet"
+        and f.name not in _SIMULATE_DIR_FILES and not f.name.lower().endswith(_NOT_LOGS)
+        and not f.name.startswith("scores"))
+    if others:
+        logger.warning(
+            "%s holds ops.parquet, read alone as a `holmes simulate` output; %d other file(s) "
+            "beside it not read: %s (to read them, give each as a PATH, e.g. %s)",
+            directory, len(others), ", ".join(others[:3]) + (" ..." if len(others) > 3 else ""),
+            " ".join(str(directory / f) for f in ["ops.parquet", *others[:2]]))
 
 
 def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = False,

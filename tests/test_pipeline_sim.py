@@ -313,3 +313,30 @@ def test_a_model_file_path_is_a_model_in_python_as_on_the_command_line(tmp_path)
     assert len(summarize_per_host(res.ops, model=path)) == res.ops["host"].nunique()
     with pytest.raises(ModelFileError, match="nope.holmes: no such model file"):
         analyze(res.ops, res.topology, model=tmp_path / "nope.holmes")
+
+
+def test_logs_beside_a_simulate_outputs_ops_parquet_are_named_not_dropped(tmp_path, caplog):
+    """A directory holding ops.parquet is read as a `holmes simulate` output, that file alone:
+    another rank's log split off beside it went unread without a word."""
+    import logging
+
+    from holmes_ml.pipeline import resolve_paths
+
+    res = _sim(None, gpus=16, iterations=3)
+    d = tmp_path / "sim"
+    res.write(d)
+    ops = res.ops
+    ops[ops["rank"] >= 8].to_parquet(d / "ops-part2.parquet")
+    (d / "scores.parquet").write_bytes(b"")  # what `holmes detect` and --plot leave there
+    (d / "iterations.png").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.pipeline"):
+        files, topo = resolve_paths([d])
+    assert files == [d / "ops.parquet"] and topo is not None
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "1 other file(s) beside it not read: ops-part2.parquet" in said[0]
+    assert f"{d / 'ops.parquet'} {d / 'ops-part2.parquet'}" in said[0]
+    caplog.clear()
+    (d / "ops-part2.parquet").unlink()
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.pipeline"):
+        resolve_paths([d])
+    assert caplog.records == []  # the simulator's own files and outputs are no logs
