@@ -222,6 +222,25 @@ def test_faultspec_parse_errors_name_the_bad_key() -> None:
                                              "most 1000"):
             FaultSpec.parse(f"gpu_slow:rank=3,severity={severity}")
     assert FaultSpec.parse("gpu_slow:rank=3,severity=1000").severity == 1000
+    # keys that silently lost: one given twice, a probability no pattern but fluctuation reads
+    with pytest.raises(ValueError, match="'ranks' given twice \\(after 'rank=3'\\)"):
+        FaultSpec.parse("gpu_slow:rank=3,ranks=4")
+    with pytest.raises(ValueError, match="probability applies to pattern=fluctuation only; "
+                                         "got pattern=spike"):
+        FaultSpec.parse("gpu_slow:probability=0.2,pattern=spike")
+    assert FaultSpec.parse("gpu_slow:probability=0.2,pattern=fluctuation").probability == 0.2
+
+
+def test_a_gpu_fault_given_a_rank_and_another_device_is_refused() -> None:
+    # the rank was slowed while faults.json also named the device, which nothing slowed
+    with pytest.raises(ValueError, match=r"faults\[0\]: ranks 3 \(gpu:\S+\) and device "
+                                         r"'gpu:node001/2' \(gpu:node001/2\) name different"):
+        simulate(SimConfig(**SMALL, faults=(
+            FaultSpec.parse("gpu_slow:rank=3,device=gpu:node001/2"),)))
+    # the same device twice is fine, and so is a host named with one of its ranks
+    for spec in ("gpu_slow:rank=10,device=gpu:node001/2", "host_stall:rank=3,device=host:node000"):
+        res = simulate(SimConfig(**SMALL, faults=(FaultSpec.parse(spec),)))
+        assert res.faults[0].devices == (spec.split("device=")[1],)
 
 
 def test_a_job_out_of_the_simulators_bounds_is_refused_naming_them() -> None:

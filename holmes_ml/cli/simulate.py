@@ -20,10 +20,13 @@ _EPILOG = (
     "  holmes simulate --gpus 8192 --model llama2-70b --tp 8 --pp 8 --iterations 20 "
     "--fault link_slow:severity=1 --out big/   (streams to Parquet row groups)\n\n"
     "Fault syntax: KIND[:key=value,...]; KIND one of gpu_slow, nic_slow, link_slow, "
-    "switch_congested, host_stall; keys rank|ranks (3+4), device (nic:node003/5, "
-    "link:leaf-p0-r3~spine-1, switch:leaf-p0-r3), pattern (persistent|spike|fluctuation), "
-    "severity (0.5 = 1.5x slower, at most 1000; for host_stall the pause as a share of the "
-    "iteration), start, end, probability (fluctuation)."
+    "switch_congested, host_stall; keys (each at most once) rank|ranks (3+4; default: drawn "
+    "from --seed, for a NIC or link fault where it carries traffic), device (nic:node003/5, "
+    "link:leaf-p0-r3~spine-1, switch:leaf-p0-r3; beside a rank it must name the same device), "
+    "pattern (persistent|spike|fluctuation; default persistent), severity (default 0.5 = 1.5x "
+    "slower, at most 1000; for host_stall the pause as a share of the iteration), start "
+    "(default 0), end (default: the last iteration), probability (fluctuation only; default "
+    "0.5)."
 )
 
 _HELP = (

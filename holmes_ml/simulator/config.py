@@ -50,8 +50,9 @@ class FaultSpec:
         seed). For link/switch faults a rank below the device used to pick it; once resolved,
         the ranks whose traffic crosses the device.
     device:
-        Explicit device id (``nic:node003/5``, ``link:leaf-p0-r3~spine-1``, ``switch:spine-0``);
-        overrides ``ranks`` for choosing the device.
+        Explicit device id (``nic:node003/5``, ``link:leaf-p0-r3~spine-1``, ``switch:spine-0``).
+        A link or switch fault's device overrides ``ranks`` for choosing it; a GPU, NIC or host
+        fault given both must name the same device with them (else it is refused).
     pattern:
         ``persistent`` (every iteration from start to end), ``spike`` (1-2 iterations unless
         ``end_iteration`` is given), ``fluctuation`` (each iteration active with ``probability``).
@@ -143,6 +144,7 @@ class FaultSpec:
                 "(syntax KIND[:key=value,...])"
             )
         kwargs: dict = {"kind": kind}
+        given: dict[str, str] = {}
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             key, value = key.strip(), value.strip()
@@ -152,6 +154,11 @@ class FaultSpec:
                     + ("" if eq else " (missing '=value')")
                     + f"; expected key=value with key one of {', '.join(_PARSE_KEYS)}"
                 )
+            same = "ranks" if key in ("rank", "ranks") else key
+            if same in given:  # the last one silently won
+                raise ValueError(f"fault {text!r}: {key!r} given twice (after {given[same]!r}); "
+                                 "expected each key once (ranks=3+4 for several ranks)")
+            given[same] = item
             try:
                 if key in ("rank", "ranks"):
                     kwargs["ranks"] = tuple(int(v) for v in value.split("+"))
@@ -169,6 +176,10 @@ class FaultSpec:
                 raise ValueError(
                     f"fault {text!r}: bad value {value!r} for key {key!r} ({exc})"
                 ) from exc
+        if "probability" in given and kwargs.get("pattern", "persistent") != "fluctuation":
+            # ignored by the other patterns, while faults.json kept it
+            raise ValueError(f"fault {text!r}: probability applies to pattern=fluctuation "
+                             f"only; got pattern={kwargs.get('pattern', 'persistent')}")
         try:
             return cls(**kwargs)
         except ValueError as exc:

@@ -169,12 +169,24 @@ def resolve_faults(
             else:
                 ranks = np.asarray([_pick_rank(cluster, rng, kind == "nic_slow")], dtype=np.int64)
             prefix = {"gpu_slow": "gpu", "nic_slow": "nic", "host_stall": "host"}[kind]
-            if prefix == "host":
-                devices = tuple(dict.fromkeys(f"host:{topo.host_of(int(r))}" for r in ranks))
-            else:
-                devices = tuple(
-                    topo.gpu_of(int(r)) if prefix == "gpu" else topo.nic_of(int(r)) for r in ranks
-                )
+
+            def devices_of(ranks: np.ndarray, prefix: str = prefix) -> tuple[str, ...]:
+                if prefix == "host":
+                    return tuple(dict.fromkeys(f"host:{topo.host_of(int(r))}" for r in ranks))
+                return tuple(topo.gpu_of(int(r)) if prefix == "gpu" else topo.nic_of(int(r))
+                             for r in ranks)
+
+            devices = devices_of(ranks)
+            if spec.ranks and spec.device is not None:
+                # both given: the ranks were used and the device silently dropped (faults.json
+                # then said both); they must name the same devices
+                named = devices_of(np.asarray(topo.ranks_on(spec.device), dtype=np.int64))
+                if set(named) != set(devices):
+                    raise ValueError(
+                        f"faults[{i}]: ranks {'+'.join(map(str, spec.ranks))} "
+                        f"({', '.join(devices)}) and device {spec.device!r} "
+                        f"({', '.join(named) or 'no rank of this job'}) name different "
+                        "devices; expected one of the two")
             slowed: dict[tuple[str, int], np.ndarray] = {}
             if kind == "nic_slow":
                 for dev in devices:
