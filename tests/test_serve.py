@@ -47,6 +47,9 @@ def test_raw_ingest_query_and_metrics(server):
     r = c.post("/v1/jobs/jobEmpty/raw", json=empty)
     assert r.status_code == 422 and r.json()["field"] == "columns", r.text
     assert "no operator rows" in r.json()["detail"]
+    r = c.post("/v1/jobs/jobEmpty/batches", json={"source": "s", "batch_id": "b", "seq": 1})
+    assert r.status_code == 422 and "an empty batch" in r.json()["detail"], r.text
+    assert "jobEmpty" not in {j["job"] for j in c.get("/v1/jobs").json()}
     # a resend is idempotent: same answer, nothing stored twice
     r = c.post("/v1/jobs/jobA/raw", json=raw_body(ops.iloc[:half], "b0", seq=0))
     assert r.status_code == 200 and r.json()["duplicate"]
@@ -68,6 +71,11 @@ def test_gzip_agent_batch_roundtrip(server):
                             "Content-Type": "application/json"})
     assert r.status_code == 200, r.text
     assert r.json()["records"] == 6
+    # its latency is filed under its route (inflating the body lost the matched route: 'other')
+    timed = [ln for ln in httpx.get(server.url + "/metrics").text.splitlines()
+             if ln.startswith("holmes_request_seconds_count")]
+    assert any('route="/v1/jobs/{job}/batches"' in ln for ln in timed), timed
+    assert not any('route="other"' in ln for ln in timed), timed
     v = httpx.post(server.url + "/v1/jobs/jobG/analyze", headers=auth()).json()
     assert v["candidates"][0]["ranks"] == [1]
     # several gzip members (RFC 1952; `cat a.gz b.gz`) are one body; what follows a stream
@@ -512,6 +520,20 @@ def test_fuzz_from_openapi_never_5xx(server):
     check()
     assert httpx.get(server.url + "/healthz").status_code == 200
     assert httpx.head(server.url + "/healthz").status_code == 200  # a load balancer's probe
+
+
+def test_the_openapi_schema_builds_without_a_warning(tmp_path):
+    # GET and HEAD /healthz as one route gave one operation id twice: FastAPI's warning in
+    # the service's log at the first look at /docs
+    import warnings
+
+    from holmes_ml.serve.app import ServeSettings, create_app
+
+    app = create_app(ServeSettings(db=tmp_path / "s.db"), analyzers=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = app.openapi()
+    assert "get" in spec["paths"]["/healthz"] and "head" not in spec["paths"]["/healthz"]
 
 
 def test_token_constant_is_used():

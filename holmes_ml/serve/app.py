@@ -417,7 +417,8 @@ class BodyLimit:
                 await self._refuse(send, 413 if problem.startswith("more") else 400,
                                    f"request body: {problem}")
                 return
-            scope = dict(scope)
+            # in place, not on a copy: the router notes the matched route in this scope,
+            # where the latency middleware (outside this one) reads it
             scope["headers"] = [
                 (k, v) for k, v in scope["headers"]
                 if k not in (b"content-encoding", b"content-length")
@@ -814,8 +815,10 @@ def create_app(
                       batches=j["batches"], mode=j["mode"], top=top,
                       sources=[SourceOut(**x) for x in store.sources(j["job"])])
 
-    # HEAD: what load balancers send
-    @app.api_route("/healthz", methods=["GET", "HEAD"], response_model=None)
+    # HEAD: what load balancers send (a route of its own: one route of both methods gives
+    # the OpenAPI schema one operation id twice, which FastAPI warns about)
+    @app.head("/healthz", response_model=None, include_in_schema=False)
+    @app.get("/healthz", response_model=None)
     def healthz() -> dict | JSONResponse:
         """Liveness and a few counters; 503 naming why when the store cannot take writes
         (its file removed, read-only, the last write failed): batches would be refused."""

@@ -219,6 +219,15 @@ class AgentBatch(_Strict):
     iterations: IterationTable | None = None
     abnormal: AbnormalOpTable | None = None
 
+    @model_validator(mode="after")
+    def _not_empty(self):  # noqa: ANN202 - pydantic hook
+        # an empty batch made a job of no rank (listed, with metrics and a verdict)
+        if not (self.groups or any(t is not None and len(t)
+                                   for t in (self.ranks, self.iterations, self.abnormal))):
+            raise ValueError("an empty batch; expected at least one of iterations, abnormal, "
+                             "ranks or groups")
+        return self
+
 
 class RawColumns(_CanonicalColumns):
     """Raw CommOps records (the canonical schema of :mod:`holmes_ml.io.schema`)."""
