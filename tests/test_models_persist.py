@@ -21,6 +21,7 @@ from holmes_ml.models import (
     score_ops,
 )
 from holmes_ml.models.persist import _header_sha256
+from holmes_ml.models.score import DEFAULT_MODEL
 
 
 @pytest.fixture()
@@ -97,6 +98,14 @@ def test_default_model_scores_simulated_ops():
     assert (s[~ab] >= det.threshold_).mean() < 0.01
     shuffled = res.ops.sample(frac=1.0, random_state=0)
     np.testing.assert_allclose(score_ops(shuffled), s[shuffled.index.to_numpy()], atol=1e-9)
+    # a model file's path, as analyze takes it (a str was an AttributeError)
+    from importlib import resources
+
+    bundled = resources.files("holmes_ml.data") / DEFAULT_MODEL
+    np.testing.assert_allclose(score_ops(res.ops, model=str(bundled)), s, atol=1e-12)
+    with pytest.raises(TypeError, match="model: got a int; expected a fitted holmes_ml "
+                                        "detector, a model file's path or None"):
+        score_ops(res.ops, model=42)
 
 
 def _parts(path):

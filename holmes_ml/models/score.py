@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,8 @@ def score_ops(
         Canonical CommOps table.
     model:
         A fitted detector whose ``decision_function`` is P(abnormal) in [0, 1] (those of
-        :mod:`holmes_ml.models`); ``None`` uses :func:`default_model`.
+        :mod:`holmes_ml.models`), or a model file's path (``str`` or ``Path``: loaded with
+        :func:`load_model`, as ``analyze`` takes it); ``None`` uses :func:`default_model`.
     features:
         Precomputed :func:`holmes_ml.features.build_features` of ``ops`` (same row order).
 
@@ -71,6 +73,11 @@ def score_ops(
 
     if model is None:
         model = _shared_default_model()
+    elif isinstance(model, (str, Path)):
+        model = load_model(model)
+    elif not hasattr(model, "decision_function"):
+        raise TypeError(f"model: got a {type(model).__name__}; expected a fitted holmes_ml "
+                        "detector, a model file's path or None (the bundled model)")
     if features is None:
         features = build_features(ops)
     if len(features) != len(ops):
