@@ -689,6 +689,7 @@ def localize_summaries(
         ops=float(s.iterations["n_ops"].sum()) if "n_ops" in s.iterations else 0.0,
         ranks=float(s.iterations["rank"].nunique()),
         iterations=float(s.iterations["iteration"].nunique()),
+        min_history=float(IrregularityConfig().min_history),  # what _irregular monitors with
     )
     return replace(verdict, silent_ranks=_silent_ranks(s, topo, topology is not None))
 

@@ -340,3 +340,17 @@ def test_logs_beside_a_simulate_outputs_ops_parquet_are_named_not_dropped(tmp_pa
     with caplog.at_level(logging.WARNING, logger="holmes_ml.pipeline"):
         resolve_paths([d])
     assert caplog.records == []  # the simulator's own files and outputs are no logs
+
+
+def test_a_verdict_of_too_few_iterations_says_the_monitor_saw_nothing() -> None:
+    # a Flight Recorder or NCCL Inspector dump is one iteration: a clear straggler came back
+    # as a healthy job without a caveat
+    short = _sim(None, gpus=16, iterations=2)
+    v = analyze(short.ops, short.topology)
+    assert not v.irregular
+    assert v.note is not None and "the logs hold 2 iteration(s): the irregularity monitor " \
+        "needs 3 regular ones" in v.note, v.note
+    assert v.to_dict()["note"] == v.note
+    long = _sim(None, gpus=16, iterations=8)
+    note = analyze(long.ops, long.topology).note
+    assert note is None or "irregularity monitor needs" not in note

@@ -179,7 +179,8 @@ class Verdict:
         recent irregular iterations: earlier ones, and later steps, are left out, and the note
         says how to look at them. Fewer than two ranks leave nothing to compare a copy with.
         Rows of two runs read together mix every statistic, and so do gloo operations of
-        several process groups read as one.
+        several process groups read as one. Logs of too few iterations for the irregularity
+        monitor (a Flight Recorder or NCCL Inspector dump is one) cannot show a slowdown as such.
         """
         notes = []
         reused = int(self.stats.get("reused_key_rows", 0))
@@ -220,8 +221,16 @@ class Verdict:
                 notes.append(
                     f"the iterations after {int(last)}, the last irregular one, were not "
                     f"analysed (holmes localize --iterations {int(last) + 1}: looks at them)")
+        its, history = self.stats.get("iterations"), self.stats.get("min_history")
         from_ops = self.candidates or any(w.basis == "waits" for w in self.workload_findings)
-        if not self.irregular and from_ops:
+        if its is not None and history is not None and its <= history and not self.irregular:
+            # (Flight Recorder and NCCL Inspector dumps hold no iteration: all of it is one)
+            notes.append(
+                f"the logs hold {int(its)} iteration(s): the irregularity monitor needs "
+                f"{int(history)} regular ones before it can flag one, so no slowdown is seen "
+                "as such; " + ("the findings come from the abnormal operators alone"
+                               if from_ops else "that no device is named says little"))
+        elif not self.irregular and from_ops:
             n = int(self.stats.get("analysed_iterations", 0))
             notes.append(
                 "no iteration is delta-irregular (delta times slower than the ones before it); "
