@@ -303,3 +303,24 @@ def test_a_model_fitted_on_an_unnamed_array_is_saved_with_a_warning_and_counted_
             assert load_model(path, check_features=False).n_features_in_ == 10
         else:
             assert load_model(path).n_features_in_ == n
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ("drop", "differs from this holmes_ml's FEATURE_COLUMNS (42): it lacks {first}; retrain"),
+    ("add", "it has extra_feature, which this version does not build; retrain"),
+    ("swap", "it holds the same columns in another order (first apart: {second} where this version "
+             "has {first})"),
+])
+def test_a_model_of_another_feature_schema_is_refused_naming_the_columns(
+        fitted, tmp_path, change, said):
+    from holmes_ml.features import FEATURE_COLUMNS
+
+    det, _, _ = fitted
+    cols = list(FEATURE_COLUMNS)
+    first, second = cols[0], cols[1]
+    cols = {"drop": cols[1:], "add": [*cols, "extra_feature"],
+            "swap": [second, first, *cols[2:]]}[change]
+    path = save_model(det, tmp_path / "m.holmes", feature_columns=cols)
+    with pytest.raises(ModelFileError) as err:
+        load_model(path)
+    assert said.format(first=first, second=second) in str(err.value), str(err.value)

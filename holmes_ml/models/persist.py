@@ -320,11 +320,25 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
     if check_features and header.get("feature_columns") is not None:
         from holmes_ml.features import FEATURE_COLUMNS
 
-        if list(header["feature_columns"]) != list(FEATURE_COLUMNS):
+        saved_cols = [str(c) for c in header["feature_columns"]]
+        if saved_cols != list(FEATURE_COLUMNS):
+            missing = [c for c in FEATURE_COLUMNS if c not in saved_cols]
+            extra = [c for c in saved_cols if c not in FEATURE_COLUMNS]
+
+            def few(names: list[str]) -> str:
+                return ", ".join(names[:5]) + (f" and {len(names) - 5} more"
+                                                if len(names) > 5 else "")
+
+            how = "; ".join(filter(None, [
+                f"lacks {few(missing)}" if missing else "",
+                f"has {few(extra)}, which this version does not build" if extra else "",
+            ])) or "holds the same columns in another order (first apart: " + next(
+                f"{a} where this version has {b}"
+                for a, b in zip(saved_cols, FEATURE_COLUMNS, strict=False) if a != b) + ")"
             raise ModelFileError(
-                f"{path}: feature schema has {len(header['feature_columns'])} columns "
-                f"that differ from this holmes_ml's FEATURE_COLUMNS ({len(FEATURE_COLUMNS)}); "
-                "retrain with `holmes train`"
+                f"{path}: feature schema of {len(saved_cols)} columns differs from this "
+                f"holmes_ml's FEATURE_COLUMNS ({len(FEATURE_COLUMNS)}): it {how}; retrain "
+                "with `holmes train`"
             )
     saved, now = header.get("versions", {}), _versions()
     if not isinstance(saved, dict):
