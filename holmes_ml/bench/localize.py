@@ -23,7 +23,10 @@ NIC that carries exactly the same flows as the faulty NIC: such NICs slow the sa
 the same amount, so durations cannot separate them (the NICs of one data-parallel ring in a 2-D
 job); the strict ``top1`` stays the headline. Holmes' misses are listed in ``details``, every
 trial of every method in ``localize-trials.csv.gz`` beside the report, and a method's failures
-(a plug-in that raised or returned a suspect of no known type) in the ``errors`` column.
+(a plug-in that raised or returned a suspect of no known type, or of none of the job's ranks or
+devices) in the ``errors`` column: over every job it ran on, healthy and noisy ones too, where
+``trials`` counts the faulty grid jobs only; a failure scores as a miss on a faulty job and as an
+alarm on a healthy one (no healthy answer was given).
 ``holmes, per node`` is Holmes as it is deployed (``holmes agent`` on every host, ``holmes
 serve`` in the middle): each host's operators are scored on their own
 (:func:`~holmes_ml.pipeline.summarize_per_host`), without the copies the other hosts logged,
@@ -650,7 +653,8 @@ def _accuracy(
                         if len(healthy) else None,
                         "healthy_flagged_ci95": _ci(int(healthy["flagged"].sum()), len(healthy))
                         if len(healthy) else None,
-                        # trials it failed on (scored as misses, healthy jobs as not flagged)
+                        # jobs it failed on, of every kind (scored as misses; on a healthy
+                        # job, as an alarm: no healthy answer was given)
                         "errors": int(df.loc[df["method"] == name, "error"].notna().sum()),
                         # what a method costs per job (a plug-in's own time included)
                         "median_seconds": round(float(
