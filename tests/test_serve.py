@@ -366,6 +366,13 @@ def test_protocol_errors(server):
     r = httpx.put(u + "/v1/jobs/jobP/raw", json=ok, headers=auth())
     assert r.status_code == 405 and r.json() == {
         "detail": "PUT not allowed on /v1/jobs/jobP/raw", "field": "method"}, r.text
+    # the same without a token: what is wrong is the method or the path, not the token
+    r = httpx.patch(u + "/v1/jobs/jobP", json=ok)
+    assert r.status_code == 405 and r.json()["field"] == "method", r.text
+    r = httpx.post(u + "/metrics", content=b"x")
+    assert r.status_code == 405 and r.json()["field"] == "method", r.text
+    r = httpx.post(u + "/v1/nothing-here", content=b"x" * 100)
+    assert r.status_code == 404 and r.json()["field"] == "path", r.text
     # the token without its scheme is not the token
     r = httpx.post(u + "/v1/jobs/jobP/raw", json=ok, headers={"Authorization": TOKEN})
     assert r.status_code == 401 and r.json()["field"] == "authorization", r.text

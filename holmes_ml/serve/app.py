@@ -49,6 +49,7 @@ from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.routing import APIRoute  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+from starlette.routing import Match  # noqa: E402
 
 from holmes_ml.io.schema import SchemaError, validate  # noqa: E402
 from holmes_ml.serve.engine import (  # noqa: E402
@@ -369,16 +370,23 @@ class BodyLimit:
     """
 
     def __init__(self, app: Any, limit: int, token: str | None = None,
-                 max_large: int = 2) -> None:
+                 max_large: int = 2, routes: Sequence[Any] | None = None) -> None:
         self.app = app
         self.limit = limit
         self.token = token
         self.max_large = max_large
+        #: the API's routes (the list the app fills): a request none of them takes gets the
+        #: app's 404 or 405, not 401 for a token it did not bring
+        self.routes = routes
         self._large: asyncio.Semaphore | None = None  # made on the server's event loop
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
+            return
+        if self.routes is not None and not any(
+                r.matches(scope)[0] == Match.FULL for r in self.routes):
+            await self.app(scope, receive, send)  # 404 or 405, the body left unread
             return
         headers = dict(scope.get("headers") or [])
         if self.token and not token_matches(headers.get(b"authorization"), self.token):
@@ -740,7 +748,7 @@ def create_app(
     app.router.route_class = _UniqueKeysRoute
     app.state.service = service
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, token=settings.token,
-                       max_large=settings.max_large_requests)
+                       max_large=settings.max_large_requests, routes=app.router.routes)
 
     def require_token(authorization: str | None = Header(default=None)) -> None:
         if settings.token and not token_matches(authorization, settings.token):
