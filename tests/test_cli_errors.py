@@ -249,6 +249,14 @@ def test_demo_refuses_an_empty_job_and_gives_one_host_a_fault_it_can_show(tmp_pa
     (["simulate", "--gpus", "12", "--out", "never-written"],
      "error: Invalid value: --gpus: got 12; expected a multiple of 8"),  # the option typed
     (["localize", "x", "--bogus"], "error: No such option: --bogus (see 'holmes localize -h')"),
+    # before any reading (it said "error: format: not a known format" once reading began)
+    *[([cmd, "x", "--format", "foo"], "error: Invalid value for '--format': 'foo'; expected "
+       "auto, native, kineto, flight-recorder, nccl-inspector or bytedance (see 'holmes "
+       f"{cmd} -h')") for cmd in ("localize", "detect", "check", "train")],
+    (["bench", "localize", "--localizer", "no_such_mod_here:fn"],
+     "error: Invalid value for --localizer: 'no_such_mod_here:fn': cannot import it (No module "
+     "named 'no_such_mod_here'); a module of your own must be importable: put its directory on "
+     "PYTHONPATH (PYTHONPATH=. holmes bench ...) or install it (see 'holmes bench -h')"),
 ])
 def test_a_usage_error_is_one_line_from_the_console_script(args, expected):
     """What click reports itself (an option out of range, an unknown option) is one error
@@ -377,3 +385,4 @@ def test_format_help_names_every_format_at_80_columns():
         text = " ".join(line.strip("│ ") for line in out.splitlines())
         assert all(f in text for f in FORMATS), (cmd, out)
         assert "…" not in out.split("--format", 1)[1].split("--", 1)[0], (cmd, out)
+

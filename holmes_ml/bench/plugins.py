@@ -82,7 +82,11 @@ def load_localizer(spec: str) -> Localizer:
     try:
         obj: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"--localizer {spec!r}: cannot import it ({exc})") from exc
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None \
+            and module_name.startswith(exc.name)
+        hint = ("; a module of your own must be importable: put its directory on PYTHONPATH "
+                "(PYTHONPATH=. holmes bench ...) or install it") if missing else ""
+        raise ValueError(f"--localizer {spec!r}: cannot import it ({exc}){hint}") from exc
     except Exception as exc:  # noqa: BLE001 - the module's own code failed while importing
         raise ValueError(f"--localizer {spec!r}: importing {module_name} raised "
                          f"{type(exc).__name__}: {exc}") from exc

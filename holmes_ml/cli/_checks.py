@@ -26,6 +26,19 @@ def format_help(what: str = "Log format") -> str:
             + f" or {FORMATS[-1]}.")
 
 
+def format_option(value: str) -> str:
+    """``--format``'s callback: an unknown format is refused by the option parser, before any
+    work, in its words (``Invalid value for '--format': ...``)."""
+    import typer
+
+    from holmes_ml.io import FORMATS
+
+    if value != "auto" and value not in FORMATS:
+        raise typer.BadParameter(f"{value!r}; expected auto, " + ", ".join(FORMATS[:-1])
+                                 + f" or {FORMATS[-1]}")
+    return value
+
+
 #: ``--trust-pickle`` of the commands that read logs
 TRUST_PICKLE_HELP = (
     "Read Flight Recorder dumps that torch pickled (its default before JSON dumps). "

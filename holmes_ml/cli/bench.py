@@ -105,7 +105,9 @@ def register(app: typer.Typer) -> None:
         try:
             plugins = {spec: load_localizer(spec) for spec in localizer}
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--localizer") from exc
+            # the option is named by the parser's own "Invalid value for --localizer: "
+            raise typer.BadParameter(str(exc).removeprefix("--localizer "),
+                                     param_hint="--localizer") from exc
         detector = None
         if model is not None:
             from holmes_ml.models import ModelFileError, load_model

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import TRUST_PICKLE_HELP, format_help
+from holmes_ml.cli._checks import TRUST_PICKLE_HELP, format_help, format_option
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
         paths: list[Path] = typer.Argument(
             ..., help="Log files or directories, as for `holmes localize`.", show_default=False
         ),
-        format: str = typer.Option("auto", "--format", help=format_help()),
+        format: str = typer.Option("auto", "--format", help=format_help(),
+                                   callback=format_option),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         topology: Path | None = typer.Option(
             None, "--topology", help="topology.json of the job (default: one beside the logs, "

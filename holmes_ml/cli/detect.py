@@ -15,6 +15,7 @@ from holmes_ml.cli._checks import (
     check_not_input,
     check_writable,
     format_help,
+    format_option,
 )
 from holmes_ml.io.schema import SchemaError
 
@@ -31,7 +32,8 @@ def register(app: typer.Typer) -> None:
             None, "--model", help="Detector file (default: the bundled model). 'rule' scores "
             "with the 3-sigma + rule baseline instead (0.5 at its abnormality bar)."
         ),
-        format: str = typer.Option("auto", "--format", help=format_help()),
+        format: str = typer.Option("auto", "--format", help=format_help(),
+                                   callback=format_option),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         delta: float = typer.Option(
             1.1, "--delta",

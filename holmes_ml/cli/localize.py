@@ -17,6 +17,7 @@ from holmes_ml.cli._checks import (
     check_writable,
     config_overrides,
     format_help,
+    format_option,
     iteration_range,
 )
 from holmes_ml.cli._verdict import print_verdict
@@ -37,7 +38,7 @@ def register(app: typer.Typer) -> None:
         ),
         format: str = typer.Option(
             "auto", "--format",
-            help=format_help(),
+            help=format_help(), callback=format_option,
         ),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=TRUST_PICKLE_HELP),
         top_k: int = typer.Option(5, "--top-k", min=1, help="Candidates shown at most."),

@@ -19,6 +19,7 @@ from holmes_ml.cli._checks import (
     check_seed,
     check_writable,
     format_help,
+    format_option,
 )
 from holmes_ml.io.schema import SchemaError
 
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path = typer.Option(Path("model.holmes"), "--out", help="Model envelope to write."),
         format: str = typer.Option(
-            "auto", "--format", help=format_help("Format of the PATHs")
+            "auto", "--format", help=format_help("Format of the PATHs"), callback=format_option
         ),
         preset: str | None = typer.Option(
             None, "--preset", show_default=False,
