@@ -167,10 +167,15 @@ def test_same_file_given_twice_is_read_once(tmp_path, caplog):
 
 
 def test_an_empty_log_says_empty(tmp_path):
-    for name, content in (("a.jsonl", ""), ("b.jsonl", "\n\n"), ("c.csv", "")):
+    # a Parquet or JSON name got "cannot tell the format of this file" (and a JSON-lines hint
+    # for a Parquet file read as native)
+    for name, content in (("a.jsonl", ""), ("b.jsonl", "\n\n"), ("c.csv", ""),
+                          ("d.parquet", ""), ("e.json", " \n"), ("f.json.gz", "")):
         (tmp_path / name).write_text(content)
         with pytest.raises(SchemaError, match=f"{name}: empty file"):
             read_ops(tmp_path / name)
+    with pytest.raises(SchemaError, match="d.parquet: empty file \\(expected a Parquet table"):
+        read_ops(tmp_path / "d.parquet", format="native")
 
 
 @pytest.mark.parametrize("cut", [True, False])

@@ -93,6 +93,10 @@ def detect_format(path: str | Path) -> str:
         raise SchemaError("file not found", source=str(p), expected="an existing file")
     name = _strip_gz(p.name.lower())
     head = head_bytes(p, 1 << 16)
+    if not head.strip():
+        # (an UnknownFormatError: in a directory it is skipped, "an empty file", as before)
+        raise UnknownFormatError("empty file", source=str(p),
+                                 expected="a log in one of " + ", ".join(FORMATS))
     if head[:4] == b"PAR1":
         from holmes_ml.io.bytedance import looks_like_bytedance
 
@@ -603,9 +607,11 @@ def _read_unvalidated(f: Path) -> pd.DataFrame:
     table = read_native(f)
     if table.empty and len(table.columns) == 0:
         # no header, no record: "missing columns" would send the user looking for a typo
+        kind = _strip_gz(f.name.lower())
         raise SchemaError("empty file", source=str(f),
                           expected="a header line and one operator per line" if
-                          _strip_gz(f.name.lower()).endswith(".csv") else "one JSON object "
+                          kind.endswith(".csv") else "a Parquet table of operators"
+                          if kind.endswith(".parquet") else "one JSON object "
                           "(operator) per line")
     return _lists_once(table)
 

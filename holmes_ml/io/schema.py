@@ -288,7 +288,7 @@ def _coerce(df: pd.DataFrame, column: str, kind: str, source: str | None) -> pd.
     bad = numeric.isna().to_numpy() | ~np.isfinite(numeric.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = _first_bad(bad)
-        if pd.isna(col.iloc[i]):
+        if pd.api.types.is_scalar(col.iloc[i]) and pd.isna(col.iloc[i]):
             # nothing there (a JSON line without the key, an empty CSV field; readers give
             # these as NaN, as they do a written 'nan'): no value to show
             raise SchemaError(
