@@ -104,6 +104,9 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     assert kind_rows.loc["holmes", "device_top1_ties"] == 1.0
     assert kind_rows.loc["device plug-in", "device_top1"] == 1.0
     assert pd.isna(kind_rows.loc["shortest comm", "device_top1"])
+    assert by["holmes"]["device_top1"] == 1.0 and by["device plug-in"]["device_top1"] == 1.0
+    # the methods table too: no 0 for a method that never names a device
+    assert by["shortest comm"]["device_top1"] is None
     assert (trials.loc[trials["kind"] != "healthy", "peak_ratio"] > 1.2).all()
 
 

@@ -620,6 +620,12 @@ def _run_jobs(scs: list[dict[str, Any]], localizers: dict[str, Any] | None,
 AXES: tuple[str, ...] = ("gpus", "dims", "delta", "kind", "pattern")
 
 
+def _names_devices(trials: pd.DataFrame) -> bool:
+    """Did the method name a device first in any of ``trials`` (not ranks only)?"""
+    return "names_devices" in trials.columns and bool(
+        trials["names_devices"].fillna(False).astype(bool).any())
+
+
 def _accuracy(
     scs: list[dict[str, Any]], localizers: dict[str, Any] | None = None, workers: int = 1,
     only: tuple[str, ...] | None = None,
@@ -646,8 +652,11 @@ def _accuracy(
                         "top1_ties": round(float(sub["top1_ties"].mean()), 3),
                         "top1_split": round(float(sub["top1_split"].mean()), 3),
                         "top1_bound": round(float(sub["top1_bound"].mean()), 3),
-                        "device_top1": round(float(sub["device_top1"].mean()), 3),
-                        "device_top1_ties": round(float(sub["device_top1_ties"].mean()), 3),
+                        # (none for a method that names ranks only: not a 0 of a device)
+                        **({"device_top1": round(float(sub["device_top1"].mean()), 3),
+                            "device_top1_ties": round(float(sub["device_top1_ties"].mean()), 3)}
+                           if _names_devices(sub) else
+                           {"device_top1": None, "device_top1_ties": None}),
                         "healthy_trials": len(healthy),
                         "healthy_flagged": round(float(healthy["flagged"].mean()), 3)
                         if len(healthy) else None,
@@ -676,7 +685,7 @@ def _accuracy(
                               "top2": round(float(sub["top2"].mean()), 3),
                               "top1_ties": round(float(sub["top1_ties"].mean()), 3),
                               "peak_ratio": round(float(sub["peak_ratio"].median()), 3)})
-            if "names_devices" in sub.columns and sub["names_devices"].fillna(False).any():
+            if _names_devices(sub):
                 breakdown[-1].update(
                     device_top1=round(float(sub["device_top1"].mean()), 3),
                     device_top1_ties=round(float(sub["device_top1_ties"].mean()), 3))

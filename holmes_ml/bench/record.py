@@ -118,6 +118,8 @@ def rss_rise_mb(fn: Callable[[], Any]) -> tuple[Any, float | None]:
 
 
 def _cell(value: Any) -> str:
+    if value is None:  # a figure the row does not have (not the word None)
+        return "–"
     if isinstance(value, float):
         return f"{value:,.4g}"
     return str(value)
