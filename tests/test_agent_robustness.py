@@ -620,3 +620,23 @@ def test_a_second_agent_on_one_outbox_is_refused_until_the_first_is_gone(tmp_pat
         if following.poll() is None:
             following.kill()
         srv.stop()
+
+
+def test_a_live_writers_single_bad_line_is_set_aside_not_the_file(tmp_path):
+    """A writer appending a line per poll: a chunk of one bad row refused the file until it
+    grew (an ERROR, then 'readable again'); it is set aside like any other."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from holmes_ml.serve.agent import _valid_rows
+
+    base = {"iteration": 0, "rank": 0, "op": "all_reduce", "group": "g", "seq": 0,
+            "nbytes": 1, "start_ns": 0, "duration_us": 1.0}
+    out, aside = _valid_rows(pd.DataFrame([dict(base, op="gossip")]), Path("f.csv"), 5)
+    assert out.empty and len(aside) == 1 and aside[0].startswith("column 'op', line 5: "
+                                                                 "unknown op type")
+    # more than two rows, half of them bad: no log of this schema, refused whole
+    rows = pd.DataFrame([dict(base, op="gossip"), dict(base, seq=1, op="x"), dict(base, seq=2)])
+    with pytest.raises(Exception, match="f.csv, column 'op', line 5: unknown op type"):
+        _valid_rows(rows, Path("f.csv"), 5)

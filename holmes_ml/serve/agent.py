@@ -522,7 +522,7 @@ def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
 
     Left in, one bad row would keep the file unread from it on, whatever its writer adds.
     Raises the first error when it is no row's (a missing column) or when more than
-    :data:`_MAX_SET_ASIDE` rows, or half the chunk, are bad.
+    :data:`_MAX_SET_ASIDE` rows, or half a chunk of more than two rows, are bad.
     """
     lines = np.arange(len(df)) + (first_line if first_line is not None else 0)
     for line in sorted(skipped):  # the rows after a line that gave none sit a line further
@@ -537,8 +537,11 @@ def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
             if first is None:
                 first = exc if first_line is None or exc.row is None or exc.line is not None \
                     or not 0 <= exc.row < len(lines) else exc.at(line=int(lines[exc.row]))
-            if (exc.row is None or not 0 <= exc.row < len(df)
-                    or len(aside) >= min(_MAX_SET_ASIDE, (len(lines) + len(aside)) // 2)):
+            rows = len(lines) + len(aside)  # of the chunk as read
+            # (a chunk of a row or two - a live writer's - may lose them all; a longer one
+            # bad in half its rows or more is no log of this schema)
+            if (exc.row is None or not 0 <= exc.row < len(df) or len(aside) >= _MAX_SET_ASIDE
+                    or rows > 2 and len(aside) >= rows // 2):
                 raise first from None
             aside.append(str(SchemaError(
                 exc.message, column=exc.column, value=exc.value, expected=exc.expected,
@@ -548,8 +551,6 @@ def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
             keep[exc.row] = False
             df = df[keep].reset_index(drop=True)
             lines = lines[keep]
-            if df.empty:
-                raise first from None
     return out, aside
 
 
