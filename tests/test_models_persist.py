@@ -310,6 +310,7 @@ def test_a_model_fitted_on_an_unnamed_array_is_saved_with_a_warning_and_counted_
     ("add", "it has extra_feature, which this version does not build; retrain"),
     ("swap", "it holds the same columns in another order (first apart: {second} where this version "
              "has {first})"),
+    ("twice", "it names a column twice; retrain"),
 ])
 def test_a_model_of_another_feature_schema_is_refused_naming_the_columns(
         fitted, tmp_path, change, said):
@@ -319,7 +320,7 @@ def test_a_model_of_another_feature_schema_is_refused_naming_the_columns(
     cols = list(FEATURE_COLUMNS)
     first, second = cols[0], cols[1]
     cols = {"drop": cols[1:], "add": [*cols, "extra_feature"],
-            "swap": [second, first, *cols[2:]]}[change]
+            "swap": [second, first, *cols[2:]], "twice": [*cols, first]}[change]
     path = save_model(det, tmp_path / "m.holmes", feature_columns=cols)
     with pytest.raises(ModelFileError) as err:
         load_model(path)

@@ -332,9 +332,12 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
             how = "; ".join(filter(None, [
                 f"lacks {few(missing)}" if missing else "",
                 f"has {few(extra)}, which this version does not build" if extra else "",
-            ])) or "holds the same columns in another order (first apart: " + next(
-                f"{a} where this version has {b}"
-                for a, b in zip(saved_cols, FEATURE_COLUMNS, strict=False) if a != b) + ")"
+            ]))
+            if not how:  # the same names: in another order, or one of them twice
+                apart = next((f"{a} where this version has {b}" for a, b in
+                              zip(saved_cols, FEATURE_COLUMNS, strict=False) if a != b), None)
+                how = (f"holds the same columns in another order (first apart: {apart})"
+                       if apart else "names a column twice")
             raise ModelFileError(
                 f"{path}: feature schema of {len(saved_cols)} columns differs from this "
                 f"holmes_ml's FEATURE_COLUMNS ({len(FEATURE_COLUMNS)}): it {how}; retrain "
