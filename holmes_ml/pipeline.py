@@ -37,7 +37,13 @@ from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_r
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of, localize_records
 from holmes_ml.localize.types import Verdict
-from holmes_ml.topology import Group, Topology, kind_from_group_name
+from holmes_ml.topology import (
+    GPUS_PER_HOST,
+    Group,
+    Topology,
+    assumed_host,
+    kind_from_group_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -627,7 +633,8 @@ def topology_from_summary(summary: NodeSummary) -> Topology:
     if summary.ranks is not None and "host" in summary.ranks.columns:
         hosts = summary.ranks.set_index("rank")["host"].astype(str)
         r["host"] = hosts.reindex(r["rank"]).fillna("").to_numpy()
-        r.loc[r["host"] == "", "host"] = [f"host-{x // 8}" for x in r.loc[r["host"] == "", "rank"]]
+        r.loc[r["host"] == "", "host"] = [assumed_host(x)[0]
+                                          for x in r.loc[r["host"] == "", "rank"]]
         r["gpu"] = r.groupby("host").cumcount().to_numpy()
         if "gpu" in summary.ranks.columns:
             # the GPU each agent says its rank runs on, when it says so for every rank and no
@@ -637,8 +644,8 @@ def topology_from_summary(summary: NodeSummary) -> Topology:
                     ["host", "gpu"]).any():
                 r["gpu"] = sent.astype(np.int64).to_numpy()
     else:
-        r["host"] = [f"host-{x // 8}" for x in ranks]
-        r["gpu"] = ranks % 8
+        r["host"] = [assumed_host(x)[0] for x in ranks]
+        r["gpu"] = ranks % GPUS_PER_HOST
     r["pod"] = 0
     for k in ("tp", "cp", "ep", "dp", "pp"):
         if summary.ranks is not None and k in summary.ranks.columns:

@@ -31,6 +31,19 @@ from holmes_ml.io.schema import SchemaError, member_ranks
 
 logger = logging.getLogger(__name__)
 
+#: GPUs of one host where neither the logs nor a topology place the ranks: rank r is then
+#: assumed on host ``host-{r // 8}``, GPU ``r % 8`` (:func:`assumed_host`).
+GPUS_PER_HOST = 8
+
+
+def assumed_host(rank: int, gpus_per_host: int = GPUS_PER_HOST) -> tuple[str, int]:
+    """Host and GPU index of ``rank`` when nothing places it: consecutive ranks share a host.
+
+    >>> assumed_host(13)
+    ('host-1', 5)
+    """
+    return f"host-{rank // gpus_per_host}", rank % gpus_per_host
+
 #: The version of the topology.json layout :meth:`Topology.to_dict` writes.
 TOPOLOGY_VERSION = 1
 
@@ -126,7 +139,7 @@ class Topology:
     groups: dict[str, Group] = field(default_factory=dict)
     spines: int = 0
     parallel: dict[str, int] = field(default_factory=dict)
-    gpus_per_host: int = 8
+    gpus_per_host: int = GPUS_PER_HOST
     source: str = field(default="topology", compare=False)
 
     # ----------------------------------------------------------------- identities
@@ -372,7 +385,7 @@ class Topology:
         return cls.from_dict(data, source=str(path))
 
     @classmethod
-    def from_ops(cls, ops: pd.DataFrame, gpus_per_host: int = 8) -> Topology:
+    def from_ops(cls, ops: pd.DataFrame, gpus_per_host: int = GPUS_PER_HOST) -> Topology:
         """Derive a minimal topology from a canonical CommOps table.
 
         Hosts come from the ``host`` column when present, otherwise consecutive blocks of
@@ -388,7 +401,7 @@ class Topology:
             ranks["host"] = hosts.reindex(ranks["rank"]).to_numpy()
             ranks["gpu"] = ranks.groupby("host").cumcount().to_numpy()
         else:
-            ranks["host"] = [f"host-{r // gpus_per_host}" for r in ranks["rank"]]
+            ranks["host"] = [assumed_host(r, gpus_per_host)[0] for r in ranks["rank"]]
             ranks["gpu"] = (ranks["rank"] % gpus_per_host).to_numpy()
         ranks["pod"] = 0
         for k in COORD_KINDS:

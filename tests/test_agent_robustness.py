@@ -633,7 +633,7 @@ def test_a_live_writers_single_bad_line_is_set_aside_not_the_file(tmp_path):
 
     base = {"iteration": 0, "rank": 0, "op": "all_reduce", "group": "g", "seq": 0,
             "nbytes": 1, "start_ns": 0, "duration_us": 1.0}
-    out, aside = _valid_rows(pd.DataFrame([dict(base, op="gossip")]), Path("f.csv"), 5)
+    out, aside, _ = _valid_rows(pd.DataFrame([dict(base, op="gossip")]), Path("f.csv"), 5)
     assert out.empty and len(aside) == 1 and aside[0].startswith("column 'op', line 5: "
                                                                  "unknown op type")
     # more than two rows, half of them bad: no log of this schema, refused whole

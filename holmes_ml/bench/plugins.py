@@ -23,8 +23,8 @@ instead of a list is that method's error, counted in the results.
 The benchmark scores a suspect by the ranks it stands for (:func:`names_fault`): it hits when it
 shares a rank with the faulty device and stands for no more ranks than that device
 (:func:`fault_breadth`): a host does not name one slow GPU of its own, nor a spine switch above
-everyone a leaf's fault (the bench's ``device_top1`` asks for the device itself). A suspect of
-another type, or a localizer that raises, is counted as that method's error in the results.
+everyone a leaf's fault (the bench's ``device_top1`` asks for the device itself). A localizer
+that raises is counted as that method's error too.
 
 A localizer that also takes a ``delta`` keyword (``def loc(ops, topology, delta=1.1)``, or
 ``**kwargs``) is told each trial's irregularity factor: the bench runs its grid at several

@@ -149,8 +149,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Follow a node's CommOps logs and ship summaries to `holmes serve`.
 
-        A log file that cannot be read is reported (ERROR, naming the file) and skipped until
-        it changes; the others keep being shipped. SIGTERM or Ctrl-C queues what was read
+        A few bad rows of a log (an unknown op, a torn line) are set aside, each named by its
+        line, and the rows after them ship; a log file that cannot be read is reported (ERROR,
+        naming the file) and skipped until it changes; the others keep being shipped. SIGTERM or Ctrl-C queues what was read
         (each rank's last iteration too) and tries once more to send it before exiting; a
         second one exits at once (nothing queued is lost).
 

@@ -16,9 +16,12 @@ outbox in order, gzip-compressed, retrying with exponential back-off, and forget
 once the service acknowledged it. A restarted agent re-reads its files and skips what the
 watermark says was already queued, so a crash of the agent or of the service loses nothing.
 
-A log file the agent cannot read (malformed JSON, a truncated Parquet file, rows that break the
-schema) is logged as an ERROR naming the file and set aside until it changes; the other files
-keep being shipped (the other traces read together with a bad one too). A line still being written (no newline yet) is simply not read yet.
+A few rows of a followed log that break the schema (an unknown op, a value of the wrong type, a
+torn line) are set aside with a WARNING naming each by its line of the file, and the rows after
+them ship. A log file the agent cannot read (a truncated Parquet file, a chunk half of whose rows
+are bad, a missing column) is logged as an ERROR naming the file and set aside until it changes;
+the other files keep being shipped (the other traces read together with a bad one too). A line
+still being written (no newline yet) is simply not read yet.
 """
 
 from __future__ import annotations
@@ -52,11 +55,10 @@ from holmes_ml.io.schema import (
 )
 from holmes_ml.serve import check_name
 from holmes_ml.serve.store import connect_sqlite
+from holmes_ml.topology import GPUS_PER_HOST, assumed_host
 
 logger = logging.getLogger(__name__)
 
-#: GPUs of one host, as ``holmes localize`` places ranks whose logs name no host.
-GPUS_PER_HOST = 8
 PATTERNS = ("*.jsonl", "*.csv", "*.parquet")
 #: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
@@ -513,20 +515,28 @@ _MAX_CHUNK = 64 << 20
 _MAX_SET_ASIDE = 20
 
 
+def _file_lines(n: int, first_line: int, skipped: Sequence[int] = ()) -> np.ndarray:
+    """The file line of each of ``n`` rows read from a chunk whose first line is
+    ``first_line`` and whose lines ``skipped`` gave no row."""
+    lines = np.arange(n) + first_line
+    for line in sorted(skipped):  # the rows after a line that gave none sit a line further
+        lines[lines >= line] += 1
+    return lines
+
+
 def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
-                skipped: Sequence[int] = ()) -> tuple[pd.DataFrame, list[str]]:
-    """``df`` validated, and why each of its few bad rows (an unknown op, a torn line's
-    missing fields, a value of the wrong type) was set aside, naming it by its line of the file
-    (``first_line``: the file line of the chunk's first row, ``skipped`` the chunk's lines
-    that gave no row; ``first_line`` None: a Parquet file, by row).
+                skipped: Sequence[int] = ()) -> tuple[pd.DataFrame, list[str], np.ndarray]:
+    """``df`` validated; why each of its few bad rows (an unknown op, a torn line's missing
+    fields, a value of the wrong type) was set aside, naming it by its line of the file; and
+    the file line (the row, for Parquet) of each row kept (``first_line``: the file line of
+    the chunk's first row, ``skipped`` the chunk's lines that gave no row; ``first_line``
+    None: a Parquet file, by row).
 
     Left in, one bad row would keep the file unread from it on, whatever its writer adds.
     Raises the first error when it is no row's (a missing column) or when more than
     :data:`_MAX_SET_ASIDE` rows, or half a chunk of more than two rows, are bad.
     """
-    lines = np.arange(len(df)) + (first_line if first_line is not None else 0)
-    for line in sorted(skipped):  # the rows after a line that gave none sit a line further
-        lines[lines >= line] += 1
+    lines = _file_lines(len(df), first_line if first_line is not None else 0, skipped)
     aside: list[str] = []
     first: SchemaError | None = None
     while True:
@@ -551,7 +561,7 @@ def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
             keep[exc.row] = False
             df = df[keep].reset_index(drop=True)
             lines = lines[keep]
-    return out, aside
+    return out, aside, lines
 
 
 def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int, skipped: list[int]
@@ -787,17 +797,19 @@ class Agent:
                 if state.bad == stamp:
                     continue  # could not be read and has not changed since
                 trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
+                lines: np.ndarray | None = None  # the file line of each row kept
                 try:
                     df = _read_increment(path, trial)
                     facts: dict[str, dict[str, str]] = {}
                     aside: list[str] = []
                     if df is not None and not df.empty:
-                        df, aside = _valid_rows(df, path, trial.chunk_line,
-                                                trial.chunk_skipped)
+                        df, aside, lines = _valid_rows(df, path, trial.chunk_line,
+                                                       trial.chunk_skipped)
                         facts = self._new_facts(df, path)
                 except SchemaError as exc:
-                    if exc.row is not None and trial.chunk_line is not None and exc.line is None:
-                        exc = exc.at(line=trial.chunk_line + exc.row)  # the file's line
+                    if (exc.row is not None and trial.chunk_line is not None and exc.line is None
+                            and lines is not None and 0 <= exc.row < len(lines)):
+                        exc = exc.at(line=int(lines[exc.row]))  # the file's line
                     self._set_bad(path, _describe(exc))
                     state.bad = stamp
                     continue
@@ -1206,7 +1218,7 @@ class Agent:
                     h = hosts.get(r, "") or self._topology_host(r) or ""
                     g = -1
                     if not h and by_rank:
-                        h, g = f"host-{r // GPUS_PER_HOST}", r % GPUS_PER_HOST
+                        h, g = assumed_host(r)
                     h = h or socket.gethostname()
                     if g < 0 or (h, g) in taken:
                         g = first.get(h, 0)
