@@ -58,12 +58,12 @@ from holmes_ml.io._common import (
     MAX_WORLD,
     SOURCE_FILE,
     SOURCE_RECORD,
+    canonical_op,
     check_unicode,
     cut,
     each_file,
     iter_jsonl,
     kind_name,
-    require_op,
 )
 from holmes_ml.io.schema import OP_TYPES, P2P_OPS, SchemaError
 
@@ -306,7 +306,11 @@ def _read_one(path: Path, file: int) -> list[dict[str, Any]]:
         if not isinstance(name, str):
             raise state.fail("bad or missing field", lineno, f"{body}.{p}", shown(name),
                              "an NCCL function name such as AllReduce")
-        op = require_op(name, state.source, f"{body}.{p} (line {lineno})")
+        op = canonical_op(name)
+        if op is None:
+            raise state.fail("unknown communication operator", lineno, f"{body}.{p}", name,
+                             "an NCCL function name such as AllReduce, AllGather, "
+                             "ReduceScatter, Broadcast, Reduce, Send, Recv")
         if (op in P2P_OPS) != (body == "p2p_perf"):
             raise state.fail(f"{name} in {body}", lineno, f"{body}.{p}", name,
                              "Send or Recv in p2p_perf, a collective in coll_perf")
