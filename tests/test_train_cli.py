@@ -413,3 +413,17 @@ def test_runs_are_grouped_by_directory_and_job_whatever_the_order_of_the_paths(t
 
     paths = [mixed / "A.parquet", mixed / "B.parquet"]
     assert _runs(paths, [_read_labelled(p, "auto") for p in paths]) == [[0], [1]]
+
+
+def test_a_warning_of_the_fit_is_said_once_not_per_fit(tmp_path, caplog):
+    """`holmes train PATH` fits twice (on the early iterations for late_f1, then on all): the
+    screened detector's warning of a screen cut on few runs came out twice."""
+    res = simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=23, faults=(
+        FaultSpec.parse("gpu_slow:rank=6,severity=0.8,start=3"),)))
+    res.ops.to_parquet(tmp_path / "one.parquet")
+    with caplog.at_level("WARNING"):
+        result = CliRunner().invoke(app, ["train", str(tmp_path / "one.parquet"), "--estimator",
+                                          "lgbm", "--out", str(tmp_path / "m.holmes")])
+    assert result.exit_code == 0, result.output
+    assert read_header(tmp_path / "m.holmes")["metrics"]["late_f1"] >= 0
+    assert caplog.text.count("screen: cut on 1 runs") == 1, caplog.text

@@ -394,10 +394,8 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
     they say more about fitting than about other jobs (held-out jobs, or ``holmes bench
     detector``, measure that). Then ``det`` is fitted on every row (a tuned detector with the
     configuration that fit chose). Returns the metrics and a line per run."""
-    from sklearn.metrics import f1_score, precision_score, recall_score
-
     from holmes_ml.features import build_features
-    from holmes_ml.models import TunedDetector, save_model
+    from holmes_ml.models import save_model
     from holmes_ml.models.training import takes_groups
 
     parts = [_read_labelled(p, format) for p in paths]
@@ -435,6 +433,47 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
     metrics: dict[str, float] = {"runs": float(len(groups)), "train_rows": float(len(y)),
                                  "train_abnormal": float(y.sum()),
                                  "late_rows": float(held.sum())}
+    # the late fit and the full one warn alike (a screen cut on few runs): say it once
+    said = _SayOnce()
+    screen_log = logging.getLogger("holmes_ml.models.screen")
+    screen_log.addFilter(said)
+    try:
+        _fit_late_then_all(det, X, y, held, run_of, runs, metrics, source)
+    finally:
+        screen_log.removeFilter(said)
+    save_model(det, out, metrics=metrics, training_data=(X, y),
+               extra={**(made or {}), "format": format,
+                      "sources": [str(p.resolve()) for p in paths],
+                      "runs": [[str(paths[k].resolve()) for k in run] for run in groups]})
+    return metrics, described
+
+
+class _SayOnce(logging.Filter):
+    """Lets a warning through once: the same message again is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+def _fit_late_then_all(det, X: pd.DataFrame, y: np.ndarray, held: np.ndarray,  # noqa: ANN001
+                       run_of: np.ndarray, runs: dict | None, metrics: dict[str, float],
+                       source: str) -> None:
+    """Fit ``det`` on the early iterations and score the late ones into ``metrics``, then on
+    every row (a tuned detector: its best configuration refitted)."""
+    from sklearn.metrics import f1_score, precision_score, recall_score
+
+    from holmes_ml.models import TunedDetector
+
     fitted = False
     if not y[held].any() or not y[~held].any():
         logger.warning("%s: the last fifth of the iterations holds %s abnormal operator(s) "
@@ -453,8 +492,3 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
             fitted = True
     if not fitted:
         det.fit(X, y, **(runs or {}))
-    save_model(det, out, metrics=metrics, training_data=(X, y),
-               extra={**(made or {}), "format": format,
-                      "sources": [str(p.resolve()) for p in paths],
-                      "runs": [[str(paths[k].resolve()) for k in run] for run in groups]})
-    return metrics, described
