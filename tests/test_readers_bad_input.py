@@ -744,3 +744,34 @@ def test_a_jsonl_line_still_being_written_is_left_out_with_a_warning(tmp_path, c
     middle.write_text("\n".join([lines[0], lines[1][:25], *lines[2:]]))
     with pytest.raises(SchemaError, match=r"middle.jsonl, line 2: malformed JSON"):
         read_ops(middle)
+
+
+@pytest.mark.parametrize(("given", "written", "hinted"), [
+    ("flight-recorder", "kineto", "kineto"),
+    ("nccl-inspector", "kineto", "kineto"),
+    ("kineto", "flight-recorder", "flight-recorder"),
+    ("bytedance", "native", "native"),
+    ("native", "bytedance", "bytedance"),
+])
+def test_a_file_read_as_the_wrong_format_is_named_with_the_one_that_reads_it(
+        tmp_path, given, written, hinted):
+    """--format X on a file of format Y said only what X expected; the error now says which
+    --format reads it (once: a reader that said so already is left alone)."""
+    if written == "kineto":
+        path = tmp_path / "trace.json"
+        path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": []}))
+    elif written == "flight-recorder":
+        path = tmp_path / "nccl_trace_rank_0.json"
+        path.write_text(json.dumps({"version": "2.4", "rank": 0, "pg_config": {},
+                                    "entries": []}))
+    elif written == "native":
+        path = tmp_path / "ops.parquet"
+        _ops().to_parquet(path)
+    else:
+        path = tmp_path / "trace-X.parquet"
+        pd.DataFrame({c: [] for c in TRACE_COLUMNS}).to_parquet(path)
+    with pytest.raises(SchemaError) as err:
+        read_ops(path, format=given)
+    said = str(err.value)
+    assert str(path) in said and said.count("--format") == 1, said
+    assert f"--format {hinted} or auto" in said, said

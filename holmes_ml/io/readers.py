@@ -847,15 +847,27 @@ def _read_files(
         ops.attrs.update(converted.attrs)  # what the converter noticed (for the verdict's note)
     else:
         if len(files) == 1:
-            return _drop_duplicate_rows(_read_native(files[0]), source)
+            try:
+                return _drop_duplicate_rows(_read_native(files[0]), source)
+            except SchemaError as exc:
+                hinted = _format_hint(exc, "native", files)
+                if hinted is exc:
+                    raise
+                raise hinted from exc
         names = [_display(str(f), shown or {}) for f in files]
         counts: list[int] = []
         parts, checked = [], True
         some: list[Path] = []
         read: list[pd.DataFrame | pa.Table] = []
         for i, f in enumerate(each_file(files)):
-            table = _plain_parquet(f)
-            read.append(_read_unvalidated(f) if table is None else table)
+            try:
+                table = _plain_parquet(f)
+                read.append(_read_unvalidated(f) if table is None else table)
+            except SchemaError as exc:
+                hinted = _format_hint(exc, "native", [f])
+                if hinted is exc:
+                    raise
+                raise hinted from exc
             some.append(f)
             counts.append(len(read[-1]))
             if len(some) == _FILES_AT_ONCE or i == len(files) - 1:
@@ -905,11 +917,42 @@ def _converted(format: str, files: list[Path], trust_pickle: bool, source: str) 
         from holmes_ml.io.bytedance import read_bytedance
 
         return read_bytedance(files[0])
-    except SchemaError:
-        raise
+    except SchemaError as exc:
+        hinted = _format_hint(exc, format, files)
+        if hinted is exc:
+            raise
+        raise hinted from exc
     except _CONVERTER_SLIPS as exc:
         raise SchemaError(f"cannot read as {format}: {type(exc).__name__}: {exc}",
                           source=source, expected=f"well-formed {format} logs") from exc
+
+
+#: What a file of each format is, for a hint that another --format reads it.
+_FORMAT_NAMES = {
+    "native": "a CommOps log", "kineto": "a Kineto (PyTorch profiler) trace",
+    "flight-recorder": "a Flight Recorder dump", "nccl-inspector": "an NCCL Inspector log",
+    "bytedance": "a ByteDance what-if trace",
+}
+
+
+def _format_hint(exc: SchemaError, format: str, files: list[Path]) -> SchemaError:
+    """``exc`` (reading ``files`` as ``format``, named explicitly) with a hint when the file
+    it names is of another format, as :func:`detect_format` sees it; else ``exc`` itself."""
+    if "--format" in str(exc):
+        return exc  # the reader said which format already
+    named = [f for f in files if str(f) == exc.source]
+    if not named and len(files) != 1:
+        return exc
+    try:
+        found = detect_format((named or files)[0])
+    except SchemaError:
+        return exc
+    if found == format:
+        return exc
+    hint = (f"it reads as {_FORMAT_NAMES.get(found, found)} with --format {found} or auto")
+    return SchemaError(exc.message, source=exc.source, column=exc.column, row=exc.row,
+                       value=exc.value, parameter=exc.parameter, line=exc.line,
+                       expected=f"{exc.expected}; {hint}" if exc.expected else hint)
 
 
 # Odd 64-bit multipliers (golden-ratio and splitmix constants) that spread the key columns
