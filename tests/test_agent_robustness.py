@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from test_serve_cli import HOLMES, one_line_error
+from test_serve_cli import HOLMES, holmes, one_line_error
 from test_serve_support import TOKEN, fallback_summarize, free_port, make_ops, start_server
 
 from holmes_ml.serve.agent import Agent, AgentConfig
@@ -640,3 +640,52 @@ def test_a_live_writers_single_bad_line_is_set_aside_not_the_file(tmp_path):
     rows = pd.DataFrame([dict(base, op="gossip"), dict(base, seq=1, op="x"), dict(base, seq=2)])
     with pytest.raises(Exception, match="f.csv, column 'op', line 5: unknown op type"):
         _valid_rows(rows, Path("f.csv"), 5)
+
+
+def test_what_an_agent_could_not_read_is_visible_at_the_service(tmp_path):
+    """Rows set aside and files refused were only in the node's own log: the service (its
+    sources, /metrics and `holmes jobs`) now shows them, and a report clears once fixed."""
+    ops = make_ops(seed=33, ranks=2, iterations=6)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first = ops[ops["rank"] == 0]
+    text = first.to_json(orient="records", lines=True).splitlines()
+    text.insert(3, text[3].replace('"op":"' + str(first["op"].iloc[3]), '"op":"gossip'))
+    (logs / "rank0.jsonl").write_text("\n".join(text) + "\n")
+    ops[ops["rank"] == 1].to_json(logs / "rank1.jsonl", orient="records", lines=True)
+    ops.to_parquet(tmp_path / "whole.parquet")
+    (logs / "trunc.parquet").write_bytes((tmp_path / "whole.parquet").read_bytes()[:3000])
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "unread")
+    try:
+        agent.run(once=True)
+        (src,) = httpx.get(srv.url + "/v1/jobs/unread").json()["sources"]
+        assert src["rows_set_aside"] == 1
+        ((file, rows, why),) = (tuple(f.values()) for f in src["files_set_aside"])
+        assert (file, rows) == ("rank0.jsonl", 1) and "line 4" in why and "gossip" in why, why
+        assert [f["file"] for f in src["files_refused"]] == ["trunc.parquet"]
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'holmes_source_rows_set_aside{job="unread",source="n1"} 1.0' in metrics
+        assert 'holmes_source_files_refused{job="unread",source="n1"} 1.0' in metrics
+        shown = holmes("jobs", "unread", "--server", srv.url)
+        assert shown.returncode == 0, shown.stderr
+        said = " ".join(shown.stdout.split())
+        assert "unread: n1: trunc.parquet:" in said, said
+        assert "set aside: n1: 1 row(s) of its logs unreadable" in said, said
+        listed = subprocess.run([sys.executable, "-c", HOLMES, "jobs", "--server", srv.url],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "COLUMNS": "200"})
+        assert "(1, 1 with unread logs)" in listed.stdout, listed.stdout
+        # the truncated file removed: the next batch's report no longer names it
+        (logs / "trunc.parquet").unlink()
+        with (logs / "rank0.jsonl").open("a") as fh:
+            fh.write(first.assign(iteration=first["iteration"] + 6)
+                     .to_json(orient="records", lines=True))
+        agent.run(once=True)
+        (src,) = httpx.get(srv.url + "/v1/jobs/unread").json()["sources"]
+        assert src["files_refused"] == [] and src["rows_set_aside"] == 1
+        assert 'holmes_source_files_refused{job="unread",source="n1"} 0.0' in httpx.get(
+            srv.url + "/metrics").text
+    finally:
+        agent.close()
+        srv.stop()

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from holmes_ml.cli._verdict import print_verdict
@@ -166,9 +167,12 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
                 suspect += f" (tied with {n} other{'s' * (n != 1)})"
         sources = j.get("sources") or []
         lagging = sum(bool(x.get("lagging")) for x in sources)
+        unread = sum(bool(x.get("rows_set_aside") or x.get("files_refused")) for x in sources)
         table.add_row(j["job"], j["mode"], f"{j['records']:,}",
                       f"{j['batches']:,} ({len(sources)}"
-                      + (f", [red]{lagging} lagging[/red])" if lagging else ")"),
+                      + (f", [red]{lagging} lagging[/red]" if lagging else "")
+                      + (f", [yellow]{unread} with unread logs[/yellow]" if unread else "")
+                      + ")",
                       _ago(j.get("last_ingest_at"), stamp=False), suspect,
                       f"{top['score']:.3f}" if top else "")
     console.print(table)
@@ -187,6 +191,19 @@ def _print_sources(sources: list[dict[str, Any]], console: Console) -> None:
                       f"{_ago(x['last_at'])}, up to iteration {x['last_iteration']} "
                       f"({x['behind_iterations']:,} behind the job): its agent may be down or "
                       "its ranks silent, and the verdict reads nothing newer of them")
+    for x in sources:
+        # what an agent could not read of its logs is missing from the verdict's evidence
+        source = escape(x["source"])
+        for f in x.get("files_refused") or ():
+            console.print(f"[red]unread[/red]: {source}: {escape(f['file'])}: "
+                          f"{escape(f['why'])} (the agent refuses it whole until it changes)")
+        if x.get("rows_set_aside"):
+            files = x.get("files_set_aside") or []
+            worst = files[0] if files else None
+            console.print(f"[yellow]set aside[/yellow]: {source}: "
+                          f"{x['rows_set_aside']:,} row(s) of its logs unreadable, the rest "
+                          "shipped" + (f"; most in {escape(worst['file'])} ({worst['rows']:,}), "
+                                       f"latest: {escape(worst['why'])}" if worst else ""))
 
 
 def _print_job_verdict(verdict: dict[str, Any], console: Console) -> None:

@@ -218,8 +218,9 @@ def register(app: typer.Typer) -> None:
             typer.secho(f"error: {path}: {why}", err=True, fg=typer.colors.RED)
             status = 2
         for path, rows in agent.rows_set_aside.items():
-            typer.secho(f"error: {path}: {len(rows)} row(s) set aside, the rest shipped: "
-                        + "; ".join(rows[:3]) + (" ..." if len(rows) > 3 else ""), err=True,
+            n = agent.n_set_aside[path]
+            typer.secho(f"error: {path}: {n} row(s) set aside, the rest shipped: "
+                        + "; ".join(rows[:3]) + (" ..." if n > 3 else ""), err=True,
                         fg=typer.colors.RED)
             status = 2
         if unsent or agent.topology_pending:

@@ -510,6 +510,8 @@ def _csv_skipping_ragged(path: Path, data: bytes, header: list[str], first_line:
 _MAX_CHUNK = 64 << 20
 
 
+#: Reasons kept per file for rows set aside (the count goes on): what ``--once`` prints.
+_KEEP_ASIDE = 20
 #: Rows of one chunk of a followed log set aside at most (and fewer than half of it): more, and
 #: the chunk is refused whole, the file set aside until it changes (not a log of this schema).
 _MAX_SET_ASIDE = 20
@@ -743,8 +745,12 @@ class Agent:
         #: files that could not be read, with why (cleared when a file reads again)
         self.bad_files: dict[Path, str] = {}
         #: rows of the followed logs that could not be read (the rest of their files was),
-        #: with why, each naming its line of the file
+        #: with why, each naming its line of the file (the first :data:`_KEEP_ASIDE` of a file)
         self.rows_set_aside: dict[Path, list[str]] = {}
+        #: how many rows of each file were set aside since the agent started, and the latest why
+        self.n_set_aside: dict[Path, int] = {}
+        self._aside_last: dict[Path, str] = {}
+        self._aside_reported = False  # (a report went out: later batches carry one too)
         #: what the rows read so far say of each rank's host and each communicator's members
         #: and kind (:data:`~holmes_ml.io.schema.FACTS`): fact -> key -> (value, file)
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
@@ -824,7 +830,10 @@ class Agent:
                 if aside:
                     logger.warning("agent: %s: %d row(s) set aside, the rest read: %s", path,
                                    len(aside), "; ".join(aside))
-                    self.rows_set_aside.setdefault(path, []).extend(aside)
+                    kept = self.rows_set_aside.setdefault(path, [])
+                    kept.extend(aside[:max(0, _KEEP_ASIDE - len(kept))])
+                    self.n_set_aside[path] = self.n_set_aside.get(path, 0) + len(aside)
+                    self._aside_last[path] = aside[-1]
                 if df is None or df.empty:
                     continue
                 if path.suffix == ".parquet":
@@ -1182,6 +1191,9 @@ class Agent:
         if batch["abnormal"] is not None:
             batch["abnormal"]["score"] = [min(1.0, max(0.0, s)) for s in
                                           batch["abnormal"]["score"]]
+        report = self.set_aside_report()
+        if report is not None:
+            batch["set_aside"] = report
         sent_groups = self.outbox.sent_groups()
         groups = summary.groups
         if len(groups):
@@ -1232,6 +1244,30 @@ class Agent:
                     v = sub.groupby("rank")[c].first().reindex(seen).fillna(-1)
                     batch["ranks"][c] = v.astype(np.int64).tolist()
         return batch
+
+    def set_aside_report(self) -> dict | None:
+        """What this agent could not read of its logs, for the service
+        (:class:`~holmes_ml.serve.schemas.SetAside`): rows set aside since it started, by file,
+        and the files it refuses whole now; None while there was never anything to report."""
+        if not (self.n_set_aside or self.bad_files or self._aside_reported):
+            return None
+        root = Path(self.config.follow)
+
+        def name(path: Path) -> str:
+            try:
+                return _clip(str(path.relative_to(root)) if path != root else str(root))
+            except ValueError:
+                return _clip(str(path))
+
+        files = sorted(self.n_set_aside.items(), key=lambda kv: -kv[1])[:_REPORTED_FILES]
+        self._aside_reported = True
+        return {
+            "rows": sum(self.n_set_aside.values()),
+            "files": [{"file": name(p), "rows": n, "why": _clip(self._aside_last[p])}
+                      for p, n in files],
+            "refused": [{"file": name(p), "why": _clip(why)}
+                        for p, why in list(self.bad_files.items())[:_REPORTED_FILES]],
+        }
 
     def _hostless_by_rank(self, new: list[int]) -> bool:
         """Whether ranks whose logs name no host (``new``: those of the batch not yet placed)
@@ -1556,6 +1592,15 @@ def _log_files(root: Path, pattern: str) -> list[Path]:
     """Files under ``root`` (subdirectories included, hidden ones not) matching ``pattern``."""
     return sorted(p for p in root.rglob(pattern)
                   if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+#: Files a set-aside report names at most (those with the most rows set aside first).
+_REPORTED_FILES = 100
+
+
+def _clip(text: str, limit: int = 256) -> str:
+    """``text`` cut to the service's limit for a reason or a file name, marked when cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _plain(s: pd.Series) -> list:

@@ -493,6 +493,12 @@ class _JobCollector:
         behind = GaugeMetricFamily(
             "holmes_source_iterations_behind", "The job's newest iteration minus the newest a "
             "source delivered (an agent that stopped falls behind)", labels=["job", "source"])
+        aside = GaugeMetricFamily(
+            "holmes_source_rows_set_aside", "Rows of its logs a source (an agent) set aside as "
+            "unreadable since it started, as it last reported", labels=["job", "source"])
+        refused = GaugeMetricFamily(
+            "holmes_source_files_refused", "Log files a source (an agent) refuses whole (a "
+            "missing column, a truncated file), as it last reported", labels=["job", "source"])
         usual = GaugeMetricFamily(
             "holmes_job_usual_iteration_seconds", "Median time of the iterations the latest "
             "verdict read that are not irregular", labels=["job"])
@@ -505,6 +511,8 @@ class _JobCollector:
                 since.add_metric([name, src["source"]], max(0.0, now - src["last_at"]))
                 if src["behind_iterations"] is not None:
                     behind.add_metric([name, src["source"]], float(src["behind_iterations"]))
+                aside.add_metric([name, src["source"]], float(src["rows_set_aside"]))
+                refused.add_metric([name, src["source"]], float(len(src["files_refused"])))
             latest = self.service.store.latest_verdict(name)
             if latest is None:
                 continue
@@ -519,7 +527,8 @@ class _JobCollector:
                 c = body["candidates"][0]
                 top.add_metric([name, str(c.get("device") or ""), str(c.get("kind", ""))],
                                finite(c.get("score", 0.0)))
-        yield from (lag, stale, irregular, slowdown, usual, top, records, since, behind)
+        yield from (lag, stale, irregular, slowdown, usual, top, records, since, behind, aside,
+                    refused)
 
 
 # ----------------------------------------------------------------------------- service

@@ -203,6 +203,26 @@ class AbnormalOpTable(_CanonicalColumns):
     excess_us: list[Finite] | None = None
 
 
+class SetAsideFile(_Strict):
+    """One log file of an agent that it could not read all of: ``rows`` of it set aside (the
+    rest shipped), or (``rows`` 0) the whole file refused until it changes; ``why``: the
+    latest reason, naming the line."""
+
+    file: Text = Field(min_length=1)
+    rows: NonNegInt = 0
+    why: Text = ""
+
+
+class SetAside(_Strict):
+    """What an agent could not read of its logs, as it stands when the batch is made: rows
+    set aside since the agent started (``rows``; by file in ``files``) and the files it refuses
+    whole now (``refused``). A newer batch's report replaces the older one."""
+
+    rows: NonNegInt = 0
+    files: list[SetAsideFile] = Field(default_factory=list, max_length=100)
+    refused: list[SetAsideFile] = Field(default_factory=list, max_length=100)
+
+
 class AgentBatch(_Strict):
     """What an agent sends: one outbox entry.
 
@@ -218,6 +238,7 @@ class AgentBatch(_Strict):
     groups: list[GroupInfo] = Field(default_factory=list, max_length=1_000_000)
     iterations: IterationTable | None = None
     abnormal: AbnormalOpTable | None = None
+    set_aside: SetAside | None = None
 
     @model_validator(mode="after")
     def _not_empty(self):  # noqa: ANN202 - pydantic hook
@@ -333,6 +354,12 @@ class SourceOut(BaseModel):
     behind_iterations: int | None
     #: silent for 120 s while the job's other sources went on, and behind them
     lagging: bool
+    #: rows of its logs the agent set aside as unreadable (its latest report; 0: none)
+    rows_set_aside: int = 0
+    #: by file: {file, rows, why}
+    files_set_aside: list[dict] = []
+    #: files the agent refuses whole (a missing column, a truncated file): {file, why}
+    files_refused: list[dict] = []
 
 
 class JobOut(BaseModel):

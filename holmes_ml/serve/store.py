@@ -100,6 +100,8 @@ _ADDED_COLUMNS = (
     # (one set after the verdict makes it stale: a topology names the devices and coordinates)
     ("jobs", "topology_version", "INTEGER NOT NULL DEFAULT 0"),
     ("verdicts", "topology_version", "INTEGER NOT NULL DEFAULT 0"),
+    # what an agent could not read of its logs, its latest report (JSON; schemas.SetAside)
+    ("source_activity", "set_aside", "TEXT"),
 )
 
 #: The columns of :meth:`Store.iteration_summaries`; a block's rows hold all but the first.
@@ -412,7 +414,8 @@ class Store:
         self._upgrade()
         # a database of a holmes_ml before source_activity: each sender from its batches
         self._db.execute(
-            "INSERT OR IGNORE INTO source_activity SELECT job, source, min(received_at), "
+            "INSERT OR IGNORE INTO source_activity (job, source, first_at, last_at, batches, "
+            "records, last_iteration) SELECT job, source, min(received_at), "
             "max(received_at), count(*), sum(records), max(last_iteration) FROM batches "
             "WHERE NOT EXISTS (SELECT 1 FROM source_activity) GROUP BY job, source")
 
@@ -705,8 +708,12 @@ class Store:
                                  replaced)
         last = max((max(part["iteration"]) for part in (it, ab) if part and part["iteration"]),
                    default=None)
-        return self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest,
-                                  last)
+        ack = self._record_batch(db, job, source, batch_id, seq, digest, n, "agent", newest,
+                                 last)
+        if batch.get("set_aside") is not None:
+            db.execute("UPDATE source_activity SET set_aside=? WHERE job=? AND source=?",
+                       (json.dumps(batch["set_aside"]), job, source))
+        return ack
 
     @staticmethod
     def _unknown(db: sqlite3.Connection, job: str, ranks: set[int], groups: set[str]
@@ -1037,13 +1044,21 @@ class Store:
     def sources(self, job: str) -> list[dict]:
         """Who sent ``job`` its batches (an agent's ``--source``, a logger's host), each with
         its first and last delivery (epoch seconds), batches, records and newest iteration,
-        plus ``behind_iterations`` (the job's newest iteration minus its own) and
+        what it reported it could not read of its logs (``rows_set_aside``, ``files_set_aside``,
+        ``files_refused``: :class:`~holmes_ml.serve.schemas.SetAside`), plus
+        ``behind_iterations`` (the job's newest iteration minus its own) and
         ``lagging``: it has not delivered for :data:`LAG_SECONDS` while others went on and
         its newest iteration is behind theirs (an agent that died, a node whose ranks fell
         silent). Kept past pruning; by source name."""
-        rows = [dict(zip(self._SOURCE_KEYS, r, strict=True)) for r in self._query(
-            f"SELECT {', '.join(self._SOURCE_KEYS)} FROM source_activity WHERE job=? "
-            "ORDER BY source", (job,))]
+        rows = []
+        for *values, aside in self._query(
+                f"SELECT {', '.join(self._SOURCE_KEYS)}, set_aside FROM source_activity "
+                "WHERE job=? ORDER BY source", (job,)):
+            report = json.loads(aside) if aside else {}
+            rows.append({**dict(zip(self._SOURCE_KEYS, values, strict=True)),
+                         "rows_set_aside": int(report.get("rows", 0)),
+                         "files_set_aside": report.get("files", []),
+                         "files_refused": report.get("refused", [])})
         newest = max((r["last_iteration"] for r in rows if r["last_iteration"] is not None),
                      default=None)
         latest = max((r["last_at"] for r in rows), default=None)
