@@ -166,3 +166,27 @@ def test_config_json_simulates_the_same_job_again(tmp_path) -> None:
                                   first.ops.reset_index(drop=True), check_dtype=False)
     with pytest.raises(ValueError, match="unknown key 'gpu'"):
         SimConfig.from_dict({**saved, "gpu": 8})
+
+
+def test_an_out_that_would_write_over_the_calibration_log_is_refused(tmp_path) -> None:
+    """--calibrate-from DIR --out DIR wrote the new run over the log it was fitted from (the
+    labelled log lost, config.json naming a calibration source that no longer exists)."""
+    first = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--iterations", "4", "--out",
+                                     str(tmp_path / "run"), "--no-progress"])
+    assert first.exit_code == 0, first.output
+    before = (tmp_path / "run" / "ops.parquet").read_bytes()
+    for given in (tmp_path / "run", tmp_path / "run" / "ops.parquet"):
+        result = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--iterations", "3",
+                                          "--calibrate-from", str(given), "--out",
+                                          str(tmp_path / "run"), "--no-progress"],
+                                    env={"COLUMNS": "1000"})
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2, said
+        assert (f"would write over {tmp_path / 'run' / 'ops.parquet'}, which --calibrate-from "
+                f"{given} reads") in said, said
+    assert (tmp_path / "run" / "ops.parquet").read_bytes() == before
+    # another directory is fine
+    other = CliRunner().invoke(app, ["simulate", "--gpus", "16", "--iterations", "3",
+                                     "--calibrate-from", str(tmp_path / "run"), "--out",
+                                     str(tmp_path / "other"), "--no-progress"])
+    assert other.exit_code == 0, other.output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from holmes_ml.cli._checks import as_options, check_seed, check_writable
+from holmes_ml.cli._checks import as_options, check_not_input, check_seed, check_writable
 
 _EPILOG = (
     "Examples:\n\n"
@@ -125,6 +125,18 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=False)
         check_seed(seed)
         check_writable(out, "--out", directory=True)
+        if calibrate_from is not None:
+            # the log durations are fitted from must not be what the run writes over
+            from holmes_ml.simulator.result import CONFIG_FILE, FAULTS_FILE, OPS_FILE, TOPOLOGY_FILE
+
+            for name in (OPS_FILE, FAULTS_FILE, TOPOLOGY_FILE, CONFIG_FILE):
+                try:
+                    check_not_input(out / name, "--out", [calibrate_from])
+                except ValueError:
+                    raise typer.BadParameter(
+                        f"{out}: would write over {out / name}, which --calibrate-from "
+                        f"{calibrate_from} reads; expected another directory",
+                        param_hint="--out") from None
         try:
             faults = tuple(FaultSpec.parse(f) for f in fault)
             weights: tuple[float, ...] = ()
