@@ -903,8 +903,8 @@ def resolve_paths(
 
 
 #: What a ``holmes simulate --out`` directory holds beside its ops.parquet (and what ``holmes
-#: detect`` and ``--plot`` may have written there): not logs.
-_SIMULATE_DIR_FILES = frozenset({"faults.json", "topology.json", "config.json"})
+#: detect``, ``--plot`` and ``holmes demo``, its verdict.json, may have written there): not logs.
+_SIMULATE_DIR_FILES = frozenset({"faults.json", "topology.json", "config.json", "verdict.json"})
 _NOT_LOGS = (".png", ".md", ".txt", ".yaml", ".yml", ".db", ".lock", ".holmes", ".iterations.csv")
 
 

@@ -329,6 +329,7 @@ def test_logs_beside_a_simulate_outputs_ops_parquet_are_named_not_dropped(tmp_pa
     ops[ops["rank"] >= 8].to_parquet(d / "ops-part2.parquet")
     (d / "scores.parquet").write_bytes(b"")  # what `holmes detect` and --plot leave there
     (d / "iterations.png").write_bytes(b"")
+    (d / "verdict.json").write_text("{}")  # what `holmes demo` leaves there
     with caplog.at_level(logging.WARNING, logger="holmes_ml.pipeline"):
         files, topo = resolve_paths([d])
     assert files == [d / "ops.parquet"] and topo is not None
