@@ -124,6 +124,66 @@ def test_a_verdict_reads_the_most_recent_iterations_and_keeps_the_rest(server):
     assert min(v["irregular_iterations"]) >= 60, v
 
 
+def _slowing_batch(seq: int, iterations: range, slow_from: int) -> dict:
+    """Two ranks' summaries of ``iterations`` back to back (each step is its span): about 1 ms
+    each, 1.3 ms from ``slow_from`` on (the job as a whole slowed down)."""
+    its, start, end, t = [], [], [], 0
+    for i in iterations:
+        dur = (1_300_000 if i >= slow_from else 1_000_000) + 5_000 * (i % 3)
+        its += [i, i]
+        start += [t, t + 1_000]
+        end += [t + dur, t + dur]
+        t += dur + 10_000
+    body = {"source": "n1", "batch_id": f"s-{seq}", "seq": seq,
+            "iterations": {"iteration": its, "rank": [0, 1] * len(iterations),
+                           "start_ns": start, "end_ns": end, "comm_us": [0.5] * len(its),
+                           "n_ops": [3] * len(its)}}
+    if seq == 0:
+        body["ranks"] = {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1]}
+        body["groups"] = [{"name": "dp-0", "kind": "dp", "ranks": [0, 1]}]
+    return body
+
+
+def test_the_last_iterations_are_judged_against_the_iterations_before_them(server):
+    """``?last=N`` only limits the rows returned: a job whose 10 latest iterations are all slow
+    shows them irregular with ?last=10 too (the monitor was run on those 10 alone, with no
+    reference before them: all regular, ratio 1.0), the same rows as the default answer's
+    last 10; a longer ?last is judged over the iterations it reads."""
+    c = httpx.Client(base_url=server.url, headers=auth(), timeout=30)
+    assert c.post("/v1/jobs/jobTail/batches", json=_slowing_batch(0, range(0, 30), 20)
+                  ).status_code == 200
+    url = "/v1/jobs/jobTail/iterations"
+    full = c.get(url).json()
+    assert [r["iteration"] for r in full if r["irregular"]] == list(range(20, 30)), full
+    assert all(1.25 < r["ratio"] < 1.35 for r in full[20:]), full[20:]
+    for n in (10, 3, 25, 30):
+        assert c.get(url, params={"last": n}).json() == full[-n:], n
+    assert c.get(url, params={"last": 4, "irregular_only": True}).json() == full[-4:]
+    # a job longer than the verdict's window (200 iterations): the rows of ?last=10 are those
+    # of the default answer, of ?last=250 and of ?last=0 (every iteration) judged alike
+    assert c.post("/v1/jobs/jobTailLong/batches", json=_slowing_batch(0, range(0, 300), 290)
+                  ).status_code == 200
+    url = "/v1/jobs/jobTailLong/iterations"
+    window = c.get(url).json()
+    assert [r["iteration"] for r in window] == list(range(100, 300))
+    assert [r["iteration"] for r in window if r["irregular"]] == list(range(290, 300))
+    assert c.get(url, params={"last": 10}).json() == window[-10:]
+    for n in (250, 0):
+        tail = c.get(url, params={"last": n}).json()
+        assert len(tail) == (n or 300)
+        assert [r["iteration"] for r in tail if r["irregular"]] == list(range(290, 300)), n
+    # raw records alike: the iterations after 20 of this job take 1.3x as long
+    ops = make_ops(seed=8, iterations=30, slow_rank=5)
+    late = (ops["iteration"] >= 20).to_numpy()
+    ops.loc[late, "start_ns"] = (ops["iteration"] * 10_000_000
+                                 + ops["seq"] % 100 * 1_300_000)[late]
+    assert c.post("/v1/jobs/jobTailRaw/raw", json=raw_body(ops, "t0", seq=0)).status_code == 200
+    url = "/v1/jobs/jobTailRaw/iterations"
+    full = c.get(url).json()
+    assert [r["iteration"] for r in full if r["irregular"]] == list(range(20, 30)), full
+    assert c.get(url, params={"last": 10}).json() == full[-10:]
+
+
 def _agent_batch(source: str, seq: int, ranks: list[int], host: str, group: list[int],
                  iteration: int = 0, kind: str = "dp") -> dict:
     n = len(ranks)

@@ -68,6 +68,13 @@ def test_agent_refuses_an_outbox_that_is_not_one(tmp_path):
     (["--host", "0.0.0.0"], "--host '0.0.0.0' is not a loopback address; a --token"),
     (["--webhook", "notaurl"], "--webhook 'notaurl': expected an http:// or https:// URL"),
     (["--webhook", "ftp://h/x"], "--webhook 'ftp://h/x': expected an http:// or https:// URL"),
+    # too few for the irregularity monitor: a job that slowed down was never flagged
+    (["--analyze-last", "10"], "--analyze-last 10: expected 0 (every iteration) or at least 70 "
+     "iterations: the irregularity monitor judges each iteration against the 20 regular ones "
+     "before it, and the localizer looks at up to the 50 most recent; with fewer, a slowdown "
+     "lasting those is judged against fewer regular iterations, or none and so never flagged"),
+    (["--analyze-last", "69"], "--analyze-last 69: expected 0 (every iteration) or at least 70"),
+    (["--analyze-last", "-1"], "--analyze-last -1: expected 0 (every iteration) or at least 70"),
 ])
 def test_serve_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
     from test_serve_support import free_port
@@ -90,6 +97,60 @@ def _serve_announced(*args: object) -> tuple[subprocess.Popen, str]:
     reader.start()
     reader.join(30)
     return proc, got[0] if got else ""
+
+
+def _slowed_job(iterations: int, slow: int) -> dict:
+    """An agent batch of two ranks' ``iterations`` back to back, about 1 ms each, the last
+    ``slow`` of them 1.3 ms."""
+    its, start, end, t = [], [], [], 0
+    for i in range(iterations):
+        dur = (1_300_000 if i >= iterations - slow else 1_000_000) + 5_000 * (i % 3)
+        its += [i, i]
+        start += [t, t + 1_000]
+        end += [t + dur, t + dur]
+        t += dur + 10_000
+    return {"source": "n1", "batch_id": "b0", "seq": 0,
+            "ranks": {"rank": [0, 1], "host": ["h0", "h0"], "gpu": [0, 1]},
+            "groups": [{"name": "dp-0", "kind": "dp", "ranks": [0, 1]}],
+            "iterations": {"iteration": its, "rank": [0, 1] * iterations, "start_ns": start,
+                           "end_ns": end, "comm_us": [0.5] * len(its), "n_ops": [3] * len(its)}}
+
+
+def test_the_smallest_analyze_last_accepted_still_flags_a_job_that_slowed_down(tmp_path):
+    """``--analyze-last 10`` was accepted and every verdict then read 10 iterations: the
+    irregularity monitor had no regular iterations to judge them against, and a job whose
+    latest iterations all slowed down showed no irregular iteration and a slowdown of 1.0.
+    At the smallest value accepted (70), a slowdown lasting the localizer's whole window (50
+    iterations) is flagged, by the verdict, /metrics and /iterations alike."""
+    import httpx
+    from test_serve_support import free_port
+
+    from holmes_ml.serve.engine import min_analyze_last
+
+    # the number --analyze-last's help, its refusal and the README give (50 + 20)
+    assert min_analyze_last() == 70
+    assert "At least 70: the localizer looks at up to the 50 most recent" in " ".join(
+        holmes("serve", "--help").stdout.replace("│", " ").split())
+    port = free_port()
+    proc, line = _serve_announced("--db", tmp_path / "s.db", "--port", port,
+                                  "--analyze-last", 70, "--analyze-every", 0)
+    try:
+        assert line.startswith("holmes serve: listening on "), (line, proc.poll())
+        c = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        assert c.post("/v1/jobs/slowed/batches", json=_slowed_job(200, 50)).status_code == 200
+        v = c.post("/v1/jobs/slowed/analyze").json()
+        assert v["irregular_iterations"] == list(range(150, 200)), v
+        assert 1.25 < v["slowdown"] < 1.4, v
+        metrics = c.get("/metrics").text
+        assert 'holmes_job_irregular_iterations{job="slowed"} 50.0' in metrics
+        (slowdown,) = [float(ln.split()[-1]) for ln in metrics.splitlines()
+                       if ln.startswith('holmes_job_slowdown{job="slowed"}')]
+        assert slowdown > 1.25
+        its = c.get("/v1/jobs/slowed/iterations", params={"last": 10}).json()
+        assert [r["irregular"] for r in its] == [True] * 10, its
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
 
 
 def test_serve_announces_its_url_once_listening(tmp_path):

@@ -49,7 +49,12 @@ def register(app: typer.Typer) -> None:
         analyze_last: int = typer.Option(200, "--analyze-last", help="A verdict reads a "
                                          "job's this many most recent iterations, so it costs "
                                          "the same after a week as after a minute; older rows "
-                                         "stay stored (0: every iteration)."),
+                                         "stay stored (0: every iteration). At least 70: the "
+                                         "localizer looks at up to the 50 most recent, and "
+                                         "the irregularity monitor judges each against the 20 "
+                                         "regular ones before it (with fewer, a slowdown "
+                                         "lasting those 50 is judged against fewer, or none "
+                                         "and never flagged)."),
         keep_iterations: int = typer.Option(0, "--keep-iterations", help="After each "
                                             "verdict, delete a job's rows of iterations before "
                                             "its this many most recent ones, the records of "

@@ -56,6 +56,7 @@ from holmes_ml.serve.engine import (  # noqa: E402
     Analyzers,
     compute_verdict,
     iteration_rows,
+    min_analyze_last,
     pipeline_analyzers,
 )
 from holmes_ml.serve.schemas import (  # noqa: E402
@@ -129,7 +130,10 @@ class ServeSettings:
         to the last irregular one, when that comes before them) and the irregularity monitor
         at the 20 before each, so 200 leaves room, and the work per
         verdict stays the same however long the job has run. Older rows stay stored. 0: every
-        iteration (the cost then grows with the job's age).
+        iteration (the cost then grows with the job's age). Else at least
+        :func:`~holmes_ml.serve.engine.min_analyze_last` (70, those 50 and 20): the monitor is
+        run over the iterations read, and with 10 a job whose latest iterations had all slowed
+        down was judged against them alone and never flagged.
     keep_iterations:
         After each verdict, delete what a job holds of iterations before its this many most
         recent ones (iteration summaries, abnormal operators, raw batches wholly before them and
@@ -176,10 +180,19 @@ class ServeSettings:
         if not (math.isfinite(self.analyze_interval_s) and self.analyze_interval_s >= 0):
             raise ValueError(f"--analyze-every {self.analyze_interval_s:g}: expected seconds "
                              ">= 0 (0: only on POST /v1/jobs/JOB/analyze)")
-        if isinstance(self.analyze_last, bool) or not isinstance(self.analyze_last, int) or \
-                self.analyze_last < 0:
-            raise ValueError(f"--analyze-last {self.analyze_last!r}: expected a number of "
-                             "iterations >= 0 (0: every iteration)")
+        least = min_analyze_last()
+        if isinstance(self.analyze_last, bool) or not isinstance(self.analyze_last, int) or (
+                self.analyze_last != 0 and self.analyze_last < least):
+            from holmes_ml.features.iterations import IrregularityConfig
+
+            reference = IrregularityConfig().window
+            raise ValueError(
+                f"--analyze-last {self.analyze_last!r}: expected 0 (every iteration) or at "
+                f"least {least} iterations: the irregularity monitor judges each iteration "
+                f"against the {reference} regular ones before it, and the localizer looks at up "
+                f"to the {least - reference} most recent; with fewer, a slowdown lasting "
+                "those is judged against fewer regular iterations, or none and so never "
+                "flagged")
         keep = self.keep_iterations
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0 or (
                 keep and (not self.analyze_last or keep < self.analyze_last)):
@@ -1011,11 +1024,14 @@ def create_app(
         job: str = JobName, irregular_only: bool = False,
         last: int | None = Query(None, ge=0, le=2**31 - 1, description=(
             "The job's this many most recent iterations; 0: all of them. Default: as many as "
-            "a verdict reads (holmes serve --analyze-last).")),
+            "a verdict reads (holmes serve --analyze-last). Only the rows returned: each is "
+            "judged against the iterations before it, over what a verdict reads (the rows "
+            "of fewer are those of the default answer), or over the N asked for when more.")),
     ) -> list[IterationOut]:
         """Job-wide iteration times with the irregularity monitor's verdict on each."""
         store.job(job)
-        rows = iteration_rows(store, job, service.last if last is None else last or None)
+        rows = iteration_rows(store, job, service.last if last is None else last or None,
+                              window=service.last)
         if irregular_only and len(rows):
             rows = rows[rows["irregular"].astype(bool)]
         return [

@@ -66,6 +66,23 @@ def pipeline_analyzers() -> Analyzers:
     )
 
 
+def min_analyze_last() -> int:
+    """Fewest most recent iterations a verdict may read (``holmes serve --analyze-last``; 0,
+    every stored iteration, aside): the localizer's window
+    (:attr:`~holmes_ml.localize.LocalizeConfig.window`, 50 iterations) and, before it, the
+    irregularity monitor's reference (:attr:`~holmes_ml.features.IrregularityConfig.window`,
+    the 20 regular iterations each one is judged against). The monitor is run over the
+    iterations the verdict reads, and the first ones of those have a partial reference or none
+    (it flags nothing before ``min_history`` regular ones): a verdict of 10 iterations of a job
+    whose 10 latest had all slowed down took them as their own reference and flagged none.
+    With this many, a slowdown as long as the localizer's window is flagged, each of its
+    iterations judged against a full reference."""
+    from holmes_ml.features.iterations import IrregularityConfig
+    from holmes_ml.localize.config import LocalizeConfig
+
+    return LocalizeConfig().window + IrregularityConfig().window
+
+
 def _verdict_dict(verdict: Any) -> dict:
     body = verdict.to_dict() if hasattr(verdict, "to_dict") else dict(verdict)
     body.setdefault("irregular", False)
@@ -148,20 +165,32 @@ def compute_verdict(
     return _verdict_dict(verdict)
 
 
-def iteration_rows(store: Store, job: str, last: int | None = None) -> pd.DataFrame:
-    """Job-wide iteration times with the irregularity monitor's columns (of the ``last`` most
-    recent iterations when given).
+def iteration_rows(store: Store, job: str, last: int | None = None,
+                   window: int | None = None) -> pd.DataFrame:
+    """Job-wide iteration times with the irregularity monitor's columns, of the ``last`` most
+    recent iterations when given (``None`` or 0: of every stored one).
+
+    The monitor judges each iteration against the regular ones before it, so it is not run on
+    the ``last`` alone (the first of them would have no reference: a job whose 10 latest
+    iterations had all slowed down showed them regular with ``last=10``). It is run over the
+    ``window`` most recent iterations (a verdict's, ``holmes serve --analyze-last``), or over
+    the ``last`` when they are more, or over every stored one when ``window`` is ``None`` or
+    0; and the ``last`` most recent rows of that are returned. So a ``last`` up to ``window``
+    gives the rows the whole window gives, judged over the iterations the verdict reads, for
+    what reading those costs; a longer ``last`` reads that many, judged as over a verdict's
+    window of that many.
 
     Built from agent iteration summaries (one pseudo-operator per rank and iteration spanning
     its window) or from raw records, then passed to :func:`holmes_ml.features.detect_irregular`.
     """
     from holmes_ml.features import detect_irregular, iteration_table
 
+    read = max(last, window) if last and window else None
     info = store.job(job)
     if info["mode"] == "raw":
-        ops = store.raw_ops(job, last)
+        ops = store.raw_ops(job, read)
     elif info["mode"] == "agent":
-        it = store.iteration_summaries(job, last)
+        it = store.iteration_summaries(job, read)
         ops = pd.DataFrame(
             {
                 "iteration": it["iteration"].astype(np.int64),
@@ -177,4 +206,6 @@ def iteration_rows(store: Store, job: str, last: int | None = None) -> pd.DataFr
             columns=["iteration", "time_us", "reference_us", "ratio", "irregular", "pattern"]
         )
     rows = detect_irregular(iteration_table(ops))
+    if last:
+        rows = rows.iloc[-last:]
     return rows.reset_index(drop="iteration" in rows.columns)
