@@ -43,6 +43,7 @@ from holmes_ml.topology import (
     Topology,
     assumed_host,
     kind_from_group_name,
+    local_index,
 )
 
 logger = logging.getLogger(__name__)
@@ -635,7 +636,7 @@ def topology_from_summary(summary: NodeSummary) -> Topology:
         r["host"] = hosts.reindex(r["rank"]).fillna("").to_numpy()
         r.loc[r["host"] == "", "host"] = [assumed_host(x)[0]
                                           for x in r.loc[r["host"] == "", "rank"]]
-        r["gpu"] = r.groupby("host").cumcount().to_numpy()
+        r["gpu"] = local_index(r, GPUS_PER_HOST)
         if "gpu" in summary.ranks.columns:
             # the GPU each agent says its rank runs on, when it says so for every rank and no
             # two ranks of a host share one (else ranks are numbered in order on their host)

@@ -399,7 +399,7 @@ class Topology:
         if "host" in ops.columns and (ops["host"].astype(str).str.len() > 0).all():
             hosts = per_rank["host"].first().astype(str)
             ranks["host"] = hosts.reindex(ranks["rank"]).to_numpy()
-            ranks["gpu"] = ranks.groupby("host").cumcount().to_numpy()
+            ranks["gpu"] = local_index(ranks, gpus_per_host)
         else:
             ranks["host"] = [assumed_host(r, gpus_per_host)[0] for r in ranks["rank"]]
             ranks["gpu"] = (ranks["rank"] % gpus_per_host).to_numpy()
@@ -422,3 +422,27 @@ class Topology:
             kind = str(kinds[name]) if kinds is not None and kinds[name] else kind_from_group_name(str(name))
             groups[str(name)] = Group(str(name), kind, tuple(members))
         return cls(ranks=ranks, groups=groups, spines=0, parallel={}, gpus_per_host=gpus_per_host)
+
+
+def local_index(ranks: pd.DataFrame, gpus_per_host: int) -> np.ndarray:
+    """Each rank's GPU index on its host (``ranks``: one row per rank, ``rank`` and ``host``).
+
+    Where each host's ranks lie in a block of its own of ``n`` consecutive ranks starting at a
+    multiple of ``n`` (a launcher's ``rank = node * n + local_rank``), the index is ``rank % n``
+    (``n``: ``gpus_per_host``, else the most ranks one host logged): a rank that logged nothing
+    does not shift the others of its host onto its GPU. Otherwise (ranks spread over hosts
+    another way) the ranks of a host are numbered in rank order.
+    """
+    rank = ranks["rank"].to_numpy(np.int64)
+    host = ranks["host"].to_numpy()
+    most = int(pd.Series(host).value_counts().max()) if len(host) else 0
+    for n in dict.fromkeys((gpus_per_host, most)):
+        if n < 1:
+            continue
+        block = pd.DataFrame({"host": host, "block": rank // n})
+        per_host = block.groupby("host")["block"].nunique()
+        per_block = block.groupby("block")["host"].nunique()
+        if (per_host == 1).all() and (per_block == 1).all():
+            return rank % n
+    return ranks.groupby("host").cumcount().to_numpy()
+

@@ -34,7 +34,7 @@ def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
     assert report["communicators_by_kind"] == ops.groupby("group")["group_kind"].first() \
         .astype(str).value_counts().to_dict()
     assert report["op_types"] == ops["op"].astype(str).value_counts().to_dict()
-    assert [c["ok"] for c in report["checks"]] == [True] * 7, report["checks"]
+    assert [c["ok"] for c in report["checks"]] == [True] * 8, report["checks"]
     # the logs carry no coordinates; the topology beside them places each rank on tp, pp, dp
     assert report["coordinates"] == ["dp", "pp", "tp"]
     # the readable form says the same
@@ -103,3 +103,23 @@ def test_a_topology_of_another_job_is_refused_as_localize_refuses_it(tmp_path):
     args = [str(tmp_path / "a" / "ops.parquet"), "--topology", str(tmp_path / "b" / "topology.json")]
     lines = [_one_error_line(CliRunner().invoke(app, [cmd, *args])) for cmd in ("check", "localize")]
     assert lines[0] == lines[1] and "the topology disagrees with the logs" in lines[0], lines
+
+
+def test_ranks_missing_from_some_iterations_are_named_with_the_iterations(tmp_path):
+    """A rank whose log lacks iterations the others logged passed every check ("every rank
+    the member lists name logged"), though its copies there are unknown."""
+    rows = [{"iteration": it, "rank": r, "op": "all_reduce", "group": "dp-0", "seq": it,
+             "nbytes": 64, "start_ns": 10**18 + it * 10**9 + r, "duration_us": 10.0,
+             "group_ranks": "0 1 2"} for it in range(8) for r in range(3)
+            if not (r == 2 and it in (3, 4, 5)) and not (r == 0 and it == 7)]
+    pd.DataFrame(rows).to_csv(tmp_path / "ops.csv", index=False)
+    report = _check(str(tmp_path / "ops.csv"))
+    assert report["ranks_lacking_iterations"] == 2
+    assert report["ranks_lacking_iterations_list"] == {"0": "7", "2": "3-5"}
+    failed = [c["what"] for c in report["checks"] if not c["ok"]]
+    assert any(w.startswith("2 ranks lack iterations the others logged (0: 7; 2: 3-5)")
+               for w in failed), failed
+    whole = [{**r, "rank": r["rank"]} for r in rows if r["rank"] == 1]
+    pd.DataFrame(whole).to_csv(tmp_path / "one.csv", index=False)
+    said = [c["what"] for c in _check(str(tmp_path / "one.csv"))["checks"] if c["ok"]]
+    assert "every rank logged every iteration" in said, said

@@ -355,3 +355,37 @@ def test_a_verdict_of_too_few_iterations_says_the_monitor_saw_nothing() -> None:
     long = _sim(None, gpus=16, iterations=8)
     note = analyze(long.ops, long.topology).note
     assert note is None or "irregularity monitor needs" not in note
+
+
+def test_a_rank_that_logged_nothing_does_not_move_its_host_neighbours_onto_its_gpu() -> None:
+    """Logs with a host column but no topology: the GPUs of a host were numbered among the
+    ranks that logged, so with rank 3's log missing the slowed rank 5 was named gpu:node000/4
+    (a healthy GPU to pull). A launcher places rank = node * 8 + local rank: rank 5 is GPU 5."""
+    from holmes_ml.io.schema import without_labels
+
+    res = _sim("gpu_slow:rank=5,severity=0.5", gpus=16, iterations=8)
+    ops = without_labels(res.ops)
+    assert ops["host"].str.len().gt(0).all()
+    whole = analyze(ops, None, model="rule").candidates[0]
+    gappy = analyze(ops[~ops["rank"].isin([3, 9])], None, model="rule").candidates[0]
+    assert whole.ranks == gappy.ranks == (5,)
+    assert whole.device == gappy.device == res.faults[0].devices[0], (whole, gappy)
+
+
+def test_a_rank_missing_from_some_iterations_is_not_named_the_late_arrival() -> None:
+    """A rank whose log lacks a few iterations has no copy in their collectives; read as the
+    normal copy (the late arrival), it was named a straggler with evidence it never gave
+    ("rank 7 arrived last"), beside the slowed rank 5."""
+    from holmes_ml.io.schema import without_labels
+
+    res = simulate(SimConfig(gpus=16, model="llama2-7b", tp=2, pp=2, dp=4, iterations=20,
+                             seed=0, hosts_per_pod=1, faults=(FaultSpec.parse(
+                                 "gpu_slow:rank=5,severity=0.5,start=10"),)))
+    ops = without_labels(res.ops)
+    gap = ops[~((ops["rank"] == 7) & ops["iteration"].between(12, 14))]
+    verdict = analyze(gap, res.topology)
+    named = [r for c in verdict.candidates for r in c.ranks]
+    assert named[0] == 5 and 7 not in named, verdict.candidates
+    assert not any("rank 7 arrived last" in e.detail for c in verdict.candidates
+                   for e in c.evidence)
+

@@ -173,3 +173,21 @@ def test_a_topology_of_another_version_is_read_with_a_warning(caplog):
         t = Topology.from_dict(dict(data, version=99), source="t.json")
     assert t.world_size == 2 and "t.json: topology version 99" in caplog.text
     assert Topology.from_dict(t.to_dict()).to_dict()["version"] == 1
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [
+    # a launcher's blocks of 8, ranks 3 and 9 silent: their neighbours keep their GPUs
+    ({"a": [0, 1, 2, 4, 5, 6, 7], "b": [8, 10, 11, 12, 13, 14, 15]},
+     [0, 1, 2, 4, 5, 6, 7, 0, 2, 3, 4, 5, 6, 7]),
+    # 4-GPU hosts: blocks of 4 (not of the default 8)
+    ({"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}, [0, 1, 2, 3, 0, 1, 2, 3]),
+    # ranks dealt round-robin over hosts: no blocks, numbered in rank order on each host
+    ({"a": [0, 2, 4, 6], "b": [1, 3, 5, 7]}, [0, 0, 1, 1, 2, 2, 3, 3]),
+])
+def test_from_ops_numbers_gpus_by_the_launchers_blocks_where_the_ranks_fit_them(hosts, expected):
+    rows = [(r, h) for h, rs in hosts.items() for r in rs]
+    ops = pd.DataFrame({"iteration": 0, "rank": [r for r, _ in rows], "op": "barrier",
+                        "group": "world", "seq": 0, "nbytes": 0, "start_ns": 1,
+                        "duration_us": 1.0, "host": [h for _, h in rows]})
+    topo = Topology.from_ops(ops)
+    assert topo.ranks.sort_values("rank")["gpu"].tolist() == expected

@@ -42,7 +42,9 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     dict
         Plain JSON values: ``ops``, ``ranks`` and ``rank_list`` (runs such as ``"0-15"``),
         ``listed_not_logged`` (ranks that communicator member lists name but that logged
-        nothing), ``iterations``, ``iteration_list``, ``median_iteration_s``, ``hosts`` and
+        nothing), ``iterations``, ``iteration_list``, ``ranks_lacking_iterations`` (ranks whose
+        rows lack iterations other ranks logged; ``_list``: the first 8, each with those it
+        lacks), ``median_iteration_s``, ``hosts`` and
         ``hosts_from`` (``topology``, ``logs`` or ``assumed``), ``communicators`` (by kind,
         and how many list their members), ``op_types``, ``send_recv_without_peer``,
         ``coordinates``, ``compute_times`` (whether each step's compute time per rank was
@@ -64,6 +66,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     missing = sorted({r for g in logs.groups.values() for r in g.ranks} - set(ranks.tolist()))
     kinds = pd.Series([g.kind for g in logs.groups.values()], dtype=object)
     its = iteration_table(ops)
+    gaps = _iteration_gaps(ops, its.index.to_numpy())
     p2p = ops["op"].isin(P2P_OPS).to_numpy()
     no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
         int(p2p.sum())
@@ -82,6 +85,8 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "listed_not_logged_list": spans(missing),
         "iterations": len(its),
         "iteration_list": spans(its.index),
+        "ranks_lacking_iterations": len(gaps),
+        "ranks_lacking_iterations_list": {str(r): spans(m) for r, m in list(gaps.items())[:8]},
         "median_iteration_s": round(float(its["duration_s"].median()), 6) if len(its) else None,
         "hosts": hosts,
         "hosts_from": hosts_from,
@@ -108,6 +113,13 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          f"{len(missing)} rank{'s' * (len(missing) != 1)} named by member lists logged "
          f"nothing ({spans(missing)}): a slow device among them can only show through its "
          "peers"),
+        (not gaps,
+         "every rank logged every iteration" if not gaps else
+         f"{len(gaps)} rank{'s' * (len(gaps) != 1)} lack{'s' * (len(gaps) == 1)} "
+         "iterations the others logged ("
+         + "; ".join(f"{r}: {spans(m)}" for r, m in list(gaps.items())[:4])
+         + (" ..." if len(gaps) > 4 else "") + "): their copies there are unknown, and no "
+         "lateness is read into them"),
         (with_members == len(logs.groups),
          "every communicator lists its members (group_ranks): rings and pairs are known"
          if with_members == len(logs.groups) else
@@ -142,3 +154,14 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
                        "another row: logs of two runs (or a restarted job) read together?"))
     out["checks"] = [{"ok": bool(ok), "what": what} for ok, what in checks]
     return out
+
+
+def _iteration_gaps(ops: pd.DataFrame, iterations: np.ndarray) -> dict[int, np.ndarray]:
+    """The ranks whose rows lack some of ``iterations`` (those any rank logged), with the
+    iterations each lacks; by rank."""
+    pairs = ops[["rank", "iteration"]].drop_duplicates()
+    counts = pairs.groupby("rank").size()
+    lacking = counts.index[counts.to_numpy() < len(iterations)]
+    return {int(r): np.setdiff1d(iterations, pairs.loc[pairs["rank"] == r, "iteration"])
+            for r in lacking}
+

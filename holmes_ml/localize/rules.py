@@ -225,7 +225,7 @@ def localize_records(
             if "group_kind" in groups.columns else pd.Series(dtype=str))
 
     events = [
-        _collective_events(ab[~p2p], members, size, cfg, kind),
+        _collective_events(ab[~p2p], members, size, cfg, kind, iterations),
         _p2p_events(ab[p2p], cfg),
     ]
     ev = pd.concat([e for e in events if len(e)], ignore_index=True) if any(
@@ -659,10 +659,15 @@ def _mark_ties(cands: list[Candidate]) -> list[Candidate]:
 
 def _collective_events(
     ab: pd.DataFrame, members: pd.DataFrame, size: pd.Series, cfg: LocalizeConfig,
-    kind: pd.Series | None = None,
+    kind: pd.Series | None = None, iterations: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Straggler / communication events of collective instances. ``kind``: each
-    communicator's kind (``tp``, ``dp``, ...), by name."""
+    communicator's kind (``tp``, ``dp``, ...), by name; ``iterations``: the per-rank iteration
+    summaries, which say whose logs hold each iteration: a member absent from an instance is
+    read as a normal copy, the late arrival, only where its log holds that iteration (a rank
+    whose log lacks it, cut or not shipped yet, says nothing of when it arrived); a rank that
+    logged nothing at all (its log lost, the topology placing it) still is, as the verdict's
+    note says."""
     if len(ab) == 0:
         return pd.DataFrame()
     key = ["iteration", "group", "seq"]
@@ -691,6 +696,14 @@ def _collective_events(
         seen = ab[key + ["rank"]].drop_duplicates().assign(_seen=True)
         cand = cand.merge(seen, on=key + ["rank"], how="left")
         cand = cand[cand["_seen"].isna()].drop(columns="_seen")
+        if iterations is not None and len(iterations):
+            rows = iterations[iterations["iteration"].isin(partial["iteration"].unique())]
+            logged = rows[["iteration", "rank"]].drop_duplicates().astype(np.int64)
+            there = cand.merge(logged.assign(_there=True), on=["iteration", "rank"],
+                               how="left")["_there"].notna().to_numpy()
+            # (a rank that logged nothing at all, placed by a topology, is still read so)
+            silent = ~cand["rank"].isin(iterations["rank"].unique()).to_numpy()
+            cand = cand[there | silent]
         n_absent = cand.groupby(key)["rank"].transform("size")
         strag = cand.assign(rule="straggler", weight=cand["excess"] / n_absent)
     else:
