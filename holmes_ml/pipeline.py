@@ -17,6 +17,7 @@ that grows with the job's own jitter (:func:`rule_scores`). The same median is t
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from holmes_ml.features import (
     iteration_table,
 )
 from holmes_ml.features.iterations import span_times
+from holmes_ml.io.readers import ARCHIVE_SUFFIXES
 from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_ranks
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of, localize_records
@@ -897,10 +899,40 @@ def resolve_paths(
             near = p / "topology.json" if p.is_dir() else p.parent / "topology.json"
         if topology is None and found is None and near.is_file():
             found = near
+        if topology is None and found is None and p.is_file() and p.name.lower().endswith(
+                ARCHIVE_SUFFIXES):
+            topology = _topology_in_archive(p)
     if found is not None:
         logger.info("topology from %s", found)
         topology = Topology.from_json(found)
     return files, topology
+
+
+def _topology_in_archive(archive: Path) -> Topology | None:
+    """The ``topology.json`` a tar archive of a ``holmes simulate`` directory holds (the
+    shallowest one), read as the directory's would be; None when it holds none or cannot be
+    opened (the reader then says why)."""
+    import tarfile
+
+    try:
+        with tarfile.open(archive) as tf:
+            named = sorted((m for m in tf.getmembers()
+                            if m.isfile() and Path(m.name).name == "topology.json"),
+                           key=lambda m: len(Path(m.name).parts))
+            if not named:
+                return None
+            handle = tf.extractfile(named[0])
+            raw = handle.read() if handle is not None else b""
+    except (tarfile.TarError, OSError, EOFError):
+        return None
+    source = f"{archive}:{named[0].name.removeprefix('./')}"
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise SchemaError(f"not valid JSON ({exc})", source=source,
+                          expected="a topology.json as holmes simulate writes it") from None
+    logger.info("topology from %s", source)
+    return Topology.from_dict(data, source=source)
 
 
 #: What a ``holmes simulate --out`` directory holds beside its ops.parquet (and what ``holmes

@@ -389,3 +389,28 @@ def test_a_rank_missing_from_some_iterations_is_not_named_the_late_arrival() -> 
     assert not any("rank 7 arrived last" in e.detail for c in verdict.candidates
                    for e in c.evidence)
 
+
+def test_an_archive_of_a_simulate_directory_reads_like_the_directory(tmp_path, caplog) -> None:
+    """A tar of a `holmes simulate` output: its topology.json was left out (another device
+    named, no coordinates) and its config.json and faults.json were warned of as unknown logs."""
+    import logging
+    import tarfile
+
+    res = _sim("gpu_slow:rank=5,severity=0.5,start=3", gpus=16, iterations=8)
+    d = tmp_path / "sim"
+    res.write(d)
+    archive = tmp_path / "sim.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(d, arcname=".")
+    with caplog.at_level(logging.WARNING):
+        packed = analyze_paths([archive], model="rule")
+    assert "not a log" not in caplog.text, caplog.text
+    plain = analyze_paths([d], model="rule")
+    assert packed.to_dict()["candidates"] == plain.to_dict()["candidates"]
+    assert packed.candidates[0].coords, packed.candidates[0]
+    # a topology.json in the archive that is no JSON is refused naming the member
+    (d / "topology.json").write_text("{not json")
+    with tarfile.open(tmp_path / "bad.tar", "w") as tf:
+        tf.add(d, arcname="run")
+    with pytest.raises(Exception, match=r"bad\.tar:run/topology\.json: not valid JSON"):
+        analyze_paths([tmp_path / "bad.tar"], model="rule")

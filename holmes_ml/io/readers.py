@@ -738,6 +738,12 @@ def _short_csv_line(f: Path, table: pd.DataFrame, line: int) -> SchemaError | No
     )
 
 
+#: Files of a ``holmes simulate`` (or ``holmes demo``) directory beside its log, read in a
+#: directory or archive of it: said at INFO, not warned of as unknown logs.
+_COMPANIONS = {"topology.json": "the job's topology", "faults.json": "the injected faults",
+               "config.json": "the simulation's settings", "verdict.json": "a verdict"}
+
+
 def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
     """Format of each file; files of a directory/archive that match no format are skipped."""
     kinds: dict[Path, str] = {}
@@ -756,8 +762,9 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
             if f.container is None:
                 raise
             skipped.setdefault(f.container, []).append(f.path.name)
-            if f.path.name == "topology.json":  # the job's topology (holmes simulate's), no log
-                logger.info("%s: a topology, not a log", _display(str(f.path), shown))
+            if f.path.name in _COMPANIONS:  # what holmes simulate / demo write beside the log
+                logger.info("%s: %s, not a log", _display(str(f.path), shown),
+                            _COMPANIONS[f.path.name])
                 continue
             empty = f.path.is_file() and f.path.stat().st_size == 0
             # (detect_format said why: no need to read the file again)
