@@ -34,8 +34,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the service's JSON answer "
                                      "(the job list, or the job's verdict) instead of tables."),
         analyze: bool = typer.Option(False, "--analyze", help="With JOB: have the service "
-                                     "localize the job now instead of at its next background "
-                                     "pass (a write: needs --token when the service has one)."),
+                                     "localize the job now, when data or a topology arrived "
+                                     "since its verdict, instead of at its next background "
+                                     "pass (an unchanged job keeps its verdict: the same data "
+                                     "gives the same one; a write: needs --token when the "
+                                     "service has one)."),
         delete: bool = typer.Option(False, "--delete", help="With JOB: delete the job and "
                                     "everything the service stored for it (a write: needs "
                                     "--token when the service has one)."),
