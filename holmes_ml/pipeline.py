@@ -959,10 +959,11 @@ def _say_unread_beside(directory: Path) -> None:
 
 
 def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = False,
-               trust_pickle: bool = False) -> pd.DataFrame:
+               trust_pickle: bool = False, warn: bool = True) -> pd.DataFrame:
     """Read log files into one validated CommOps table (readers from :mod:`holmes_ml.io`;
     ``progress``: a progress bar over the files on stderr; ``trust_pickle``: unpickle
-    Flight Recorder dumps, see :func:`holmes_ml.io.read_ops`)."""
+    Flight Recorder dumps, see :func:`holmes_ml.io.read_ops`; ``warn``: of operators that
+    last longer than an hour, which ``holmes check`` lists among its checks instead)."""
     from holmes_ml.io import read_ops
 
     ops = read_ops([str(f) for f in files], format=format, progress=progress,
@@ -972,4 +973,17 @@ def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = Fal
             "no operator rows in " + ", ".join(str(f) for f in files),
             expected="logs with at least one collective or send/recv of the job",
         )
+    if warn:
+        _warn_long_ops(ops)
     return ops
+
+
+def _warn_long_ops(ops: pd.DataFrame) -> None:
+    """Warn about operators logged as lasting longer than :data:`LONG_OP_US` (a corrupt
+    ``duration_us``, or a hang): used as logged, they make their iteration's time absurd."""
+    from holmes_ml.io.inventory import long_ops
+
+    found = long_ops(ops)
+    if found is not None:
+        logger.warning("%s: a corrupt duration_us, or a hang? They are used as logged, so "
+                       "their iterations' times (and a slowdown quoted) are absurd", found)

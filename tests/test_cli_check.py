@@ -34,7 +34,7 @@ def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
     assert report["communicators_by_kind"] == ops.groupby("group")["group_kind"].first() \
         .astype(str).value_counts().to_dict()
     assert report["op_types"] == ops["op"].astype(str).value_counts().to_dict()
-    assert [c["ok"] for c in report["checks"]] == [True] * 8, report["checks"]
+    assert [c["ok"] for c in report["checks"]] == [True] * 9, report["checks"]
     # the logs carry no coordinates; the topology beside them places each rank on tp, pp, dp
     assert report["coordinates"] == ["dp", "pp", "tp"]
     # the readable form says the same
@@ -123,3 +123,23 @@ def test_ranks_missing_from_some_iterations_are_named_with_the_iterations(tmp_pa
     pd.DataFrame(whole).to_csv(tmp_path / "one.csv", index=False)
     said = [c["what"] for c in _check(str(tmp_path / "one.csv"))["checks"] if c["ok"]]
     assert "every rank logged every iteration" in said, said
+
+
+def test_an_operator_lasting_days_is_named_by_check_and_warned_of_by_detect(tmp_path, caplog):
+    """An op of 11.6 days among steps of a second (a corrupt duration) passed every check and
+    detect said nothing; only localize warned, and only when ranks' clocks disagreed."""
+    rows = [{"iteration": it, "rank": r, "op": "all_reduce", "group": "dp-0", "seq": it,
+             "nbytes": 64, "start_ns": 10**18 + it * 10**9 + r, "duration_us": 10.0,
+             "group_ranks": "0 1"} for it in range(6) for r in range(2)]
+    rows[7]["duration_us"] = 1e12  # rank 1, iteration 3
+    pd.DataFrame(rows).to_csv(tmp_path / "ops.csv", index=False)
+    report = _check(str(tmp_path / "ops.csv"))
+    failed = [c["what"] for c in report["checks"] if not c["ok"]]
+    assert any(w.startswith("1 operator(s) logged as lasting longer than an hour (the longest "
+                            "11.6 days: rank 1, iteration 3, all_reduce in dp-0)")
+               for w in failed), failed
+    with caplog.at_level("WARNING"):
+        result = CliRunner().invoke(app, ["detect", str(tmp_path / "ops.csv"), "--out",
+                                          str(tmp_path / "scores.parquet"), "--model", "rule"])
+    assert result.exit_code == 0, result.output
+    assert "longer than an hour (the longest 11.6 days" in caplog.text, caplog.text

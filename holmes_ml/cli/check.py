@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         topo = Topology.from_json(topology) if topology is not None else None
         files, topo = pipeline.resolve_paths(paths, topo)
         ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
-                                  trust_pickle=trust_pickle)
+                                  trust_pickle=trust_pickle, warn=False)  # (a check below)
         if topo is not None:
             pipeline.check_topology(topo, ops)  # one localize would refuse is no help here
         report = inventory(ops, topo)

@@ -67,6 +67,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     kinds = pd.Series([g.kind for g in logs.groups.values()], dtype=object)
     its = iteration_table(ops)
     gaps = _iteration_gaps(ops, its.index.to_numpy())
+    long = long_ops(ops)
     p2p = ops["op"].isin(P2P_OPS).to_numpy()
     no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
         int(p2p.sum())
@@ -120,6 +121,10 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          + "; ".join(f"{r}: {spans(m)}" for r, m in list(gaps.items())[:4])
          + (" ..." if len(gaps) > 4 else "") + "): their copies there are unknown, and no "
          "lateness is read into them"),
+        (long is None,
+         "no operator lasts longer than an hour" if long is None else
+         f"{long}: a corrupt duration_us, or a hang? Iteration times that include them are "
+         "absurd"),
         (with_members == len(logs.groups),
          "every communicator lists its members (group_ranks): rings and pairs are known"
          if with_members == len(logs.groups) else
@@ -164,4 +169,24 @@ def _iteration_gaps(ops: pd.DataFrame, iterations: np.ndarray) -> dict[int, np.n
     lacking = counts.index[counts.to_numpy() < len(iterations)]
     return {int(r): np.setdiff1d(iterations, pairs.loc[pairs["rank"] == r, "iteration"])
             for r in lacking}
+
+
+#: An operator logged as lasting longer than this (an hour; NCCL's watchdog ends a collective
+#: that hangs after 10 minutes by default) is a corrupt duration or a hang, no slowdown.
+LONG_OP_US = 3600e6
+
+
+def long_ops(ops: pd.DataFrame) -> str | None:
+    """What to say of the operators of ``ops`` lasting longer than :data:`LONG_OP_US` (how
+    many, and the longest: its duration, rank and iteration), or None when there are none."""
+    d = ops["duration_us"].to_numpy(dtype=np.float64)
+    over = d > LONG_OP_US
+    if not over.any():
+        return None
+    i = int(np.argmax(d))
+    hours = d[i] / 3600e6
+    shown = f"{hours / 24:,.1f} days" if hours >= 48 else f"{hours:,.1f} h"
+    return (f"{int(over.sum())} operator(s) logged as lasting longer than an hour (the longest "
+            f"{shown}: rank {int(ops['rank'].iloc[i])}, iteration "
+            f"{int(ops['iteration'].iloc[i])}, {ops['op'].iloc[i]} in {ops['group'].iloc[i]})")
 
