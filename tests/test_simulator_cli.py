@@ -129,9 +129,10 @@ def test_a_calibration_log_is_checked_as_localize_checks_it(tmp_path) -> None:
                          "start_ns": [1, 2, 3], "duration_us": [1.0, 1.0, 2.0]})
     bad = rows.assign(op=["all_reduce", "allreduce_v2", "all_reduce"])
     bad.to_csv(tmp_path / "badop.csv", index=False)
-    cut = tmp_path / "cut.csv"
+    cut = tmp_path / "cut.csv"  # a row cut inside the file (a last line unfinished is left out)
     rows.to_csv(cut, index=False)
-    cut.write_text(cut.read_text()[:-12])
+    text = cut.read_text().splitlines()
+    cut.write_text("\n".join(text[:3] + [text[3][:-12]] + text[1:2]) + "\n")
     (tmp_path / "notes").write_text("hello world\n")  # no --format to name: not suggested
     for path, needle in ((tmp_path / "badop.csv", "line 3: unknown op type (got 'allreduce_v2'"),
                          (cut, "line 4: has 4 of the header's 8 fields"),

@@ -302,6 +302,31 @@ def _refuse_endless_line(p: Path, expected: str) -> None:
                           source=str(p), line=1, expected=expected)
 
 
+def _without_torn_last_line(p: Path, n_fields: int) -> io.BytesIO | None:
+    """The CSV ``p`` without its last line when that line has no end and fewer fields than
+    the header's ``n_fields`` (a line still being written, as a JSON Lines log's unfinished
+    last line is left out), with a warning naming it; None when the last line is whole."""
+    with open(p, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - (1 << 16)))
+        tail = f.read()
+    if not tail or tail.endswith((b"\n", b"\r")) or b"\n" not in tail:
+        return None
+    last = tail.rsplit(b"\n", 1)[1].decode("utf-8", errors="replace")
+    try:
+        fields = next(csv.reader([last]), [])
+    except csv.Error:
+        return None
+    if len(fields) >= n_fields:
+        return None
+    data = p.read_bytes()
+    kept = data[:data.rfind(b"\n") + 1]
+    logger.warning("%s, line %d: %d of the header's %d fields and no end: a line still being "
+                   "written? Left out", p, kept.count(b"\n") + 1, len(fields), n_fields)
+    return io.BytesIO(kept)
+
+
 def _read_csv(p: Path) -> pd.DataFrame:
     """A CSV with one dtype per column. pandas types a large file chunk by chunk (2**18 rows)
     and warns (``DtypeWarning``) when the chunks disagree, e.g. one odd value far down; such a
@@ -323,11 +348,16 @@ def _read_csv(p: Path) -> pd.DataFrame:
         raise SchemaError(f"has {count} fields, the header {len(header)}", source=str(p),
                           line=2, expected="one value per header column on every line (a "
                           "delimiter at the end of each line?)")
+    source: Path | io.BytesIO = p
+    if compression is None and header:
+        source = _without_torn_last_line(p, len(header)) or p
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.DtypeWarning)
-        df = pd.read_csv(p, compression=compression)
+        df = pd.read_csv(source, compression=compression)
     if any(issubclass(w.category, pd.errors.DtypeWarning) for w in caught):
-        df = pd.read_csv(p, compression=compression, low_memory=False)
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+        df = pd.read_csv(source, compression=compression, low_memory=False)
     else:
         for w in caught:  # anything else pandas had to say still reaches the user
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
