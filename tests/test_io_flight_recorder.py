@@ -266,15 +266,24 @@ def test_long_profiling_name_is_parsed_in_linear_time(tmp_path):
 
 
 def test_error_found_across_dumps_names_the_dump_and_entry(tmp_path):
-    """A negative duration (completed before started) or an op ending beyond 64-bit ns is
-    seen on the joined table; the error still names the dump file and its entry."""
+    """A negative duration is named in the dump's own field and unit (it was reported as
+    duration_us -1000.0); an op ending beyond 64-bit ns is seen on the joined table, and the
+    error still names the dump file and its entry."""
     dumps = {r: _dump(r) for r in range(4)}
     dumps[2]["entries"][3]["duration_ms"] = -1.0
     d = _write(tmp_path, dumps)
-    with pytest.raises(SchemaError, match=r"negative duration at .*nccl_trace_rank_2, "
-                       r"entries\[3\]") as info:
+    with pytest.raises(SchemaError, match=r"nccl_trace_rank_2, entries\[3\]\.duration_ms: "
+                       r"negative duration \(got -1\.0; expected milliseconds >= 0\)"):
         read_ops(d)
-    assert info.value.column == "duration_us"
+    del dumps[2]["entries"][3]["duration_ms"]  # timed by discovery: completed before started
+    entry = dumps[2]["entries"][3]
+    entry["time_discovered_started_ns"] = 2_000
+    entry["time_discovered_completed_ns"] = 1_000
+    (d / "nccl_trace_rank_2").write_text(json.dumps(dumps[2]))
+    with pytest.raises(SchemaError, match=r"entries\[3\]\.time_discovered_completed_ns: "
+                       r"completed before it started \(got 1000; expected a time at or after "
+                       r"time_discovered_started_ns \(2000\)\)"):
+        read_ops(d)
     dumps[2]["entries"][3]["duration_ms"] = 1e30
     (d / "nccl_trace_rank_2").write_text(json.dumps(dumps[2]))
     with pytest.raises(SchemaError, match=r"duration too large at .*nccl_trace_rank_2, "

@@ -271,9 +271,16 @@ def _timing(e: dict, at: str, source: str) -> tuple[int | None, float | None]:
     created = _uint(e.get("time_created_ns"), at, "time_created_ns", source)
     dur_ms = e.get("duration_ms")
     if dur_ms is not None:
-        # Not bounded below: validate() refuses negative durations unless told to allow them.
         dur_ms = as_float(dur_ms, f"{at}.duration_ms", source)
+        if dur_ms < 0:  # (named here, in the dump's field and unit, not as duration_us)
+            raise SchemaError("negative duration", source=source, parameter=f"{at}.duration_ms",
+                              value=e.get("duration_ms"), expected="milliseconds >= 0")
     elif completed and started:
+        if completed < started:
+            raise SchemaError("completed before it started", source=source,
+                              parameter=f"{at}.time_discovered_completed_ns", value=completed,
+                              expected="a time at or after time_discovered_started_ns "
+                              f"({started})")
         dur_ms = (completed - started) / 1e6
     return started or created, dur_ms
 
