@@ -193,6 +193,59 @@ def test_an_output_in_an_unwritable_directory_is_refused_before_the_work(tmp_pat
             in line, (args, line)
 
 
+def test_an_output_where_nothing_can_be_created_is_refused_before_the_work(tmp_path):
+    # /proc takes no new file or directory (ENOENT), yet its mode lets root (and os.access)
+    # write into it: the check passed, and --plot / --out failed only once the analysis was
+    # done, in the words of mkdir or Arrow, without the option.
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    missing = str(tmp_path / "missing.parquet")
+    a_dir = tmp_path / "d"
+    (a_dir / "heatmap.png").mkdir(parents=True)
+    out = str(tmp_path / "s.parquet")
+    cases = [
+        (["localize", missing, "--plot", "/proc/plots"], "--plot /proc/plots"),
+        (["localize", missing, "--plot", "/proc/a/plots"], "--plot /proc/a/plots"),
+        (["localize", missing, "--graph", "/proc/g.graphml"], "--graph /proc/g.graphml"),
+        (["detect", missing, "--out", "/proc/x.parquet"], "--out /proc/x.parquet"),
+        (["detect", missing, "--out", out, "--iterations-out", "/proc/i.csv"],
+         "--iterations-out /proc/i.csv"),
+        # an existing file root may not write either (/proc/version's mode says 0444)
+        (["detect", missing, "--out", out, "--iterations-out", "/proc/version"],
+         "--iterations-out /proc/version"),
+    ]
+    for args, said in cases:
+        line = _one_error_line(CliRunner().invoke(app, args))
+        assert line.startswith(f"error: {said}: "), (args, line)
+        assert "; expected a" in line and "missing.parquet" not in line, (args, line)
+    # a directory in the way of one of the plots, inside an existing --plot directory
+    line = _one_error_line(CliRunner().invoke(app, ["localize", missing, "--plot", str(a_dir)]))
+    assert line.startswith(f"error: --plot {a_dir}: {a_dir}/heatmap.png is a directory"), line
+    assert "; expected" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert [p.name for p in a_dir.iterdir()] == ["heatmap.png"]
+
+
+def test_check_writable_tries_the_directory_it_would_write_into(tmp_path):
+    from holmes_ml.cli._checks import check_writable
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    for path, directory in ((Path("/proc/x.parquet"), False), (Path("/proc/p"), True),
+                            (Path("/proc/p/q/r.csv"), False)):
+        with pytest.raises(ValueError, match=r"^--o /proc/\S+: directory /proc is not "
+                           r"writable.*; expected a path in a writable directory$"):
+            check_writable(path, "--o", directory=directory)
+    # what may be written passes, and leaves nothing behind
+    check_writable(tmp_path / "new" / "f.csv", "--o")
+    check_writable(tmp_path / "dir", "--o", directory=True)
+    check_writable(tmp_path, "--o", directory=True)
+    (tmp_path / "f.csv").write_text("x")
+    check_writable(tmp_path / "f.csv", "--o")
+    assert [p.name for p in tmp_path.iterdir()] == ["f.csv"]
+    assert (tmp_path / "f.csv").read_text() == "x"
+
+
 def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
     # refused before any log is read (the path does not even exist)
     missing = str(tmp_path / "nothing-here")

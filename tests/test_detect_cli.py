@@ -205,3 +205,25 @@ def test_an_output_that_would_replace_an_input_is_refused(tmp_path):
     assert r.exit_code == 2 and "would replace a file read from the input" in r.stderr
     assert log.read_bytes() == before
     assert sorted(p.name for p in sim.iterdir()) == ["ops.parquet"]
+
+
+def test_an_unwritable_out_is_refused_before_the_logs_are_read(tmp_path):
+    """`--out /proc/x.parquet` passed the check (root may write into /proc by its mode) and
+    failed once every op was scored, in Arrow's words: `[Errno 2] Failed to open local file
+    '/proc/x.parquet'`. Now it is refused first, naming the option."""
+    import os
+
+    if not os.path.isdir("/proc/self"):
+        import pytest
+
+        pytest.skip("no /proc")
+    log = _faulty_log(tmp_path)
+    for args, said in ((["--out", "/proc/x.parquet"], "--out /proc/x.parquet"),
+                       (["--out", str(tmp_path / "s.parquet"), "--iterations-out",
+                         "/proc/x.csv"], "--iterations-out /proc/x.csv")):
+        r = CliRunner().invoke(app, ["detect", str(log), *args])
+        assert r.exit_code == 2 and r.stdout == "", r.output
+        line = r.stderr.strip()
+        assert line.startswith(f"error: {said}: directory /proc is not writable"), line
+        assert line.endswith("; expected a path in a writable directory") and "\n" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.parquet"]

@@ -87,24 +87,33 @@ def check_delta(delta: float) -> None:
 
 def iteration_range(text: str) -> tuple[int | None, int | None]:
     """``--iterations A:B`` as its first and last iteration, both included; either side may
-    be left open (``A:``, ``:B``) and ``A`` alone is one iteration.
+    be left open (``A:``, ``:B``), and ``A:A`` is one iteration. A lone number is refused: it
+    reads as one iteration as well as a count of the last ones, or a first one.
 
-    >>> iteration_range("20:40"), iteration_range("41:"), iteration_range("7")
+    >>> iteration_range("20:40"), iteration_range("41:"), iteration_range("7:7")
     ((20, 40), (41, None), (7, 7))
     >>> iteration_range("40:20")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: --iterations 40:20: expected A:B with 0 <= A <= B (both included; ...)
+    >>> iteration_range("7")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --iterations 7: one number, ...; expected A:B (both included), e.g. 7: for ...
     """
-    expected = "expected A:B with 0 <= A <= B (both included; A: or :B leave a side open)"
+    expected = ("expected A:B with 0 <= A <= B (both included; A: or :B leave a side open, A:A "
+                "is iteration A alone)")
     first, colon, last = text.strip().partition(":")
     try:
         a = int(first) if first.strip() else None
         b = int(last) if last.strip() else None
     except ValueError:
         raise ValueError(f"--iterations {text}: {expected}") from None
-    if not colon:
-        b = a
+    if not colon and a is not None and a >= 0:
+        raise ValueError(f"--iterations {text}: one number, which could mean iteration {a} "
+                         f"alone, the last {a} or those from {a} on; expected A:B (both "
+                         f"included), e.g. {a}: for iteration {a} onwards or {a}:{a} for it "
+                         "alone")
     if (a is None and b is None) or any(v is not None and v < 0 for v in (a, b)) or (
             a is not None and b is not None and a > b):
         raise ValueError(f"--iterations {text}: {expected}")
@@ -117,6 +126,13 @@ def check_writable(path: Path, option: str, *, directory: bool = False) -> None:
     Missing parent directories are fine (the commands create them); the nearest one that
     exists must be a writable directory. A file output must not be an existing directory, a
     directory output not an existing file.
+
+    Writable is tried, not read off the mode: root passes every ``os.access`` test, yet /proc
+    (or a full or foreign filesystem) refuses the file at the end of the work. A probe entry is
+    created and removed in the directory written into (a directory where missing ones would be
+    created there), and an existing output file is opened for writing, unchanged:
+    ``--out /proc/x.parquet`` is refused as ``directory /proc is not writable (No such file or
+    directory)``.
     """
     if directory:
         if path.exists() and not path.is_dir():
@@ -125,7 +141,7 @@ def check_writable(path: Path, option: str, *, directory: bool = False) -> None:
     elif path.is_dir():
         raise ValueError(f"{option} {path}: is a directory; expected a file name, e.g. "
                          f"{path / 'NAME'}")
-    elif path.exists() and not os.access(path, os.W_OK):
+    elif path.exists() and not _opens_for_writing(path):
         raise ValueError(f"{option} {path}: the file is not writable; expected a file this "
                          "user may replace")
     # ``exists()`` is False under a file too (/dev/null/x): walk up to what is there.
@@ -138,6 +154,42 @@ def check_writable(path: Path, option: str, *, directory: bool = False) -> None:
     if not os.access(there, os.W_OK | os.X_OK):
         raise ValueError(f"{option} {path}: directory {there} is not writable; expected a path "
                          "in a writable directory")
+    # what is created there: the output file itself, or the first missing directory
+    made_dir = there != (path if directory else path.parent)
+    refused = _refuses_new_entries(there, made_dir)
+    if refused:
+        raise ValueError(f"{option} {path}: directory {there} is not writable ({refused}); "
+                         "expected a path in a writable directory")
+
+
+def _refuses_new_entries(directory: Path, make_dir: bool) -> str | None:
+    """Why ``directory`` takes no new file (or, ``make_dir``, subdirectory): ``None`` when a
+    probe entry could be created there (it is removed at once)."""
+    import tempfile
+
+    try:
+        if make_dir:
+            os.rmdir(tempfile.mkdtemp(prefix=".holmes-check-", dir=directory))
+        else:
+            fd, name = tempfile.mkstemp(prefix=".holmes-check-", dir=directory)
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _opens_for_writing(path: Path) -> bool:
+    """Whether the existing file ``path`` opens for writing (appending: its content is left
+    as it is). Only a regular file is opened (a FIFO would block); others are judged by their
+    mode."""
+    if not path.is_file():
+        return os.access(path, os.W_OK)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError:
+        return False
+    return True
 
 
 def check_not_input(path: Path, option: str, inputs: list[Path] | list[str]) -> None:

@@ -4,6 +4,7 @@ verdict computed here and one fetched from the service read the same."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -12,10 +13,13 @@ from rich.table import Table
 from holmes_ml._text import spans
 
 
-def print_verdict(body: dict[str, Any], console: Console, delta: float | None = None) -> None:
+def print_verdict(body: dict[str, Any], console: Console, delta: float | None = None,
+                  notes: Sequence[str] = ()) -> None:
     """Irregular iterations, what the verdict was computed from, its note, the suspects table
     (with ties spelled out) and the workload findings. ``delta``: the irregularity factor the
-    verdict used, added to a note that mentions it."""
+    verdict used, added to a note that mentions it; ``notes``: more caveats, a line each after
+    the verdict's own (what the command knows and the verdict does not, e.g.
+    :func:`slice_note`)."""
     console.print(irregular_line(body))
     read = body.get("input")
     if read:
@@ -27,6 +31,8 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
     if note:
         said = f" (delta = {delta})" if delta is not None and "delta" in note else ""
         console.print(f"[yellow]note[/yellow]: {note}{said}")
+    for more in notes:
+        console.print(f"[yellow]note[/yellow]: {more}")
     candidates = body.get("candidates") or []
     if not candidates:
         console.print("[green]no device blamed[/green]")
@@ -35,6 +41,31 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
     workload = body.get("workload")
     for w in [workload, *workload.get("others", [])] if isinstance(workload, dict) else []:
         console.print(f"[yellow]workload ({w['kind']})[/yellow]: {w['detail']}")
+
+
+def slice_note(body: dict[str, Any], given: str, first: int, last: int | None,
+               held_before: Sequence[int], window: int) -> str | None:
+    """What to say of an ``--iterations {given}`` slice (``first`` to ``last``, ``None``: open)
+    whose verdict (``body``) has no irregular iteration although the logs hold the iterations
+    ``held_before`` (ascending) before ``first``: the irregularity monitor judges each iteration
+    against up to ``window`` regular ones before it, and the slice starts with none, so a
+    slowdown already under way at ``first`` shows no irregular iteration. ``None`` otherwise.
+
+    >>> slice_note({"irregular_iterations": []}, "32:39", 32, 39, range(32), 20)
+    ... # doctest: +ELLIPSIS
+    '--iterations 32:39 leaves out the 32 iteration(s) ... (holmes localize --iterations 12:39)'
+    >>> slice_note({"irregular_iterations": [33]}, "32:39", 32, 39, range(32), 20) is None
+    True
+    """
+    if body.get("irregular_iterations") or not held_before:
+        return None
+    since = list(held_before)[-window:][0]
+    return (f"--iterations {given} leaves out the {len(held_before):,} iteration(s) the logs "
+            f"hold before {first}, and the irregularity monitor judges each iteration against "
+            f"up to {window} regular ones before it: the slice has no regular iterations before "
+            f"it to judge against, so a slowdown already under way at {first} shows no "
+            f"iteration as irregular; widen it to start {window} iterations before the episode "
+            f"(holmes localize --iterations {since}:{'' if last is None else last})")
 
 
 def irregular_line(body: dict[str, Any]) -> str:

@@ -20,7 +20,11 @@ from holmes_ml.cli._checks import (
     format_option,
     iteration_range,
 )
-from holmes_ml.cli._verdict import print_verdict
+from holmes_ml.cli._verdict import print_verdict, slice_note
+
+#: The irregularity monitor's reference: the regular iterations before each one it judges
+#: (``holmes_ml.features.IrregularityConfig.window``; not imported, --help needs no pandas).
+_REFERENCE = 20
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +54,11 @@ def register(app: typer.Typer) -> None:
         iterations: str | None = typer.Option(
             None, "--iterations", metavar="A:B",
             help="Analyse only iterations A to B (both included; A: or :B leave a side "
-            "open). By default the 50 most recent iterations with abnormal operators are "
+            f"open, A:A is iteration A alone). Start A at least {_REFERENCE} iterations before "
+            "the episode: the irregularity monitor judges each iteration against up to "
+            f"{_REFERENCE} regular ones before it, so a slice that starts inside a slowdown "
+            "shows no iteration as irregular (the verdict then says how to widen it). By "
+            "default the 50 most recent iterations with abnormal operators are "
             "analysed, reaching back to the last irregular one when it is older; the "
             "verdict's note names irregular iterations left out, e.g. an earlier episode.",
         ),
@@ -95,17 +103,17 @@ def register(app: typer.Typer) -> None:
 
         * `holmes localize trace-AR.parquet --plot plots/ --graph evidence.graphml`;
 
-        * `holmes localize run/ --iterations 1200:1400` — one episode of a long log.
+        * `holmes localize run/ --iterations 1200:1400` — one episode of a long log, from
+        1220 on: the slice starts 20 regular iterations before it, the monitor's
+        reference to judge it against.
         """
-        from holmes_ml import pipeline
-        from holmes_ml.localize import LocalizeConfig
-        from holmes_ml.topology import Topology
-
+        # the options first, the heavy imports after: a refusal comes at once
         check_delta(delta)
         span = iteration_range(iterations) if iterations is not None else None
         inputs = [*paths, *([topology] if topology is not None else [])]
         if plot is not None:
             check_writable(plot, "--plot", directory=True)
+            _check_plot_names(plot)
         if graph is not None:
             check_writable(graph, "--graph")
             check_not_input(graph, "--graph", inputs)
@@ -116,6 +124,12 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--graph {graph}: is one of the plots --plot writes "
                                  f"({', '.join(PLOT_NAMES)}); expected another file name, "
                                  "e.g. evidence.graphml")
+        import numpy as np
+
+        from holmes_ml import pipeline
+        from holmes_ml.localize import LocalizeConfig
+        from holmes_ml.topology import Topology
+
         overrides = config_overrides(settings, LocalizeConfig,
                                      own={"delta": "--delta", "top_k": "--top-k"})
         cfg = replace(LocalizeConfig(), **{"top_k": top_k, "delta": delta, **overrides})
@@ -131,7 +145,11 @@ def register(app: typer.Typer) -> None:
         files, topo = pipeline.resolve_paths(paths, topo)
         ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
                                   trust_pickle=trust_pickle)
+        held_before: list[int] = []
         if span is not None:
+            if span[0] is not None:
+                held = np.unique(ops["iteration"].to_numpy(dtype=np.int64))
+                held_before = held[held < span[0]].tolist()
             ops = pipeline.only_iterations(ops, *span)
         summary = pipeline.summarize(ops, mdl, cfg)
         verdict = pipeline.note_input(pipeline.localize_summaries([summary], topo, cfg), ops)
@@ -153,7 +171,35 @@ def register(app: typer.Typer) -> None:
             graph.parent.mkdir(parents=True, exist_ok=True)
             nx.write_graphml(evidence, graph)
             typer.echo(f"graph: {graph} (GraphML)", err=True)
+        body = verdict.to_dict()
+        said = None
+        if span is not None and span[0] is not None and iterations is not None:
+            from holmes_ml.features import IrregularityConfig
+
+            said = slice_note(body, iterations.strip(), span[0], span[1], held_before,
+                              IrregularityConfig().window)
         if as_json:
-            typer.echo(json.dumps(verdict.to_dict()))
+            if said:
+                body["note"] = f"{body['note']}; {said}" if body.get("note") else said
+            typer.echo(json.dumps(body))
             return
-        print_verdict(verdict.to_dict(), Console(), cfg.delta)
+        print_verdict(body, Console(), cfg.delta, notes=[said] if said else [])
+
+
+def _check_plot_names(plot: Path) -> None:
+    """Refuse a ``--plot`` directory holding, under one of the plots' names, what cannot be
+    replaced (a directory, a file this user may not write)."""
+    if not plot.is_dir():
+        return  # created with nothing in it
+    from holmes_ml.report import PLOT_NAMES
+
+    expected = f"expected a directory where the plots ({', '.join(PLOT_NAMES)}) can be written"
+    for name in PLOT_NAMES:
+        target = plot / name
+        if target.is_dir():
+            raise ValueError(f"--plot {plot}: {target} is a directory; {expected}")
+        if target.exists():
+            try:
+                check_writable(target, "--plot")
+            except ValueError:
+                raise ValueError(f"--plot {plot}: {target} is not writable; {expected}") from None

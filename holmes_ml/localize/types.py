@@ -226,8 +226,9 @@ class Verdict:
         if its is not None and history is not None and its <= history and not self.irregular:
             # (Flight Recorder and NCCL Inspector dumps hold no iteration: all of it is one)
             notes.append(
-                f"the logs hold {int(its)} iteration(s): the irregularity monitor needs "
-                f"{int(history)} regular ones before it can flag one, so no slowdown is seen "
+                f"the logs (or the slice read) hold {int(its)} iteration(s): the irregularity "
+                f"monitor needs {int(history)} regular ones before it can flag one, so no "
+                "slowdown is seen "
                 "as such; " + ("the findings come from the abnormal operators alone"
                                if from_ops else "that no device is named says little"))
         elif not self.irregular and from_ops:
@@ -235,7 +236,8 @@ class Verdict:
             notes.append(
                 "no iteration is delta-irregular (delta times slower than the ones before it); "
                 f"the findings come from the abnormal operators of the last {n} iteration(s), "
-                "as from a slowdown present since the log began or smaller than delta"
+                "as from a slowdown present since the logs (or the slice read) began or smaller "
+                "than delta"
             )
         return "; ".join(notes) or None
 
