@@ -15,7 +15,7 @@ import pytest
 from holmes_ml.drill import DrillConfig, run_drill
 from holmes_ml.drill.fallback import arrival_localize
 from holmes_ml.drill.job import layout_groups
-from holmes_ml.drill.runner import _explaining_pauses, judge, machine_pauses
+from holmes_ml.drill.runner import FAULTS, _explaining_pauses, judge, machine_pauses, min_iterations
 
 HOLMES = "from holmes_ml.cli import main; main()"
 
@@ -51,6 +51,165 @@ def test_cli_rejects_bad_layout_and_compute():
     r = CliRunner().invoke(app, ["drill", "--ranks", "64", "--tp", "2", "--pp", "2",
                                  "--dp", "16"])
     assert r.exit_code == 2 and "--ranks 64: expected at most 32" in r.output
+
+
+def test_config_refuses_what_cannot_localize_anything():
+    from holmes_ml.features.iterations import IrregularityConfig
+    from holmes_ml.localize import LocalizeConfig
+
+    history = IrregularityConfig().min_history  # 3: steps the monitor needs before it judges
+    # one rank runs no collective and has no peer: its logs hold no operator at all
+    with pytest.raises(ValueError, match=r"^ranks=1: .*; expected at least 2"):
+        DrillConfig(ranks=1, tp=1, pp=1, dp=1)
+    # the fault must come after the monitor's warm-up steps, with healthy ones to compare
+    # against: a straggler starts a third of the way in, a stall comes half way; a workload
+    # or a cap present from the first step needs the steps the workload rules read (each
+    # one's compute is known once the next one follows); a healthy drill, one judged step
+    least = {"straggler": 3 * history, "stall": 2 * history,
+             "heavy_stage": max(history + 1, LocalizeConfig().workload_min_iterations + 1),
+             "bandwidth": history + 1, "none": history + 1}
+    assert least == {"straggler": 9, "stall": 6, "heavy_stage": 5, "bandwidth": 4, "none": 4}
+    assert {fault: min_iterations(fault) for fault in FAULTS} == least  # and drill -h says so
+    for fault, n in least.items():
+        with pytest.raises(ValueError, match=rf"^iterations={n - 1}: .*; expected at least {n}"):
+            DrillConfig(fault=fault, iterations=n - 1)
+        with pytest.raises(ValueError, match=rf"^iterations=0: .*; expected at least {n}"):
+            DrillConfig(fault=fault, iterations=0)
+        DrillConfig(fault=fault, iterations=n)
+    # where the fault comes, when given, is checked the same way
+    with pytest.raises(ValueError, match=r"^start_iteration=2: .*; expected 3 <= start_iteration "
+                                         r"<= 10"):
+        DrillConfig(iterations=12, start_iteration=2)
+    with pytest.raises(ValueError, match=r"^start_iteration=11: .*; expected 3 <="):
+        DrillConfig(iterations=12, start_iteration=11)  # one slow step: one late arrival
+    DrillConfig(iterations=12, start_iteration=3)
+    DrillConfig(iterations=12, start_iteration=10)
+    with pytest.raises(ValueError, match=r"^stall_iteration=12: .*; expected 3 <= stall_iteration "
+                                         r"<= 11"):
+        DrillConfig(fault="stall", iterations=12, stall_iteration=12)
+    with pytest.raises(ValueError, match=r"^stall_iteration=1: "):
+        DrillConfig(fault="stall", iterations=12, stall_iteration=1)
+    DrillConfig(fault="stall", iterations=12, stall_iteration=11)
+    DrillConfig(fault="none", iterations=12, stall_iteration=1)  # no stall: not read
+
+
+def test_config_keeps_the_defaults_and_the_documented_drills():
+    DrillConfig()
+    DrillConfig(ranks=8, tp=2, pp=2, dp=2, fault="straggler", rank=5)  # holmes drill -h, README
+    DrillConfig(ranks=8, tp=1, pp=1, dp=8, fault="none")  # README: a healthy pure-DP drill
+    DrillConfig(ranks=2, tp=1, pp=1, dp=2, rank=1)  # README: two ranks
+    for fault in ("stall", "bandwidth", "heavy_stage", "none"):
+        DrillConfig(fault=fault, rank=5)
+    # the CI drills (12 steps)
+    for tp, pp, dp in ((2, 2, 2), (2, 4, 1), (1, 4, 2), (1, 1, 2), (1, 1, 8)):
+        for fault in ("straggler", "stall", "none"):
+            DrillConfig(fault=fault, ranks=tp * pp * dp, tp=tp, pp=pp, dp=dp, iterations=12)
+
+
+def _no_run(monkeypatch, tmp_path):
+    """A drill CLI whose job is never started: any attempt fails the test."""
+    import holmes_ml.drill
+    import holmes_ml.drill.runner
+
+    def started(*args, **kwargs):
+        raise AssertionError("a drill job was started")
+
+    monkeypatch.setattr(holmes_ml.drill, "run_drill", started)
+    monkeypatch.setattr(holmes_ml.drill.runner, "run_drill", started)
+    monkeypatch.setattr(holmes_ml.drill.runner, "launch", started)
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--ranks", "1", "--tp", "1", "--pp", "1", "--dp", "1"],
+     "error: --ranks 1: a rank alone runs no collective and has no peer to compare with; "
+     "expected at least 2"),
+    (["--ranks", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--iterations", "2", "--rank", "1"],
+     "error: --iterations 2: a straggler starts a third of the way in (step 0), before the 3 "
+     "regular steps the irregularity monitor needs to judge one; expected at least 9 for a "
+     "straggler drill"),
+    (["--iterations", "8"],
+     "error: --iterations 8: a straggler starts a third of the way in (step 2), before the 3 "
+     "regular steps the irregularity monitor needs to judge one; expected at least 9 for a "
+     "straggler drill"),
+    (["--fault", "stall", "--iterations", "5"],
+     "error: --iterations 5: the stall comes half way (step 2), before the 3 regular steps the "
+     "irregularity monitor needs to judge one; expected at least 6 for a stall drill"),
+    (["--fault", "heavy_stage", "--iterations", "4"],
+     "error: --iterations 4: the workload rules need 4 steps whose compute is known (a step's "
+     "once the next one follows); expected at least 5 for a heavy_stage drill"),
+    (["--fault", "none", "--iterations", "3"],
+     "error: --iterations 3: the irregularity monitor judges no step before 3 regular ones; "
+     "expected at least 4 for a no-fault drill"),
+    (["--fault", "bandwidth", "--iterations", "0"],
+     "error: --iterations 0: the irregularity monitor judges no step before 3 regular ones; "
+     "expected at least 4 for a bandwidth drill"),
+])
+def test_cli_refuses_a_drill_that_cannot_localize_before_any_rank_starts(
+        monkeypatch, tmp_path, args, line):
+    from test_cli_errors import _one_error_line
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    out = _no_run(monkeypatch, tmp_path)
+    got = _one_error_line(CliRunner().invoke(app, ["drill", *args, "--out", str(out)]))
+    assert got == line
+    assert not out.exists()  # refused before anything was written
+
+
+def test_cli_the_other_refusals_are_one_line_too(monkeypatch, tmp_path):
+    from test_cli_errors import _one_error_line
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    out = _no_run(monkeypatch, tmp_path)
+    for args, line in (
+            (["--ranks", "6"], "error: --ranks 6: expected tp*pp*dp = 2*2*2 = 8"),
+            (["--rank", "8"], "error: --rank 8: expected 0 <= rank < 8"),
+            (["--fault", "flood"], "error: --fault 'flood': expected one of none, straggler, "
+                                   "stall, bandwidth, heavy_stage")):
+        assert _one_error_line(CliRunner().invoke(app, ["drill", *args, "--out", str(out)])) \
+            == line
+    assert not out.exists()
+
+
+def test_cli_defaults_and_the_documented_example_reach_the_job(monkeypatch, tmp_path):
+    """Nothing valid is refused: the CLI gets as far as starting the job (faked here)."""
+    from typer.testing import CliRunner
+
+    import holmes_ml.drill
+    from holmes_ml.cli import app
+    from holmes_ml.drill.runner import DrillResult
+
+    ran = []
+
+    def fake(cfg):
+        ran.append(cfg)
+        return DrillResult(True, cfg.fault, cfg.rank, (cfg.rank,), "gpu", "fake", 0.0, 0)
+
+    monkeypatch.setattr(holmes_ml.drill, "run_drill", fake)
+    for args in ([], ["--ranks", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--fault",
+                      "straggler", "--rank", "5"],
+                 ["--tp", "1", "--pp", "1", "--dp", "8", "--fault", "none"],
+                 ["--ranks", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--rank", "1"],
+                 ["--iterations", "9"], ["--fault", "stall", "--iterations", "6"],
+                 ["--fault", "heavy_stage", "--iterations", "5"],
+                 ["--fault", "none", "--iterations", "4"]):
+        r = CliRunner().invoke(app, ["drill", *args, "--out", str(tmp_path / "out")])
+        assert r.exit_code == 0, (args, r.output)
+    assert len(ran) == 8 and ran[0] == holmes_ml.drill.DrillConfig(out=str(tmp_path / "out"))
+
+
+def test_cli_help_gives_the_least_iterations():
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["drill", "-h"])
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "at least 9 with straggler, 6 with stall, 5 with heavy_stage, 4 otherwise" in text
 
 
 def test_cli_without_torch_says_how_to_install_it(tmp_path):

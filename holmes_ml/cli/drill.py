@@ -24,7 +24,13 @@ def register(app: typer.Typer) -> None:
             "straggler", "--fault", help=f"What to inject: {', '.join(FAULTS)}."
         ),
         rank: int = typer.Option(0, "--rank", help="Rank to break."),
-        iterations: int = typer.Option(20, "--iterations", help="Training steps."),
+        iterations: int = typer.Option(
+            20, "--iterations",
+            # min_iterations(fault); not called here: it imports the localizer for every command
+            help="Training steps: at least 9 with straggler, 6 with stall, 5 with heavy_stage, "
+                 "4 otherwise (the fault must come after the 3 regular steps the irregularity "
+                 "monitor needs, with healthy ones to compare it with).",
+        ),
         compute_s: float = typer.Option(
             0.03, "--compute-s",
             help="Simulated compute (sleep) per microbatch pass of every rank, in seconds.",
@@ -46,6 +52,10 @@ def register(app: typer.Typer) -> None:
         rank crashed, --timeout hit), 3 a no-fault drill blamed a rank that the machine itself
         kept off the CPU (a loaded machine: rerun on a quieter one).
 
+        A setup that cannot be judged is refused before any rank starts (exit 2): one rank (no
+        peer), or too few --iterations for the fault to come after the irregularity monitor's
+        warm-up.
+
         Example: holmes drill --ranks 8 --tp 2 --pp 2 --dp 2 --fault straggler --rank 5
         """
         from holmes_ml.drill import DrillConfig, run_drill
@@ -54,8 +64,8 @@ def register(app: typer.Typer) -> None:
             cfg = DrillConfig(ranks=ranks, tp=tp, pp=pp, dp=dp, fault=fault, rank=rank,
                               iterations=iterations, compute_s=compute_s, out=str(out),
                               timeout_s=timeout)
-        except ValueError as exc:
-            raise typer.BadParameter(as_options(str(exc), {
+        except ValueError as exc:  # one `error: --option VALUE: ...` line, exit status 2
+            raise ValueError(as_options(str(exc), {
                 "compute_s": "--compute-s", "timeout_s": "--timeout", "ranks": "--ranks",
                 "rank": "--rank", "fault": "--fault", "iterations": "--iterations",
                 "tp": "--tp", "pp": "--pp", "dp": "--dp"})) from exc

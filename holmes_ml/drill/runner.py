@@ -85,7 +85,10 @@ class DrillConfig:
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
             raise ValueError(f"fault={self.fault!r}: expected one of {', '.join(FAULTS)}")
-        for name in ("tp", "pp", "dp", "iterations", "microbatches"):
+        if self.ranks < 2:
+            raise ValueError(f"ranks={self.ranks}: a rank alone runs no collective and has no "
+                             "peer to compare with; expected at least 2")
+        for name in ("tp", "pp", "dp", "microbatches"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected an integer >= 1")
         if self.ranks != self.tp * self.pp * self.dp:
@@ -105,11 +108,99 @@ class DrillConfig:
                              "torch process of about 300 MB resident)")
         if not 0 <= self.rank < self.ranks:
             raise ValueError(f"rank={self.rank}: expected 0 <= rank < {self.ranks}")
+        too_few = _too_few_steps(self)
+        if too_few:
+            raise ValueError(too_few)
         if self.fault == "heavy_stage" and (self.pp < 2 or self.dp < 2):
             # one stage has no other to be heavier than; in one replica a stage of slow GPUs
             # looks the same, and the localizer rightly names no stage
             raise ValueError(f"fault=heavy_stage with pp={self.pp}, dp={self.dp}: expected "
                              "pp >= 2 and dp >= 2")
+
+
+def _monitor_and_rules() -> tuple[int, int, int]:
+    """``(min_history, min_evidence, workload_min_iterations)`` of the localizer's defaults:
+    the regular steps the irregularity monitor needs before it judges one, the late operator
+    instances a candidate needs, and the steps the workload rules read."""
+    from holmes_ml.features.iterations import IrregularityConfig
+    from holmes_ml.localize.config import LocalizeConfig
+
+    loc = LocalizeConfig()
+    return IrregularityConfig().min_history, loc.min_evidence, loc.workload_min_iterations
+
+
+def min_iterations(fault: str) -> int:
+    """Fewest training steps (``iterations``) a drill of ``fault`` can be judged on, with the
+    fault where the drill puts it by default.
+
+    The irregularity monitor judges no step before ``min_history`` (3) regular ones, and the
+    localizer compares the fault's steps with those healthy ones: a straggler, which starts a
+    third of the way in, needs 9 steps (with 8 it starts at step 2 and the 2-rank drill's
+    waits were the norm of its steps: missed; with 9 found); a stall, half way, 6. A
+    workload present from the first step (``heavy_stage``) needs the
+    ``workload_min_iterations`` (4) steps the workload rules read, and a step's compute is
+    known once the next one follows: 5 (with 4 the 4-rank drill named no stage). A
+    no-fault or a bandwidth drill (a cap from the first step), one step the monitor judges: 4.
+
+    >>> {f: min_iterations(f) for f in FAULTS}
+    {'none': 4, 'straggler': 9, 'stall': 6, 'bandwidth': 4, 'heavy_stage': 5}
+    """
+    history, evidence, workload = _monitor_and_rules()
+    if fault == "straggler":
+        n = 3 * history
+        while n - n // 3 < evidence:  # slow long enough to be late more than once
+            n += 1
+        return n
+    if fault == "stall":
+        return 2 * history
+    if fault == "heavy_stage":
+        return max(history + 1, workload + 1)
+    return history + 1
+
+
+def _too_few_steps(cfg: DrillConfig) -> str:
+    """Why the fault of ``cfg`` cannot show in its steps (the message of a ValueError), or
+    ``""``: it must come after the irregularity monitor's warm-up, so that the localizer has
+    healthy steps to compare it with (see :func:`min_iterations`)."""
+    history, evidence, workload = _monitor_and_rules()
+    n = int(cfg.iterations)
+    kind = "no-fault" if cfg.fault == "none" else cfg.fault
+    if cfg.fault == "straggler" and cfg.start_iteration is not None:
+        first, last = history, n - evidence
+        if first <= cfg.start_iteration <= last:
+            return ""
+        if first > last:
+            return (f"iterations={n}: a straggler from step {cfg.start_iteration} needs the "
+                    f"{history} regular steps the irregularity monitor needs before it judges "
+                    f"one and {evidence} slow ones; expected at least {history + evidence}")
+        return (f"start_iteration={cfg.start_iteration}: the straggler must start after the "
+                f"{history} regular steps the irregularity monitor needs to judge one and stay "
+                f"slow for {evidence} steps or more; expected {first} <= start_iteration <= "
+                f"{last}")
+    if cfg.fault == "stall" and cfg.stall_iteration is not None:
+        if history <= cfg.stall_iteration < n:
+            return ""
+        if n <= history:
+            return (f"iterations={n}: the irregularity monitor judges no step before {history} "
+                    f"regular ones; expected at least {history + 1}")
+        return (f"stall_iteration={cfg.stall_iteration}: the stall must come after the "
+                f"{history} regular steps the irregularity monitor needs to judge one, within "
+                f"the run; expected {history} <= stall_iteration <= {n - 1}")
+    least = min_iterations(cfg.fault)
+    if n >= least:
+        return ""
+    if cfg.fault == "straggler":
+        why = (f"a straggler starts a third of the way in (step {max(n, 0) // 3}), before the "
+               f"{history} regular steps the irregularity monitor needs to judge one")
+    elif cfg.fault == "stall":
+        why = (f"the stall comes half way (step {max(n, 0) // 2}), before the {history} "
+               "regular steps the irregularity monitor needs to judge one")
+    elif cfg.fault == "heavy_stage" and workload >= history:
+        why = (f"the workload rules need {workload} steps whose compute is known (a step's "
+               "once the next one follows)")
+    else:
+        why = f"the irregularity monitor judges no step before {history} regular ones"
+    return f"iterations={n}: {why}; expected at least {least} for a {kind} drill"
 
 
 #: Longest sleep or timeout a drill takes (a day): an infinite one overflowed the clock.
