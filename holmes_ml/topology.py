@@ -424,19 +424,22 @@ class Topology:
         return cls(ranks=ranks, groups=groups, spines=0, parallel={}, gpus_per_host=gpus_per_host)
 
 
-def local_index(ranks: pd.DataFrame, gpus_per_host: int) -> np.ndarray:
+def local_index(ranks: pd.DataFrame, gpus_per_host: int, seen_first: bool = False
+                ) -> np.ndarray:
     """Each rank's GPU index on its host (``ranks``: one row per rank, ``rank`` and ``host``).
 
     Where each host's ranks lie in a block of its own of ``n`` consecutive ranks starting at a
     multiple of ``n`` (a launcher's ``rank = node * n + local_rank``), the index is ``rank % n``
-    (``n``: ``gpus_per_host``, else the most ranks one host logged): a rank that logged nothing
-    does not shift the others of its host onto its GPU. Otherwise (ranks spread over hosts
-    another way) the ranks of a host are numbered in rank order.
+    (``n``: ``gpus_per_host``, else the most ranks one host logged; that first with
+    ``seen_first``, as an agent that sees one host's ranks tries: all four ranks 4-7 of a
+    4-GPU host are its GPUs 0-3): a rank that logged nothing does not shift the others of its
+    host onto its GPU. Otherwise (ranks spread over hosts another way) the ranks of a host are
+    numbered in rank order.
     """
     rank = ranks["rank"].to_numpy(np.int64)
     host = ranks["host"].to_numpy()
     most = int(pd.Series(host).value_counts().max()) if len(host) else 0
-    for n in dict.fromkeys((gpus_per_host, most)):
+    for n in dict.fromkeys((most, gpus_per_host) if seen_first else (gpus_per_host, most)):
         if n < 1:
             continue
         block = pd.DataFrame({"host": host, "block": rank // n})

@@ -226,6 +226,38 @@ def test_a_rank_whose_log_appears_later_gets_its_own_gpu(tmp_path):
     assert len(set(places.values())) == 8, places
 
 
+def _placed(agent) -> dict:
+    import gzip
+    import json
+
+    places = {}
+    for _, _, body in agent.outbox.pending():
+        ranks = json.loads(gzip.decompress(body)).get("ranks") or {}
+        places.update(zip(ranks.get("rank", []), zip(ranks.get("host", []), ranks.get("gpu", []),
+                                                      strict=True), strict=True))
+    return places
+
+
+def test_a_rank_that_has_not_logged_does_not_move_its_host_mates_onto_its_gpu(tmp_path):
+    """Logs naming their host (4-rank hosts here), rank 1's missing: its host-mates were
+    numbered in the order seen, rank 2 on GPU 1, rank 3 on GPU 2, so the service named rank
+    3's GPU as another one; a host's ranks fill the launcher's block, each rank on its GPU."""
+    ops = make_ops(seed=17, ranks=8, iterations=6)
+    logs = tmp_path / "logs"
+    _write_logs(logs, ops[ops["rank"] != 1], upto=6)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j",
+                              backoff_s=0.01, timeout_s=1), summarize=fallback_summarize)
+    try:
+        agent.step()
+        assert _placed(agent) == {0: ("h0", 0), 2: ("h0", 2), 3: ("h0", 3), 4: ("h1", 0),
+                                  5: ("h1", 1), 6: ("h1", 2), 7: ("h1", 3)}
+        _write_logs(logs, ops, upto=6)  # rank 1's log turns up: the GPU left for it
+        agent.step()
+        assert _placed(agent)[1] == ("h0", 1)
+    finally:
+        agent.close()
+
+
 def test_a_job_deleted_under_a_running_agent_gets_its_hosts_and_groups_again(tmp_path):
     """The agent sends a rank's host and a communicator's members once; after ``DELETE`` the
     job begun again by its next batch knew neither (verdicts without hosts). The ack names

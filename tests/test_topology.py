@@ -191,3 +191,16 @@ def test_from_ops_numbers_gpus_by_the_launchers_blocks_where_the_ranks_fit_them(
                         "duration_us": 1.0, "host": [h for _, h in rows]})
     topo = Topology.from_ops(ops)
     assert topo.ranks.sort_values("rank")["gpu"].tolist() == expected
+
+
+def test_an_agent_seeing_one_host_numbers_its_ranks_by_their_own_block():
+    """One 4-GPU host's ranks 4-7 fit a block of 8 as well as one of 4: an agent, which sees
+    one host, tries the block its host's ranks fill first (GPUs 0-3), and a block of 8 when its
+    host's ranks leave gaps (rank 9 of 8-15 not logged)."""
+    from holmes_ml.topology import local_index
+
+    four = pd.DataFrame({"rank": [4, 5, 6, 7], "host": "b"})
+    assert local_index(four, 8, seen_first=True).tolist() == [0, 1, 2, 3]
+    assert local_index(four, 8).tolist() == [4, 5, 6, 7]
+    gappy = pd.DataFrame({"rank": [8, 10, 11, 12, 13, 14, 15], "host": "b"})
+    assert local_index(gappy, 8, seen_first=True).tolist() == [0, 2, 3, 4, 5, 6, 7]

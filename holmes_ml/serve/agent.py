@@ -55,7 +55,7 @@ from holmes_ml.io.schema import (
 )
 from holmes_ml.serve import check_name
 from holmes_ml.serve.store import connect_sqlite
-from holmes_ml.topology import GPUS_PER_HOST, assumed_host
+from holmes_ml.topology import GPUS_PER_HOST, assumed_host, local_index
 
 logger = logging.getLogger(__name__)
 
@@ -1212,12 +1212,21 @@ class Agent:
             else:
                 hosts = pd.Series(dtype=str)
             # a rank sent again (the service lost it) keeps the place it was given; a new
-            # one takes its host's next GPU index
+            # one takes the GPU its launcher block gives, else its host's next GPU index
             placed = self.outbox.placed()
             first = self.outbox.next_gpus()
             taken = set(placed.values())
             by_rank = self._hostless_by_rank(
                 [r for r in seen if r not in placed and not hosts.get(r, "")])
+            # the GPU of a rank whose log names its host: by the launcher's blocks, as
+            # `holmes localize` numbers them, so a rank that has not logged (yet) does not move
+            # the others of its host onto its GPU
+            known = {r: h for r, (h, _) in placed.items()}
+            known.update({r: hosts[r] for r in seen if r not in placed and hosts.get(r, "")})
+            ordered = sorted(known)
+            local = dict(zip(ordered, map(int, local_index(pd.DataFrame(
+                {"rank": ordered, "host": [known[r] for r in ordered]}), GPUS_PER_HOST,
+                seen_first=True)), strict=True)) if ordered else {}
             host: list[str] = []
             gpu: list[int] = []
             for r in seen:
@@ -1228,7 +1237,7 @@ class Agent:
                     # refuses a batch contradicting it), else, of more ranks than one host
                     # holds, where `holmes localize` puts them, else this machine
                     h = hosts.get(r, "") or self._topology_host(r) or ""
-                    g = -1
+                    g = local.get(r, -1) if hosts.get(r, "") else -1
                     if not h and by_rank:
                         h, g = assumed_host(r)
                     h = h or socket.gethostname()
