@@ -35,7 +35,13 @@ from holmes_ml.features import (
 )
 from holmes_ml.features.iterations import span_times
 from holmes_ml.io.readers import ARCHIVE_SUFFIXES
-from holmes_ml.io.schema import P2P_OPS, REQUIRED_COLUMNS, SchemaError, member_ranks
+from holmes_ml.io.schema import (
+    P2P_OPS,
+    REQUIRED_COLUMNS,
+    SchemaError,
+    checked,
+    member_ranks,
+)
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of, localize_records
 from holmes_ml.localize.types import Verdict
@@ -505,9 +511,7 @@ def summarize(
     NodeSummary
     """
     cfg = config or LocalizeConfig()
-    missing = [c for c in REQUIRED_COLUMNS if c not in ops.columns]
-    if missing:
-        raise ValueError(f"ops: missing columns {missing}; expected {list(REQUIRED_COLUMNS)}")
+    ops = checked(ops)
     model = model_from(model)
     ops = ops.reset_index(drop=True)
     classes = _op_classes(ops)
@@ -832,6 +836,14 @@ def analyze(
     (5,)
     """
     cfg = config or LocalizeConfig()
+    ops = checked(ops)
+    if len(ops) == 0:
+        raise SchemaError("no operator rows", source="ops",
+                          expected="the CommOps rows of a job: at least one collective or "
+                          "send/recv")
+    if topology is not None and not isinstance(topology, Topology):
+        raise TypeError(f"topology: got {type(topology).__name__}; expected a holmes_ml "
+                        "Topology (Topology.from_json(path) reads a topology.json) or None")
     return note_input(localize_summaries([summarize(ops, model, cfg)], topology, cfg), ops)
 
 

@@ -414,3 +414,28 @@ def test_an_archive_of_a_simulate_directory_reads_like_the_directory(tmp_path, c
         tf.add(d, arcname="run")
     with pytest.raises(Exception, match=r"bad\.tar:run/topology\.json: not valid JSON"):
         analyze_paths([tmp_path / "bad.tar"], model="rule")
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda o: o.assign(rank=o["rank"] + 0.5), "column 'rank', row 0: not an integer (got 0.5"),
+    (lambda o: o.assign(duration_us=np.where(o.index == 5, -1.0, o["duration_us"])),
+     "column 'duration_us', row 5: negative duration (got -1.0"),
+    (lambda o: o.assign(iteration=np.where(o.index == 5, np.nan, o["iteration"])),
+     "column 'iteration', row 5: missing value"),
+    (lambda o: o.assign(op=np.where(o.index == 5, "allreduce", o["op"].astype(str))),
+     "column 'op', row 5: unknown op type (got 'allreduce'"),
+])
+def test_a_table_given_in_python_is_checked_as_a_file_would_be(change, said) -> None:
+    """analyze() took a table built by hand as it came: a fractional rank was truncated (and
+    named a GPU no host has), a negative duration or a NaN iteration gave a verdict."""
+    from holmes_ml.io.schema import SchemaError
+
+    res = _sim("gpu_slow:rank=3,severity=1,start=4", gpus=16, iterations=8)
+    for model in ("rule", None):
+        with pytest.raises(SchemaError, match=re.escape(said)):
+            analyze(change(res.ops), res.topology, model=model)
+    with pytest.raises(SchemaError, match="no operator rows"):
+        analyze(res.ops.iloc[:0], model="rule")
+    with pytest.raises(TypeError, match="topology: got str; expected a holmes_ml Topology"):
+        analyze(res.ops, "topology.json", model="rule")  # type: ignore[arg-type]
+

@@ -215,8 +215,18 @@ def _op_codes(op: pd.Series) -> np.ndarray:
 
 
 def _int_col(ops: pd.DataFrame, name: str) -> np.ndarray:
+    col = ops[name]
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind == "f":
+        # a cast would truncate 3.5 to 3 and turn NaN into -2**63 without a word
+        v = col.to_numpy()
+        bad = ~np.isfinite(v) | (v != np.round(v))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SchemaError("build_features: not an integer", column=name, row=i,
+                              value=float(v[i]),
+                              expected="int64 values (run holmes_ml.io.schema.validate first)")
     try:
-        return ops[name].to_numpy(dtype=np.int64)
+        return col.to_numpy(dtype=np.int64)
     except (TypeError, ValueError) as exc:
         raise SchemaError(
             f"build_features: column is not integer ({exc})", column=name,

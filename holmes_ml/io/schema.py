@@ -342,6 +342,46 @@ def _number(value: object) -> float:
         return np.nan
 
 
+#: Integer columns of the schema that are never negative.
+_COUNTS = ("iteration", "rank", "seq", "nbytes", "start_ns")
+
+
+def is_canonical(df: pd.DataFrame) -> bool:
+    """Whether ``df`` already has the schema's types and values in range in its required
+    columns (as :func:`validate` leaves a table: what :func:`holmes_ml.io.read_ops` and the
+    simulator give), judged in a few vectorized passes; the cross-row checks of
+    :func:`validate` (a communicator's members, a rank's host) are not made again."""
+    if any(c not in df.columns for c in REQUIRED_COLUMNS):
+        return False
+    for c in _COUNTS:
+        dtype = df[c].dtype
+        if not (isinstance(dtype, np.dtype) and dtype.kind in "iu"):
+            return False
+        if len(df) and df[c].min() < 0:
+            return False
+    dtype = df["duration_us"].dtype
+    if not (isinstance(dtype, np.dtype) and dtype.kind in "iuf"):
+        return False
+    d = df["duration_us"].to_numpy(dtype=np.float64)
+    if not (np.isfinite(d).all() and (d >= 0).all()):
+        return False
+    op = df["op"]
+    names = op.cat.categories if isinstance(op.dtype, pd.CategoricalDtype) else pd.unique(op)
+    return set(map(str, names)) <= set(OP_TYPES) and not op.isna().any()
+
+
+def checked(df: pd.DataFrame, what: str = "ops") -> pd.DataFrame:
+    """``df`` itself when :func:`is_canonical`, else :func:`validate` of it (a
+    :class:`SchemaError` naming ``what``, the column, row and value when a value breaks the
+    schema: a fractional rank, a negative or missing duration, an unknown op). What the
+    library's entry points taking a table run first, so a table built by hand gets the
+    errors a file would."""
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{what}: got {type(df).__name__}; expected a pandas DataFrame of "
+                        "CommOps rows (holmes_ml.io.read_ops gives one)")
+    return df if is_canonical(df) else validate(df, source=what)
+
+
 def validate(
     df: pd.DataFrame,
     source: str | None = None,
