@@ -235,3 +235,20 @@ def test_weighted_threshold_equals_duplicated_rows():
     assert best_f1_threshold(y, s, heavy) > best_f1_threshold(y, s)
     with pytest.raises(ValueError, match="weights: got shape"):
         best_f1_threshold(y, s, w[:10])
+
+
+def test_ignore_features_that_would_ignore_nothing_are_refused():
+    """A name given as a bare string was read letter by letter, and a misspelt one ignored
+    nothing: either way the model saw every column, without a word."""
+    import pandas as pd
+
+    X, y = make_classification(n_samples=120, n_features=4, random_state=0)
+    X = pd.DataFrame(X, columns=["a", "hist_z", "c", "d"])
+    fitted = RandomForestDetector(n_estimators=5, random_state=0,
+                                  ignore_features=("hist_z",)).fit(X, y)
+    assert fitted.used_features_.tolist() == [0, 2, 3]
+    with pytest.raises(TypeError, match=r"ignore_features: got the string 'hist_z'; expected "
+                       r"a tuple of feature names, e\.g\. \('hist_z',\)"):
+        RandomForestDetector(n_estimators=5, ignore_features="hist_z").fit(X, y)
+    with pytest.raises(ValueError, match="ignore_features: 'hist_zz' is no column of X"):
+        RandomForestDetector(n_estimators=5, ignore_features=("hist_zz",)).fit(X, y)

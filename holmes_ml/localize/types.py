@@ -1,7 +1,9 @@
 """Typed results of localization: device kinds, evidence, candidates, workload findings, verdict.
 
-Everything here is a frozen dataclass (or an enum) so results can be hashed, compared in tests and
-serialised with :meth:`Verdict.to_dict` into the one JSON contract the CLI and service expose.
+Everything here is a frozen dataclass (or an enum): fields cannot be reassigned, results compare
+equal field by field in tests, and :meth:`Verdict.to_dict` serialises them into the one JSON
+contract the CLI and service expose. (Those holding dicts, a candidate's ``coords``, a verdict's
+``stats``, are not hashable.)
 """
 
 from __future__ import annotations

@@ -221,10 +221,18 @@ class _SupervisedDetector(BinaryDetectorMixin, BaseEstimator):
 
     def _used_features(self) -> np.ndarray:
         """Indices of the input columns the model sees (all but ``ignore_features``)."""
-        ignore = set(getattr(self, "ignore_features", None) or ())
+        given = getattr(self, "ignore_features", None) or ()
+        if isinstance(given, str):  # ("hist_z") is a string: each letter was a name
+            raise TypeError(f"ignore_features: got the string {given!r}; expected a tuple of "
+                            f"feature names, e.g. ({given!r},)")
+        ignore = set(given)
         names = getattr(self, "feature_names_in_", None)
         if not ignore or names is None:
             return np.arange(self.n_features_in_)
+        unknown = sorted(ignore - {str(n) for n in names})
+        if unknown:  # a typo ignored nothing, without a word
+            raise ValueError(f"ignore_features: {unknown[0]!r} is no column of X; expected "
+                             "names among its columns (holmes_ml.features.FEATURE_COLUMNS)")
         return np.flatnonzero([str(n) not in ignore for n in names])
 
     def _validate(self, X) -> np.ndarray:
@@ -268,7 +276,7 @@ class RandomForestDetector(_SupervisedDetector):
     Attributes
     ----------
     estimator_ : RandomForestClassifier
-        The fitted forest (its trees are what :func:`holmes_ml.models.adjust_for_drift` shifts).
+        The fitted forest (its trees are what :class:`holmes_ml.models.DriftAdjuster` shifts).
     threshold_ : float
     classes_, n_features_in_, feature_names_in_ :
         As in scikit-learn.
