@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 import pandas as pd
@@ -364,3 +365,28 @@ def test_an_unpinned_nic_fault_finds_a_nic_that_traffic_crosses(seed) -> None:
     (fault,) = res.faults
     assert len(fault.devices) == 1 and fault.devices[0].startswith("nic:")
     assert res.ops["affected"].any()
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda: SimConfig(gpus=16, seed=-1), "SimConfig.seed: got -1; expected an integer >= 0"),
+    (lambda: SimConfig(gpus=16, seed="a"), "SimConfig.seed: got 'a'"),
+    (lambda: SimConfig(gpus=16, iterations=True), "SimConfig.iterations: got True"),
+    (lambda: FaultSpec("gpu_slow", ranks="12"), "FaultSpec.ranks: got '12'; expected a tuple"),
+    (lambda: FaultSpec("gpu_slow", ranks=(1.7,)), "FaultSpec.ranks: got (1.7,)"),
+    (lambda: FaultSpec("gpu_slow", start_iteration=2.5), "FaultSpec.start_iteration: got 2.5"),
+    (lambda: FaultSpec("gpu_slow", severity="0.5"), "FaultSpec.severity: got '0.5'"),
+    (lambda: FaultSpec("gpu_slow", device=5), "FaultSpec.device: got 5"),
+])
+def test_a_config_of_the_wrong_type_is_refused_where_it_is_written(make, said):
+    """A seed of -1 or 'a' failed later inside numpy, ranks='12' became ranks 1 and 2, a
+    fractional start failed as a slice index: each is refused naming the field."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        make()
+
+
+def test_numpy_integers_are_integers_to_a_config():
+    import numpy as np
+
+    cfg = SimConfig(gpus=np.int64(16), iterations=np.int32(4), seed=np.uint8(3))
+    assert (cfg.gpus, cfg.iterations, cfg.seed) == (16, 4, 3)
+    assert type(cfg.gpus) is int

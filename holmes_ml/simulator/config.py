@@ -6,6 +6,7 @@ with a message naming the field, the value and what was expected.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +95,25 @@ class FaultSpec:
             raise ValueError(
                 f"FaultSpec.pattern: got {self.pattern!r}; expected one of {', '.join(PATTERNS)}"
             )
+        if isinstance(self.ranks, (str, bytes)) or not all(map(_is_int, self.ranks)):
+            # ("12" was ranks 1 and 2, 1.7 rank 1)
+            raise ValueError(f"FaultSpec.ranks: got {self.ranks!r}; expected a tuple of "
+                             "integer ranks")
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        for name in ("severity", "probability"):
+            if not _is_number(getattr(self, name)):
+                raise ValueError(f"FaultSpec.{name}: got {getattr(self, name)!r}; expected a "
+                                 "number")
+        for name in ("start_iteration", "end_iteration"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise ValueError(f"FaultSpec.{name}: got {value!r}; expected an integer "
+                                 "iteration")
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+        if self.device is not None and not isinstance(self.device, str):
+            raise ValueError(f"FaultSpec.device: got {self.device!r}; expected a device id "
+                             "such as gpu:node000/3, or None")
         if any(r < 0 for r in self.ranks):
             raise ValueError(f"FaultSpec.ranks: got {self.ranks!r}; expected ranks >= 0")
         if not (0 < self.severity <= MAX_SEVERITY):
@@ -364,14 +383,20 @@ class SimConfig:
             "gpus", "iterations", "ep", "cp", "dp_replicate", "spines", "micro_batch_size"
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"SimConfig.{name}: got {value!r}; expected an integer >= 1")
+            object.__setattr__(self, name, int(value))  # (a numpy integer too)
         for name in ("tp", "pp", "dp", "microbatches", "hosts_per_pod"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not _is_int(value) or value < 1):
                 raise ValueError(
                     f"SimConfig.{name}: got {value!r}; expected an integer >= 1 or None"
                 )
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"SimConfig.seed: got {self.seed!r}; expected an integer >= 0")
+        object.__setattr__(self, "seed", int(self.seed))
         if not isinstance(self.job, str) or not self.job.strip():
             raise ValueError(f"SimConfig.job: got {self.job!r}; expected a non-empty name")
         if self.gpus < 2:
@@ -542,3 +567,14 @@ class SimConfig:
         if "stage_weights" in kw:
             kw["stage_weights"] = tuple(kw["stage_weights"] or ())
         return cls(**kw)
+
+
+def _is_int(value: object) -> bool:
+    """An integer (a numpy one too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real number (a numpy one too), not a bool or a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
