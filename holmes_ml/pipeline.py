@@ -705,7 +705,23 @@ def localize_summaries(
         iterations=float(s.iterations["iteration"].nunique()),
         min_history=float(IrregularityConfig().min_history),  # what _irregular monitors with
     )
-    return replace(verdict, silent_ranks=_silent_ranks(s, topo, topology is not None))
+    return replace(verdict, silent_ranks=_silent_ranks(s, topo, topology is not None),
+                   lacking_ranks=_lacking_ranks(s.iterations, verdict.stats))
+
+
+def _lacking_ranks(iterations: pd.DataFrame, stats: dict[str, float]) -> tuple[int, ...]:
+    """Ranks whose summaries lack iterations of the analysed window (``stats``'
+    ``analysed_first`` to ``analysed_last``, else every iteration) that other ranks have: a
+    log cut short, an agent that stopped."""
+    if len(iterations) == 0:
+        return ()
+    it = iterations["iteration"].to_numpy(np.int64)
+    lo, hi = stats.get("analysed_first"), stats.get("analysed_last")
+    if lo is not None and hi is not None:
+        keep = (it >= lo) & (it <= hi)
+        iterations, it = iterations[keep], it[keep]
+    counts = iterations.drop_duplicates(["iteration", "rank"]).groupby("rank").size()
+    return tuple(int(r) for r in counts.index[counts.to_numpy() < len(np.unique(it))])
 
 
 def _silent_ranks(s: NodeSummary, topo: Topology, given: bool) -> tuple[int, ...]:

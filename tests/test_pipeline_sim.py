@@ -439,3 +439,23 @@ def test_a_table_given_in_python_is_checked_as_a_file_would_be(change, said) -> 
     with pytest.raises(TypeError, match="topology: got str; expected a holmes_ml Topology"):
         analyze(res.ops, "topology.json", model="rule")  # type: ignore[arg-type]
 
+
+def test_a_host_whose_logs_stop_before_the_fault_is_named_not_a_gpu_of_it() -> None:
+    """Node003's agent died at iteration 6; rank 26 there slowed from 12. Its host-mate 27 was
+    named first (on p2p evidence it never gave), the slow GPU second, without a caveat. The
+    peers' waits point at the ranks with no log of those iterations, so the host is named, and
+    the note says whose logs stop."""
+    from holmes_ml.io.schema import without_labels
+
+    res = simulate(SimConfig(gpus=32, model="llama2-7b", iterations=40, seed=3, faults=(
+        FaultSpec.parse("gpu_slow:rank=26,severity=0.8,start=12"),)))
+    ops = without_labels(res.ops)
+    cut = ops[~((ops["rank"] >= 24) & (ops["iteration"] > 6))]
+    verdict = analyze(cut, res.topology)
+    top = verdict.candidates[0]
+    assert top.hosts == ("node003",) and top.device in ("host:node003", "gpu:node003/2"), top
+    assert not any(c.device == "gpu:node003/3" for c in verdict.candidates), verdict.candidates
+    assert verdict.lacking_ranks == tuple(range(24, 32))
+    assert "8 rank(s) lack some of the analysed iterations (24-31)" in (verdict.note or "")
+    whole = analyze(ops, res.topology)
+    assert whole.candidates[0].device == "gpu:node003/2" and whole.lacking_ranks == ()

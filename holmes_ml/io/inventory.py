@@ -119,8 +119,8 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          f"{len(gaps)} rank{'s' * (len(gaps) != 1)} lack{'s' * (len(gaps) == 1)} "
          "iterations the others logged ("
          + "; ".join(f"{r}: {spans(m)}" for r, m in list(gaps.items())[:4])
-         + (" ..." if len(gaps) > 4 else "") + "): their copies there are unknown, and no "
-         "lateness is read into them"),
+         + (" ..." if len(gaps) > 4 else "") + "): their copies there are unknown, read as "
+         "late only where a collective waited for none but them"),
         (long is None,
          "no operator lasts longer than an hour" if long is None else
          f"{long}: a corrupt duration_us, or a hang? Iteration times that include them are "

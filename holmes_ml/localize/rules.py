@@ -226,7 +226,7 @@ def localize_records(
 
     events = [
         _collective_events(ab[~p2p], members, size, cfg, kind, iterations),
-        _p2p_events(ab[p2p], cfg),
+        _p2p_events(ab[p2p], cfg, iterations),
     ]
     ev = pd.concat([e for e in events if len(e)], ignore_index=True) if any(
         len(e) for e in events
@@ -696,14 +696,15 @@ def _collective_events(
         seen = ab[key + ["rank"]].drop_duplicates().assign(_seen=True)
         cand = cand.merge(seen, on=key + ["rank"], how="left")
         cand = cand[cand["_seen"].isna()].drop(columns="_seen")
-        if iterations is not None and len(iterations):
-            rows = iterations[iterations["iteration"].isin(partial["iteration"].unique())]
-            logged = rows[["iteration", "rank"]].drop_duplicates().astype(np.int64)
-            there = cand.merge(logged.assign(_there=True), on=["iteration", "rank"],
-                               how="left")["_there"].notna().to_numpy()
-            # (a rank that logged nothing at all, placed by a topology, is still read so)
-            silent = ~cand["rank"].isin(iterations["rank"].unique()).to_numpy()
-            cand = cand[there | silent]
+        # An absent member whose log lacks the iteration is unknown, not normal: where the
+        # instance has absent members whose logs hold it (normal copies), they are its late
+        # arrivals; only where none has are the unknown ones read so (the others waited for
+        # one of them: an agent that stopped on the slow host). (A rank that logged nothing at
+        # all, placed by a topology, is read so as before.)
+        unknown = _unlogged(cand["iteration"].to_numpy(), cand["rank"].to_numpy(), iterations)
+        known = pd.Series(~unknown, index=cand.index).groupby(
+            [cand[k] for k in key]).transform("any").to_numpy()
+        cand = cand[~(unknown & known)]
         n_absent = cand.groupby(key)["rank"].transform("size")
         strag = cand.assign(rule="straggler", weight=cand["excess"] / n_absent)
     else:
@@ -755,8 +756,29 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
                       own_t=last["start_ns"][held].to_numpy())[cols]
 
 
-def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig) -> pd.DataFrame:
-    """A long receive (send) whose matching send (receive) is normal blames the peer."""
+def _unlogged(iteration: np.ndarray, rank: np.ndarray, iterations: pd.DataFrame | None
+              ) -> np.ndarray:
+    """Per (iteration, rank) pair: whether that rank's log lacks that iteration although it
+    logged others (the iteration summaries say whose logs hold which iterations); a rank that
+    logged nothing at all is not counted here (a topology may place it; the verdict's note
+    names it)."""
+    if iterations is None or len(iterations) == 0 or len(rank) == 0:
+        return np.zeros(len(rank), dtype=bool)
+    rows = iterations[iterations["iteration"].isin(np.unique(iteration))]
+    held = pd.MultiIndex.from_arrays([rows["iteration"].to_numpy(np.int64),
+                                      rows["rank"].to_numpy(np.int64)])
+    pairs = pd.MultiIndex.from_arrays([np.asarray(iteration, np.int64),
+                                       np.asarray(rank, np.int64)])
+    logged_some = np.isin(rank, iterations["rank"].unique())
+    return logged_some & ~pairs.isin(held)
+
+
+def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig,
+                iterations: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A long receive (send) whose matching send (receive) is normal blames the peer; not
+    when the peer's log lacks that iteration (``iterations``: the per-rank summaries): its
+    copy is unknown, not normal (the collectives it missed still point at its host, when
+    none of their absent members logged the iteration)."""
     cols = ["iteration", "group", "seq", "op", "rank", "rule", "weight", "t", "peer"]
     if len(ab) == 0 or "peer" not in ab.columns:
         return pd.DataFrame(columns=cols)
@@ -772,6 +794,7 @@ def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig) -> pd.DataFrame:
         ["iteration", "group", "src", "dst", "op"]).cumcount())
     both = k.groupby(["iteration", "group", "src", "dst", "nth"])["op"].transform("nunique") > 1
     one = k[~both.to_numpy()]
+    one = one[~_unlogged(one["iteration"].to_numpy(), one["peer"].to_numpy(), iterations)]
     pair = k[both.to_numpy()]
     out = []
     if len(one):

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from holmes_ml._text import spans
+
 
 class DeviceKind(str, Enum):
     """What a candidate is: the kind prefix of a topology device id."""
@@ -170,6 +172,8 @@ class Verdict:
     stats: dict[str, float] = field(default_factory=dict, compare=False)
     #: ranks that the communicators' member lists or the topology name but that logged nothing
     silent_ranks: tuple[int, ...] = field(default=(), compare=False)
+    #: ranks whose logs (or summaries) lack some of the analysed iterations that the others hold
+    lacking_ranks: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def note(self) -> str | None:
@@ -204,6 +208,13 @@ class Verdict:
                          "(not recorded, read or sent yet), or they never ran; a device of theirs is "
                          "named only from what their peers waited for (with a topology), else "
                          "not at all")
+        if self.lacking_ranks:
+            few = spans(self.lacking_ranks[:64]) + (" ..." if len(self.lacking_ranks) > 64
+                                                   else "")
+            notes.append(f"{len(self.lacking_ranks)} rank(s) lack some of the analysed "
+                         f"iterations ({few}): their logs stop early or have gaps (an agent "
+                         "that stopped, a log cut short); where a collective waited for none "
+                         "but them, they are suspects from their peers' waits alone")
         if self.stats.get("ranks", 2.0) < 2:
             notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
                          "may go unnamed")
