@@ -274,7 +274,11 @@ def test_a_bad_row_in_a_followed_log_is_set_aside_and_the_rows_after_it_ship(
         said = caplog.text
         assert f"line {bad_line}" in said, said
         assert agent.bad_files == {}
-        assert list(agent.rows_set_aside) == ([path] if suffix == ".jsonl" else [])
+        # the torn CSV line gave no row, and counts as set aside too (the service hears of it)
+        assert list(agent.rows_set_aside) == [path] and agent.n_set_aside[path] == 1
+        why = agent.rows_set_aside[path][0]
+        assert f"line {bad_line}: " in why and ("gossip" in why if suffix == ".jsonl"
+                                                else "more fields" in why), why
         assert httpx.get(srv.url + "/v1/jobs/aside").json()["records"] == len(ops)
     finally:
         agent.close()
@@ -651,6 +655,7 @@ def test_what_an_agent_could_not_read_is_visible_at_the_service(tmp_path):
     first = ops[ops["rank"] == 0]
     text = first.to_json(orient="records", lines=True).splitlines()
     text.insert(3, text[3].replace('"op":"' + str(first["op"].iloc[3]), '"op":"gossip'))
+    text.insert(6, '{"iteration":1,"ra')  # torn: counted too (it was only in the node's log)
     (logs / "rank0.jsonl").write_text("\n".join(text) + "\n")
     ops[ops["rank"] == 1].to_json(logs / "rank1.jsonl", orient="records", lines=True)
     ops.to_parquet(tmp_path / "whole.parquet")
@@ -660,18 +665,18 @@ def test_what_an_agent_could_not_read_is_visible_at_the_service(tmp_path):
     try:
         agent.run(once=True)
         (src,) = httpx.get(srv.url + "/v1/jobs/unread").json()["sources"]
-        assert src["rows_set_aside"] == 1
+        assert src["rows_set_aside"] == 2
         ((file, rows, why),) = (tuple(f.values()) for f in src["files_set_aside"])
-        assert (file, rows) == ("rank0.jsonl", 1) and "line 4" in why and "gossip" in why, why
+        assert (file, rows) == ("rank0.jsonl", 2) and "line 4" in why and "gossip" in why, why
         assert [f["file"] for f in src["files_refused"]] == ["trunc.parquet"]
         metrics = httpx.get(srv.url + "/metrics").text
-        assert 'holmes_source_rows_set_aside{job="unread",source="n1"} 1.0' in metrics
+        assert 'holmes_source_rows_set_aside{job="unread",source="n1"} 2.0' in metrics
         assert 'holmes_source_files_refused{job="unread",source="n1"} 1.0' in metrics
         shown = holmes("jobs", "unread", "--server", srv.url)
         assert shown.returncode == 0, shown.stderr
         said = " ".join(shown.stdout.split())
         assert "unread: n1: trunc.parquet:" in said, said
-        assert "set aside: n1: 1 row(s) of its logs unreadable" in said, said
+        assert "set aside: n1: 2 row(s) of its logs unreadable" in said, said
         listed = subprocess.run([sys.executable, "-c", HOLMES, "jobs", "--server", srv.url],
                                 capture_output=True, text=True, timeout=60,
                                 env={**os.environ, "COLUMNS": "200"})
@@ -683,9 +688,31 @@ def test_what_an_agent_could_not_read_is_visible_at_the_service(tmp_path):
                      .to_json(orient="records", lines=True))
         agent.run(once=True)
         (src,) = httpx.get(srv.url + "/v1/jobs/unread").json()["sources"]
-        assert src["files_refused"] == [] and src["rows_set_aside"] == 1
+        assert src["files_refused"] == [] and src["rows_set_aside"] == 2
         assert 'holmes_source_files_refused{job="unread",source="n1"} 0.0' in httpx.get(
             srv.url + "/metrics").text
     finally:
         agent.close()
+        srv.stop()
+
+
+def test_an_https_server_url_for_the_plain_http_service_says_to_use_http(tmp_path):
+    """--server https://... against holmes serve (plain HTTP) was only 'unreachable
+    (ConnectError: [SSL: WRONG_VERSION_NUMBER] ...)'."""
+    ops = make_ops(seed=37, ranks=2, iterations=4)
+    logs = tmp_path / "logs"
+    _write_good(logs, ops)
+    srv = start_server(tmp_path)
+    try:
+        https = srv.url.replace("http://", "https://")
+        proc = agent_cli("--follow", logs, "--server", https, "--job", "tls", "--token", TOKEN,
+                         "--once", "--retry-for", "1", "--model", "rule")
+        assert proc.returncode == 1, (proc.stdout, proc.stderr)
+        assert f"the service answers in plain HTTP, not TLS: expected --server {srv.url}" \
+            in proc.stderr, proc.stderr
+        listed = holmes("jobs", "--server", https)
+        assert listed.returncode == 2 and (
+            f"the service answers in plain HTTP, not TLS; expected --server {srv.url}"
+            in listed.stderr), listed.stderr
+    finally:
         srv.stop()

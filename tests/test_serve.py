@@ -1009,6 +1009,10 @@ def test_a_topology_contradicting_the_jobs_batches_is_refused_and_the_stored_one
     assert "not rank(s) 2, 3" in r.json()["detail"], r.text
     r = c.put("/v1/jobs/jobTopo/topology", json=_topology(["h0", "h0", "h1", "h1"], [[0, 1]]))
     assert r.status_code == 409 and r.json()["field"] == "groups.ranks", r.text
+    # (both member lists were shown cut at 8: two lists alike for communicators that differ
+    # further on)
+    assert "has 2 ranks in it, 4 by the job's batches (ranks 2 3 only in the job's batches)" \
+        in r.json()["detail"], r.text
     stored = _stored_topology(server, "jobTopo")
     assert stored is not None and stored["ranks"]["host"] == good["ranks"]["host"], stored
 
@@ -1027,3 +1031,24 @@ def test_an_agent_batch_contradicting_the_jobs_topology_is_refused(server):
     assert r.status_code == 409 and "rank 2 on host 'h0'; it is not placed" in r.json()["detail"]
     r = c.post("/v1/jobs/jobTopo2/batches", json=_agent_batch("n1", 2, [0, 1], "h0", [0, 1]))
     assert r.status_code == 200, r.text
+
+
+def test_a_refused_sender_is_logged_at_the_service_once_a_minute(tmp_path, caplog):
+    """An agent with a wrong token retried for minutes, a second agent got 409s: the service's
+    log said nothing, only holmes_requests_rejected_total (no job, no sender) counted them."""
+    from fastapi.testclient import TestClient
+
+    from holmes_ml.serve.app import ServeSettings, create_app
+
+    settings = ServeSettings(db=tmp_path / "s.db", token=TOKEN, analyze_interval_s=0)
+    with TestClient(create_app(settings, analyzers=None)) as c, caplog.at_level("WARNING"):
+        for _ in range(3):
+            r = c.post("/v1/jobs/j1/batches", json=_agent_batch("n1", 0, [0], "h0", [0]),
+                       headers={"Authorization": "Bearer WRONG"})
+            assert r.status_code == 401
+        assert c.get("/v1/jobs", headers={"Authorization": "Bearer WRONG"}).status_code in (
+            200, 401)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")]
+    assert said == ["refused POST /v1/jobs/j1/batches from testclient: HTTP 401 (said once a "
+                    "minute per sender, path and status)"], said
+

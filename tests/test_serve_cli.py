@@ -272,3 +272,21 @@ def test_an_empty_token_is_refused_not_taken_for_none(tmp_path, cmd, how):
     assert line.startswith("error: --token '' (or HOLMES_SERVE_TOKEN): expected a non-empty "
                            "token"), line
     assert not (tmp_path / "s.db").exists()
+
+
+def test_a_second_service_on_the_same_database_is_refused_naming_the_first(tmp_path):
+    """Two `holmes serve` on one --db both listened, and both computed (and would announce)
+    every verdict of a batch either got."""
+    from test_serve_support import free_port, start_server
+
+    srv = start_server(tmp_path)
+    try:
+        proc = holmes("serve", "--db", srv.db, "--port", str(free_port()), timeout=60)
+        line = one_line_error(proc)
+        assert line.startswith(f"error: --db {srv.db}: in use by another holmes serve (pid "
+                               f"{srv.proc.pid}); expected one service per database"), line
+    finally:
+        srv.stop()
+    # once the first has stopped, the database is free again
+    again = start_server(tmp_path)
+    again.stop()

@@ -11,7 +11,9 @@ only by the modules of this package that need it, through :func:`require_extra`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 _HINT = "pip install 'holmes-ml[serve]'"
 
@@ -49,3 +51,34 @@ def require_extra(module: str) -> ModuleType:
         raise ImportError(
             f"holmes_ml.serve needs {module!r}, which is not installed; run: {_HINT}"
         ) from exc
+
+
+def hold_lock(path: str, refusal: Callable[[str], str]) -> Any:
+    """Hold an advisory lock (``flock``) on ``<path>.lock`` while ``path`` is in use, the pid
+    written in it; a second process is refused with ``ValueError(refusal(its pid))``.
+    The kernel drops the lock when its process ends, killed too: a stale lock file blocks
+    nothing. Returns the open lock file (keep it), or None when no lock file can be made
+    there (opening ``path`` then says why)."""
+    import fcntl
+    import os
+
+    try:
+        lock = open(f"{path}.lock", "a+")  # noqa: SIM115 - open as long as path is used
+    except OSError:
+        return None
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ValueError(refusal(holder)) from None
+    except BaseException:
+        lock.close()
+        raise
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+

@@ -53,7 +53,7 @@ from holmes_ml.io.schema import (
     member_ranks,
     validate,
 )
-from holmes_ml.serve import check_name
+from holmes_ml.serve import check_name, hold_lock
 from holmes_ml.serve.store import connect_sqlite
 from holmes_ml.topology import GPUS_PER_HOST, assumed_host, local_index
 
@@ -354,36 +354,13 @@ class Outbox:
 
 
 def _lock_outbox(path: str) -> Any:
-    """Hold an advisory lock (``flock``) on ``<path>.lock`` while the outbox is open: a
+    """Hold ``<path>.lock`` while the outbox is open (:func:`~holmes_ml.serve.hold_lock`): a
     second agent on the same outbox (two agents following one directory side by side) would
-    ship the same ranks twice under one source, racing for its seqs. Refused with a
-    ``ValueError`` naming the outbox and the process holding it. The kernel drops the lock
-    when its process ends, killed too: a stale lock file blocks nothing."""
-    import fcntl
-    import os
-
-    try:
-        lock = open(f"{path}.lock", "a+")  # noqa: SIM115 - open as long as the outbox is
-    except OSError:
-        return None  # (no directory there: opening the outbox says so, naming it)
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
-        lock.close()
-        raise ValueError(
-            f"--outbox {path}: in use by another holmes agent (pid {holder}); expected one "
-            "agent per outbox (two following one directory would ship its ranks twice): stop "
-            "that one first, or give this one its own --outbox and --source") from None
-    except BaseException:
-        lock.close()
-        raise
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    return lock
+    ship the same ranks twice under one source, racing for its seqs."""
+    return hold_lock(path, lambda pid: (
+        f"--outbox {path}: in use by another holmes agent (pid {pid}); expected one agent per "
+        "outbox (two following one directory would ship its ranks twice): stop that one "
+        "first, or give this one its own --outbox and --source"))
 
 
 # ----------------------------------------------------------------------------- file following
@@ -830,6 +807,11 @@ class Agent:
                 if aside:
                     logger.warning("agent: %s: %d row(s) set aside, the rest read: %s", path,
                                    len(aside), "; ".join(aside))
+                # lines that gave no row (torn: warned of as they were read) count as set aside
+                aside = [f"line {n}: " + ("more fields than the header's" if
+                                          path.suffix == ".csv" else "no JSON object")
+                         + " (torn when its writer died?)" for n in trial.chunk_skipped] + aside
+                if aside:
                     kept = self.rows_set_aside.setdefault(path, [])
                     kept.extend(aside[:max(0, _KEEP_ASIDE - len(kept))])
                     self.n_set_aside[path] = self.n_set_aside.get(path, 0) + len(aside)
@@ -1493,6 +1475,10 @@ class Agent:
     def _fail(self, why: str, state: str = "unreachable") -> None:
         """Record a failed request (``state``: what the service is, as the log says) and wait
         longer before the next."""
+        if "WRONG_VERSION_NUMBER" in why and self.config.server.startswith("https://"):
+            # a TLS hello answered in plain HTTP: holmes serve speaks HTTP
+            why += ("; the service answers in plain HTTP, not TLS: expected --server "
+                    + "http://" + self.config.server.removeprefix("https://"))
         self.last_error = why
         self.stats.failures += 1
         self._failing_for += 1

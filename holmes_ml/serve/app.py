@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 
-from holmes_ml.serve import require_extra
+from holmes_ml.serve import hold_lock, require_extra
 
 require_extra("fastapi")
 require_extra("prometheus_client")
@@ -474,6 +474,10 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": payload})
 
 
+#: Seconds between two log lines of the same refusal (sender, method, path, status).
+_REFUSAL_LOG_S = 60.0
+
+
 # ----------------------------------------------------------------------------- metrics
 class _JobCollector:
     """Per-job gauges computed at scrape time from the store (so they survive restarts)."""
@@ -823,6 +827,8 @@ def create_app(
         return JSONResponse({"detail": detail, "field": field, "errors": errors},
                             status_code=422)
 
+    said_at: dict[tuple[str, str, str, int], float] = {}
+
     @app.middleware("http")
     async def _timing(request: Request, call_next: Callable) -> Response:
         t0 = time.perf_counter()
@@ -831,6 +837,19 @@ def create_app(
         service.latency.labels(getattr(route, "path", "other")).observe(time.perf_counter() - t0)
         if 400 <= response.status_code < 500:
             service.rejected.labels(str(response.status_code)).inc()
+            if request.method in ("POST", "PUT", "DELETE"):
+                # a sender refused (a wrong token, a conflicting agent, a bad body) is told by
+                # its answer; the operator at the service hears of it too, once a minute
+                client = request.client.host if request.client else "?"
+                key = (client, request.method, request.url.path, response.status_code)
+                now = time.monotonic()
+                if now - said_at.get(key, -_REFUSAL_LOG_S) >= _REFUSAL_LOG_S:
+                    if len(said_at) > 10_000:
+                        said_at.clear()
+                    said_at[key] = now
+                    logger.warning("refused %s %s from %s: HTTP %d (said once a minute per "
+                                   "sender, path and status)", request.method,
+                                   request.url.path, client, response.status_code)
         return response
 
     JobName = PathParam(pattern=NAME_PATTERN, max_length=128, description="Job name")
@@ -1089,10 +1108,18 @@ def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
     uvicorn = require_extra("uvicorn")
     settings.check()
     sock = listen_socket(settings.host, settings.port)
+    lock = None
     try:
+        # two services on one database would each compute (and announce) every verdict
+        lock = None if str(settings.db) == ":memory:" else hold_lock(
+            str(settings.db), lambda pid: (
+                f"--db {settings.db}: in use by another holmes serve (pid {pid}); expected "
+                "one service per database: stop that one first, or give this one its own --db"))
         app = create_app(settings, analyzers=analyzers)
     except BaseException:
         sock.close()
+        if lock is not None:
+            lock.close()
         raise
 
     base: Any = uvicorn.Server  # a module attribute: mypy cannot see it as a class
@@ -1114,6 +1141,8 @@ def serve(settings: ServeSettings, analyzers: Analyzers | None = None,
         _Server(config).run(sockets=[sock])
     finally:
         sock.close()
+        if lock is not None:
+            lock.close()
 
 
 __all__ = ["BindError", "BodyLimit", "ServeSettings", "Service", "base_url", "create_app",

@@ -999,12 +999,18 @@ class Store:
         stored.update({k: v for k, (v, _, _) in facts.get("group_ranks", {}).items()})
         for g in sorted(topology.get("groups") or (), key=lambda g: str(g.get("name"))):
             logged = member_ranks(stored.get(str(g.get("name")), ""))
-            if logged and set(logged) != {int(r) for r in g.get("ranks") or ()}:
+            given = {int(r) for r in g.get("ranks") or ()}
+            if logged and set(logged) != given:
+                # (both lists cut at 8 read the same when they differ further on)
+                only_topo = sorted(given - set(logged))
+                only_job = sorted(set(logged) - given)
+                diff = "; ".join(
+                    [f"ranks {_few(only_topo)} only in the topology"] * bool(only_topo)
+                    + [f"ranks {_few(only_job)} only in the job's batches"] * bool(only_job))
                 raise ConflictError(
-                    f"topology of job {job!r}: communicator {g['name']!r} has ranks "
-                    f"{' '.join(map(str, sorted(g['ranks'])[:8]))} in it, "
-                    f"{' '.join(map(str, sorted(logged)[:8]))} by the job's batches. {expected}",
-                    field="groups.ranks")
+                    f"topology of job {job!r}: communicator {g['name']!r} has {len(given)} "
+                    f"ranks in it, {len(set(logged))} by the job's batches ({diff}). "
+                    f"{expected}", field="groups.ranks")
 
     def save_verdict(self, job: str, verdict: dict, data_batches: int, top: str | None,
                      topology_version: int = 0) -> int:
@@ -1284,3 +1290,10 @@ class Store:
                               else int(self._query(f"SELECT count(*) FROM {table}")[0][0]))
             out["raw_records"] = int(self._query("SELECT coalesce(sum(n), 0) FROM raw")[0][0])
         return out
+
+
+def _few(ranks: list[int], n: int = 8) -> str:
+    """The first ``n`` of ``ranks``, and how many more."""
+    return " ".join(map(str, ranks[:n])) + (f" and {len(ranks) - n} more" if len(ranks) > n
+                                            else "")
+
