@@ -705,8 +705,19 @@ def localize_summaries(
         iterations=float(s.iterations["iteration"].nunique()),
         min_history=float(IrregularityConfig().min_history),  # what _irregular monitors with
     )
-    return replace(verdict, silent_ranks=_silent_ranks(s, topo, topology is not None),
-                   lacking_ranks=_lacking_ranks(s.iterations, verdict.stats))
+    silent = _silent_ranks(s, topo, topology is not None)
+    return replace(verdict, silent_ranks=silent,
+                   lacking_ranks=_lacking_ranks(s.iterations, verdict.stats),
+                   silent_hosts=_silent_hosts(topo, silent) if topology is not None else ())
+
+
+def _silent_hosts(topo: Topology, silent: tuple[int, ...]) -> tuple[str, ...]:
+    """Hosts the topology places ranks on, none of which logged anything."""
+    if not silent:
+        return ()
+    r = topo.ranks
+    quiet = r["rank"].isin(silent).groupby(r["host"].astype(str)).all()
+    return tuple(sorted(quiet.index[quiet.to_numpy()]))
 
 
 def _lacking_ranks(iterations: pd.DataFrame, stats: dict[str, float]) -> tuple[int, ...]:

@@ -457,5 +457,20 @@ def test_a_host_whose_logs_stop_before_the_fault_is_named_not_a_gpu_of_it() -> N
     assert not any(c.device == "gpu:node003/3" for c in verdict.candidates), verdict.candidates
     assert verdict.lacking_ranks == tuple(range(24, 32))
     assert "8 rank(s) lack some of the analysed iterations (24-31)" in (verdict.note or "")
+    assert verdict.to_dict()["input"]["lacking_ranks"] == list(range(24, 32))
     whole = analyze(ops, res.topology)
     assert whole.candidates[0].device == "gpu:node003/2" and whole.lacking_ranks == ()
+
+
+def test_a_host_none_of_whose_ranks_logged_is_named_in_the_note() -> None:
+    """Node001's agent never started: the note listed ranks 8-15 as having logged nothing,
+    and nothing said they are one whole host (whose agent is the thing to check)."""
+    res = _sim("gpu_slow:rank=3,severity=0.5,start=3", gpus=16, iterations=8)
+    ops = res.ops[res.ops["rank"] < 8]
+    verdict = analyze(ops, res.topology, model="rule")
+    assert verdict.silent_hosts == ("node001",)
+    assert "; every rank of host(s) node001: is its agent running?)" in (verdict.note or ""), \
+        verdict.note
+    read = verdict.to_dict()["input"]
+    assert read["silent_ranks"] == list(range(8, 16)) and "lacking_ranks" not in read
+    assert "silent_ranks" not in analyze(res.ops, res.topology, model="rule").to_dict()["input"]

@@ -1052,3 +1052,22 @@ def test_a_refused_sender_is_logged_at_the_service_once_a_minute(tmp_path, caplo
     assert said == ["refused POST /v1/jobs/j1/batches from testclient: HTTP 401 (said once a "
                     "minute per sender, path and status)"], said
 
+
+def test_ranks_without_data_in_the_latest_verdict_are_gauges(tmp_path):
+    """A host whose agent never started was only in the verdict's note: an alert needs a
+    number (`holmes_job_silent_ranks`, `holmes_job_ranks_lacking_iterations`)."""
+    from fastapi.testclient import TestClient
+
+    from holmes_ml.serve.app import ServeSettings, create_app
+
+    settings = ServeSettings(db=tmp_path / "s.db", token=TOKEN, analyze_interval_s=0)
+    with TestClient(create_app(settings, analyzers=None)) as c:
+        assert c.post("/v1/jobs/g/batches", json=_agent_batch("n1", 0, [0], "h0", [0]),
+                      headers=auth()).status_code == 200
+        body = {"irregular": False, "irregular_iterations": [], "candidates": [],
+                "input": {"ops": 1, "ranks": 1, "iterations": 1, "silent_ranks": [8, 9, 10],
+                          "lacking_ranks": [3]}}
+        c.app.state.service.store.save_verdict("g", body, 1, None)
+        metrics = c.get("/metrics").text
+    assert 'holmes_job_silent_ranks{job="g"} 3.0' in metrics, metrics
+    assert 'holmes_job_ranks_lacking_iterations{job="g"} 1.0' in metrics

@@ -174,6 +174,8 @@ class Verdict:
     silent_ranks: tuple[int, ...] = field(default=(), compare=False)
     #: ranks whose logs (or summaries) lack some of the analysed iterations that the others hold
     lacking_ranks: tuple[int, ...] = field(default=(), compare=False)
+    #: hosts the topology places ranks on none of which logged anything (an agent not running)
+    silent_hosts: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def note(self) -> str | None:
@@ -203,8 +205,11 @@ class Verdict:
         if self.silent_ranks:
             few = ", ".join(map(str, self.silent_ranks[:8])) + (
                 " ..." if len(self.silent_ranks) > 8 else "")
+            hosts = (f"; every rank of host(s) {', '.join(self.silent_hosts[:8])}"
+                     + (" ..." if len(self.silent_hosts) > 8 else "") + ": is its agent "
+                     "running?" if self.silent_hosts else "")
             notes.append(f"{len(self.silent_ranks)} rank(s) that the communicators' member lists "
-                         f"or the topology name logged nothing ({few}): their logs are missing "
+                         f"or the topology name logged nothing ({few}{hosts}): their logs are missing "
                          "(not recorded, read or sent yet), or they never ran; a device of theirs is "
                          "named only from what their peers waited for (with a topology), else "
                          "not at all")
@@ -261,8 +266,10 @@ class Verdict:
         findings under ``others``. Also ``note`` (:attr:`note`), ``slowdown``: the slowest
         irregular iteration's time over the usual one (None when none is irregular), and
         ``input``: the ``ops``, ``ranks`` and ``iterations`` read, the first and last iteration
-        of the window analysed (``analysed``, when it has abnormal operators) and
-        ``usual_iteration_s``, the median time of those iterations not irregular (when known)."""
+        of the window analysed (``analysed``, when it has abnormal operators),
+        ``usual_iteration_s``, the median time of those iterations not irregular (when known),
+        and, when there are any, ``silent_ranks`` and ``lacking_ranks`` (:attr:`silent_ranks`,
+        :attr:`lacking_ranks`)."""
         workload: dict[str, Any] | None = None
         if self.workload_findings:
             workload = self.workload_findings[0].to_dict()
@@ -276,6 +283,12 @@ class Verdict:
             if "analysed_first" in self.stats:  # the window the candidates come from
                 read["analysed"] = [int(self.stats["analysed_first"]),
                                     int(self.stats["analysed_last"])]
+            # ranks with no data (all of it, or some of the analysed iterations): what the
+            # note says, for a dashboard to count
+            if self.silent_ranks:
+                read["silent_ranks"] = [int(r) for r in self.silent_ranks]
+            if self.lacking_ranks:
+                read["lacking_ranks"] = [int(r) for r in self.lacking_ranks]
         slowdown = self.stats.get("slowdown")
         return {
             "irregular": bool(self.irregular),

@@ -516,6 +516,12 @@ class _JobCollector:
         refused = GaugeMetricFamily(
             "holmes_source_files_refused", "Log files a source (an agent) refuses whole (a "
             "missing column, a truncated file), as it last reported", labels=["job", "source"])
+        silent = GaugeMetricFamily(
+            "holmes_job_silent_ranks", "Ranks the latest verdict had no data of at all (the "
+            "member lists or the topology name them; an agent not running?)", labels=["job"])
+        lacking = GaugeMetricFamily(
+            "holmes_job_ranks_lacking_iterations", "Ranks whose data lacks some of the "
+            "iterations the latest verdict analysed (an agent that stopped?)", labels=["job"])
         usual = GaugeMetricFamily(
             "holmes_job_usual_iteration_seconds", "Median time of the iterations the latest "
             "verdict read that are not irregular", labels=["job"])
@@ -538,6 +544,8 @@ class _JobCollector:
             irregular.add_metric([name], float(len(body.get("irregular_iterations", []))))
             slowdown.add_metric([name], finite(body.get("slowdown") or 1.0))
             read = body.get("input") or {}
+            silent.add_metric([name], float(len(read.get("silent_ranks") or ())))
+            lacking.add_metric([name], float(len(read.get("lacking_ranks") or ())))
             if read.get("usual_iteration_s"):
                 usual.add_metric([name], finite(read["usual_iteration_s"]))
             if body.get("candidates"):
@@ -545,7 +553,7 @@ class _JobCollector:
                 top.add_metric([name, str(c.get("device") or ""), str(c.get("kind", ""))],
                                finite(c.get("score", 0.0)))
         yield from (lag, stale, irregular, slowdown, usual, top, records, since, behind, aside,
-                    refused)
+                    refused, silent, lacking)
 
 
 # ----------------------------------------------------------------------------- service
