@@ -720,17 +720,24 @@ def _silent_hosts(topo: Topology, silent: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(sorted(quiet.index[quiet.to_numpy()]))
 
 
+#: The newest iterations a rank may lack without being listed as lacking them: live agents
+#: ship a rank's iteration once it logged a later one, so one host's latest lag a little.
+_TRAILING_ITERATIONS = 2
+
+
 def _lacking_ranks(iterations: pd.DataFrame, stats: dict[str, float]) -> tuple[int, ...]:
     """Ranks whose summaries lack iterations of the analysed window (``stats``'
     ``analysed_first`` to ``analysed_last``, else every iteration) that other ranks have: a
-    log cut short, an agent that stopped."""
+    log cut short, an agent that stopped (the :data:`_TRAILING_ITERATIONS` newest aside)."""
     if len(iterations) == 0:
         return ()
     it = iterations["iteration"].to_numpy(np.int64)
     lo, hi = stats.get("analysed_first"), stats.get("analysed_last")
-    if lo is not None and hi is not None:
-        keep = (it >= lo) & (it <= hi)
-        iterations, it = iterations[keep], it[keep]
+    hi = min(hi if hi is not None else np.inf, float(it.max()) - _TRAILING_ITERATIONS)
+    keep = (it >= (lo if lo is not None else -np.inf)) & (it <= hi)
+    iterations, it = iterations[keep], it[keep]
+    if len(it) == 0:
+        return ()
     counts = iterations.drop_duplicates(["iteration", "rank"]).groupby("rank").size()
     return tuple(int(r) for r in counts.index[counts.to_numpy() < len(np.unique(it))])
 
