@@ -158,6 +158,11 @@ def test_a_refused_token_keeps_the_batches_queued_for_the_right_one(tmp_path, ca
         assert wrong.auth_refused and wrong.auth_refused.startswith("HTTP 401")
         said = caplog.text
         assert "refused the token" in said and "unreachable" not in said, said
+        # one line per attempt (an ERROR and a WARNING said the same)
+        refused = [r for r in caplog.records if "refused the token" in r.getMessage()]
+        assert len(refused) == 1 and refused[0].levelname == "ERROR", caplog.text
+        assert "(HTTP 401: " in refused[0].getMessage() and "retrying in" in \
+            refused[0].getMessage()
         assert wrong.stats.batches_rejected == 0 and wrong.outbox.n_pending() == 1
         wrong.close()
         assert httpx.get(srv.url + "/v1/jobs/tok").status_code == 404
@@ -282,11 +287,16 @@ def test_a_job_deleted_under_a_running_agent_gets_its_hosts_and_groups_again(tmp
         assert v["error"] is None, v
         return v["candidates"]
 
+    said: list[str] = []
     try:
-        agent = Agent(cfg, summarize=fallback_summarize)
+        agent = Agent(cfg, summarize=fallback_summarize, say=said.append)
         agent.attach_topology(sim.topology.to_dict())
         agent.step()
         assert candidates()[0]["hosts"] == [host]
+        # an accepted topology is said once (only refusals were)
+        accepted = [x for x in said if "topology of job 'again' accepted" in x]
+        assert accepted == ["topology of job 'again' accepted by the service: 16 rank(s) on "
+                            "2 host(s)"], said
         assert httpx.delete(srv.url + "/v1/jobs/again", headers=auth()).status_code == 200
         _write_logs(logs, ops, upto=20)
         agent.step()  # begins the job again without them; its ack says so

@@ -1440,6 +1440,12 @@ class Agent:
                          r.text[:500])
             self.topology_refused = r.text[:500]
         else:
+            if self._topology_sent is None:  # (sent again after a job was deleted: quietly)
+                ranks = (self._topology or {}).get("ranks") or {}
+                hosts = ranks.get("host") or []
+                self._say(f"topology of job {self.config.job!r} accepted by the service: "
+                          f"{len(ranks.get('rank') or [])} rank(s) on {len(set(hosts))} "
+                          "host(s)")
             self._topology_sent = self._topology
         self._topology = None
         self.last_error = None
@@ -1463,18 +1469,20 @@ class Agent:
         self.misconfigured = None
         if status in (401, 403):
             self.auth_refused = f"HTTP {status}: {r.text[:300]}"
-            logger.error("the service refused the token (HTTP %s): check --token / "
-                         "HOLMES_SERVE_TOKEN; batches stay queued", status)
-            self._fail(self.auth_refused, "refused the token")
+            # one line per attempt (an ERROR, then a WARNING saying the same, before)
+            logger.error("service %s refused the token (%s): check --token / "
+                         "HOLMES_SERVE_TOKEN; batches stay queued; retrying in %.1fs",
+                         self.config.server, self.auth_refused, self._backoff)
+            self._fail(self.auth_refused, "refused the token", say=False)
             return True
         if status >= 500 or status in (408, 429):
             self._fail(f"HTTP {status}", "busy or failing")
             return True
         return False
 
-    def _fail(self, why: str, state: str = "unreachable") -> None:
-        """Record a failed request (``state``: what the service is, as the log says) and wait
-        longer before the next."""
+    def _fail(self, why: str, state: str = "unreachable", say: bool = True) -> None:
+        """Record a failed request (``state``: what the service is, as the log says, unless
+        the caller said it: ``say`` false) and wait longer before the next."""
         if "WRONG_VERSION_NUMBER" in why and self.config.server.startswith("https://"):
             # a TLS hello answered in plain HTTP: holmes serve speaks HTTP
             why += ("; the service answers in plain HTTP, not TLS: expected --server "
@@ -1482,8 +1490,9 @@ class Agent:
         self.last_error = why
         self.stats.failures += 1
         self._failing_for += 1
-        logger.warning("service %s %s (%s); retrying in %.1fs", self.config.server, state,
-                       why, self._backoff)
+        if say:
+            logger.warning("service %s %s (%s); retrying in %.1fs", self.config.server, state,
+                           why, self._backoff)
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
 
