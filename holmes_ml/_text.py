@@ -27,6 +27,17 @@ def spans(values: Iterable[int]) -> str:
     return " ".join(runs)
 
 
+def few(items: Iterable[Any], n: int = 8, sep: str = " ") -> str:
+    """The first ``n`` of ``items`` and how many more, for a message naming a long list.
+
+    >>> few(range(3)), few(range(10), 4), few(["a.log", "b.log", "c.log"], 2, ", ")
+    ('0 1 2', '0 1 2 3 and 6 more', 'a.log, b.log and 1 more')
+    """
+    items = list(items)
+    return sep.join(map(str, items[:n])) + (f" and {len(items) - n} more" if len(items) > n
+                                            else "")
+
+
 def duration(us: float) -> str:
     """Microseconds in the unit a reader takes in at a glance, about three digits shown.
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import few
 from holmes_ml.features import (
     IrregularityConfig,
     detect_irregular,
@@ -795,11 +796,11 @@ def _check_topology_matches(topology: Topology, summary: NodeSummary | SimpleNam
             only_logs = sorted(set(logged) - set(known.ranks))
             only_topo = sorted(set(known.ranks) - set(logged))
             diff = "; ".join(
-                [f"ranks {_few(only_logs)} only in the logs"] * bool(only_logs)
-                + [f"ranks {_few(only_topo)} only in the topology"] * bool(only_topo))
+                [f"ranks {few(only_logs)} only in the logs"] * bool(only_logs)
+                + [f"ranks {few(only_topo)} only in the topology"] * bool(only_topo))
             refuse(f"communicator {g.group!r} has {len(set(logged))} ranks in the logs "
-                   f"({_few(sorted(set(logged)))}), {len(set(known.ranks))} in the topology "
-                   f"({_few(sorted(set(known.ranks)))}): {diff}")
+                   f"({few(sorted(set(logged)))}), {len(set(known.ranks))} in the topology "
+                   f"({few(sorted(set(known.ranks)))}): {diff}")
     if summary.ranks is None or "host" not in summary.ranks.columns:
         return
     logged_hosts = summary.ranks.set_index("rank")["host"].astype(str)
@@ -809,10 +810,6 @@ def _check_topology_matches(topology: Topology, summary: NodeSummary | SimpleNam
         r = int(differ.idxmax())
         refuse(f"rank {r} ran on host {logged_hosts[r]!r} by the logs, {placed[r]!r} by the "
                f"topology ({int(differ.sum())} rank(s) placed on other hosts)")
-
-
-def _few(ranks: Sequence[int]) -> str:
-    return " ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
 
 
 def irregular_iterations(iterations: pd.DataFrame, config: LocalizeConfig | None = None

@@ -34,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from holmes_ml._text import few
 from holmes_ml.io._common import (
     SOURCE_FILE,
     SOURCE_RECORD,
@@ -805,8 +806,7 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
         if not any(f.container == container and f.path in kinds for f in files):
             raise UnknownFormatError(
                 "no file of a known format", source=container,
-                value=", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8
-                                              else ""),
+                value=few(names, 8, ", "),
                 expected="files of one of " + ", ".join(FORMATS)
                 + "; name the format with --format (format= in Python)",
             )

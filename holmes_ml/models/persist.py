@@ -30,6 +30,8 @@ import joblib
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import few
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["FORMAT", "ModelFileError", "data_hash", "read_header", "load_model", "save_model"]
@@ -325,13 +327,9 @@ def load_model(path: str | Path, check_features: bool = True) -> Any:
             missing = [c for c in FEATURE_COLUMNS if c not in saved_cols]
             extra = [c for c in saved_cols if c not in FEATURE_COLUMNS]
 
-            def few(names: list[str]) -> str:
-                return ", ".join(names[:5]) + (f" and {len(names) - 5} more"
-                                                if len(names) > 5 else "")
-
             how = "; ".join(filter(None, [
-                f"lacks {few(missing)}" if missing else "",
-                f"has {few(extra)}, which this version does not build" if extra else "",
+                f"lacks {few(missing, 5, ', ')}" if missing else "",
+                f"has {few(extra, 5, ', ')}, which this version does not build" if extra else "",
             ]))
             if not how:  # the same names: in another order, or one of them twice
                 apart = next((f"{a} where this version has {b}" for a, b in

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import few
 from holmes_ml.io.schema import (
     FACTS,
     REQUIRED_COLUMNS,
@@ -615,8 +616,7 @@ def _last_seq(refusal: dict) -> int | None:
 def _names(paths: Sequence[Path], root: Path | None = None) -> str:
     """``paths`` named in a message: the first few (relative to ``root``), and how many
     more."""
-    shown = ", ".join(str(p.relative_to(root) if root else p) for p in paths[:3])
-    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return few((p.relative_to(root) if root else p for p in paths), 3, ", ")
 
 
 def _culprit(paths: list[Path], exc: BaseException) -> tuple[Path, BaseException] | None:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from holmes_ml._text import few
 from holmes_ml.io.schema import FACTS, facts_of, job_of, member_ranks, members_key
 
 logger = logging.getLogger(__name__)
@@ -1005,8 +1006,8 @@ class Store:
                 only_topo = sorted(given - set(logged))
                 only_job = sorted(set(logged) - given)
                 diff = "; ".join(
-                    [f"ranks {_few(only_topo)} only in the topology"] * bool(only_topo)
-                    + [f"ranks {_few(only_job)} only in the job's batches"] * bool(only_job))
+                    [f"ranks {few(only_topo)} only in the topology"] * bool(only_topo)
+                    + [f"ranks {few(only_job)} only in the job's batches"] * bool(only_job))
                 raise ConflictError(
                     f"topology of job {job!r}: communicator {g['name']!r} has {len(given)} "
                     f"ranks in it, {len(set(logged))} by the job's batches ({diff}). "
@@ -1290,10 +1291,3 @@ class Store:
                               else int(self._query(f"SELECT count(*) FROM {table}")[0][0]))
             out["raw_records"] = int(self._query("SELECT coalesce(sum(n), 0) FROM raw")[0][0])
         return out
-
-
-def _few(ranks: list[int], n: int = 8) -> str:
-    """The first ``n`` of ``ranks``, and how many more."""
-    return " ".join(map(str, ranks[:n])) + (f" and {len(ranks) - n} more" if len(ranks) > n
-                                            else "")
-
