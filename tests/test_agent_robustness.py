@@ -712,7 +712,7 @@ def test_an_https_server_url_for_the_plain_http_service_says_to_use_http(tmp_pat
             in proc.stderr, proc.stderr
         listed = holmes("jobs", "--server", https)
         assert listed.returncode == 2 and (
-            f"the service answers in plain HTTP, not TLS; expected --server {srv.url}"
+            f"the service answers in plain HTTP, not TLS: expected --server {srv.url}"
             in listed.stderr), listed.stderr
     finally:
         srv.stop()

@@ -115,10 +115,11 @@ class _Client:
         try:
             r = self.httpx.request(method, url, headers=self.headers, timeout=self.timeout)
         except self.httpx.HTTPError as exc:
-            if "WRONG_VERSION_NUMBER" in str(exc) and url.startswith("https://"):
-                raise ServiceError(f"{method} {url}: the service answers in plain HTTP, not "
-                                   "TLS; expected --server http://"
-                                   + self.server.removeprefix("https://")) from None
+            from holmes_ml.serve import plain_http_hint
+
+            hint = plain_http_hint(self.server, str(exc))
+            if hint:
+                raise ServiceError(f"{method} {url}: {hint}") from None
             raise ServiceError(f"{method} {url}: no answer ({type(exc).__name__}: {exc}); "
                                "expected a running holmes serve there (see --server)") from None
         if r.status_code == 401:

@@ -37,6 +37,19 @@ def check_name(option: str, value: str) -> None:
                          "(not first), at most 128 characters")
 
 
+def plain_http_hint(server: str, error: str) -> str:
+    """What to do when a request to ``server`` failed with ``error``: when a TLS hello was
+    answered in plain HTTP (holmes serve speaks HTTP), the ``http://`` URL to use; else "".
+
+    >>> plain_http_hint("https://head:8600", "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    'the service answers in plain HTTP, not TLS: expected --server http://head:8600'
+    """
+    if "WRONG_VERSION_NUMBER" in error and server.startswith("https://"):
+        return ("the service answers in plain HTTP, not TLS: expected --server http://"
+                + server.removeprefix("https://"))
+    return ""
+
+
 def require_extra(module: str) -> ModuleType:
     """Import ``module`` from the ``serve`` extra, or explain how to install it.
 

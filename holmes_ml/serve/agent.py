@@ -54,7 +54,7 @@ from holmes_ml.io.schema import (
     member_ranks,
     validate,
 )
-from holmes_ml.serve import check_name, hold_lock
+from holmes_ml.serve import check_name, hold_lock, plain_http_hint
 from holmes_ml.serve.store import connect_sqlite
 from holmes_ml.topology import GPUS_PER_HOST, assumed_host, local_index
 
@@ -1483,10 +1483,8 @@ class Agent:
     def _fail(self, why: str, state: str = "unreachable", say: bool = True) -> None:
         """Record a failed request (``state``: what the service is, as the log says, unless
         the caller said it: ``say`` false) and wait longer before the next."""
-        if "WRONG_VERSION_NUMBER" in why and self.config.server.startswith("https://"):
-            # a TLS hello answered in plain HTTP: holmes serve speaks HTTP
-            why += ("; the service answers in plain HTTP, not TLS: expected --server "
-                    + "http://" + self.config.server.removeprefix("https://"))
+        hint = plain_http_hint(self.config.server, why)
+        why += f"; {hint}" if hint else ""
         self.last_error = why
         self.stats.failures += 1
         self._failing_for += 1
