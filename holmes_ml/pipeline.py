@@ -35,6 +35,7 @@ from holmes_ml.features import (
     iteration_table,
 )
 from holmes_ml.features.iterations import span_times
+from holmes_ml.io.inventory import iteration_gaps
 from holmes_ml.io.readers import ARCHIVE_SUFFIXES
 from holmes_ml.io.schema import (
     P2P_OPS,
@@ -736,11 +737,7 @@ def _lacking_ranks(iterations: pd.DataFrame, stats: dict[str, float]) -> tuple[i
     lo, hi = stats.get("analysed_first"), stats.get("analysed_last")
     hi = min(hi if hi is not None else np.inf, float(it.max()) - _TRAILING_ITERATIONS)
     keep = (it >= (lo if lo is not None else -np.inf)) & (it <= hi)
-    iterations, it = iterations[keep], it[keep]
-    if len(it) == 0:
-        return ()
-    counts = iterations.drop_duplicates(["iteration", "rank"]).groupby("rank").size()
-    return tuple(int(r) for r in counts.index[counts.to_numpy() < len(np.unique(it))])
+    return tuple(sorted(iteration_gaps(iterations[keep])))
 
 
 def _silent_ranks(s: NodeSummary, topo: Topology, given: bool) -> tuple[int, ...]:

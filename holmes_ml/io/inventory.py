@@ -66,7 +66,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     missing = sorted({r for g in logs.groups.values() for r in g.ranks} - set(ranks.tolist()))
     kinds = pd.Series([g.kind for g in logs.groups.values()], dtype=object)
     its = iteration_table(ops)
-    gaps = _iteration_gaps(ops, its.index.to_numpy())
+    gaps = iteration_gaps(ops, its.index.to_numpy())
     long = long_ops(ops)
     p2p = ops["op"].isin(P2P_OPS).to_numpy()
     no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
@@ -161,10 +161,19 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     return out
 
 
-def _iteration_gaps(ops: pd.DataFrame, iterations: np.ndarray) -> dict[int, np.ndarray]:
-    """The ranks whose rows lack some of ``iterations`` (those any rank logged), with the
-    iterations each lacks; by rank."""
-    pairs = ops[["rank", "iteration"]].drop_duplicates()
+def iteration_gaps(table: pd.DataFrame, iterations: np.ndarray | None = None
+                   ) -> dict[int, np.ndarray]:
+    """The ranks of ``table`` (rows with ``rank`` and ``iteration``: operators, or iteration
+    spans) lacking some of ``iterations`` (default: those any rank has), with the iterations
+    each lacks; by rank.
+
+    >>> t = pd.DataFrame({"rank": [0, 0, 0, 1, 1, 2], "iteration": [1, 2, 3, 1, 3, 1]})
+    >>> {r: v.tolist() for r, v in iteration_gaps(t).items()}
+    {1: [2], 2: [2, 3]}
+    """
+    pairs = table[["rank", "iteration"]].drop_duplicates()
+    if iterations is None:
+        iterations = np.unique(pairs["iteration"].to_numpy())
     counts = pairs.groupby("rank").size()
     lacking = counts.index[counts.to_numpy() < len(iterations)]
     return {int(r): np.setdiff1d(iterations, pairs.loc[pairs["rank"] == r, "iteration"])
