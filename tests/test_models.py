@@ -17,6 +17,7 @@ from holmes_ml.models import (
     ScreenedDetector,
     SVMDetector,
     ThreeSigmaDetector,
+    TunedDetector,
     best_f1_threshold,
 )
 
@@ -137,6 +138,27 @@ def test_grouped_threshold_and_groups_length_checked():
     assert f1_score(y, det.predict(X)) > 0.8
     with pytest.raises(ValueError, match="groups"):
         LightGBMDetector(n_estimators=5, threshold="auto").fit(X, y, groups=groups[:-1])
+    # a fixed threshold never used groups, so a wrong length went unsaid
+    with pytest.raises(ValueError, match="groups: got 399 values; expected one per row"):
+        LightGBMDetector(n_estimators=5, threshold=0.5).fit(X, y, groups=groups[:-1])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: LightGBMDetector(n_estimators=5, min_child_samples=2),
+    lambda: RandomForestDetector(n_estimators=3),
+    lambda: TunedDetector("lgbm", n_trials=1, max_tune_samples=200, random_state=0),
+])
+def test_text_labels_named_the_other_way_round_are_refused(make):
+    """With text labels the larger one is the abnormal class, so 'abnormal'/'normal' fitted a
+    detector that flagged the normal operators; 'no'/'yes' is the right way round."""
+    X, y = make_classification(200, n_features=4, random_state=0)
+    named = np.where(y == 1, "abnormal", "normal")
+    with pytest.raises(ValueError, match="larger label \('normal'\) as abnormal.*"
+                                         "y == 'abnormal'"):
+        make().fit(X, named)
+    det = make().fit(X, np.where(y == 1, "yes", "no"))
+    assert set(det.predict(X)) <= {"yes", "no"}
+    assert f1_score(y, det.predict(X) == "yes") > 0.7
 
 
 def test_lightgbm_fast_scores_match_the_wrapper_on_float32_and_float64():

@@ -45,6 +45,7 @@ __all__ = [
     "SVMDetector",
     "ThreeSigmaDetector",
     "best_f1_threshold",
+    "check_abnormal_class",
 ]
 
 
@@ -104,6 +105,35 @@ def _check_threshold(threshold: Any, name: str = "threshold") -> None:
         raise ValueError(f"{name}: got {threshold!r}; expected a float in [0, 1] or 'auto'")
 
 
+#: Label names that say "normal" / "abnormal": with text labels the larger one is taken as
+#: abnormal (``classes_[1]``, as scikit-learn takes the positive class), which these would flip.
+_NORMAL_NAMES = frozenset({"normal", "ok", "healthy", "good", "regular", "negative", "no",
+                           "false"})
+_ABNORMAL_NAMES = frozenset({"abnormal", "anomaly", "anomalous", "slow", "fault", "faulty",
+                             "bad", "straggler", "irregular", "positive", "yes", "true"})
+
+
+def check_abnormal_class(classes: np.ndarray, who: str) -> None:
+    """Refuse text labels whose larger one (``classes[1]``, the class a detector flags as
+    abnormal) is named like the normal class, e.g. ``"abnormal"``/``"normal"``: a detector
+    fitted on them would flag every normal operator and pass every abnormal one.
+
+    >>> check_abnormal_class(np.array(["no", "yes"]), "fit")
+    >>> check_abnormal_class(np.array(["abnormal", "normal"]), "LightGBMDetector.fit")
+    Traceback (most recent call last):
+    ...
+    ValueError: LightGBMDetector.fit: y's labels are 'abnormal' and 'normal'; a detector flags the larger label ('normal') as abnormal, which would flag the normal operators; expected booleans or 0/1 with True/1 = abnormal, e.g. y == 'abnormal'
+    """
+    if len(classes) != 2 or not all(isinstance(c, str) for c in classes):
+        return
+    first, second = (str(c) for c in classes)
+    if second.strip().lower() in _NORMAL_NAMES or first.strip().lower() in _ABNORMAL_NAMES:
+        raise ValueError(
+            f"{who}: y's labels are {first!r} and {second!r}; a detector flags the larger "
+            f"label ({second!r}) as abnormal, which would flag the normal operators; expected "
+            f"booleans or 0/1 with True/1 = abnormal, e.g. y == {first!r}")
+
+
 class BinaryDetectorMixin(ClassifierMixin):
     """``predict_proba`` and ``predict`` of a binary detector from its ``decision_function``
     (P(abnormal) in [0, 1]), ``threshold_`` and ``classes_``; binary-only estimator tags."""
@@ -148,7 +178,8 @@ class _SupervisedDetector(BinaryDetectorMixin, BaseEstimator):
         X:
             Feature matrix (DataFrame or array), one row per operator.
         y:
-            Binary labels; the larger label (``True``/``1``) is the abnormal class.
+            Binary labels; the larger label (``True``/``1``) is the abnormal class. Text
+            labels named the other way round (``"abnormal"``/``"normal"``) are refused.
         groups:
             Optional run/scenario id per row. With ``threshold="auto"`` the out-of-fold scores
             that pick the cut then come from folds that hold out whole runs, so the cut is the
@@ -178,6 +209,7 @@ class _SupervisedDetector(BinaryDetectorMixin, BaseEstimator):
                 f"{type(self).__name__}.fit: y has only one class ({self.classes_[0]!r}); "
                 "a supervised detector needs both normal and abnormal examples"
             )
+        check_abnormal_class(self.classes_, f"{type(self).__name__}.fit")
         if y_type != "binary":
             raise ValueError(
                 "Only binary classification is supported. The type of the target "
@@ -189,15 +221,15 @@ class _SupervisedDetector(BinaryDetectorMixin, BaseEstimator):
                 f"threshold_weights: got {len(np.asarray(threshold_weights))} values; expected "
                 f"one per row of X ({len(y01)})"
             )
+        if groups is not None and len(np.asarray(groups)) != len(y01):
+            raise ValueError(
+                f"groups: got {len(np.asarray(groups))} values; expected one per row of X "
+                f"({len(y01)})"
+            )
         if self.threshold == "auto":
             # Out-of-fold scores, so the cut is not tuned on memorized training rows.
             n_splits = int(min(3, np.bincount(y01).min()))
             n_groups = 0 if groups is None else len(np.unique(np.asarray(groups)))
-            if groups is not None and len(np.asarray(groups)) != len(y01):
-                raise ValueError(
-                    f"groups: got {len(np.asarray(groups))} values; expected one per row "
-                    f"of X ({len(y01)})"
-                )
             # Leave-runs-out needs enough runs: with fewer than 5, each fold loses a whole
             # fault kind and the cut it picks is erratic (seen: 0.06 where 0.4 transfers).
             if n_groups >= 5 and n_splits >= 2:

@@ -25,6 +25,7 @@ from holmes_ml.models.detectors import (
     LightGBMDetector,
     RandomForestDetector,
     best_f1_threshold,
+    check_abnormal_class,
 )
 from holmes_ml.models.persist import data_hash
 
@@ -222,6 +223,7 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
                 f"TunedDetector.fit: y has classes {classes.tolist()}; expected exactly two "
                 "(normal, abnormal)"
             )
+        check_abnormal_class(classes, "TunedDetector.fit")
         self.classes_ = classes
         y01 = (ya == classes[1]).astype(np.int64)
         runs = None if groups is None else _per_row(groups, ya)
@@ -318,6 +320,7 @@ class TunedDetector(BinaryDetectorMixin, BaseEstimator):
         if len(classes) != 2:
             raise ValueError(f"TunedDetector.refit: y has classes {classes.tolist()}; expected "
                              "exactly two (normal, abnormal)")
+        check_abnormal_class(classes, "TunedDetector.refit")
         self.classes_ = classes
         return self._fit_chosen(Xa, (ya == classes[1]).astype(np.int64))
 
