@@ -36,7 +36,7 @@ from holmes_ml.features import (
 )
 from holmes_ml.features.iterations import span_times
 from holmes_ml.io.inventory import iteration_gaps
-from holmes_ml.io.readers import ARCHIVE_SUFFIXES
+from holmes_ml.io.readers import ARCHIVE_SUFFIXES, warn_reused_keys
 from holmes_ml.io.schema import (
     P2P_OPS,
     REQUIRED_COLUMNS,
@@ -872,6 +872,9 @@ def analyze(
     if topology is not None and not isinstance(topology, Topology):
         raise TypeError(f"topology: got {type(topology).__name__}; expected a holmes_ml "
                         "Topology (Topology.from_json(path) reads a topology.json) or None")
+    if ops.attrs.get("key_checked_rows") != len(ops):  # not as read (pd.concat of two runs?)
+        ops = ops.copy(deep=False)
+        ops.attrs["reused_key_rows"] = warn_reused_keys(ops, "ops")
     return note_input(localize_summaries([summarize(ops, model, cfg)], topology, cfg), ops)
 
 

@@ -153,7 +153,7 @@ def test_text_labels_named_the_other_way_round_are_refused(make):
     detector that flagged the normal operators; 'no'/'yes' is the right way round."""
     X, y = make_classification(200, n_features=4, random_state=0)
     named = np.where(y == 1, "abnormal", "normal")
-    with pytest.raises(ValueError, match="larger label \('normal'\) as abnormal.*"
+    with pytest.raises(ValueError, match=r"larger label \('normal'\) as abnormal.*"
                                          "y == 'abnormal'"):
         make().fit(X, named)
     det = make().fit(X, np.where(y == 1, "yes", "no"))

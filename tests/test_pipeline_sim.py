@@ -474,3 +474,33 @@ def test_a_host_none_of_whose_ranks_logged_is_named_in_the_note() -> None:
     read = verdict.to_dict()["input"]
     assert read["silent_ranks"] == list(range(8, 16)) and "lacking_ranks" not in read
     assert "silent_ranks" not in analyze(res.ops, res.topology, model="rule").to_dict()["input"]
+
+
+def test_two_runs_concatenated_in_python_are_named_as_mixed(caplog, tmp_path) -> None:
+    """read_paths warned of two runs read together, but analyze() of a pd.concat of two
+    runs' tables said nothing and came back healthy; one run's table stays unremarked."""
+    import pandas as pd
+
+    from holmes_ml.pipeline import read_paths
+
+    a = _sim("gpu_slow:rank=5,severity=0.5", gpus=32, seed=0, iterations=12)
+    b = _sim("gpu_slow:rank=9,severity=0.5", gpus=32, seed=1, iterations=12)
+    mixed = pd.concat([a.ops, b.ops], ignore_index=True)
+    with caplog.at_level("WARNING", logger="holmes_ml"):
+        verdict = analyze(mixed, a.topology, model="rule")
+    assert f"{len(mixed):,} operator rows share rank, group, seq, op and iteration" \
+        in verdict.note
+    assert "two runs read together" in caplog.text
+    assert "reused_key_rows" not in mixed.attrs  # the caller's table is left as it was
+    caplog.clear()
+    # tables as read carry the reader's count, which a concat of two of them keeps
+    a.write(tmp_path / "a")
+    b.write(tmp_path / "b")
+    read = pd.concat([read_paths([tmp_path / "a" / "ops.parquet"]),
+                      read_paths([tmp_path / "b" / "ops.parquet"])], ignore_index=True)
+    assert "share rank, group, seq" in analyze(read, a.topology, model="rule").note
+    caplog.clear()
+    alone = analyze(a.ops, a.topology, model="rule")
+    assert alone.candidates[0].ranks == (5,)
+    assert "share rank, group, seq" not in (alone.note or "")
+    assert "two runs read together" not in caplog.text

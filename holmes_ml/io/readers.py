@@ -1004,15 +1004,15 @@ def _drop_duplicate_rows(
     origin: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """``ops`` without exact copies of rows (:func:`_drop_exact_copies`), with a warning when
-    rows still share an op's identity (:func:`_warn_reused_keys`)."""
+    rows still share an op's identity (:func:`warn_reused_keys`)."""
     dup = _exact_copies(ops, source, files, origin)
     if dup is not None:
         ops = ops.loc[~dup].reset_index(drop=True)
         origin = origin[~dup] if origin is not None else None
-    reused = _warn_reused_keys(ops, source, files, origin)
-    if reused:
-        # for the verdict's note: a warning on stderr is lost to a script reading the JSON
-        ops.attrs["reused_key_rows"] = reused
+    # for the verdict's note (a warning on stderr is lost to a script reading the JSON); 0
+    # too, so analyze knows the reader looked
+    ops.attrs["reused_key_rows"] = warn_reused_keys(ops, source, files, origin)
+    ops.attrs["key_checked_rows"] = len(ops)  # a concat of two tables keeps attrs: look again
     return ops
 
 
@@ -1081,7 +1081,7 @@ def _exact_copies(
 _OP_KEY = ("rank", "group", "seq", "op", "iteration")
 
 
-def _warn_reused_keys(
+def warn_reused_keys(
     ops: pd.DataFrame,
     source: str,
     files: list[str] | None = None,
