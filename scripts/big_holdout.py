@@ -57,7 +57,7 @@ def report(rows: list[dict], unobservable: list[dict]) -> None:
         for r in mine:
             if not r["top1"]:
                 print(f"  miss: seed {r['seed']} {r['fault']} (peak {r['peak_ratio']}x, "
-                      f"{r['tied_nics']} tied NICs): truth {r['truth']}, named {r['named']}")
+                      f"{r['tied_ranks']} ranks of tied devices): truth {r['truth']}, named {r['named']}")
     print(f"never delta-irregular against the fault-free twin (not scored): {len(unobservable)}")
     for u in unobservable:
         print(f"  seed {u['seed']} {u['fault']}: peak {u['peak_ratio']:.3f}x")

@@ -56,7 +56,7 @@ def main() -> None:
             rows, unobservable = bl._trials(job, None, only=("holmes",))
             for r in rows:
                 print("(3)", json.dumps({k: r.get(k) for k in (
-                    "seed", "top1", "top2", "top1_ties", "tied_nics", "truth", "named")}))
+                    "seed", "top1", "top2", "top1_ties", "tied_ranks", "truth", "named")}))
             for u in unobservable:
                 print("(3) unobservable", u["seed"], u["peak_ratio"])
 

@@ -486,3 +486,35 @@ def test_the_plugin_loader_explains_a_path_a_failing_import_and_a_class_needing_
         load_localizer("broken_mod:x")
     with pytest.raises(ValueError, match=r"made with no arguments, and Loc\(\) raised TypeError"):
         load_localizer("needy_mod:Loc")
+
+
+def test_a_link_fault_is_named_by_ranks_under_the_link_not_by_every_rank_crossing_it():
+    """A slow link's simulator record lists every rank whose traffic crosses it (17 of 64
+    here): scored by those, a GPU on another leaf whose ring crosses the link was a top-1 hit,
+    as any baseline naming one of a quarter of the job's ranks was by chance."""
+    from holmes_ml.bench.plugins import fault_ranks
+
+    sc = _sc(64, "3-D (tp,pp,dp)", "link_slow", "persistent", 3,
+             fault="link_slow:severity=2,start=2")
+    from holmes_ml.simulator import simulate
+
+    res = simulate(_sim_config(sc, (FaultSpec.parse(sc["fault"]),)))
+    (fault,) = res.faults
+    under = set(res.topology.ranks_on(fault.devices[0]))
+    strict = fault_ranks(list(fault.ranks), list(fault.devices), res.topology)
+    assert strict and strict <= under and strict <= set(fault.ranks) < set(range(64))
+    far = next(r for r in fault.ranks if r not in under)
+    near = min(strict)
+
+    def other_leaf(ops, topology):
+        return [topology.gpu_of(far)]
+
+    def this_leaf(ops, topology):
+        return [topology.nic_of(near)]
+
+    rows, _ = _trials([sc], {"other leaf": other_leaf, "this leaf": this_leaf},
+                      only=("other leaf", "this leaf"))
+    got = {r["method"]: r for r in rows}
+    assert not got["other leaf"]["top1"] and got["this leaf"]["top1"]
+    # a GPU or host fault's ranks are its own
+    assert fault_ranks([5], ["gpu:node000/5"], res.topology) == {5}

@@ -13,15 +13,18 @@ noisy, drifting clusters (:func:`healthy_sweep`: how often a healthy job gets a 
 sweep of faulty jobs drawn the same way (:func:`noisy_sweep`), scored apart from the grid
 (``noisy_*`` columns, table "faulty jobs on noisy clusters").
 A method is right at top-k when one of its first k suspects names a rank of the injected fault
-(a device id counts as the ranks under it) and stands for no more ranks than the faulty device
+(a device id counts as the ranks under it; a slow link's or switch's ranks are those under it
+whose traffic crosses it: :func:`~holmes_ml.bench.plugins.fault_ranks`, so a GPU on another leaf
+whose ring crosses the link does not name it) and stands for no more ranks than the faulty device
 (:func:`~holmes_ml.bench.plugins.fault_breadth`: a spine switch above everyone names no fault
 but a spine's, a host no slow GPU of its own) — Holmes itself is also scored on the exact device id
 (``device_top1``; ``device_top1_ties`` also accepts any network device crossed by exactly the
 same flows as the faulty one, e.g. a NIC and the leaf-spine link only its flows cross). Intervals are
 Wilson 95 % over the trials. ``top1_ties`` (all methods alike) also counts a first suspect on a
-NIC that carries exactly the same flows as the faulty NIC: such NICs slow the same operators by
-the same amount, so durations cannot separate them (the NICs of one data-parallel ring in a 2-D
-job); the strict ``top1`` stays the headline. Holmes' misses are listed in ``details``, every
+network device that carries exactly the same flows as the faulty one: such devices slow the same
+operators by the same amount, so durations cannot separate them (the NICs of one data-parallel
+ring in a 2-D job, two leaf-spine links carrying one pipeline pair); the strict ``top1`` stays
+the headline. Holmes' misses are listed in ``details``, every
 trial of every method in ``localize-trials.csv.gz`` beside the report, and a method's failures
 (a plug-in that raised or returned a suspect of no known type, or of none of the job's ranks or
 devices) in the ``errors`` column: over every job it ran on, healthy and noisy ones too, where
@@ -453,7 +456,12 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
     ``holmes`` method localizes with (default: the bundled model); the scripts that re-draw the
     sweeps (``scripts/healthy_holdout.py``) score a model exactly as the bench does this way.
     """
-    from holmes_ml.bench.plugins import call_localizer, fault_breadth, suspect_device
+    from holmes_ml.bench.plugins import (
+        call_localizer,
+        fault_breadth,
+        fault_ranks,
+        suspect_device,
+    )
     from holmes_ml.features import iteration_table
     from holmes_ml.localize import LocalizeConfig
     from holmes_ml.pipeline import analyze, localize_summaries, summarize_per_host
@@ -487,15 +495,17 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 continue
         t_sim = time.perf_counter() - t_sim
         ops = without_labels(res.ops)
-        truth = {int(r) for f in res.faults for r in f.ranks}
+        truth = {r for f in res.faults
+                 for r in fault_ranks(list(f.ranks), list(f.devices), res.topology)}
         devices = {d for f in res.faults for d in f.devices}
-        # NICs no log can tell from the faulty one (scored apart, as "top1_ties"), and every
-        # network device no log can tell from the faulty one ("device_top1_ties")
+        crossing = {int(r) for f in res.faults for r in f.ranks}
+        # every network device no log can tell from the faulty one ("device_top1_ties"), and
+        # the ranks a suspect naming one of them holds (scored apart, as "top1_ties")
         flows_of = _flows_by_device(ops, res.topology) if devices else {}
-        nics = {d for d in devices if d.startswith("nic:")}
-        tied_nics = {d for d in _alike(flows_of, nics) if d.startswith("nic:")}
-        tied = truth | {int(r) for d in tied_nics for r in res.topology.ranks_on(d)}
         alike = set(devices) | _alike(flows_of, set(devices))
+        tied = truth | {r for d in alike - devices for r in (
+            fault_ranks(sorted(crossing), [d], res.topology) if d.startswith(("link:", "switch:"))
+            else res.topology.ranks_on(d))}
         cfg = LocalizeConfig(delta=sc["delta"])
         for name, fn in methods.items():
             t0 = time.perf_counter()
@@ -538,9 +548,10 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 row["top2"] = _hit(sus, truth, 2, res.topology, widest)
                 row["top1_ties"] = _hit(sus, tied, 1, res.topology, widest)
                 row["top1_split"] = _top1_split(sus, truth, res.topology, widest)
-                # the best any log-only method can expect: one guess among the tied NICs
+                # the best any log-only method can expect: one guess among the tied devices'
+                # ranks
                 row["top1_bound"] = len(truth) / len(tied)
-                row["tied_nics"] = len(tied - truth)
+                row["tied_ranks"] = len(tied - truth)
                 first = suspect_device(sus[0]) if sus else None
                 row["names_devices"] = first is not None
                 row["device_top1"] = first in devices
@@ -970,14 +981,14 @@ def run(
         miss = trials[(trials["method"] == "holmes") & (trials["kind"] != "healthy")
                       & ~trials["top1"].astype(bool)]
         cols = [c for c in ("gpus", "dims", "delta", "kind", "pattern", "seed", "peak_ratio",
-                            "truth", "named", "top2", "tied_nics", *_SIM_KNOBS)
+                            "truth", "named", "top2", "tied_ranks", *_SIM_KNOBS)
                 if c in miss.columns]
         on_noise = (miss["sweep"] == "noisy").to_numpy()
         misses = miss.loc[~on_noise, cols].dropna(axis=1, how="all").to_dict("records")
         noisy_misses = miss.loc[on_noise, cols].to_dict("records")
         node_only_misses = _node_only_misses(trials)
-        figures["trials_with_tied_nics"] = int(
-            (trials.loc[trials["method"] == "holmes", "tied_nics"].fillna(0) > 0).sum())
+        figures["trials_with_ties"] = int(
+            (trials.loc[trials["method"] == "holmes", "tied_ranks"].fillna(0) > 0).sum())
     method_errors: dict[str, dict[str, Any]] = {}
     trial_file = None
     if len(trials):
@@ -1021,16 +1032,19 @@ def run(
                             "GPUs: rescaled to a target peak iteration-time ratio",
                 "scoring": "trials whose fault never made an iteration delta-irregular against "
                            "the fault-free twin are excluded and counted in the breakdown; "
-                           "a suspect names the fault when it holds one of its ranks and "
-                           "stands for no more ranks than the faulty device (a host does not "
-                           "name one slow GPU of its own, a spine switch no leaf's fault); "
-                           "top1/top2 are strict; top1_ties also accepts a NIC crossed by "
-                           "exactly the same flows as the faulty one (no operator log can "
-                           "tell such NICs apart); top1_split gives 1/k for a first "
+                           "a suspect names the fault when it holds one of its ranks (a "
+                           "link's or switch's: the ranks under it whose traffic crosses it) "
+                           "and stands for no more ranks than the faulty device (a host does "
+                           "not name one slow GPU of its own, a spine switch no leaf's fault); "
+                           "top1/top2 are strict; top1_ties also accepts a suspect holding a "
+                           "rank of a network device crossed by exactly the same flows as the "
+                           "faulty one (no operator log can tell such devices apart); "
+                           "top1_split gives 1/k for a first "
                            "candidate the verdict itself declares tied (tied_with) with k-1 "
                            "others, one of them the truth (the expected top-1 of breaking its "
-                           "ties at random); top1_bound is the mean of 1/(NICs tied with the "
-                           "faulty one), the expected top-1 of a perfect log-only method; "
+                           "ties at random); top1_bound is the mean share of the fault's ranks "
+                           "among those of it and its tied devices, the expected top-1 of a "
+                           "perfect log-only method; "
                            "device_top1 asks the first candidate for the faulty device itself, "
                            "device_top1_ties also accepts a network device crossed by exactly "
                            "the same flows (a NIC and the link only its flows cross)"},

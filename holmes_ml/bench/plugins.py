@@ -21,7 +21,8 @@ type, a pandas Series (iterated, it would give its values, not its labels) or a 
 instead of a list is that method's error, counted in the results.
 
 The benchmark scores a suspect by the ranks it stands for (:func:`names_fault`): it hits when it
-shares a rank with the faulty device and stands for no more ranks than that device
+shares a rank with the faulty device (:func:`fault_ranks`: for a link or switch, the ranks
+under it whose traffic crosses it) and stands for no more ranks than that device
 (:func:`fault_breadth`): a host does not name one slow GPU of its own, nor a spine switch above
 everyone a leaf's fault (the bench's ``device_top1`` asks for the device itself). A localizer
 that raises is counted as that method's error too.
@@ -201,6 +202,23 @@ def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topolo
     """
     ranks = suspect_ranks(suspect, topology)
     return bool(ranks & truth) and (widest is None or len(ranks) <= widest)
+
+
+def fault_ranks(ranks: Sequence[int], devices: Sequence[str], topology: Topology
+                ) -> frozenset[int]:
+    """The ranks a suspect must hold to name a fault whose simulator record lists ``ranks``
+    (for a link or switch: every rank whose traffic crosses it) and ``devices``: for a slow
+    GPU, NIC or host, its own; for a link or a switch, those of the crossing ranks that sit
+    under it (a leaf-spine link, a leaf: the ranks below the leaf; a spine: all). A GPU on
+    another leaf whose ring crosses a slow link names another device, not that link, just as
+    a NIC carrying the same flows as a slow NIC does not name it (the bench's ``top1_ties``
+    counts both apart)."""
+    crossing = frozenset(int(r) for r in ranks)
+    under = crossing
+    for d in devices:
+        if d.startswith(("link:", "switch:")):
+            under = under & frozenset(int(r) for r in topology.ranks_on(d))
+    return under or crossing
 
 
 def fault_breadth(truth: set[int] | frozenset[int], devices: Sequence[str],
