@@ -109,3 +109,36 @@ def test_a_deleted_job_is_gone_and_bad_requests_are_one_line(service, tmp_path):
     assert "expected an http:// or https:// URL" in line
     line = one_line_error(holmes("jobs", "--delete", "--server", srv.url))
     assert line == "error: --delete: expected a JOB argument (which job?)"
+
+
+def test_host_names_holding_markup_are_printed_as_they_are(tmp_path):
+    """The service takes any printable host name, and `holmes jobs` printed the names as rich
+    markup: 'n[/b]000' stopped the whole listing with a MarkupError traceback, and
+    'rack[a]-n000' was shown as 'rack-n000', another device's name."""
+    sim = simulate(SimConfig(gpus=16, iterations=16, seed=3, faults=(
+        FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=6"),)))
+    ops = without_labels(sim.ops)
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        for job, host in (("closing", "n[/b]{:03d}"), ("tagged", "rack[a]-n{:03d}")):
+            named = ops.assign(host=[host.format(int(h[-3:])) for h in ops["host"]])
+            table = pa.Table.from_pandas(named, preserve_index=False)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            r = httpx.post(srv.url + f"/v1/jobs/{job}/raw.arrow",
+                           content=sink.getvalue().to_pybytes(),
+                           params={"source": "logger", "batch_id": "b0"}, headers=auth())
+            assert r.status_code == 200, r.text
+            shown = holmes("jobs", job, "--analyze", "--token", TOKEN, "--server", srv.url)
+            assert shown.returncode == 0, shown.stderr
+            device = "gpu:" + host.format(0) + "/5"
+            assert device in shown.stdout, shown.stdout
+        listed = holmes("jobs", "--server", srv.url)
+        assert listed.returncode == 0, listed.stderr
+        # the table folds long cells: read the suspect column's cells joined
+        cells = "".join(line.split("│")[6].strip() for line in listed.stdout.splitlines()
+                        if line.count("│") >= 8)
+        assert "gpu:n[/b]000/5" in cells and "gpu:rack[a]-n000/5" in cells, listed.stdout
+    finally:
+        srv.stop()

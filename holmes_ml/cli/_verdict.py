@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from holmes_ml._text import spans
@@ -30,9 +31,9 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
     note = body.get("note")
     if note:
         said = f" (delta = {delta})" if delta is not None and "delta" in note else ""
-        console.print(f"[yellow]note[/yellow]: {note}{said}")
+        console.print(f"[yellow]note[/yellow]: {escape(note)}{said}")
     for more in notes:
-        console.print(f"[yellow]note[/yellow]: {more}")
+        console.print(f"[yellow]note[/yellow]: {escape(more)}")
     candidates = body.get("candidates") or []
     if not candidates:
         console.print("[green]no device blamed[/green]")
@@ -40,7 +41,7 @@ def print_verdict(body: dict[str, Any], console: Console, delta: float | None = 
         _suspects(candidates, console)
     workload = body.get("workload")
     for w in [workload, *workload.get("others", [])] if isinstance(workload, dict) else []:
-        console.print(f"[yellow]workload ({w['kind']})[/yellow]: {w['detail']}")
+        console.print(f"[yellow]workload ({w['kind']})[/yellow]: {escape(w['detail'])}")
 
 
 def slice_note(body: dict[str, Any], given: str, first: int, last: int | None,
@@ -91,15 +92,15 @@ def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:
         if c.get("tied_with"):
             n = len(c["tied_with"])
             device += f"\n(tied with {n} other{'s' * (n != 1)})"
-        table.add_row(str(i), c["kind"], device, _ranks(c.get("ranks") or []),
-                      f"{c['score']:.3f}", evidence[0]["detail"] if evidence else "")
+        table.add_row(str(i), c["kind"], escape(device), _ranks(c.get("ranks") or []),
+                      f"{c['score']:.3f}", escape(evidence[0]["detail"]) if evidence else "")
     console.print(table)
     tied = [c for c in candidates if c.get("tied_with")]
     for c in tied:
         if c["kind"] == "gpu":  # a GPU tied with its host (LocalizeConfig.kind_min_ops)
             rank = _ranks(c.get("ranks") or [])
-            console.print(f"[yellow]tied[/yellow]: {c['device']} and "
-                          f"{', '.join(c['tied_with'])} (a pause of rank {rank}'s host "
+            console.print(f"[yellow]tied[/yellow]: {escape(c['device'])} and "
+                          f"{escape(', '.join(c['tied_with']))} (a pause of rank {rank}'s host "
                           f"process): rank {rank} meets its peers too rarely in a step for the "
                           "logs to tell a slow GPU (late a little at each operator) from a "
                           "host pause (late all at once); check both")
@@ -114,7 +115,7 @@ def _suspects(candidates: list[dict[str, Any]], console: Console) -> None:
         names = [c["device"], *c["tied_with"]]
         if frozenset(names) not in seen:
             seen.add(frozenset(names))
-            console.print(f"  {len(names)} tied: " + ", ".join(names[:8])
+            console.print(f"  {len(names)} tied: " + escape(", ".join(names[:8]))
                           + (f" (+{len(names) - 8})" if len(names) > 8 else ""))
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from holmes_ml._text import few
 from holmes_ml.cli._verdict import print_verdict
 
 
@@ -181,7 +182,7 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
                       + (f", [red]{lagging} lagging[/red]" if lagging else "")
                       + (f", [yellow]{unread} with unread logs[/yellow]" if unread else "")
                       + ")",
-                      _ago(j.get("last_ingest_at"), stamp=False), suspect,
+                      _ago(j.get("last_ingest_at"), stamp=False), escape(suspect),
                       f"{top['score']:.3f}" if top else "")
     console.print(table)
 
@@ -191,11 +192,11 @@ def _print_sources(sources: list[dict[str, Any]], console: Console) -> None:
     if not sources:
         return
     lagging = [x for x in sources if x.get("lagging")]
-    names = ", ".join(x["source"] for x in sources[:6]) + (" ..." if len(sources) > 6 else "")
+    names = escape(few((x["source"] for x in sources), 6, ", "))
     console.print(f"sources: {len(sources)} ({names}); "
                   + (f"[red]{len(lagging)} lagging[/red]" if lagging else "all delivering"))
     for x in lagging:
-        console.print(f"[red]lagging[/red]: {x['source']} last delivered "
+        console.print(f"[red]lagging[/red]: {escape(x['source'])} last delivered "
                       f"{_ago(x['last_at'])}, up to iteration {x['last_iteration']} "
                       f"({x['behind_iterations']:,} behind the job): its agent may be down or "
                       "its ranks silent, and the verdict reads nothing newer of them")
@@ -226,6 +227,6 @@ def _print_job_verdict(verdict: dict[str, Any], console: Console) -> None:
                       f"{_ago(verdict['computed_at'])} from {verdict['data_batches']:,} "
                       f"batch(es){stale}")
     if verdict.get("error"):
-        console.print(f"[red]error[/red]: {verdict['error']}")
+        console.print(f"[red]error[/red]: {escape(str(verdict['error']))}")
     if verdict["version"]:
         print_verdict(verdict, console)
