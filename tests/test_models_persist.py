@@ -325,3 +325,24 @@ def test_a_model_of_another_feature_schema_is_refused_naming_the_columns(
     with pytest.raises(ModelFileError) as err:
         load_model(path)
     assert said.format(first=first, second=second) in str(err.value), str(err.value)
+
+
+def test_an_unfitted_detector_is_neither_saved_nor_loaded(fitted, tmp_path):
+    """save_model(LightGBMDetector()) wrote an envelope (warning only that no column names
+    were seen) that loaded, and `holmes detect --model` then failed with sklearn's 'not
+    fitted yet' without naming the file."""
+    import hashlib
+    import io
+
+    with pytest.raises(TypeError, match="save_model: model is an unfitted LightGBMDetector"):
+        save_model(LightGBMDetector(), tmp_path / "unfit.holmes")
+    assert not (tmp_path / "unfit.holmes").exists()
+    header = read_header(save_model(fitted[0], tmp_path / "m.holmes"))
+    buf = io.BytesIO()
+    joblib.dump(RandomForestDetector(), buf)
+    header.update(payload_sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+    header["header_sha256"] = _header_sha256(header)
+    bad = _envelope(tmp_path / "bad.holmes", header, buf.getvalue())
+    with pytest.raises(ModelFileError, match=r"bad\.holmes: holds an unfitted "
+                                             "RandomForestDetector"):
+        load_model(bad, check_features=False)

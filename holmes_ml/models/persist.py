@@ -106,6 +106,14 @@ def _not_a_detector(model: Any) -> str | None:
     from holmes_ml.models.detectors import BinaryDetectorMixin, _UnsupervisedDetector
 
     if isinstance(model, (BinaryDetectorMixin, _UnsupervisedDetector)):
+        from sklearn.exceptions import NotFittedError
+        from sklearn.utils.validation import check_is_fitted
+
+        try:
+            check_is_fitted(model)
+        except NotFittedError:  # saved, it loaded and failed only when it came to score
+            return (f"an unfitted {type(model).__name__} (expected a detector whose fit has "
+                    "run, e.g. by holmes train)")
         return None
     return (f"a {type(model).__name__}, not a detector of holmes_ml "
             "(expected one of holmes_ml.models' detectors, whose decision_function is "
