@@ -117,11 +117,12 @@ def _labelled(seed: int = 11, iterations: int = 10):
 
 
 @pytest.mark.parametrize(("bad", "said"), [
-    ("maybe", "1 of {n} labels are not a boolean (got 'maybe'; expected true/false/1/0 "
+    ("maybe", "1 of {n} labels are not a boolean{at} (got 'maybe'; expected true/false/1/0 "
               "(case-insensitive))"),
-    (2, "1 of {n} labels are not a boolean (got 2; expected true/false/1/0 (case-insensitive))"),
-    (None, "1 of {n} labels are missing (expected true/false/1/0 (case-insensitive) in every "
-           "row)"),
+    (2, "1 of {n} labels are not a boolean{at} (got 2; expected true/false/1/0 "
+        "(case-insensitive))"),
+    (None, "1 of {n} labels are missing{at} (expected true/false/1/0 (case-insensitive) in "
+           "every row)"),
 ], ids=["text", "number", "gap"])
 def test_train_refuses_a_label_that_is_not_a_boolean_naming_file_and_value(tmp_path, bad, said):
     ops = _labelled()
@@ -137,7 +138,11 @@ def test_train_refuses_a_label_that_is_not_a_boolean_naming_file_and_value(tmp_p
         result = CliRunner().invoke(app, ["train", *map(str, args), "--estimator", "lgbm-small",
                                           "--out", str(out)])
         line = _one_error_line(result)
-        assert line == f"error: {path}, column 'abnormal': " + said.format(n=f"{n:,}"), line
+        op = other.iloc[7]  # the operator, as a row number may not survive the reader
+        at = (f", the first of rank {op['rank']}, iteration {op['iteration']}, {op['op']} seq "
+              f"{op['seq']} in {op['group']!r}")
+        assert line == f"error: {path}, column 'abnormal': " + said.format(n=f"{n:,}", at=at), \
+            line
     assert not out.exists()
     other.assign(abnormal=ops["abnormal"].astype(int)).to_csv(path, index=False)  # 0/1 is fine
     result = CliRunner().invoke(app, ["train", str(path), "--estimator", "lgbm-small", "--out",
@@ -166,8 +171,11 @@ def test_a_bad_label_deep_in_a_large_csv_is_refused_without_a_pandas_warning(tmp
                            str(tmp_path / "m.holmes")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    op = big.iloc[-1]
     assert proc.stderr.strip() == (f"error: {path}, column 'abnormal': 1 of {len(big):,} labels "
-                                   "are not a boolean (got 'maybe'; expected true/false/1/0 "
+                                   f"are not a boolean, the first of rank {op['rank']}, "
+                                   f"iteration {op['iteration']}, {op['op']} seq {op['seq']} in "
+                                   f"{op['group']!r} (got 'maybe'; expected true/false/1/0 "
                                    "(case-insensitive))")
 
 
@@ -427,3 +435,53 @@ def test_a_warning_of_the_fit_is_said_once_not_per_fit(tmp_path, caplog):
     assert result.exit_code == 0, result.output
     assert read_header(tmp_path / "m.holmes")["metrics"]["late_f1"] >= 0
     assert caplog.text.count("screen: cut on 1 runs") == 1, caplog.text
+
+
+def test_per_rank_files_of_two_runs_are_two_runs_whatever_their_names(tmp_path):
+    """rank{r}_day1.csv and rank{r}_day2.csv of two runs of the same ranks, a day apart, sort
+    rank by rank: a file joined the run before it when their ranks differed, so the runs were
+    (0), (0 1), (1 2) ... of both days, whose collectives' copies lay a day apart. A file now
+    joins the first run lacking its ranks whose time span its own overlaps."""
+    from holmes_ml.cli.train import _read_labelled, _runs
+
+    day = 86_400 * 10**9
+    logs = tmp_path / "perrank"
+    logs.mkdir()
+    for d, seed in ((1, 41), (2, 42)):
+        ops = _labelled(seed=seed)
+        ops = ops.assign(start_ns=ops["start_ns"] + (d - 1) * day)
+        for r, part in ops.groupby("rank"):
+            part.to_csv(logs / f"rank{r:02d}_day{d}.csv", index=False)
+    paths = sorted(logs.iterdir())
+    runs = _runs(paths, [_read_labelled(p, "auto") for p in paths])
+    assert sorted(sorted(paths[k].name[-8:] for k in run) for run in runs) == [
+        ["day1.csv"] * 16, ["day2.csv"] * 16]
+
+
+def test_a_path_given_twice_is_read_once_and_an_all_abnormal_run_is_named(tmp_path, caplog):
+    """`holmes train good1 good1 good2` trained good1 twice, as two runs (double weight, and
+    on both sides of the folds that pick the threshold); a run labelled abnormal throughout
+    beside healthy-and-faulty ones went unremarked."""
+    for name, seed in (("good1", 51), ("good2", 52)):
+        simulate(SimConfig(gpus=16, tp=2, pp=2, dp=4, iterations=10, seed=seed, faults=(
+            FaultSpec.parse("gpu_slow:rank=3,severity=0.8,start=3"),))).write(tmp_path / name)
+    (tmp_path / "allpos").mkdir()
+    pd.read_parquet(tmp_path / "good2" / "ops.parquet").assign(abnormal=True).to_parquet(
+        tmp_path / "allpos" / "ops.parquet", index=False)
+    out = tmp_path / "m.holmes"
+    g1, g2, allpos = (str(tmp_path / n) for n in ("good1", "good2", "allpos"))
+    with caplog.at_level("WARNING"):
+        result = CliRunner().invoke(app, ["train", g1, g1 + "/ops.parquet", g2, allpos,
+                                          "--estimator", "lgbm-small", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"{g1}/ops.parquet: its logs are already read from {g1}; read once" in caplog.text
+    assert f"{allpos}: every one of its " in caplog.text
+    assert f"{g2}: every one" not in caplog.text
+    assert read_header(out)["metrics"]["runs"] == 3
+    # a PATH holding part of another's files is refused
+    result = CliRunner().invoke(app, ["train", g1 + "/ops.parquet", str(tmp_path), "--estimator",
+                                      "lgbm-small", "--out", str(tmp_path / "n.holmes")])
+    line = _one_error_line(result)
+    assert line.startswith(f"error: {tmp_path}: 1 of its ") and line.endswith(
+        f" files are also read from {g1}/ops.parquet (expected each run's files in one PATH, "
+        "given once)"), line

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
         Examples:
 
-          holmes train --preset default --out holmes_ml/data/default-model.holmes   (the bundled model)
+          holmes train --preset default --out mine.holmes   (as the bundled model was trained)
 
           holmes train labelled/ --estimator tuned-rf --trials 30 --storage sqlite:///study.db --study s1
 
@@ -282,11 +282,13 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
     if not bad.any():
         return y
     source = ", ".join(map(str, files))
-    value = ops["abnormal"].iloc[int(np.flatnonzero(bad)[0])]
+    first = ops.iloc[int(np.flatnonzero(bad)[0])]
     if len(files) == 1 and files[0].is_dir():  # which file of the directory
         from holmes_ml.io.readers import _members
 
         files = _members(files[0])[0]
+        if len(files) == 1:
+            source = str(files[0])
     if len(files) > 1:  # which of them: read them one by one (only on this error path)
         from holmes_ml import pipeline
 
@@ -301,14 +303,19 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
             own_bad = bad_labels(own["abnormal"])[1]
             if own_bad.any():
                 source = str(f)
-                value = own["abnormal"].iloc[int(np.flatnonzero(own_bad)[0])]
+                first = own.iloc[int(np.flatnonzero(own_bad)[0])]
                 break
-    how_many = f"{int(bad.sum()):,} of {len(bad):,} labels"
-    if pd.isna(value):
-        raise SchemaError(f"{how_many} are missing", source=source, column="abnormal",
+    # the operator, not a row number: the reader may have reordered or dropped rows
+    how_many = (f"{int(bad.sum()):,} of {len(bad):,} labels", f", the first of rank "
+                f"{first['rank']}, iteration {first['iteration']}, {first['op']} seq "
+                f"{first['seq']} in {first['group']!r}")
+    if pd.isna(first["abnormal"]):
+        raise SchemaError(f"{how_many[0]} are missing{how_many[1]}", source=source,
+                          column="abnormal",
                           expected="true/false/1/0 (case-insensitive) in every row")
-    raise SchemaError(f"{how_many} are not a boolean", source=source, column="abnormal",
-                      value=value, expected="true/false/1/0 (case-insensitive)")
+    raise SchemaError(f"{how_many[0]} are not a boolean{how_many[1]}", source=source,
+                      column="abnormal", value=first["abnormal"],
+                      expected="true/false/1/0 (case-insensitive)")
 
 
 #: Fewer abnormal operators than this are too few to learn a detector from (a warning).
@@ -338,13 +345,42 @@ def _read_labelled(path: Path, format: str) -> tuple[pd.DataFrame, np.ndarray]:
     return ops, _labels(ops, files, format)
 
 
+def _distinct(paths: list[Path]) -> list[Path]:
+    """``paths`` with each log file read once: a PATH whose files an earlier PATH already
+    holds (the same PATH twice, a file and its directory) is left out with a warning, since
+    trained as a run of its own it would weigh double and sit on both sides of the folds that
+    pick the threshold and tune; a PATH holding some of another's files is refused."""
+    from holmes_ml import pipeline
+    from holmes_ml.io.readers import _members
+
+    seen: dict[Path, Path] = {}
+    kept = []
+    for path in paths:
+        files = {g.resolve() for f in pipeline.resolve_paths([path])[0]
+                 for g in (_members(f)[0] if f.is_dir() else [f])}
+        held = {f: seen[f] for f in files if f in seen}
+        if not held:
+            kept.append(path)
+            seen.update(dict.fromkeys(files, path))
+        elif len(held) == len(files):
+            logger.warning("%s: its logs are already read from %s; read once", path,
+                           next(iter(held.values())))
+        else:
+            raise SchemaError(f"{len(held)} of its {len(files)} files are also read from "
+                              f"{next(iter(held.values()))}", source=str(path),
+                              expected="each run's files in one PATH, given once")
+    return kept
+
+
 def _runs(paths: list[Path], parts: list[tuple[pd.DataFrame, np.ndarray]]
           ) -> list[list[int]]:
     """Which PATHs (by index) are one run, whatever order they were given in: PATHs of one
     directory (a PATH that is a directory: its own) naming the same job (the ``job`` column,
-    when the logs have one) are one run, read in the order of their names, except that a PATH
-    with ranks another of them logged starts another run (two jobs of the same ranks in one
-    directory). Runs come in the order of their directories' names."""
+    when the logs have one) are one run. Taken in the order of their names, a PATH joins the
+    first run of its directory that lacks its ranks and whose time span its own overlaps, and
+    starts another run otherwise (two jobs of the same ranks in one directory: per-rank files
+    of two runs, whichever order their names sort in). Runs come in the order of their
+    directories' names."""
     from holmes_ml.io.schema import job_of
 
     groups: dict[tuple[str, str], list[int]] = {}
@@ -354,16 +390,22 @@ def _runs(paths: list[Path], parts: list[tuple[pd.DataFrame, np.ndarray]]
         groups.setdefault((str(where), found[1] if found else ""), []).append(k)
     runs: list[list[int]] = []
     for key in sorted(groups):
-        seen: set[int] = set()
-        start = len(runs)
+        # per run of this directory: its ranks and the span of its operators' starts
+        mine: list[tuple[list[int], set[int], list[int]]] = []
         for k in sorted(groups[key], key=lambda k: (paths[k].name, str(paths[k]))):
-            ranks = set(map(int, pd.unique(parts[k][0]["rank"])))
-            if len(runs) > start and not ranks & seen:
-                runs[-1].append(k)
-                seen |= ranks
+            ops = parts[k][0]
+            ranks = set(map(int, pd.unique(ops["rank"])))
+            start = ops["start_ns"].to_numpy()
+            lo, hi = (int(start.min()), int(start.max())) if len(start) else (0, 0)
+            home = next((run for run in mine if not ranks & run[1]
+                         and lo <= run[2][1] and run[2][0] <= hi), None)
+            if home is None:
+                mine.append(([k], ranks, [lo, hi]))
             else:
-                runs.append([k])
-                seen = ranks
+                home[0].append(k)
+                home[1].update(ranks)
+                home[2][:] = [min(home[2][0], lo), max(home[2][1], hi)]
+        runs += [run[0] for run in mine]
     return runs
 
 
@@ -398,6 +440,7 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
     from holmes_ml.models import save_model
     from holmes_ml.models.training import takes_groups
 
+    paths = _distinct(paths)
     parts = [_read_labelled(p, format) for p in paths]
     groups = _runs(paths, parts)
     described = _describe_runs(paths, parts, groups)
@@ -425,6 +468,13 @@ def _train_on_logs(paths: list[Path], det, out: Path, format: str,  # noqa: ANN0
                           column="abnormal",
                           expected="healthy and abnormal ops: a detector learns from both; "
                           "simulate jobs with a fault, or add healthy logs")
+    for run in groups:
+        own = np.concatenate([parts[k][1] for k in run])
+        if len(groups) > 1 and own.all():
+            logger.warning("%s: every one of its %d operators is labelled abnormal: its "
+                           "healthy ones, labelled so too, teach the model to flag healthy "
+                           "operators (label only what a fault prolonged)",
+                           ", ".join(str(paths[k]) for k in run), len(own))
     if int(y.sum()) < _FEW_ABNORMAL:
         logger.warning("%s: only %d abnormal operator(s) among %d to learn from: the model "
                        "will catch little on other jobs (label more faulty runs, or add "
