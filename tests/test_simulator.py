@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import re
 
 import numpy as np
@@ -245,8 +247,12 @@ def test_a_gpu_fault_given_a_rank_and_another_device_is_refused() -> None:
 
 
 def test_a_job_out_of_the_simulators_bounds_is_refused_naming_them() -> None:
-    with pytest.raises(ValueError, match="gpus: got 1; expected at least 2"):
-        SimConfig(gpus=1, iterations=3)  # crashed deep in the engine
+    """gpus=1 crashed deep in the engine; then gpus=0 said "expected an integer >= 1" and
+    gpus=1 "expected at least 2": both now give the one bound."""
+    for gpus in (0, 1):
+        with pytest.raises(ValueError, match=f"gpus: got {gpus}; expected an integer of at "
+                                             "least 2 \\(a rank alone"):
+            SimConfig(gpus=gpus, iterations=3)
     with pytest.raises(ValueError, match="iterations: got 1000000000000; expected at most"):
         SimConfig(gpus=8, iterations=10**12)
     with pytest.raises(ValueError, match="gpus: got 65536; expected at most 32,768"):
@@ -332,13 +338,25 @@ def test_fault_patterns_resolve_to_the_documented_active_iterations() -> None:
     assert pers.devices == ("nic:node001/1",) and pers.hosts == ("node001",)
 
 
-def test_a_nic_fault_that_no_traffic_crosses_is_said(caplog) -> None:
-    # one 8-GPU host: every collective stays inside it, and the fault changed nothing silently
-    with caplog.at_level("WARNING"):
-        res = simulate(SimConfig(gpus=8, iterations=4, seed=1,
-                                 faults=(FaultSpec.parse("nic_slow:rank=3,severity=2"),)))
-    assert "fault 0 (nic_slow on nic:node000/3) crosses no traffic of this job" in caplog.text
-    assert not res.ops["abnormal"].any()
+def test_a_pinned_nic_fault_that_no_traffic_crosses_is_refused() -> None:
+    """A NIC pinned by rank= or device= that no traffic crosses was injected with a warning:
+    the job was written as faulty (faults.json listing the fault active) with not one abnormal
+    op, while the same fault drawn was refused. Both are refused now, the pinned one naming
+    its NIC and ranks whose NIC does carry traffic."""
+    # one 8-GPU host: every collective stays inside it, so no NIC carries anything
+    for spec in ("nic_slow:rank=3,severity=2", "nic_slow:device=nic:node000/3"):
+        with pytest.raises(ValueError, match=r"faults\[0\] nic_slow: no traffic of this job "
+                                             r"crosses nic:node000/3 .*no NIC of this job "
+                                             "carries any"):
+            simulate(SimConfig(gpus=8, iterations=4, seed=1, faults=(FaultSpec.parse(spec),)))
+    # without a pipeline, a data-parallel ring leaves each host through two of its ranks'
+    # NICs: the middle members' NICs carry nothing, the ring's ends do
+    cfg = {"gpus": 64, "model": "llama2-7b", "tp": 2, "pp": 1, "iterations": 3}
+    with pytest.raises(ValueError, match=r"crosses nic:node000/2 .*expected a rank whose NIC "
+                                         r"carries traffic, e\.g\. 0, 6, 8"):
+        simulate(SimConfig(**cfg, faults=(FaultSpec.parse("nic_slow:rank=2"),)))
+    res = simulate(SimConfig(**cfg, faults=(FaultSpec.parse("nic_slow:rank=6,severity=2"),)))
+    assert res.ops["abnormal"].any()
 
 
 @pytest.mark.parametrize("seed", [3001, 3003, 3005])
@@ -371,7 +389,8 @@ def test_an_unpinned_nic_fault_finds_a_nic_that_traffic_crosses(seed) -> None:
     (lambda: SimConfig(gpus=16, seed=-1), "SimConfig.seed: got -1; expected an integer >= 0"),
     (lambda: SimConfig(gpus=16, seed="a"), "SimConfig.seed: got 'a'"),
     (lambda: SimConfig(gpus=16, iterations=True), "SimConfig.iterations: got True"),
-    (lambda: FaultSpec("gpu_slow", ranks="12"), "FaultSpec.ranks: got '12'; expected a tuple"),
+    (lambda: FaultSpec("gpu_slow", ranks="12"),
+     "FaultSpec.ranks: got the str '12'; expected a tuple"),
     (lambda: FaultSpec("gpu_slow", ranks=(1.7,)), "FaultSpec.ranks: got (1.7,)"),
     (lambda: FaultSpec("gpu_slow", start_iteration=2.5), "FaultSpec.start_iteration: got 2.5"),
     (lambda: FaultSpec("gpu_slow", severity="0.5"), "FaultSpec.severity: got '0.5'"),
@@ -390,3 +409,106 @@ def test_numpy_integers_are_integers_to_a_config():
     cfg = SimConfig(gpus=np.int64(16), iterations=np.int32(4), seed=np.uint8(3))
     assert (cfg.gpus, cfg.iterations, cfg.seed) == (16, 4, 3)
     assert type(cfg.gpus) is int
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda: FaultSpec("gpu_slow", ranks=5),
+     "FaultSpec.ranks: got the int 5; expected a tuple of ranks, e.g. (5,)"),
+    (lambda: FaultSpec("gpu_slow", ranks=None), "FaultSpec.ranks: got None; expected a tuple"),
+    (lambda: SimConfig(gpus=16, faults=FaultSpec("gpu_slow", ranks=(3,))),
+     "SimConfig.faults: got one FaultSpec (gpu_slow); expected a tuple of them"),
+    (lambda: SimConfig(gpus=16, faults="gpu_slow:rank=3"),
+     "SimConfig.faults: got the str 'gpu_slow:rank=3'; expected a tuple of FaultSpec"),
+    (lambda: SimConfig(gpus=64, model="llama2-7b", pp=4, stage_weights="1,1,1,1.4"),
+     "SimConfig.stage_weights: got the str '1,1,1,1.4'; expected a tuple of numbers, one per "
+     "pipeline stage, e.g. (1, 1, 1, 1.4)"),
+    (lambda: SimConfig(gpus=64, model="llama2-7b", pp=4, stage_weights=1.4),
+     "SimConfig.stage_weights: got the float 1.4; expected a tuple of numbers"),
+])
+def test_a_scalar_or_string_for_a_tuple_field_is_refused_naming_the_field(make, said):
+    """ranks=5 failed as "TypeError: 'int' object is not iterable", faults=FaultSpec(...) as
+    "'FaultSpec' object is not iterable", and stage_weights="1,1,1,1.4" as
+    "stage_weights[0]: got '1'", blaming a character: none named the field and its value."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        make()
+
+
+def test_tuple_fields_take_any_sequence_of_their_items():
+    spec = FaultSpec("gpu_slow", ranks=np.array([3, 4]))
+    assert spec.ranks == (3, 4) and type(spec.ranks[0]) is int
+    cfg = SimConfig(gpus=64, model="llama2-7b", pp=4, stage_weights=[1, 1, 1, 1.4],
+                    faults=[spec])
+    assert cfg.faults == (spec,) and cfg.stage_weights == (1, 1, 1, 1.4)
+
+
+def test_a_fault_on_several_ranks_round_trips_through_its_dict(tmp_path) -> None:
+    """FaultSpec.from_dict took the first of a resolved fault's devices as its device: a
+    gpu_slow on ranks 3+4 read back from faults.json was pinned to ranks 3+4 *and* to
+    gpu:node000/3, and simulating it again was refused as naming different devices."""
+    spec = FaultSpec.parse("gpu_slow:ranks=3+4,severity=1,start=1")
+    assert FaultSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    first = simulate(SimConfig(**SMALL, faults=(spec,)))
+    (resolved,) = first.faults
+    assert resolved.devices == ("gpu:node000/3", "gpu:node000/4") and resolved.device is None
+    first.write(tmp_path / "a")
+    (back,) = load_result(tmp_path / "a").faults
+    assert back == resolved
+    again = simulate(SimConfig(**SMALL, faults=(back,)))
+    assert again.faults == first.faults
+    pd.testing.assert_frame_equal(again.ops, first.ops)
+    # a faults.json of before the "device" key still reads a single device as the device
+    one = simulate(SimConfig(**SMALL, faults=(FaultSpec.parse("gpu_slow:rank=9"),))).faults[0]
+    old = {k: v for k, v in one.to_dict().items() if k != "device"}
+    assert FaultSpec.from_dict(old) == one and one.device == "gpu:node001/1"
+
+
+def test_fault_id_blames_the_fault_that_reaches_the_op() -> None:
+    """With a slow GPU (severity 0.8) and a slow NIC (severity 2) in one job, fault_id named
+    the "most severe" fault comparing severities of different kinds: 839 ops that only the
+    GPU's delay reaches (abnormal with the GPU fault alone, not with the NIC's) were blamed
+    on the NIC, many in groups containing neither rank."""
+    faults = (FaultSpec.parse("gpu_slow:rank=5,severity=0.8,start=2"),
+              FaultSpec.parse("nic_slow:rank=50,severity=2,start=2"))
+    cfg = {"gpus": 64, "model": "llama2-7b", "tp": 2, "pp": 4, "iterations": 6, "seed": 7}
+    both = simulate(SimConfig(**cfg, faults=faults)).ops
+    keys = ["iteration", "rank", "op", "group", "seq"]
+    alone = [simulate(SimConfig(**cfg, faults=(f,))).ops.set_index(keys)["abnormal"]
+             for f in faults]
+    ops = both.set_index(keys)
+    gpu_only = (ops["abnormal"] & alone[0] & ~alone[1]).to_numpy()
+    nic_only = (ops["abnormal"] & alone[1] & ~alone[0]).to_numpy()
+    assert gpu_only.sum() > 100 and nic_only.sum() > 10
+    assert (ops["fault_id"].to_numpy()[gpu_only] == 0).all()
+    assert (ops["fault_id"].to_numpy()[nic_only] == 1).all()
+    # the rest of the job is what it always was: only the labels' fault ids are chosen anew
+    assert set(both.loc[both["abnormal"], "fault_id"]) == {0, 1}
+    assert (both.loc[~both["abnormal"], "fault_id"] == -1).all()
+
+
+def test_a_calibration_that_matches_none_of_the_jobs_transfers_says_so(tmp_path, caplog):
+    """A Kineto trace's group kinds are process-group names ('0'), none of a simulated job's
+    tp/dp/pp: calibrating from one set no transfer time, silently (only compute was
+    rescaled, with a warning that spoke as if communication had been calibrated)."""
+    base = simulate(SimConfig(**SMALL)).ops
+    foreign = base.assign(group_kind="0")
+    foreign.to_parquet(tmp_path / "trace.parquet")
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.simulator.engine"):
+        simulate(SimConfig(**SMALL, calibrate_from=tmp_path / "trace.parquet"))
+    said = " ".join(caplog.text.split())
+    assert ("none of the (op, group_kind) pairs fitted from " + str(tmp_path / "trace.parquet")
+            + " (all_gather/0, all_reduce/0, reduce_scatter/0, send/0) is one this job runs "
+            "(all_reduce/tp, send/pp, reduce_scatter/dp, all_gather/dp) (its group kinds '0' "
+            "are no parallel dimension") in said, said
+    assert "communication stays at the built-in alpha-beta model" in said
+    # with no iteration times to rescale compute by either, it would calibrate nothing at all
+    cal = fit_calibration(foreign[["op", "group_kind", "duration_us"]])
+    assert cal.iteration_us is None and cal.table
+    with pytest.raises(ValueError, match=r"calibrate_from: none of the \(op, group_kind\) "
+                                         r"pairs .* so it would calibrate nothing"):
+        Engine(SimConfig(**SMALL), calibration=cal)
+    # a log of the job's own kinds says nothing of the kind
+    caplog.clear()
+    base.to_parquet(tmp_path / "own.parquet")
+    with caplog.at_level(logging.WARNING, logger="holmes_ml.simulator.engine"):
+        simulate(SimConfig(**SMALL, calibrate_from=tmp_path / "own.parquet"))
+    assert "none of the" not in caplog.text

@@ -191,3 +191,42 @@ def test_an_out_that_would_write_over_the_calibration_log_is_refused(tmp_path) -
                                      "--calibrate-from", str(tmp_path / "run"), "--out",
                                      str(tmp_path / "other"), "--no-progress"])
     assert other.exit_code == 0, other.output
+
+
+def test_simulate_help_says_what_a_spike_ends_at_and_what_calibrates(tmp_path) -> None:
+    """--help said a fault's end defaults to "the last iteration", while a spike lasts one or
+    two iterations from its start; and --calibrate-from said "Canonical CommOps log" while
+    Kineto traces and the other formats are read (their group kinds matching no job's)."""
+    result = CliRunner().invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"})
+    said = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 0, said
+    assert ("end (default: the last iteration; for pattern=spike start or start+1, drawn from "
+            "--seed)") in said, said
+    assert "in any format holmes reads" in said and "Kineto/PyTorch profiler JSON" in said, said
+    assert "a Kineto trace names process groups, which match none" in said, said
+
+
+def test_simulate_gpus_0_and_1_give_the_same_bound(tmp_path) -> None:
+    """--gpus 0 said "expected an integer >= 1", and --gpus 1 then "expected at least 2"."""
+    for gpus in ("0", "1"):
+        result = CliRunner().invoke(app, ["simulate", "--gpus", gpus, "--out",
+                                          str(tmp_path / "s")], env={"COLUMNS": "1000"})
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2, said
+        assert (f"--gpus: got {gpus}; expected an integer of at least 2 (a rank alone runs no "
+                "collective") in said, said
+
+
+def test_a_pinned_idle_nic_is_refused_like_a_drawn_one(tmp_path) -> None:
+    """`--fault nic_slow:rank=3` on one host wrote a job labelled faulty (faults.json listing
+    the fault active) with no abnormal op and exit 0; `--fault nic_slow` was refused."""
+    for fault in ("nic_slow", "nic_slow:rank=3"):
+        result = CliRunner().invoke(app, ["simulate", "--gpus", "8", "--model", "llama2-7b",
+                                          "--iterations", "6", "--fault", fault, "--out",
+                                          str(tmp_path / "x"), "--no-progress"],
+                                    env={"COLUMNS": "1000"})
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2, said
+        assert "would slow nothing (the job would carry a fault its logs cannot show)" in said
+    assert "crosses nic:node000/3" in said
+    assert not (tmp_path / "x" / "faults.json").exists()

@@ -25,7 +25,8 @@ _EPILOG = (
     "link:leaf-p0-r3~spine-1, switch:leaf-p0-r3; beside a rank it must name the same device), "
     "pattern (persistent|spike|fluctuation; default persistent), severity (default 0.5 = 1.5x "
     "slower, at most 1000; for host_stall the pause as a share of the iteration), start "
-    "(default 0), end (default: the last iteration), probability (fluctuation only; default "
+    "(default 0), end (default: the last iteration; for pattern=spike start or start+1, drawn "
+    "from --seed), probability (fluctuation only; default "
     "0.5)."
 )
 
@@ -96,7 +97,12 @@ def register(app: typer.Typer) -> None:
         calibrate_from: Path = typer.Option(
             None,
             "--calibrate-from",
-            help="Canonical CommOps log (parquet/csv/jsonl, file or dir) to fit op durations from.",
+            help="Log to fit transfer times from, in any format holmes reads (canonical "
+            "CommOps parquet/csv/jsonl, Kineto/PyTorch profiler JSON traces, Flight Recorder "
+            "JSON dumps, NCCL Inspector logs, ByteDance what-if traces; a file, directory or "
+            "archive). Only (op, group kind) pairs this job runs calibrate its communication "
+            "(all_reduce on tp, send on pp, ...; a Kineto trace names process groups, which "
+            "match none: a warning says so); the log's iteration time rescales compute.",
         ),
         hardware: str = typer.Option(
             "a100", "--hardware", help="GPU and network generation: a100 or h100 (compute, "

@@ -1,14 +1,18 @@
 """Trace-driven calibration: fit per-(op, group_kind) duration distributions from a real log.
 
-A canonical CommOps log (Parquet, CSV or JSON Lines; a file or a directory of them) is reduced to,
-for every ``(op, group_kind)``, the median duration and the log-normal sigma (robust: from the
+A log (any format :func:`holmes_ml.io.read_ops` reads: canonical CommOps Parquet, CSV or JSON
+Lines, Kineto traces, ...; a file or a directory of them) is reduced to, for every
+``(op, group_kind)``, the median duration and the log-normal sigma (robust: from the
 inter-quartile range of ``log(duration)``). When the log identifies op instances (``iteration,
 group, seq``) the fit uses each instance's shortest duration - the transfer time seen by the
 last rank to arrive - so waiting for stragglers is not mistaken for wire time.
 The engine then draws that op's transfer time from
 the fitted log-normal instead of the alpha-beta model (keeping the model's intra/inter-host and
-fault-induced *ratios*), so simulated logs carry the real job's scale and spread. When the log
-has ``iteration`` and ``start_ns``, its median iteration time rescales compute as well.
+fault-induced *ratios*), so simulated logs carry the real job's scale and spread. Only the pairs
+the job runs apply (``all_reduce``/``tp``, ``send``/``pp``, ...): a Kineto trace's group kinds are
+process-group names (``0``, ``default``), which match none, and the engine warns that the
+communication stays at its model. When the log has ``iteration`` and ``start_ns``, its median
+iteration time rescales compute as well.
 
 Examples
 --------

@@ -7,6 +7,7 @@ with a message naming the field, the value and what was expected.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,11 +96,13 @@ class FaultSpec:
             raise ValueError(
                 f"FaultSpec.pattern: got {self.pattern!r}; expected one of {', '.join(PATTERNS)}"
             )
-        if isinstance(self.ranks, (str, bytes)) or not all(map(_is_int, self.ranks)):
-            # ("12" was ranks 1 and 2, 1.7 rank 1)
+        # ("12" was ranks 1 and 2, 1.7 rank 1, and 5 failed as "'int' object is not iterable")
+        ranks = _sequence(self.ranks, "FaultSpec.ranks", "a tuple of ranks, e.g. "
+                          f"({self.ranks if _is_int(self.ranks) else 5},), or () to draw one")
+        if not all(map(_is_int, ranks)):
             raise ValueError(f"FaultSpec.ranks: got {self.ranks!r}; expected a tuple of "
                              "integer ranks")
-        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        object.__setattr__(self, "ranks", tuple(int(r) for r in ranks))
         for name in ("severity", "probability"):
             if not _is_number(getattr(self, name)):
                 raise ValueError(f"FaultSpec.{name}: got {getattr(self, name)!r}; expected a "
@@ -227,12 +230,16 @@ class FaultSpec:
     def from_dict(cls, data: dict) -> FaultSpec:
         """Inverse of :meth:`to_dict` (unknown keys are ignored, so older files still load)."""
         act = data.get("active_iterations")
+        devices = data.get("devices") or []
+        # to_dict writes "device" (None for a fault on several devices, e.g. ranks=3+4); only
+        # a file without the key takes it from a single resolved device. Taking the first of
+        # several pinned the fault to ranks 3+4 *and* device 3, which simulate refused
+        device = data["device"] if "device" in data else (
+            devices[0] if len(devices) == 1 else None)
         return cls(
             kind=data["kind"],
             ranks=tuple(data.get("ranks", ())),
-            device=(data.get("devices") or [None])[0]
-            if data.get("device") is None
-            else data["device"],
+            device=device,
             pattern=data.get("pattern", "persistent"),
             severity=float(data.get("severity", 0.5)),
             start_iteration=int(data.get("start_iteration", 0)),
@@ -328,8 +335,11 @@ class SimConfig:
         Add the column ``step_compute_us``: each rank's compute time in the step (what the
         ByteDance what-if traces record; host pauses are not compute).
     calibrate_from:
-        A canonical CommOps log (parquet/csv) whose per-(op, group_kind) duration spread replaces
-        ``jitter`` for communication (see :mod:`holmes_ml.simulator.calibrate`).
+        A log in any format :func:`holmes_ml.io.read_ops` reads (canonical CommOps, Kineto,
+        Flight Recorder, ...) whose per-(op, group_kind) durations replace the model's scale and
+        ``jitter`` for the communication of those pairs this job runs (a trace whose group
+        kinds are process-group names matches none: a warning says so), and whose iteration
+        time rescales compute (see :mod:`holmes_ml.simulator.calibrate`).
     hardware:
         ``a100`` or ``h100`` (see :data:`holmes_ml.simulator.models.HARDWARE`).
     hosts_per_pod, spines:
@@ -370,7 +380,14 @@ class SimConfig:
     _layout: Layout | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "faults", tuple(self.faults))
+        faults = self.faults
+        if isinstance(faults, FaultSpec):  # one fault, not a tuple of them
+            raise ValueError(f"SimConfig.faults: got one FaultSpec ({faults.kind}); expected a "
+                             "tuple of them, e.g. faults=(spec,)")
+        object.__setattr__(self, "faults", _sequence(
+            faults, "SimConfig.faults",
+            "a tuple of FaultSpec, e.g. (FaultSpec.parse('gpu_slow:rank=5'),), or () for a "
+            "healthy run"))
         if self.model not in MODELS:
             raise ValueError(
                 f"SimConfig.model: got {self.model!r}; expected one of {', '.join(MODELS)}"
@@ -379,6 +396,11 @@ class SimConfig:
             raise ValueError(
                 f"SimConfig.hardware: got {self.hardware!r}; expected one of {', '.join(HARDWARE)}"
             )
+        # (gpus 0 said ">= 1", and then gpus 1 "at least 2")
+        if not _is_int(self.gpus) or self.gpus < 2:
+            raise ValueError(f"SimConfig.gpus: got {self.gpus!r}; expected an integer of at "
+                             "least 2 (a rank alone runs no collective and has no peer to "
+                             "compare with)")
         for name in (
             "gpus", "iterations", "ep", "cp", "dp_replicate", "spines", "micro_batch_size"
         ):
@@ -399,9 +421,6 @@ class SimConfig:
         object.__setattr__(self, "seed", int(self.seed))
         if not isinstance(self.job, str) or not self.job.strip():
             raise ValueError(f"SimConfig.job: got {self.job!r}; expected a non-empty name")
-        if self.gpus < 2:
-            raise ValueError(f"SimConfig.gpus: got {self.gpus}; expected at least 2 (a rank "
-                             "alone runs no collective and has no peer to compare with)")
         for name, most, why in (("gpus", MAX_GPUS, "a larger job takes more memory than a "
                                  "node has"), ("iterations", MAX_ITERATIONS, "a longer run "
                                  "takes hours; localization reads windows of 50")):
@@ -419,7 +438,11 @@ class SimConfig:
         if not (0 <= self.comm_drift < 1.0):
             raise ValueError(
                 f"SimConfig.comm_drift: got {self.comm_drift!r}; expected 0 <= comm_drift < 1")
-        object.__setattr__(self, "stage_weights", tuple(self.stage_weights))
+        # ("1,1,1,1.4" was refused as "stage_weights[0]: got '1'", blaming a character)
+        object.__setattr__(self, "stage_weights", _sequence(
+            self.stage_weights, "SimConfig.stage_weights",
+            "a tuple of numbers, one per pipeline stage, e.g. (1, 1, 1, 1.4), or () for "
+            "balanced stages"))
         for i, w in enumerate(self.stage_weights):
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.1 <= w <= 10:
                 raise ValueError(f"SimConfig.stage_weights[{i}]: got {w!r}; expected a number "
@@ -567,6 +590,17 @@ class SimConfig:
         if "stage_weights" in kw:
             kw["stage_weights"] = tuple(kw["stage_weights"] or ())
         return cls(**kw)
+
+
+def _sequence(value: object, name: str, expected: str) -> tuple:
+    """``value`` as a tuple; a string, a scalar or None is refused naming ``name``."""
+    if not isinstance(value, (str, bytes)) and isinstance(value, Iterable):
+        try:
+            return tuple(value)
+        except TypeError:  # iterable in name only (a 0-d numpy array)
+            pass
+    got = "None" if value is None else f"the {type(value).__name__} {value!r}"
+    raise ValueError(f"{name}: got {got}; expected {expected}")
 
 
 def _is_int(value: object) -> bool:

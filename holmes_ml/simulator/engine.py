@@ -18,7 +18,8 @@ Physics
 Labels
 ------
 The same seed is simulated with and without the faults in one pass (a leading *scenario* axis
-of size 2 shares every random draw). An op is ``affected`` when its duration exceeds its
+shares every random draw: 0 the job, 1 its fault-free twin, and with several faults 2 + i each
+fault ``i`` alone). An op is ``affected`` when its duration exceeds its
 fault-free twin's by more than :data:`ABNORMAL_REL` (15 %) plus :data:`ABNORMAL_ABS_US` (20 us):
 the relative part ignores tiny ripples, the absolute part protects very short ops. It is
 ``abnormal`` when it is affected *and* longer than the fault-free copies of the same op step
@@ -26,9 +27,12 @@ usually are: above their median plus :data:`ABNORMAL_SPREAD` (3) robust standard
 (1.4826 x MAD over the step's copies on its pipeline stage, all ranks). The second condition is
 what a log can show: a waiting collective whose wait grew 20 % but stays inside the spread that
 jitter gives the same step without any fault looks exactly like a normal copy (``affected``
-keeps the causal label). ``fault_id`` is the most severe active fault whose device the op's
-group touches, else the most severe fault active in that iteration (delays that propagated),
-for abnormal ops; -1 otherwise.
+keeps the causal label). ``fault_id`` names, for an abnormal op, the fault that caused it (-1
+for the others): with one fault that fault; with several the fault that alone lengthens the op
+most over its twin (each fault's own scenario), so a delay that propagated from a GPU is not
+blamed on a NIC fault of another severity scale. An op no fault lengthens alone (only their
+combination does) falls back to the most severe active fault whose device the op's group
+touches, else the most severe fault active in that iteration.
 """
 
 from __future__ import annotations
@@ -76,6 +80,11 @@ def _usual_ceiling(dur0: np.ndarray | None) -> float:
     return med + ABNORMAL_SPREAD * 1.4826 * float(np.median(np.abs(dur0 - med)))
 
 
+def _pairs(pairs: list[tuple[str, str]]) -> str:
+    """``all_reduce/tp, send/pp`` for messages."""
+    return ", ".join(f"{op}/{kind}" for op, kind in pairs)
+
+
 def iteration_span_us(ops: pd.DataFrame) -> float:
     """Job-wide span of one iteration's rows: last end minus first start, microseconds."""
     start = ops["start_ns"].to_numpy()
@@ -98,6 +107,8 @@ class _Chunk:
     dur0: np.ndarray | None
     peer: np.ndarray | None
     fid: np.ndarray | None
+    #: durations with each fault alone, (faults, rows); only with several faults
+    solo: np.ndarray | None = None
 
 
 class Engine:
@@ -126,7 +137,9 @@ class Engine:
         if calibration is None and cfg.calibrate_from is not None:
             calibration = load_calibration(cfg.calibrate_from)
         self.calibration: Calibration | None = calibration
-        self.S = 2 if self.faults else 1
+        # scenarios: the job and its fault-free twin; with several faults also each fault
+        # alone, whose delays tell which fault an abnormal op carries (see _frame)
+        self.S = 1 if not self.faults else 2 + (len(self.faults) if len(self.faults) > 1 else 0)
         self.compute_scale = 1.0
         lay = self.lay
         self.stage_shape = (lay.dp, lay.ep, lay.cp, lay.tp)
@@ -135,6 +148,8 @@ class Engine:
         m = lay.microbatches
         self.chunks = int(max(1, min(6, self.layers_per_stage, 96 // (2 * m))))
         self._compute_model()
+        if compute_scale is None and self.calibration is not None:  # (not in a probe run)
+            self._check_calibration(self.calibration)
         if compute_scale is None and self.calibration is not None and self.calibration.iteration_us:
             compute_scale = self._fit_compute_scale(self.calibration.iteration_us)
         if compute_scale is not None:
@@ -179,6 +194,48 @@ class Engine:
         m = lay.microbatches
         self.est_iter_us = (m + lay.pp - 1) * (self.t_fwd_us + self.t_bwd_us) + self.t_opt_us
 
+    def _comm_pairs(self) -> list[tuple[str, str]]:
+        """The ``(op, group_kind)`` pairs whose transfer times this job draws: what a
+        :class:`~holmes_ml.simulator.calibrate.Calibration` can set (recv shares send's)."""
+        lay = self.lay
+        pairs = [("all_reduce", "tp")] if lay.tp > 1 else []
+        pairs += [("all_gather", "cp"), ("reduce_scatter", "cp")] if lay.cp > 1 else []
+        pairs += [("all_to_all", "ep")] if lay.ep > 1 else []
+        pairs += [("send", "pp")] if lay.pp > 1 else []
+        pairs += [("reduce_scatter", "dp"), ("all_gather", "dp")] if lay.dp_shard > 1 else []
+        pairs += [("all_reduce", "dp_replicate")] if lay.dp_replicate > 1 else []
+        return pairs
+
+    def _check_calibration(self, cal: Calibration) -> None:
+        """Say which of the job's transfers the calibration sets; refuse one that sets nothing.
+
+        A log whose group kinds are not the job's (a Kineto trace names process groups '0',
+        'default', not tp/dp/pp) calibrated no communication at all, silently, while the
+        compute-scale warning spoke as if it had.
+        """
+        pairs = self._comm_pairs()
+        used = [p for p in pairs if cal.get(*p) is not None]
+        if used:
+            rest = [p for p in pairs if p not in used]
+            if rest:
+                logger.info("calibration from %s: %s not in the log, at the built-in model",
+                            cal.source, _pairs(rest))
+            return
+        kinds = sorted({k for _, k in cal.table} - {"tp", "cp", "ep", "dp", "pp", "dp_replicate"})
+        why = (f" (its group kinds {', '.join(map(repr, kinds))} are no parallel dimension: "
+               "a trace names process groups, not tp/cp/ep/dp/pp)" if kinds else "")
+        said = (f"none of the (op, group_kind) pairs fitted from {cal.source} "
+                f"({_pairs(sorted(cal.table)) or 'none: too few rows of each'}) is one this "
+                f"job runs ({_pairs(pairs)}){why}")
+        if not cal.iteration_us:
+            raise ValueError(f"calibrate_from: {said}, and it has no iteration and start_ns "
+                             "to time iterations by, so it would calibrate nothing; expected "
+                             "a CommOps log whose group_kind (or group name prefix) is tp, cp, "
+                             "ep, dp, pp or dp_replicate")
+        logger.warning("calibration: %s; communication stays at the built-in alpha-beta "
+                       "model (jitter %g); only compute is calibrated, to the log's iteration "
+                       "time (%.0f us)", said, self.cfg.jitter, cal.iteration_us)
+
     def _fit_compute_scale(self, target_us: float) -> float:
         """Compute-time factor whose healthy iteration time matches ``target_us``.
 
@@ -198,8 +255,8 @@ class Engine:
         factor = f2 + (target_us - t2) / slope if slope > 0 else f1
         if factor < 0.01:
             logger.warning(
-                "calibration: the log's iteration time %.0f us is shorter than its communication "
-                "alone; compute scaled to 1%% of the model",
+                "calibration: the log's iteration time %.0f us is shorter than the simulated "
+                "job's communication alone; compute scaled to 1%% of the model",
                 target_us,
             )
         return max(0.01, factor)
@@ -262,12 +319,21 @@ class Engine:
         bw = np.where(fam.inter, hw.nic_bw, hw.nvlink_bw)
         return alpha, factor(p) * nbytes / bw * 1e6
 
+    def _scenarios(self, i: int) -> tuple[int, ...]:
+        """Scenarios fault ``i`` acts in: the job's, and its own when there are several."""
+        return (0, 2 + i) if self.S > 2 else (0,)
+
+    def _solo(self, values: np.ndarray) -> np.ndarray | None:
+        """Each fault-alone scenario's values of a (scenario, ...) array, one row per fault."""
+        return values[2:].reshape(self.S - 2, -1) if self.S > 2 else None
+
     def _bw_mult(self, key: tuple[str, int], it: int, inst_shape: tuple[int, ...]) -> np.ndarray:
         mult = np.ones((self.S, *inst_shape))
         flat = mult.reshape(self.S, -1)
-        for f in self.faults:
+        for i, f in enumerate(self.faults):
             if f.spec.kind in BANDWIDTH_KINDS and f.active[it] and key in f.slowed:
-                flat[0, f.slowed[key]] *= 1.0 + f.spec.severity
+                for sc in self._scenarios(i):
+                    flat[sc, f.slowed[key]] *= 1.0 + f.spec.severity
         return mult
 
     def _touch_ids(
@@ -331,9 +397,10 @@ class Engine:
                 nbytes,
                 arr[0].ravel().copy(),
                 dur[0].ravel(),
-                dur[1].ravel() if self.S == 2 else None,
+                dur[1].ravel() if self.S >= 2 else None,
                 None,
                 self._touch_ids(key, it, shape),
+                self._solo(dur),
             )
         )
         self.clock[s] = np.broadcast_to(complete, view.shape).reshape(arr.shape).copy()
@@ -357,9 +424,10 @@ class Engine:
                 self.p2p_bytes,
                 start[0].ravel().copy(),
                 xfer[0].ravel(),
-                xfer[1].ravel() if self.S == 2 else None,
+                xfer[1].ravel() if self.S >= 2 else None,
                 self.stage_ranks[dst],
                 self._touch_ids(key, it, self.stage_shape),
+                self._solo(xfer),
             )
         )
         self.clock[s] = start + xfer
@@ -382,9 +450,10 @@ class Engine:
                 self.p2p_bytes,
                 arr[0].ravel().copy(),
                 dur[0].ravel(),
-                dur[1].ravel() if self.S == 2 else None,
+                dur[1].ravel() if self.S >= 2 else None,
                 self.stage_ranks[src],
                 self._touch_ids(key, it, self.stage_shape),
+                self._solo(dur),
             )
         )
         self.clock[s] = complete
@@ -411,29 +480,32 @@ class Engine:
         self._computed: list[np.ndarray] | None = (
             [np.zeros((self.S, *self.stage_shape)) for _ in range(self.lay.pp)]
             if cfg.log_compute else None)
-        self._stalls: list[tuple[int, int, float]] = []  # (microbatch, rank, pause_us)
-        for f in self.faults:
+        # (microbatch, rank, pause_us, scenario)
+        self._stalls: list[tuple[int, int, float, int]] = []
+        for i, f in enumerate(self.faults):
             if not f.active[it]:
                 continue
             if f.spec.kind == "gpu_slow":
-                mult[0, f.ranks] *= 1.0 + f.spec.severity
+                for sc in self._scenarios(i):
+                    mult[sc, f.ranks] *= 1.0 + f.spec.severity
             elif f.spec.kind == "host_stall":
                 pause = f.spec.severity * self.est_iter_us
                 m = f.stall_microbatch.get(it, 0)
-                self._stalls.extend((m, int(r), pause) for r in f.ranks)
+                self._stalls.extend((m, int(r), pause, sc) for r in f.ranks
+                                    for sc in self._scenarios(i))
         self._comp_mult = [
             mult[:, self.stage_ranks[s]].reshape(self.S, *self.stage_shape)
             for s in range(self.lay.pp)
         ]
 
     def _apply_stalls(self, s: int, m: int) -> None:
-        for mb, rank, pause in self._stalls:
+        for mb, rank, pause, sc in self._stalls:
             if mb != m:
                 continue
             coords = self.cluster.coords[rank]
             if coords[0] != s:
                 continue
-            self.clock[s][(0, *coords[1:])] += pause
+            self.clock[s][(sc, *coords[1:])] += pause
 
     def _forward(self, s: int, m: int, it: int, out: list[_Chunk]) -> None:
         lay = self.lay
@@ -526,7 +598,7 @@ class Engine:
         abnormal = np.zeros(n, dtype=bool)
         affected = abnormal
         fault_id = np.full(n, -1, dtype=np.int64)
-        if self.S == 2:
+        if self.S >= 2:
             dur0 = np.concatenate([c.dur0 for c in out])  # type: ignore[misc]
             affected = dur > dur0 * (1.0 + ABNORMAL_REL) + ABNORMAL_ABS_US
             usual = np.repeat(np.fromiter((_usual_ceiling(c.dur0) for c in out), np.float64,
@@ -536,13 +608,27 @@ class Engine:
                 [c.fid if c.fid is not None else np.full(len(c.ranks), -1, np.int16) for c in out]
             ).astype(np.int64)
             fallback = self._fallback_fault(it)
-            fault_id = np.where(abnormal, np.where(fid >= 0, fid, fallback), -1)
+            blamed = np.where(fid >= 0, fid, fallback)
+            if self.S > 2:
+                # the fault that alone delays the op most; severities of different kinds (a
+                # GPU's 0.8, a NIC's 2) are different scales, so comparing them blamed a NIC
+                # for waits that propagated from a slow GPU two pipeline stages away
+                delay = np.concatenate([c.solo for c in out], axis=1)  # type: ignore[misc]
+                delay -= dur0
+                most = delay.argmax(axis=0)
+                reached = np.take_along_axis(delay, most[None], axis=0)[0] > 0
+                blamed = np.where(reached, most, blamed)
+            fault_id = np.where(abnormal, blamed, -1)
         start_ns = EPOCH_NS + np.round(start * 1000.0).astype(np.int64)
         extra = {}
         if self._computed is not None:
             per_rank = np.zeros(self.cluster.world)
-            for s in range(self.lay.pp):  # the job's scenario (the last), in rank_grid order
-                per_rank[self.stage_ranks[s]] = self._computed[s][-1].ravel()
+            # scenario 1 when faulted, 0 when healthy: the column as it always was (the last of
+            # job and twin). NB: that is the fault-free twin's compute, so a slow GPU's longer
+            # compute does not show in it
+            logged = min(1, self.S - 1)
+            for s in range(self.lay.pp):  # in rank_grid order
+                per_rank[self.stage_ranks[s]] = self._computed[s][logged].ravel()
             extra["step_compute_us"] = per_rank[rank]
         cat = pd.Categorical.from_codes
         frame = pd.DataFrame(

@@ -39,11 +39,41 @@ class ResolvedFault:
 
 def _idle_network(i: int, kind: str) -> str:
     """The error for a network fault drawn on a job none of whose traffic it would carry."""
+    # (a pinned NIC is refused as well, see _idle_nic: only a switch can be pinned regardless)
     return (f"faults[{i}] {kind}: no traffic of this job leaves its hosts, so a drawn "
             f"{'NIC' if kind == 'nic_slow' else 'switch'} would slow nothing (the job would "
             "carry a fault its logs cannot show); expected a job spanning hosts (more GPUs, "
-            "or a layout whose groups cross hosts), or a device= / rank= to inject it on "
-            "regardless")
+            "or a layout whose groups cross hosts)"
+            + ("" if kind == "nic_slow" else ", or a device= / rank= to inject it on regardless"))
+
+
+def _idle_nic(i: int, cluster: Cluster, devices: tuple[str, ...]) -> str:
+    """The error for a NIC fault pinned (rank= / device=) on NICs no traffic of the job crosses."""
+    busy = _busy_nic_ranks(cluster, most=12)
+    shown = ", ".join(map(str, busy[:12])) + (", ..." if len(busy) > 12 else "")
+    where = (f"expected a rank whose NIC carries traffic, e.g. {shown}" if busy else
+             "no NIC of this job carries any (every collective stays inside its host); "
+             "expected a job spanning hosts (more GPUs, or a layout whose groups cross hosts)")
+    return (f"faults[{i}] nic_slow: no traffic of this job crosses {', '.join(devices)} (its "
+            "ranks' groups stay inside their host, or leave it through other ranks' NICs), so "
+            "the NIC would slow nothing (the job would carry a fault its logs cannot show); "
+            f"{where}")
+
+
+def _busy_nic_ranks(cluster: Cluster, most: int) -> list[int]:
+    """More than ``most`` ranks (when there are) whose NIC some group's traffic crosses,
+    sorted; a group crosses only its members' NICs. Stops early: routing every group takes
+    1-2 s at 1,024 GPUs and grows with the job."""
+    topo = cluster.topology
+    busy: set[int] = set()
+    for fam in cluster.families.values():
+        for j in np.flatnonzero(fam.inter.reshape(-1)):
+            members = fam.members[j].tolist()
+            nics = {d for d in topo.collective_devices(members) if d.startswith("nic:")}
+            busy.update(int(r) for r in members if topo.nic_of(int(r)) in nics)
+            if len(busy) > most:
+                return sorted(busy)
+    return sorted(busy)
 
 
 def _pick_rank(cluster: Cluster, rng: np.random.Generator, inter_only: bool) -> int:
@@ -205,10 +235,10 @@ def resolve_faults(
                             break
                 if not slowed and not spec.ranks and spec.device is None:
                     raise ValueError(_idle_network(i, kind))
-                if not slowed:  # as for a switch or link below: say so, not a silent no-op
-                    logger.warning("fault %d (%s on %s) crosses no traffic of this job (its "
-                                   "ranks talk only within their host)", i, kind,
-                                   ", ".join(devices))
+                if not slowed:
+                    # pinned too: it was injected with a warning, and the job written as
+                    # faulty (faults.json listing it active) had not one abnormal op
+                    raise ValueError(_idle_nic(i, cluster, devices))
             touched = {key: _instances_with(fam, ranks) for key, fam in cluster.families.items()}
             touched = {k: v for k, v in touched.items() if len(v)}
         else:
