@@ -20,6 +20,20 @@ def test_write_result_records_provenance(tmp_path):
     assert peak_rss_mb() > 1.0
 
 
+def test_the_commit_recorded_is_the_one_the_benchmark_started_on(tmp_path, caplog):
+    """The commit was read when the result was written, up to an hour and a half after the
+    start: a commit made meanwhile was recorded as the one measured."""
+    res = BenchResult("unit", {"seconds": 1.5})
+    with caplog.at_level("WARNING"):
+        data = json.loads(write_result(res, tmp_path, commit="0" * 40).read_text())
+    assert data["git_commit"] == "0" * 40 and data["git_commit_at_end"] == git_commit()
+    assert "the checkout moved from 0000000000000000000000000000000000000000 to" in caplog.text
+    assert f"commit `{'0' * 40}`" in (tmp_path / "unit.md").read_text()
+    caplog.clear()
+    same = json.loads(write_result(res, tmp_path, commit=git_commit()).read_text())
+    assert "git_commit_at_end" not in same and not caplog.text
+
+
 def test_git_commit_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == "unknown"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import platform
 import resource
@@ -15,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 _LIBS = ("holmes-ml", "numpy", "pandas", "pyarrow", "scikit-learn", "lightgbm", "networkx", "optuna")
 
@@ -151,13 +154,25 @@ def render_markdown(result: BenchResult, commit: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def write_result(result: BenchResult, out_dir: str | Path) -> Path:
-    """Write ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``; return the JSON path."""
+def write_result(result: BenchResult, out_dir: str | Path, commit: str | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``; return the JSON path.
+
+    ``commit``: the checkout's commit when the benchmark started (:func:`git_commit`; default:
+    now). A benchmark runs for up to an hour and a half: a commit made meanwhile would be
+    recorded as the one measured, so when the checkout moved the JSON keeps both
+    (``git_commit`` the start's, ``git_commit_at_end``) and a warning says so."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    now = git_commit()
+    moved = {} if commit is None or commit == now else {"git_commit_at_end": now}
+    if moved:
+        logger.warning("the checkout moved from %s to %s while benchmark %s ran: modules "
+                       "imported after the start may be of the later one; the result records "
+                       "both", commit, now, result.name)
     payload = {
         "benchmark": result.name,
-        "git_commit": git_commit(),
+        "git_commit": commit or now,
+        **moved,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine_info(),
         "libraries": library_versions(),

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from holmes_ml.bench import BENCHMARKS
 from holmes_ml.bench.plugins import load_localizer
-from holmes_ml.bench.record import write_result
+from holmes_ml.bench.record import git_commit, write_result
 from holmes_ml.cli._checks import check_writable
 
 
@@ -44,8 +44,9 @@ def _run_one(
         kwargs["model"] = model
     if awake and "keep_cores_awake" in params:
         kwargs["keep_cores_awake"] = True
+    commit = git_commit()  # of the start: a commit made while it runs is not what it measured
     result = run(**kwargs)
-    path = write_result(result, out)
+    path = write_result(result, out, commit)
     table = Table(title=f"holmes bench {name}" + (" --quick" if quick else ""))
     table.add_column("figure")
     table.add_column("value", justify="right")
