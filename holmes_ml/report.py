@@ -133,7 +133,8 @@ def iteration_line(iterations: pd.DataFrame, delta: float = IrregularityConfig.d
                    ) -> pd.DataFrame:
     """``iterations.png``'s data: per logged iteration (the index), ``seconds`` as the
     irregularity monitor times it (end to end where operators end each step), ``threshold``
-    (``delta`` times the monitor's reference, in seconds) and ``x``, its place on the axis:
+    (``delta`` times the monitor's reference, in seconds; NaN over its warm-up, which flags
+    nothing) and ``x``, its place on the axis:
     logged iterations side by side, a gap in the numbering one step wide (traces that log a few
     stretches of a long run stay readable) and marked by ``gap_before``."""
     from holmes_ml.pipeline import iteration_monitor
@@ -142,7 +143,11 @@ def iteration_line(iterations: pd.DataFrame, delta: float = IrregularityConfig.d
     its = monitor.index.to_numpy(dtype=np.int64)
     gap = np.r_[False, np.diff(its) > 1]
     out = pd.DataFrame({"seconds": monitor["duration_s"].to_numpy(),
-                        "threshold": delta * monitor["reference_s"].to_numpy(),
+                        # the monitor's warm-up flags nothing (its reference is provisional):
+                        # no line there, which read as "irregular above"
+                        "threshold": np.where(
+                            np.arange(len(its)) >= IrregularityConfig().min_history,
+                            delta * monitor["reference_s"].to_numpy(), np.nan),
                         "x": np.arange(len(its)) + np.cumsum(gap), "gap_before": gap},
                        index=monitor.index)
     out.attrs["end_to_end"] = end_to_end
@@ -159,13 +164,18 @@ def _draw_iterations(plt, verdict: Verdict, iterations: pd.DataFrame, delta: flo
     thr = line["threshold"].to_numpy(dtype=float)
     # a gap in the logged iterations breaks the line instead of joining across it
     cut = np.flatnonzero(line["gap_before"].to_numpy())
+    judged = bool(np.isfinite(thr).any())
     for xs, ys, ts, first in zip(np.split(x, cut), np.split(y, cut), np.split(thr, cut),
                                  [True] + [False] * len(cut), strict=True):
         ax.plot(xs, ys, marker="o", ms=3, color="C0", label="iteration time" + (
             " (end to end)" if line.attrs["end_to_end"] else "") if first else None)
-        # a dash per iteration too: a stretch of one logged iteration has no line to draw
-        ax.plot(xs, ts, drawstyle="steps-mid", color="tab:gray", ls="--", lw=0.8, marker="_",
-                ms=7, label=f"{delta:g} x reference (irregular above)" if first else None)
+        if judged:  # a dash per iteration too: a stretch of one iteration has no line to draw
+            ax.plot(xs, ts, drawstyle="steps-mid", color="tab:gray", ls="--", lw=0.8,
+                    marker="_", ms=7,
+                    label=f"{delta:g} x reference (irregular above)" if first else None)
+    if not judged:
+        ax.set_title(f"no iteration judged: the irregularity monitor needs "
+                     f"{IrregularityConfig().min_history} before the first it judges", fontsize=8)
     for at in x[cut]:
         ax.axvline(at - 1, color="tab:gray", lw=0.6, ls=":")
     irr = [i for i in verdict.irregular_iterations if i in line.index]

@@ -40,11 +40,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Launch an N-process gloo job on this machine, break one rank, localize, and judge.
 
-        Faults: straggler (RANK computes 2x longer per microbatch from a third of the run on),
+        Faults: straggler (RANK computes 0.03 s more per microbatch from a third of the run
+        on: twice as long at the default --compute-s),
         stall (RANK pauses once, 1.5 s, mid-run), bandwidth (root only: every rank in its own
         network namespace, RANK's veth capped with tc tbf), none (must come back healthy),
-        heavy_stage (a workload, not a fault: every rank of RANK's pipeline stage computes 2x
-        longer per microbatch from the first step; found when no device is blamed and the
+        heavy_stage (a workload, not a fault: every rank of RANK's pipeline stage computes
+        0.03 s more per microbatch from the first step; found when no device is blamed and the
         verdict names that stage).
 
         Exit codes: 0 found (healthy with --fault none, the stage named with heavy_stage),
