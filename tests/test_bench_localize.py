@@ -518,3 +518,26 @@ def test_a_link_fault_is_named_by_ranks_under_the_link_not_by_every_rank_crossin
     assert not got["other leaf"]["top1"] and got["this leaf"]["top1"]
     # a GPU or host fault's ranks are its own
     assert fault_ranks([5], ["gpu:node000/5"], res.topology) == {5}
+
+
+def test_try_localizer_scores_a_plugin_in_seconds_beside_holmes():
+    """Checking a plug-in against the contract took the whole benchmark (minutes even with
+    --quick): try_localizer scores it on one job per fault kind and a healthy one."""
+    import pandas as pd
+
+    from holmes_ml.bench.localize import try_localizer
+
+    rows = try_localizer("holmes_ml.bench.plugins:example_longest_comm", gpus=32)
+    assert set(rows["method"]) == {"holmes", "holmes_ml.bench.plugins:example_longest_comm"}
+    assert set(rows["kind"]) <= {*SEVERITY, "healthy"} and "healthy" in set(rows["kind"])
+    mine = rows[rows["method"] != "holmes"]
+    assert mine["error"].isna().all()
+    assert mine.loc[mine["kind"] == "healthy", "flagged"].eq(True).all()  # a ranking names one
+    holmes = rows[(rows["method"] == "holmes") & (rows["kind"] == "gpu_slow")]
+    assert holmes["top1"].eq(True).all()
+
+    def series(ops, topology):  # the contract refuses a Series: counted, not raised
+        return pd.Series([1, 2])
+
+    wrong = try_localizer(series, gpus=32)
+    assert wrong.loc[wrong["method"] == "series", "error"].str.contains("pandas Series").all()

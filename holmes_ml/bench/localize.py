@@ -897,6 +897,39 @@ def _plots(summary: list[dict], breakdown: list[dict], out_dir: Any) -> list[str
     return files
 
 
+def try_localizer(localizer: Any, gpus: int = 64, seed: int = 3) -> pd.DataFrame:
+    """A localizer's first try, in seconds instead of the benchmark's minutes: one job of
+    ``gpus`` GPUs (3-D layout) with each fault kind of :data:`SEVERITY` in turn, persistent
+    from iteration 2, and the same job healthy, scored exactly as ``holmes bench localize``
+    scores it beside the bundled Holmes.
+
+    ``localizer`` is a callable or a ``module:attribute`` string (as ``--localizer`` takes
+    it). Returns one row per method and job: ``kind``, ``method``, ``top1``, ``top2``,
+    ``named`` (its first two suspects), ``truth`` (the faulty device), ``flagged`` (a healthy
+    job given a suspect), ``error`` (what the contract of :mod:`holmes_ml.bench.plugins`
+    refused, or what it raised) and ``seconds``. A fault no iteration showed (δ-irregular
+    against the healthy job) is not scored, as in the benchmark.
+
+    >>> from holmes_ml.bench.localize import try_localizer
+    >>> rows = try_localizer("holmes_ml.bench.plugins:example_longest_comm")  # doctest: +SKIP
+    >>> rows[rows["method"] != "holmes"][["kind", "top1", "error"]]  # doctest: +SKIP
+    """
+    from holmes_ml.bench.plugins import load_localizer
+
+    if isinstance(localizer, str):
+        name, fn = localizer, load_localizer(localizer)
+    else:
+        name, fn = getattr(localizer, "__name__", type(localizer).__name__), localizer
+    job = [_sc(gpus, "3-D (tp,pp,dp)", kind, "persistent", seed) for kind in SEVERITY]
+    job.append(_sc(gpus, "3-D (tp,pp,dp)", "healthy", "persistent", seed))
+    rows, skipped = _trials(job, {name: fn}, only=("holmes", name))
+    for sc in skipped:
+        logger.warning("%s: the fault never made an iteration %g x slower than the healthy "
+                       "job's; not scored", sc["kind"], sc["delta"])
+    cols = ["kind", "method", "top1", "top2", "named", "truth", "flagged", "error", "seconds"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
 def run(
     quick: bool = False,
     localizers: dict[str, Any] | None = None,

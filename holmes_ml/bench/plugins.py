@@ -41,6 +41,9 @@ Give it to the benchmark as ``module:attribute`` (the module must be importable,
 
     holmes bench localize --localizer mypkg.loc:my_localizer
 
+and, first, tried in seconds on one small job per fault kind
+(:func:`holmes_ml.bench.localize.try_localizer`, scored the same way).
+
 Example
 -------
 >>> loc = load_localizer("holmes_ml.bench.plugins:example_longest_comm")
