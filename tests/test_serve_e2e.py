@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 from test_serve_support import TOKEN, auth, start_server
 
@@ -159,5 +160,35 @@ def test_an_agent_ships_a_real_whatif_trace_and_the_verdict_matches_holmes_local
             stage = v["workload"] if name == "ST" else v["workload"]["others"][0]
             assert stage["kind"] == "stage-imbalance" and stage["basis"] == "compute", v
             assert stage["coords"] == {"pp": 3 if name == "ST" else 1}
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_simulated_rank_logs_ship_through_one_agent_per_host(tmp_path, fmt):
+    """Trying the deployed path meant splitting ops.parquet by host by hand: `holmes simulate
+    --rank-logs` writes each rank's log (no labels) under logs/HOST/, and one agent per host
+    ships it into a real service, which names the injected GPU."""
+    from test_serve_cli import holmes
+
+    sim_dir = tmp_path / "sim"
+    made = holmes("simulate", "--gpus", "32", "--iterations", "14", "--seed", "5", "--fault",
+                  "gpu_slow:rank=13,severity=0.5,start=6", "--out", sim_dir, "--rank-logs", fmt,
+                  "--no-progress", timeout=120)
+    assert made.returncode == 0, made.stderr
+    hosts = sorted((sim_dir / "logs").iterdir())
+    assert [h.name for h in hosts] == ["node000", "node001", "node002", "node003"]
+    assert sorted(f.name for f in hosts[1].iterdir()) == [
+        f"rank-{r:05d}.{fmt}" for r in range(8, 16)]
+    srv = start_server(tmp_path, pipeline=True)
+    try:
+        for host in hosts:
+            done = subprocess.run(_agent(host, srv.url, "ranklogs", "--source", host.name),
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+        job = httpx.get(srv.url + "/v1/jobs/ranklogs").json()
+        assert job["records"] == len(pd.read_parquet(sim_dir / "ops.parquet"))
+        v = httpx.post(srv.url + "/v1/jobs/ranklogs/analyze", headers=auth(), timeout=60).json()
+        assert v["candidates"][0]["device"] == "gpu:node001/5", v["candidates"][:2]
     finally:
         srv.stop()

@@ -119,6 +119,12 @@ def register(app: typer.Typer) -> None:
                                 "serve and holmes train group runs by)."),
         seed: int = typer.Option(0, "--seed", help="Seed for layout draws, faults and jitter."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
+        rank_logs: str = typer.Option(
+            None, "--rank-logs", show_default=False,
+            help="Also write each rank's log, without labels, as the logger on that rank "
+            "would: OUT/logs/HOST/rank-RANK.EXT, EXT one of jsonl, csv, parquet. Try the "
+            "deployed path with it: holmes serve, then one holmes agent --follow "
+            "OUT/logs/HOST per host."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
     ) -> None:
         """Simulate a job and write labelled CommOps logs plus ground truth (see --help)."""
@@ -129,6 +135,11 @@ def register(app: typer.Typer) -> None:
         from holmes_ml.simulator import FaultSpec, SimConfig, simulate, simulate_to
 
         console = Console(stderr=False)
+        from holmes_ml.simulator.result import RANK_LOG_FORMATS
+
+        if rank_logs is not None and rank_logs not in RANK_LOG_FORMATS:
+            raise typer.BadParameter(f"got {rank_logs!r}; expected one of "
+                                     f"{', '.join(RANK_LOG_FORMATS)}", param_hint="--rank-logs")
         check_seed(seed)
         check_writable(out, "--out", directory=True)
         if calibrate_from is not None:
@@ -235,6 +246,14 @@ def register(app: typer.Typer) -> None:
                 .groupby("iteration")["abnormal"]
                 .any()
             )
+        if rank_logs is not None:
+            from holmes_ml.simulator.result import write_rank_logs
+
+            files = write_rank_logs(ops if ops is not None else pd.read_parquet(out / "ops.parquet"),
+                                    out / "logs", rank_logs)
+            hosts = len({f.parent for f in files})
+            console.print(f"{len(files):,} rank logs (no labels) -> {out}/logs/HOST/ on "
+                          f"{hosts:,} host(s): one holmes agent --follow {out}/logs/HOST per host")
         bad = [int(i) for i in iter_abn.index[iter_abn.to_numpy()]]
         console.print(f"iterations with abnormal ops (ground truth): {_short(bad) or 'none'}")
         if ops is not None:

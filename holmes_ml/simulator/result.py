@@ -57,6 +57,48 @@ class SimResult:
         return out
 
 
+#: Formats :func:`write_rank_logs` writes, with their suffix.
+RANK_LOG_FORMATS = {"jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}
+
+
+def write_rank_logs(ops: pd.DataFrame, out_dir: str | Path, fmt: str = "jsonl") -> list[Path]:
+    """Write each rank's operators of ``ops``, without the labels, as a logger on that rank
+    would: ``OUT_DIR/HOST/rank-RANK.EXT`` in time order (``fmt``: jsonl, csv or parquet).
+    One ``holmes agent --follow OUT_DIR/HOST`` per host then ships the job as the deployed path
+    does (``holmes serve``); ``holmes localize OUT_DIR`` reads it whole. Returns the files.
+
+    >>> from holmes_ml.simulator import SimConfig, simulate
+    >>> import tempfile
+    >>> ops = simulate(SimConfig(gpus=16, iterations=2, seed=0)).ops
+    >>> files = write_rank_logs(ops, tempfile.mkdtemp(), "csv")
+    >>> len(files), files[5].parent.name, files[5].name
+    (16, 'node000', 'rank-00005.csv')
+    """
+    from holmes_ml.io.schema import without_labels
+
+    if fmt not in RANK_LOG_FORMATS:
+        raise ValueError(f"rank log format {fmt!r}: expected one of "
+                         f"{', '.join(RANK_LOG_FORMATS)}")
+    out = Path(out_dir)
+    logs = without_labels(ops)
+    logs = logs.assign(**{c: logs[c].astype(str) for c in logs.columns
+                          if isinstance(logs[c].dtype, pd.CategoricalDtype)})
+    width = max(5, len(str(int(logs["rank"].max())))) if len(logs) else 5
+    written = []
+    for (host, rank), part in logs.groupby(["host", "rank"], sort=True):
+        path = out / str(host) / f"rank-{int(rank):0{width}d}{RANK_LOG_FORMATS[fmt]}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = part.sort_values("start_ns", kind="stable")
+        if fmt == "jsonl":
+            part.to_json(path, orient="records", lines=True)
+        elif fmt == "csv":
+            part.to_csv(path, index=False)
+        else:
+            part.to_parquet(path, index=False)
+        written.append(path)
+    return written
+
+
 def _write_meta(out: Path, faults: list[FaultSpec], topology: Topology, config: dict) -> None:
     (out / FAULTS_FILE).write_text(json.dumps([f.to_dict() for f in faults], indent=2))
     topology.to_json(out / TOPOLOGY_FILE)
