@@ -227,3 +227,21 @@ def test_an_unwritable_out_is_refused_before_the_logs_are_read(tmp_path):
         assert line.startswith(f"error: {said}: directory /proc is not writable"), line
         assert line.endswith("; expected a path in a writable directory") and "\n" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.parquet"]
+
+
+def test_a_bad_label_names_its_operator(tmp_path):
+    """A label that is no boolean was named by its value only; in a log of a million rows the
+    operator it belongs to is what lets one find it."""
+    from holmes_ml.simulator import SimConfig, simulate
+
+    ops = simulate(SimConfig(gpus=16, iterations=6, seed=9)).ops
+    ops = ops.drop(columns=["fault_id", "affected"]).astype({"abnormal": object})
+    ops.loc[300, "abnormal"] = "maybe"
+    log = tmp_path / "ops.csv"
+    ops.to_csv(log, index=False)
+    r = CliRunner().invoke(app, ["detect", str(log), "--out", str(tmp_path / "s.parquet")])
+    op = ops.loc[300]
+    assert r.exit_code == 2 and (
+        f"labels are not a boolean, the first of rank {op['rank']}, iteration "
+        f"{op['iteration']}, {op['op']} seq {op['seq']} in {op['group']!r} (got 'maybe'"
+        in " ".join(r.output.split())), r.output

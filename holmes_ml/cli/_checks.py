@@ -278,6 +278,13 @@ def _label_text(value: object) -> str:
     return str(value).strip().lower()
 
 
+def op_named(row: Any) -> str:
+    """One operator of a CommOps table (a row) as a message names it: its rank, iteration,
+    op, seq and communicator; what a row number cannot do once a reader reordered rows."""
+    return (f"rank {row['rank']}, iteration {row['iteration']}, {row['op']} seq {row['seq']} "
+            f"in {row['group']!r}")
+
+
 def bad_labels(labels: Any) -> tuple[Any, Any]:
     """``(y, bad)`` for a Series of ``abnormal`` labels: the labels as booleans and where they
     are not true/false/1/0 (a gap included), both numpy arrays."""

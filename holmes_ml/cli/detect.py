@@ -16,6 +16,7 @@ from holmes_ml.cli._checks import (
     check_writable,
     format_help,
     format_option,
+    op_named,
 )
 from holmes_ml.io.schema import SchemaError
 
@@ -149,9 +150,10 @@ def _read_labels(ops, source: str):  # noqa: ANN001, ANN202 - a DataFrame in, ar
         return None
     truth, bad = bad_labels(label[known])
     if bad.any():
-        raise SchemaError(f"{int(bad.sum()):,} of {int(known.sum()):,} labels are not a boolean",
-                          source=source, column="abnormal",
-                          value=label[known].iloc[int(bad.argmax())],
+        first = ops[known].iloc[int(bad.argmax())]
+        raise SchemaError(f"{int(bad.sum()):,} of {int(known.sum()):,} labels are not a boolean"
+                          f", the first of {op_named(first)}",
+                          source=source, column="abnormal", value=first["abnormal"],
                           expected="true/false/1/0 (case-insensitive), or no abnormal column")
     return truth, known
 

@@ -20,6 +20,7 @@ from holmes_ml.cli._checks import (
     check_writable,
     format_help,
     format_option,
+    op_named,
 )
 from holmes_ml.io.schema import SchemaError
 
@@ -306,9 +307,7 @@ def _labels(ops, files: list[Path], format: str) -> np.ndarray:  # noqa: ANN001
                 first = own.iloc[int(np.flatnonzero(own_bad)[0])]
                 break
     # the operator, not a row number: the reader may have reordered or dropped rows
-    how_many = (f"{int(bad.sum()):,} of {len(bad):,} labels", f", the first of rank "
-                f"{first['rank']}, iteration {first['iteration']}, {first['op']} seq "
-                f"{first['seq']} in {first['group']!r}")
+    how_many = (f"{int(bad.sum()):,} of {len(bad):,} labels", f", the first of {op_named(first)}")
     if pd.isna(first["abnormal"]):
         raise SchemaError(f"{how_many[0]} are missing{how_many[1]}", source=source,
                           column="abnormal",
