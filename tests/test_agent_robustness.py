@@ -3,8 +3,11 @@ keeps shipping what it can and never loses what it accepted."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +17,7 @@ import pytest
 from test_serve_cli import HOLMES, holmes, one_line_error
 from test_serve_support import TOKEN, fallback_summarize, free_port, make_ops, start_server
 
-from holmes_ml.serve.agent import Agent, AgentConfig
+from holmes_ml.serve.agent import Agent, AgentConfig, Outbox
 
 
 def agent_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -175,6 +178,128 @@ def test_an_outbox_of_another_job_is_refused_naming_both_jobs(tmp_path):
     assert "'first'" in line and "'second'" in line, line
     other = tmp_path / "second.db"
     assert agent_cli(*common, "--job", "second", "--outbox", other).returncode == 1
+
+
+def _outbox_rows(path) -> tuple[list, list, list]:
+    """The batches (seq, state), watermarks and meta of the outbox ``path``, read directly."""
+    db = sqlite3.connect(path)
+    try:
+        return (db.execute("SELECT seq, state FROM outbox ORDER BY seq").fetchall(),
+                db.execute("SELECT * FROM watermark ORDER BY rank").fetchall(),
+                db.execute("SELECT * FROM meta ORDER BY key").fetchall())
+    finally:
+        db.close()
+
+
+def test_an_outbox_run_as_another_source_is_refused_and_every_row_arrives(tmp_path):
+    """An outbox reused under another --source lost rows: the service refused them (409, the
+    ranks are the first source's), the watermarks had passed them at queue time, and the run
+    under the right --source went on after them. The other source is now refused at start,
+    before anything is queued, and the right one ships every row."""
+    ops = make_ops(seed=31, ranks=2, iterations=10)
+    logs = tmp_path / "logs"
+    box = logs / ".holmes-agent.db"
+    srv = start_server(tmp_path)
+    try:
+        common = ["--follow", logs, "--server", srv.url, "--job", "jobA", "--token", TOKEN,
+                  "--once", "--model", "rule"]
+        _write_good(logs, ops[ops["iteration"] < 5])  # the agent stopped at iteration 4
+        assert agent_cli(*common, "--source", "node007").returncode == 0
+        _write_good(logs, ops)  # iterations 5-9 logged since
+        before = _outbox_rows(box)
+        line = one_line_error(agent_cli(*common, "--source", "node007b"))
+        assert line.startswith(f"error: --outbox {box}: this outbox ships job 'jobA' as "
+                               "source 'node007', not as source 'node007b'"), line
+        assert "run the agent with --source 'node007'" in line, line
+        assert _outbox_rows(box) == before  # nothing queued, no watermark moved
+        again = agent_cli(*common, "--source", "node007")
+        assert again.returncode == 0, again.stderr
+        its = httpx.get(srv.url + "/v1/jobs/jobA/iterations").json()
+        assert sorted(i["iteration"] for i in its) == list(range(10))
+        assert httpx.get(srv.url + "/v1/jobs/jobA").json()["records"] == len(ops)
+    finally:
+        srv.stop()
+
+
+def test_resend_rejected_ships_a_batch_an_earlier_version_queued_as_another_source(tmp_path):
+    """An outbox of an earlier version (no source recorded) could hold a batch refused with 409
+    because it went as another --source; --resend-rejected sent it as that source again, and
+    was refused again: its rows, which the watermarks skip, never arrived. It now goes as the
+    source the outbox shipped as (the one its acknowledged batches name)."""
+    ops = make_ops(seed=32, ranks=2, iterations=10)
+    logs = tmp_path / "logs"
+    box = logs / ".holmes-agent.db"
+    srv = start_server(tmp_path)
+    try:
+        _write_good(logs, ops[ops["iteration"] < 5])
+        first = _agent(srv, logs, "jobA")  # (as source "n1")
+        first.run(once=True)
+        first.close()
+        _write_good(logs, ops)
+        # what an earlier version let happen: the same outbox run as another source
+        db = sqlite3.connect(box)
+        db.execute("UPDATE meta SET value='n1b' WHERE key='source'")
+        db.commit()
+        db.close()
+        cfg = AgentConfig(follow=logs, server=srv.url, job="jobA", token=TOKEN, source="n1b",
+                          backoff_s=0.05, timeout_s=5, once_retry_s=2)
+        wrong = Agent(cfg, summarize=fallback_summarize)
+        wrong.run(once=True)
+        wrong.close()
+        assert wrong.stats.batches_rejected == 1
+        db = sqlite3.connect(box)
+        db.execute("DELETE FROM meta WHERE key='source'")  # (earlier versions kept none)
+        db.commit()
+        db.close()
+        common = ["--follow", logs, "--server", srv.url, "--job", "jobA", "--token", TOKEN,
+                  "--once", "--model", "rule"]
+        # the source of its acknowledged batches is the outbox's
+        line = one_line_error(agent_cli(*common, "--source", "n1b"))
+        assert "as source 'n1', not as source 'n1b'" in line, line
+        proc = agent_cli(*common, "--source", "n1", "--resend-rejected")
+        assert proc.returncode == 0, proc.stderr
+        its = httpx.get(srv.url + "/v1/jobs/jobA/iterations").json()
+        assert sorted(i["iteration"] for i in its) == list(range(10))
+        assert httpx.get(srv.url + "/v1/jobs/jobA").json()["records"] == len(ops)
+        assert [state for _, state in _outbox_rows(box)[0]] == ["acked"] * 2
+    finally:
+        srv.stop()
+
+
+def test_an_earlier_versions_outbox_is_claimed_by_the_source_its_batches_were_acked_as(
+        tmp_path):
+    """An outbox of an earlier version records no source, and may hold batches queued as
+    another one (a run with the wrong --source that could not reach the service): sent as
+    they were, the service would refuse them (the ranks are the first source's) and their
+    rows, past the watermarks, never arrive. The source of its acknowledged batches claims
+    it, and those batches go as that source."""
+    box = Outbox(tmp_path / "outbox.db")
+    try:
+        batch = {"iterations": {"iteration": [0], "rank": [0], "start_ns": [0],
+                                "end_ns": [1], "comm_us": [1.0], "n_ops": [1]}}
+        box.enqueue("n1", batch, {0: 0}, [], [0])
+        box.mark(box.pending()[0][0], "acked")
+        late = box.enqueue("n1b", {**batch, "iterations": {**batch["iterations"],
+                                                           "iteration": [1]}}, {0: 1}, [], [])
+        box.set_meta("job", "j")  # (as claim(j) left it; no source)
+    finally:
+        box.close()
+    with pytest.raises(ValueError, match="as source 'n1', not as source 'n1b'"):
+        other = Outbox(tmp_path / "outbox.db")
+        try:
+            other.claim("j", "n1b")
+        finally:
+            other.close()
+    box = Outbox(tmp_path / "outbox.db")
+    try:
+        box.claim("j", "n1")
+        [(seq, batch_id, body)] = box.pending()
+        sent = json.loads(gzip.decompress(body))
+        assert (seq, batch_id) == (late, f"n1-{late}")
+        assert (sent["source"], sent["batch_id"], sent["iterations"]["iteration"]) == (
+            "n1", f"n1-{late}", [1])
+    finally:
+        box.close()
 
 
 def test_once_names_an_empty_follow_directory(tmp_path):
@@ -511,7 +636,10 @@ def test_the_agent_says_once_what_it_follows_and_when_delivery_begins(tmp_path):
     assert len(said) == 2, proc.stderr
     assert said[0].startswith(f"holmes agent: following {logs} ")
     assert "job 'hello'" in said[0] and "source 'n7'" in said[0] and srv.url in said[0]
-    assert said[1].startswith(f"holmes agent: delivering to {srv.url}: the first batch")
+    # (said by every run: "the first batch of job 'hello'" read, after a restart, as if the
+    # job were new)
+    assert said[1].startswith(f"holmes agent: delivering to {srv.url}: this agent's first "
+                              "batch since it started (job 'hello') was acknowledged")
 
 
 def test_delivery_resuming_after_an_outage_is_said_once(tmp_path):
@@ -530,7 +658,8 @@ def test_delivery_resuming_after_an_outage_is_said_once(tmp_path):
         _write_good(logs, ops[ops["iteration"] < 6])
         agent.step()  # a second batch delivered: nothing more to say
         assert agent.stats.batches_sent == 2
-        assert len(said) == 1 and "the first batch of job 'outage'" in said[0], said
+        assert len(said) == 1 and "this agent's first batch since it started (job " \
+            "'outage')" in said[0], said
         srv.stop()
         _write_good(logs, ops[ops["iteration"] < 8])
         agent.step()

@@ -662,6 +662,67 @@ def test_arrow_ingest_fast_path(server):
         "error"] is None
 
 
+@pytest.mark.parametrize(("column", "values", "expected"), [
+    ("rank", ["1e3"], "an Arrow integer type"),  # was stored as rank 1000
+    ("rank", [" 7 "], "an Arrow integer type"),
+    ("duration_us", ["5"], "an Arrow floating-point or integer type"),
+    ("seq", [b"1"], "an Arrow integer type"),
+    ("nbytes", [True], "an Arrow integer type"),
+    ("start_ns", [[1]], "an Arrow integer type"),
+])
+def test_arrow_ingest_refuses_text_where_a_number_is_expected(server, column, values,
+                                                               expected):
+    """A string column of the Arrow stream where the schema holds a number was read by
+    pandas as one (rank "1e3" stored as rank 1000, " 7 " as 7, duration_us "5" as 5): 200,
+    while the JSON route refuses "seq": "1". It is refused with 422 naming the column, its
+    Arrow type and the type expected, and nothing is stored."""
+    import pyarrow as pa
+
+    ops = make_ops(seed=10, ranks=1, iterations=1, ops_per_iter=1)
+    table = pa.Table.from_pandas(ops, preserve_index=False)
+    odd = table.set_column(table.column_names.index(column), column, pa.array(values))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, odd.schema) as w:
+        w.write_table(odd)
+    r = httpx.post(server.url + "/v1/jobs/jobArrowText/raw.arrow",
+                   content=sink.getvalue().to_pybytes(),
+                   params={"source": "lg", "batch_id": "t0"},
+                   headers={**auth(), "Content-Type": "application/vnd.apache.arrow.stream"})
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == f"columns.{column}", r.text
+    kind = odd.schema.field(column).type
+    assert r.json()["detail"].startswith(
+        f"body: column {column!r} is of Arrow type {kind}, not a number; expected {expected}"
+    ), r.text
+    assert httpx.get(server.url + "/v1/jobs/jobArrowText").status_code == 404
+
+
+def test_openapi_lists_the_statuses_each_route_answers(server):
+    """/openapi.json (and /docs) listed only 200 and 422 for every route, though the service
+    answers 400, 401, 404, 409, 413, 415 and 503 too: a client generated from it knew none of
+    them. Each route lists those it can answer, as the service's {detail, field} body."""
+    spec = httpx.get(server.url + "/openapi.json").json()
+
+    def statuses(path: str, method: str) -> set[str]:
+        return set(spec["paths"][path][method]["responses"])
+
+    assert statuses("/v1/jobs/{job}/batches", "post") == {
+        "200", "400", "401", "409", "413", "415", "422", "503"}
+    assert statuses("/v1/jobs/{job}/raw.arrow", "post") == statuses(
+        "/v1/jobs/{job}/batches", "post")
+    assert statuses("/v1/jobs/{job}", "get") == {"200", "404", "422", "503"}
+    assert statuses("/v1/jobs/{job}", "delete") >= {"401", "404"}
+    assert statuses("/v1/jobs", "get") == {"200", "503"}
+    conflict = spec["paths"]["/v1/jobs/{job}/batches"]["post"]["responses"]["409"]
+    assert "seq" in conflict["description"]
+    ref = conflict["content"]["application/json"]["schema"]["$ref"]
+    error = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(error["required"]) == {"detail", "field"}
+    # what the service answers is what the schema says
+    r = httpx.get(server.url + "/v1/jobs/no-such-job")
+    assert r.status_code == 404 and set(r.json()) == {"detail", "field"}
+
+
 @pytest.mark.parametrize("mutate, needle", [
     # one rank's operators in one iteration: beyond any job, and summed over batches the
     # job's record count would outgrow 64 bits (GET /v1/jobs then failed for every job)

@@ -85,7 +85,9 @@ class AgentConfig:
     source:
         Name of this agent in the service (default: the host name).
     outbox:
-        SQLite outbox file (default ``<follow>/.holmes-agent.db``).
+        SQLite outbox file (default ``<follow>/.holmes-agent.db``). It ships one ``job`` as
+        one ``source``: started with another of either, the agent is refused
+        (:meth:`Outbox.claim`).
     history:
         Earlier iterations given to the feature builder as context.
     poll_s:
@@ -103,7 +105,8 @@ class AgentConfig:
         later ship it again, whole (the service replaces it).
     resend_rejected:
         Queue the batches the service refused in earlier runs again before sending (once the
-        cause is fixed on the service's side, e.g. a job that held raw records deleted).
+        cause is fixed on the service's side, e.g. a job that held raw records deleted), as
+        ``source`` (:meth:`Outbox.requeue_rejected`).
     """
 
     follow: Path
@@ -199,11 +202,16 @@ class Outbox:
         if self._lock is not None:
             self._lock.close()  # (releases the lock)
 
-    def claim(self, job: str) -> None:
-        """Tie the outbox to ``job``; refuse (``ValueError``) one that serves another job.
+    def claim(self, job: str, source: str) -> None:
+        """Tie the outbox to ``job`` and ``source``; refuse (``ValueError``) one that serves
+        another job, or ships as another source.
 
         Its watermarks say what was shipped *to that job*: reused for another one, it would
-        ship nothing the other job has not seen — silently.
+        ship nothing the other job has not seen — silently. They also say what was queued *as
+        that source*, and the service keeps each rank as the source's that sent it first:
+        under another ``--source`` the rows past the watermarks would be refused (409), and a
+        later run under the right one would skip them — lost. So a source is refused here,
+        before anything is queued, as a job is.
         """
         self.db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (job,))
         owner = self.db.execute("SELECT value FROM meta WHERE key='job'").fetchone()[0]
@@ -212,6 +220,28 @@ class Outbox:
                 f"--outbox {self.path}: this outbox ships job {owner!r}, not --job {job!r} "
                 f"(its watermarks would skip what job {owner!r} was sent); give job {job!r} "
                 "its own --outbox FILE, or delete this one once its batches are sent")
+        # An outbox of an earlier version recorded no source: its batches' ids say which
+        # (the last one the service took, else the last one queued).
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('source', ?)",
+                        (self._source_of_batches() or source,))
+        shipper = self.db.execute("SELECT value FROM meta WHERE key='source'").fetchone()[0]
+        if shipper != source:
+            raise ValueError(
+                f"--outbox {self.path}: this outbox ships job {job!r} as source {shipper!r}, "
+                f"not as source {source!r} (--source, HOLMES_AGENT_SOURCE, else the host "
+                f"name): the service keeps the ranks it sent as {shipper!r}'s and refuses them "
+                f"from another source, and its watermarks would skip what was queued as "
+                f"{shipper!r}; run the agent with --source {shipper!r}, or give source "
+                f"{source!r} (other ranks) its own --outbox FILE")
+        self._relabel("queued", source)  # (refused ones: by --resend-rejected)
+
+    def _source_of_batches(self) -> str | None:
+        """The source of the last batch the service acknowledged, else of the last batch
+        queued (None: the outbox holds none); read from its id, ``<source>-<seq>``."""
+        row = self.db.execute(
+            "SELECT batch_id FROM outbox ORDER BY state='acked' DESC, seq DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else str(row[0]).rsplit("-", 1)[0]
 
     def meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -319,13 +349,40 @@ class Outbox:
                               "ORDER BY seq DESC LIMIT 1").fetchone()
         return None if row is None else str(row[0])
 
-    def requeue_rejected(self) -> int:
-        """Queue the batches the service refused again (their bodies are kept); returns how
-        many. They go first, in their order: a seq the service has passed is renumbered when
-        it says so, as for any queued batch."""
+    def requeue_rejected(self, source: str) -> int:
+        """Queue the batches the service refused again (their bodies are kept), as ``source``
+        (:meth:`_relabel`); returns how many. They go first, in their order: a seq the service
+        has passed is renumbered when it says so, as for any queued batch."""
+        self._relabel("rejected", source)
         cur = self.db.execute("UPDATE outbox SET state='queued', error=NULL "
                               "WHERE state='rejected'")
         return int(cur.rowcount)
+
+    def _relabel(self, state: str, source: str) -> int:
+        """Give the batches in ``state`` queued as another source than ``source`` (the one
+        :meth:`claim` tied the outbox to) that source, and a batch id of it; returns how many.
+
+        An outbox of an earlier version, which did not refuse another ``--source``, may hold
+        such batches, queued or refused for that reason (409: the ranks are another
+        source's), whose rows the watermarks skip: sent as they were, they would be refused
+        (again), and their rows never arrive.
+        """
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self.db.execute("SELECT seq, body FROM outbox WHERE state=? AND body IS NOT "
+                                   "NULL AND batch_id != ? || '-' || seq",
+                                   (state, source)).fetchall()
+            for seq, body in rows:
+                batch = json.loads(gzip.decompress(body))
+                batch["source"], batch["batch_id"] = source, f"{source}-{seq}"
+                body = gzip.compress(json.dumps(batch, separators=(",", ":")).encode(), 6)
+                self.db.execute("UPDATE outbox SET batch_id=?, body=? WHERE seq=?",
+                                (batch["batch_id"], body, seq))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return len(rows)
 
     def renumber(self, after: int) -> int:
         """Give the queued batches seqs (and batch ids) greater than ``after`` and than every
@@ -689,7 +746,7 @@ class Agent:
         self._summarize = self.summarize or _default_summarize(self.model)
         self.outbox = Outbox(self.config.outbox_path)
         try:
-            self.outbox.claim(self.config.job)
+            self.outbox.claim(self.config.job, self.config.source_name)
         except ValueError:
             self.outbox.close()
             raise
@@ -1385,8 +1442,9 @@ class Agent:
         not at every batch)."""
         more = f"; {queued} more queued" if queued else ""
         if not self._delivered:
-            self._say(f"delivering to {self.config.server}: the first batch of job "
-                      f"{self.config.job!r} was acknowledged{more}")
+            # (said by every run: worded so a restarted agent's does not read as a new job)
+            self._say(f"delivering to {self.config.server}: this agent's first batch since "
+                      f"it started (job {self.config.job!r}) was acknowledged{more}")
         else:
             self._say(f"delivering to {self.config.server} again: the service answered "
                       f"after {self._failing_for} failed attempt(s){more}")
@@ -1528,7 +1586,7 @@ class Agent:
         self._say(self.starting_message)
         if self.rejected_before and self.config.resend_rejected:
             last = (self.outbox.last_rejection() or "")[:300]
-            n = self.outbox.requeue_rejected()
+            n = self.outbox.requeue_rejected(self.config.source_name)
             self._say(f"sending again {n} batch(es) the service refused in earlier runs "
                       f"(the last refusal: {last})")
         elif self.rejected_before:

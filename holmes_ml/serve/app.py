@@ -51,7 +51,12 @@ from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 from starlette.routing import Match  # noqa: E402
 
-from holmes_ml.io.schema import SchemaError, validate  # noqa: E402
+from holmes_ml.io.schema import (  # noqa: E402
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    SchemaError,
+    validate,
+)
 from holmes_ml.serve.engine import (  # noqa: E402
     Analyzers,
     compute_verdict,
@@ -64,6 +69,7 @@ from holmes_ml.serve.schemas import (  # noqa: E402
     Ack,
     AgentBatch,
     Candidate,
+    ErrorOut,
     IterationOut,
     JobDeleted,
     JobOut,
@@ -362,6 +368,36 @@ def _gunzip(data: bytes, limit: int) -> tuple[bytes, str | None]:
     return b"".join(out), None
 
 
+def _arrow_numbers(schema: Any) -> None:
+    """Refuse (:class:`StoreError`, 422, naming the column, its Arrow type and the type
+    expected) a column of the Arrow ``schema`` that the CommOps schema holds as a number but
+    whose Arrow type is no number: text, bytes, booleans, lists, structs.
+
+    :func:`validate` checks the frame pandas makes of the stream, and turns text into
+    numbers (``"1e3"`` into rank 1000, ``" 7 "`` into 7): the JSON route refuses ``"seq":
+    "1"`` (strict types), and so does this one, rather than guess. Time types pass:
+    :func:`validate` reads a timestamp's or a duration's unit, and refuses one where no time
+    is held.
+    """
+    import pyarrow as pa
+
+    kinds = {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}
+    for f in schema:
+        kind = kinds.get(f.name)
+        if kind not in ("int", "float"):
+            continue
+        t = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+        if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+                or pa.types.is_timestamp(t) or pa.types.is_duration(t)
+                or pa.types.is_null(t)):
+            continue  # (null: no value at all; validate says where one is missing)
+        expected = ("an Arrow integer type (int64)" if kind == "int"
+                    else "an Arrow floating-point or integer type (float64)")
+        raise StoreError(f"body: column {f.name!r} is of Arrow type {f.type}, not a number; "
+                         f"expected {expected}: text is not read as a number, as on the "
+                         "JSON route", field=f"columns.{f.name}", status=422)
+
+
 UNAUTHORIZED = "Authorization: expected 'Bearer <token>' with the service token"
 
 
@@ -474,6 +510,38 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": payload})
 
 
+#: What each status but 200 means, as /openapi.json and /docs give it (each answers
+#: :class:`~holmes_ml.serve.schemas.ErrorOut`): a client generated from the schema knows them.
+_STATUSES = {
+    400: "The body is no valid gzip, or is cut short (sent with Content-Encoding: gzip).",
+    401: "Authorization is not 'Bearer <token>' with the service token (a service run with "
+         "--token).",
+    404: "Unknown job: list jobs with GET /v1/jobs.",
+    409: "Conflicts with what the job holds: a batch_id sent again with other content, a seq "
+         "not above the source's last (detail: 'expected more than N'), a rank another source "
+         "sent, a rank on another host than earlier batches or the topology say, a "
+         "communicator of other members or kind, a job column naming another job, raw "
+         "records for a job of agent summaries (or the reverse); nothing of the request was "
+         "kept.",
+    413: "The body, or the body once inflated, is larger than the service takes "
+         "(--max-body-mb).",
+    415: "A Content-Encoding other than gzip or identity.",
+    422: "The request does not match the API: a value of the wrong type or out of range, an "
+         "unknown column or op, a bad job name or query parameter; field names it.",
+    503: "The store cannot take the request now (its database locked, read-only, the disk "
+         "full); nothing of the request was kept: retry later.",
+}
+#: What any write may be answered, its body unread or unparsed (:class:`BodyLimit`).
+_WRITE = (400, 401, 413, 415, 422, 503)
+
+
+def _answers(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` of a route answering ``statuses`` (besides 200), for the OpenAPI
+    schema."""
+    return {status: {"model": ErrorOut, "description": _STATUSES[status]}
+            for status in sorted(set(statuses))}
+
+
 #: Seconds between two log lines of the same refusal (sender, method, path, status).
 _REFUSAL_LOG_S = 60.0
 
@@ -489,7 +557,9 @@ class _JobCollector:
         now = time.time()
         lag = GaugeMetricFamily(
             "holmes_job_lag_seconds",
-            "Seconds since the newest operator a job has reported started", labels=["job"])
+            "Seconds from the start of the newest operator a job has reported, by the logs' "
+            "own clock, to now by the service's clock (clocks apart count in; simulated or "
+            "replayed logs, stamped in the past, show a huge lag)", labels=["job"])
         stale = GaugeMetricFamily(
             "holmes_job_verdict_age_seconds", "Seconds since the job's verdict was computed",
             labels=["job"])
@@ -875,7 +945,7 @@ def create_app(
     # HEAD: what load balancers send (a route of its own: one route of both methods gives
     # the OpenAPI schema one operation id twice, which FastAPI warns about)
     @app.head("/healthz", response_model=None, include_in_schema=False)
-    @app.get("/healthz", response_model=None)
+    @app.get("/healthz", response_model=None, responses=_answers(503))
     def healthz() -> dict | JSONResponse:
         """Liveness and a few counters; 503 naming why when the store cannot take writes
         (its file removed, read-only, the last write failed): batches would be refused."""
@@ -886,31 +956,31 @@ def create_app(
         return {"status": "ok", "jobs": len(store.jobs()),
                 "pipeline": service.analyzers is not None}
 
-    @app.get("/metrics", response_class=Response)
+    @app.get("/metrics", response_class=Response, responses=_answers(503))
     def metrics() -> Response:
         """Prometheus metrics."""
         return Response(prom.generate_latest(service.registry),
                         media_type=prom.CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/jobs", response_model=list[JobOut])
+    @app.get("/v1/jobs", response_model=list[JobOut], responses=_answers(503))
     def list_jobs() -> list[JobOut]:
         """All jobs with their bookkeeping and current top candidate."""
         return [job_out(j) for j in store.jobs()]
 
-    @app.get("/v1/jobs/{job}", response_model=JobOut)
+    @app.get("/v1/jobs/{job}", response_model=JobOut, responses=_answers(404, 422, 503))
     def job_detail(job: str = JobName) -> JobOut:
         """One job."""
         return job_out(store.job(job))
 
     @app.delete("/v1/jobs/{job}", response_model=JobDeleted,
-                dependencies=[Depends(require_token)])
+                dependencies=[Depends(require_token)], responses=_answers(*_WRITE, 404))
     def delete_job(job: str = JobName) -> JobDeleted:
         """Delete a finished job and everything stored for it (rows per table in ``deleted``).
         A batch sent to it afterwards starts a new job of that name."""
         return JobDeleted(job=job, deleted=service.forget(job))
 
     @app.post("/v1/jobs/{job}/batches", response_model=Ack,
-              dependencies=[Depends(require_token)])
+              dependencies=[Depends(require_token)], responses=_answers(*_WRITE, 409))
     async def ingest_batch(request: Request, batch: AgentBatch, job: str = JobName) -> Ack:
         """Accept one agent batch (idempotent per ``batch_id``; ``seq`` must grow)."""
         digest = hashlib.sha256(await request.body()).hexdigest()
@@ -920,7 +990,8 @@ def create_app(
         _count(ack, "agent")
         return Ack(**ack)
 
-    @app.post("/v1/jobs/{job}/raw", response_model=Ack, dependencies=[Depends(require_token)])
+    @app.post("/v1/jobs/{job}/raw", response_model=Ack, dependencies=[Depends(require_token)],
+              responses=_answers(*_WRITE, 409))
     async def ingest_raw(request: Request, batch: RawBatch, job: str = JobName) -> Ack:
         """Accept raw CommOps records (columnar); the service scores and localizes them."""
         digest = hashlib.sha256(await request.body()).hexdigest()
@@ -951,6 +1022,7 @@ def create_app(
 
     @app.post(
         "/v1/jobs/{job}/raw.arrow", response_model=Ack, dependencies=[Depends(require_token)],
+        responses=_answers(*_WRITE, 409),
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/vnd.apache.arrow.stream": {"schema": {"type": "string",
                                                                 "format": "binary"}}}}},
@@ -968,10 +1040,15 @@ def create_app(
 
         body = await request.body()
         try:
+            table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise StoreError(f"body: not an Arrow IPC stream ({exc})", field="body",
+                             status=422) from exc
+        _arrow_numbers(table.schema)
+        try:
             # ignore_metadata: the pandas dtypes a client's table claims are not trusted (a
             # list column claimed to be text would fail the conversion itself)
-            df = pa.ipc.open_stream(pa.py_buffer(body)).read_all().to_pandas(
-                ignore_metadata=True)
+            df = table.to_pandas(ignore_metadata=True)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise StoreError(f"body: not an Arrow IPC stream ({exc})", field="body",
                              status=422) from exc
@@ -996,7 +1073,8 @@ def create_app(
             # counter only goes up (a negative step raised after the batch was stored: a 500)
             service.ingested.labels(mode).inc(max(int(ack["records"]), 0))
 
-    @app.put("/v1/jobs/{job}/topology", dependencies=[Depends(require_token)])
+    @app.put("/v1/jobs/{job}/topology", dependencies=[Depends(require_token)],
+             responses=_answers(*_WRITE, 409))
     def put_topology(body: TopologyIn, job: str = JobName) -> dict:
         """Attach the job's topology (as written by ``Topology.to_dict``)."""
         data = body.model_dump()
@@ -1013,13 +1091,14 @@ def create_app(
         return {"job": job, "ranks": len(next(iter(data["ranks"].values()), []))}
 
     @app.post("/v1/jobs/{job}/analyze", response_model=VerdictOut,
-              dependencies=[Depends(require_token)])
+              dependencies=[Depends(require_token)], responses=_answers(*_WRITE, 404))
     def analyze_now(job: str = JobName) -> VerdictOut:
         """Localize now (instead of waiting for the background thread)."""
         service.analyze(job)
         return verdict(job)
 
-    @app.get("/v1/jobs/{job}/verdict", response_model=VerdictOut)
+    @app.get("/v1/jobs/{job}/verdict", response_model=VerdictOut,
+             responses=_answers(404, 422, 503))
     def verdict(job: str = JobName) -> VerdictOut:
         """The latest verdict: irregular iterations and ranked candidates with evidence."""
         info = store.job(job)
@@ -1041,12 +1120,14 @@ def create_app(
             input=body.get("input"),
         )
 
-    @app.get("/v1/jobs/{job}/candidates", response_model=list[Candidate])
+    @app.get("/v1/jobs/{job}/candidates", response_model=list[Candidate],
+             responses=_answers(404, 422, 503))
     def candidates(job: str = JobName, limit: int = Query(10, ge=1, le=1000)) -> list:
         """Ranked candidate devices of the latest verdict, best first."""
         return verdict(job).candidates[:limit]
 
-    @app.get("/v1/jobs/{job}/iterations", response_model=list[IterationOut])
+    @app.get("/v1/jobs/{job}/iterations", response_model=list[IterationOut],
+             responses=_answers(404, 422, 503))
     def iterations(
         job: str = JobName, irregular_only: bool = False,
         last: int | None = Query(None, ge=0, le=2**31 - 1, description=(

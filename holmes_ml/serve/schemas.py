@@ -9,7 +9,7 @@ lengths and names the offending column when they do not. Pydantic turns every ot
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
@@ -298,6 +298,17 @@ class Ack(BaseModel):
     #: its abnormal operators whose members it does not know: the agent sends them again
     unknown_ranks: list[int] = []
     unknown_groups: list[str] = []
+
+
+class ErrorOut(BaseModel):
+    """Every refusal of the service (4xx, and 503 from the store): what is wrong, naming the
+    value and what was expected, and the request field it is about (``body``,
+    ``columns.rank``, ``authorization``, ``seq``, ``store``...)."""
+
+    detail: str
+    field: str
+    #: (422 for a request not matching the API's schema) each error's location, message, type
+    errors: list[dict[str, Any]] | None = None
 
 
 class JobDeleted(BaseModel):
