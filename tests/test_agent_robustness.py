@@ -845,3 +845,35 @@ def test_an_https_server_url_for_the_plain_http_service_says_to_use_http(tmp_pat
             in listed.stderr), listed.stderr
     finally:
         srv.stop()
+
+
+def test_an_agent_started_before_its_log_directory_waits_for_it(tmp_path):
+    """An agent started at boot, before the job's loggers made the directory, exited 2
+    ('does not exist'): it now waits for it, says so once, and ships it when it comes;
+    with --once the missing directory is refused."""
+    ops = make_ops(seed=41, ranks=2, iterations=6)
+    logs = tmp_path / "later"
+    srv = start_server(tmp_path)
+    common = ["--follow", logs, "--server", srv.url, "--job", "w", "--token", TOKEN,
+              "--model", "rule", "--poll", "0.2", "--flush-after", "0.5"]
+    line = one_line_error(agent_cli(*common, "--once"))
+    assert f"{logs}: no such directory" in line and "waits for it" in line, line
+    following = subprocess.Popen([sys.executable, "-c", HOLMES, "agent", *map(str, common)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        assert following.poll() is None  # still waiting, not gone
+        _write_good(logs, ops)
+        deadline = time.monotonic() + 90
+        while httpx.get(srv.url + "/v1/jobs").json() == [] or httpx.get(
+                srv.url + "/v1/jobs/w").json()["records"] < len(ops):
+            assert following.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+        following.terminate()
+        _, err = following.communicate(timeout=60)
+        assert following.returncode == 0, err
+        assert err.count(f"waiting for {logs} to appear") == 1, err
+    finally:
+        if following.poll() is None:
+            following.kill()
+        srv.stop()

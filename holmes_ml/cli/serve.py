@@ -106,12 +106,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("agent")
     def agent_cmd(
-        follow: Path = typer.Option(..., "--follow", exists=True, file_okay=False,
+        follow: Path = typer.Option(..., "--follow", file_okay=False,
                                     help="Directory of this node's per-rank CommOps logs "
                                     "(.jsonl, .csv, .parquet; subdirectories too), or of "
                                     "its traces in another format (Kineto, Flight Recorder, "
                                     "NCCL Inspector, a ByteDance what-if trace with its meta "
-                                    "yaml beside it)."),
+                                    "yaml beside it). Not there yet: the agent waits for it "
+                                    "(refused with --once)."),
         server: str = typer.Option("http://127.0.0.1:8787", "--server",
                                    help="Base URL of the central `holmes serve` (its printed "
                                    "'listening on' URL)."),
@@ -164,6 +165,13 @@ def register(app: typer.Typer) -> None:
         """
         from holmes_ml.serve.agent import Agent, AgentConfig
 
+        if not follow.exists():
+            if once:
+                raise typer.BadParameter(
+                    f"{follow}: no such directory; expected this node's log directory (without "
+                    "--once the agent waits for it to appear)", param_hint="--follow")
+            if not _wait_for(follow, poll):
+                return
         cfg = AgentConfig(follow=follow, server=server, job=job, token=_token(token),
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
                           outbox=outbox, poll_s=poll, once_retry_s=retry_for,
@@ -285,3 +293,29 @@ def _read_topology(path: Path) -> dict:
         raise SchemaError(f"not a readable topology ({type(exc).__name__}: {exc})",
                           source=f"--topology {path}",
                           expected="a topology.json as holmes simulate writes it") from exc
+
+
+def _wait_for(directory: Path, poll_s: float) -> bool:
+    """Wait until ``directory`` exists (an agent started before the job's loggers made its
+    log directory: a unit started at boot), saying so once; False when stopped meanwhile
+    (Ctrl-C or SIGTERM), with nothing read or queued."""
+    import time
+
+    typer.echo(f"holmes agent: waiting for {directory} to appear (the job's loggers make it "
+               "when they start); Ctrl-C stops", err=True)
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: stopped.append(signum))
+    try:
+        while not directory.exists() and not stopped:
+            time.sleep(min(max(poll_s, 0.05), 1.0))
+    except KeyboardInterrupt:
+        stopped.append(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        typer.echo(f"holmes agent: stopped before {directory} appeared; nothing read", err=True)
+        return False
+    if not directory.is_dir():
+        raise typer.BadParameter(f"{directory}: appeared as a file; expected a directory",
+                                 param_hint="--follow")
+    return True
