@@ -1023,10 +1023,15 @@ def read_paths(files: Sequence[Path], format: str = "auto", progress: bool = Fal
 
 def _warn_long_ops(ops: pd.DataFrame) -> None:
     """Warn about operators logged as lasting longer than :data:`LONG_OP_US` (a corrupt
-    ``duration_us``, or a hang): used as logged, they make their iteration's time absurd."""
-    from holmes_ml.io.inventory import long_ops
+    ``duration_us``, or a hang): used as logged, they make their iteration's time absurd; and
+    about durations and starts in other units than the schema's (:func:`unit_mixup`)."""
+    from holmes_ml.io.inventory import long_ops, unit_mixup
 
     found = long_ops(ops)
     if found is not None:
         logger.warning("%s: a corrupt duration_us, or a hang? They are used as logged, so "
                        "their iterations' times (and a slowdown quoted) are absurd", found)
+    mixup = unit_mixup(ops)
+    if mixup is not None:
+        logger.warning("%s: they are used as logged, so the abnormal operators and the "
+                       "suspects found from them may be wrong", mixup)

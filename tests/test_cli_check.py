@@ -34,7 +34,7 @@ def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
     assert report["communicators_by_kind"] == ops.groupby("group")["group_kind"].first() \
         .astype(str).value_counts().to_dict()
     assert report["op_types"] == ops["op"].astype(str).value_counts().to_dict()
-    assert [c["ok"] for c in report["checks"]] == [True] * 9, report["checks"]
+    assert [c["ok"] for c in report["checks"]] == [True] * 10, report["checks"]
     # the logs carry no coordinates; the topology beside them places each rank on tp, pp, dp
     assert report["coordinates"] == ["dp", "pp", "tp"]
     # the readable form says the same
@@ -143,3 +143,24 @@ def test_an_operator_lasting_days_is_named_by_check_and_warned_of_by_detect(tmp_
                                           str(tmp_path / "scores.parquet"), "--model", "rule"])
     assert result.exit_code == 0, result.output
     assert "longer than an hour (the longest 11.6 days" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(("column", "factor"), [("duration_us", 1e3), ("start_ns", 1e-3)],
+                         ids=["durations in ns", "starts in us"])
+def test_times_in_other_units_than_the_schemas_are_named(tmp_path, caplog, column, factor):
+    """Durations logged in ns, or starts in us, were read without a word: `holmes check`
+    said every check was ok (an iteration of 473 s) and localize blamed a host, not the slow
+    GPU."""
+    simulate_to(SimConfig(gpus=16, iterations=6, seed=4), tmp_path / "sim")
+    ops = pd.read_parquet(tmp_path / "sim" / "ops.parquet")
+    ops[column] = (ops[column] * factor).astype(ops[column].dtype)
+    ops.to_csv(tmp_path / "ops.csv", index=False)
+    report = _check(str(tmp_path / "ops.csv"))
+    failed = [c["what"] for c in report["checks"] if not c["ok"]]
+    assert any("operators add up to" in w and "duration_us in nanoseconds, or start_ns in "
+               "microseconds or milliseconds?" in w for w in failed), failed
+    with caplog.at_level("WARNING"):
+        result = CliRunner().invoke(app, ["detect", str(tmp_path / "ops.csv"), "--out",
+                                          str(tmp_path / "scores.parquet"), "--model", "rule"])
+    assert result.exit_code == 0, result.output
+    assert "operators add up to" in caplog.text

@@ -68,6 +68,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     its = iteration_table(ops)
     gaps = iteration_gaps(ops, its.index.to_numpy())
     long = long_ops(ops)
+    mixup = unit_mixup(ops)
     p2p = ops["op"].isin(P2P_OPS).to_numpy()
     no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
         int(p2p.sum())
@@ -125,6 +126,9 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
          "no operator lasts longer than an hour" if long is None else
          f"{long}: a corrupt duration_us, or a hang? Iteration times that include them are "
          "absurd"),
+        (mixup is None,
+         "durations fit between the operators' starts (duration_us in us, start_ns in ns)"
+         if mixup is None else f"{mixup}: every time derived from them is off"),
         (with_members == len(logs.groups),
          "every communicator lists its members (group_ranks): rings and pairs are known"
          if with_members == len(logs.groups) else
@@ -183,6 +187,43 @@ def iteration_gaps(table: pd.DataFrame, iterations: np.ndarray | None = None
 #: An operator logged as lasting longer than this (an hour; NCCL's watchdog ends a collective
 #: that hangs after 10 minutes by default) is a corrupt duration or a hang, no slowdown.
 LONG_OP_US = 3600e6
+
+
+#: A rank's operators in one iteration add up to at most about twice the time between its
+#: first and last operator start in every log at hand (asynchronous gloo operations overlap:
+#: 2; a job's comms: 0.1-1); a median above this is a unit mix-up, which makes it 1,000x.
+BUSY_RATIO_MAX = 20.0
+
+
+def unit_mixup(ops: pd.DataFrame) -> str | None:
+    """What to say when ``ops``' durations and start times cannot be in the units the schema
+    says (``duration_us`` in microseconds, ``start_ns`` in nanoseconds): the operators of a
+    rank in an iteration add up to more than :data:`BUSY_RATIO_MAX` times the span of their
+    starts (median over ranks and iterations of three operators or more), as when durations
+    were logged in ns or starts in us or ms; None otherwise.
+
+    >>> t = pd.DataFrame({"rank": 0, "iteration": 0, "start_ns": [0, 1_000_000, 2_000_000],
+    ...                   "duration_us": [300.0, 300.0, 300.0]})
+    >>> unit_mixup(t) is None, unit_mixup(t.assign(duration_us=t["duration_us"] * 1e3))[:40]
+    (True, "a rank's operators add up to 450x the ti")
+    """
+    if len(ops) < 3:
+        return None
+    by = ops.assign(_ns=ops["duration_us"].to_numpy(np.float64) * 1e3).groupby(
+        ["rank", "iteration"], sort=False, observed=True)
+    span = by["start_ns"].agg(["min", "max", "count"])
+    busy = by["_ns"].sum()
+    ok = ((span["count"] >= 3) & (span["max"] > span["min"])).to_numpy()
+    if not ok.any():
+        return None
+    ratio = float(np.median(busy.to_numpy()[ok] / (span["max"] - span["min"]).to_numpy()[ok]))
+    if ratio <= BUSY_RATIO_MAX:
+        return None
+    return (f"a rank's operators add up to {ratio:,.0f}x the time between its first and last "
+            "operator start in an iteration (the median over ranks and iterations; at most "
+            "about 2 in any job's logs): duration_us in nanoseconds, or start_ns in "
+            "microseconds or milliseconds? (expected duration_us in microseconds, start_ns in "
+            "nanoseconds)")
 
 
 def long_ops(ops: pd.DataFrame) -> str | None:
