@@ -785,3 +785,37 @@ def test_a_file_read_as_the_wrong_format_is_named_with_the_one_that_reads_it(
     said = str(err.value)
     assert str(path) in said and said.count("--format") == 1, said
     assert f"--format {hinted} or auto" in said, said
+
+
+@pytest.mark.parametrize("sep", [";", "\t"])
+def test_a_csv_of_another_separator_says_so(tmp_path, sep, caplog):
+    """A CSV separated by ';' was 'missing required column(s) iteration, rank, ...' (every one
+    of them was there), and in a directory every file was 'not a log of a known format'."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _ops().to_csv(logs / "rank0.csv", index=False, sep=sep)
+    for path in (logs / "rank0.csv", logs):
+        with pytest.raises(SchemaError) as got:
+            read_ops(path)
+        assert f"rank0.csv: one column, {'iteration' + sep + 'rank'!r}"[:-1] in str(got.value)
+        assert f"the fields are separated by {sep!r}" in str(got.value)
+
+
+def test_zip_and_zstd_archives_are_named_as_such(tmp_path, caplog):
+    """A .zip of traces was 'cannot tell the format ... name it with --format', and every
+    --format then refused it: holmes reads tar archives, and says so."""
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "traces.zip", "w") as z:
+        z.writestr("rank0.csv", _ops().to_csv(index=False))
+    with pytest.raises(SchemaError, match="traces.zip: a zip archive, which holmes does not "
+                       "unpack: unzip it and give the directory"):
+        read_ops(tmp_path / "traces.zip")
+    (tmp_path / "logs.tar.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(60))
+    with pytest.raises(SchemaError, match="logs.tar.zst: zstd-compressed"):
+        read_ops(tmp_path / "logs.tar.zst")
+    # beside logs, skipped naming why
+    _ops().to_csv(tmp_path / "rank0.csv", index=False)
+    with caplog.at_level("WARNING"):
+        assert len(read_ops(tmp_path)) == len(_ops())
+    assert "traces.zip: a zip archive, which holmes does not unpack" in caplog.text

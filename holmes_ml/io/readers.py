@@ -98,6 +98,11 @@ def detect_format(path: str | Path) -> str:
         # (an UnknownFormatError: in a directory it is skipped, "an empty file", as before)
         raise UnknownFormatError("empty file", source=str(p),
                                  expected="a log in one of " + ", ".join(FORMATS))
+    packed = _unread_archive(p.name.lower(), head)
+    if packed is not None:
+        raise UnknownFormatError(packed, source=str(p),
+                                 expected="a log, or a tar archive of logs (" +
+                                 ", ".join(ARCHIVE_SUFFIXES) + ")")
     if head[:4] == b"PAR1":
         from holmes_ml.io.bytedance import looks_like_bytedance
 
@@ -141,6 +146,21 @@ def detect_format(path: str | Path) -> str:
         "cannot tell the format of this file", source=str(p),
         expected="one of " + ", ".join(FORMATS) + "; name it with --format (format= in Python)",
     )
+
+
+#: How :func:`_unread_archive`'s answers start (a directory's skip warning repeats them).
+_UNREAD_ARCHIVES = ("a zip archive", "zstd-compressed")
+
+
+def _unread_archive(name: str, head: bytes) -> str | None:
+    """What an archive of a kind holmes does not unpack is (a zip, a zstd tar), or None: said
+    as such, not as a file whose format cannot be told (and --format then refusing it too)."""
+    if head[:4] == b"PK\x03\x04" or name.endswith(".zip"):
+        return "a zip archive, which holmes does not unpack: unzip it and give the directory"
+    if head[:4] == b"\x28\xb5\x2f\xfd" or name.endswith((".zst", ".zstd")):
+        return ("zstd-compressed, which holmes does not read: decompress it (zstd -d) and give "
+                "the file or directory")
+    return None
 
 
 def _first_array_record(text: str) -> str:
@@ -190,7 +210,9 @@ def looks_like_native_log(path: str | Path) -> bool:
         except ValueError:
             return True  # malformed (or a line cut at the sniffed head): the reader says which
     else:
-        names = {c.strip().strip('"') for c in next(csv.reader([first]), [])}
+        # a log written with another separator is a log (read, and refused saying so)
+        names = {c.strip().strip('"') for sep in (",", ";", "\t", "|")
+                 for c in next(csv.reader([first], delimiter=sep), [])}
     return 2 * len(names & set(REQUIRED_COLUMNS)) >= len(REQUIRED_COLUMNS)
 
 
@@ -801,7 +823,9 @@ def _identify(files: list[_Input], shown: dict[str, str]) -> dict[Path, str]:
             # (detect_format said why: no need to read the file again)
             logger.warning("%s: %s, skipped", _display(str(f.path), shown),
                            "an empty file" if empty else "UTF-16 text, not UTF-8"
-                           if exc.message == _UTF16 else "not a log of a known format")
+                           if exc.message == _UTF16 else exc.message
+                           if exc.message.startswith(_UNREAD_ARCHIVES)
+                           else "not a log of a known format")
     for container, names in skipped.items():
         if not any(f.container == container and f.path in kinds for f in files):
             raise UnknownFormatError(

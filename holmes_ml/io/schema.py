@@ -436,6 +436,16 @@ def validate(
         raise SchemaError("column named twice", source=source, column=str(twice[0]),
                           expected="each column once")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing and len(df.columns) == 1:
+        # one column whose name holds the others: a CSV of another separator
+        name = str(df.columns[0])
+        sep = next((c for c in (";", "\t", "|") if c in name and any(
+            req in name.split(c) for req in REQUIRED_COLUMNS)), None)
+        if sep is not None:
+            raise SchemaError(
+                f"one column, {shown(name)!r}: the fields are separated by {sep!r}",
+                source=source, expected="a CSV separated by commas (e.g. pandas: "
+                "pd.read_csv(path, sep=" + repr(sep) + ").to_csv(path, index=False))")
     if missing:
         raise SchemaError(
             f"missing required column(s) {', '.join(missing)}",
