@@ -164,3 +164,18 @@ def test_times_in_other_units_than_the_schemas_are_named(tmp_path, caplog, colum
                                           str(tmp_path / "scores.parquet"), "--model", "rule"])
     assert result.exit_code == 0, result.output
     assert "operators add up to" in caplog.text
+
+
+def test_a_gloo_profiler_trace_of_one_step_is_said_to_name_no_device():
+    """On a gloo CPU trace `holmes check` said every communicator lists its members (the
+    reader had filled the world in) beside a row saying they are unknown, and for one
+    iteration only that findings 'come from abnormal operators alone', of which it has none."""
+    trace = Path("/work/shared/realdata/kineto-hta/cpu_only__rank-34.Jul_15_10_52_41.1074"
+                 ".pt.trace.json.gz")
+    if not trace.exists():
+        pytest.skip("the real trace is not at hand")
+    checks = {c["what"]: c["ok"] for c in _check(str(trace))["checks"]}
+    assert not any(w.startswith("every communicator lists its members") for w in checks)
+    assert any(w.startswith("the gloo communicators' members are not known") and not ok
+               for w, ok in checks.items()), checks
+    assert any("expect no device named" in w for w in checks), checks

@@ -69,6 +69,8 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     gaps = iteration_gaps(ops, its.index.to_numpy())
     long = long_ops(ops)
     mixup = unit_mixup(ops)
+    # a profiler's gloo operations, whose member lists the reader filled in as the world's
+    merged = int(ops.attrs.get("gloo_groups_merged_ranks", 0))
     p2p = ops["op"].isin(P2P_OPS).to_numpy()
     no_peer = int((p2p & (ops["peer"].to_numpy() < 0)).sum()) if "peer" in ops.columns else \
         int(p2p.sum())
@@ -129,9 +131,11 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         (mixup is None,
          "durations fit between the operators' starts (duration_us in us, start_ns in ns)"
          if mixup is None else f"{mixup}: every time derived from them is off"),
-        (with_members == len(logs.groups),
+        (with_members == len(logs.groups) and not merged,
          "every communicator lists its members (group_ranks): rings and pairs are known"
-         if with_members == len(logs.groups) else
+         if with_members == len(logs.groups) and not merged else
+         "the gloo communicators' members are not known: read as one of the whole world "
+         "(below)" if merged else
          f"{len(logs.groups) - with_members} of {len(logs.groups)} communicators list no "
          "members: taken from the ranks that logged them"),
         (hosts_from != "assumed",
@@ -146,7 +150,10 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         (len(its) > history,
          f"{len(its)} iterations: enough for the irregularity monitor" if len(its) > history
          else f"{len(its)} iteration{'s' * (len(its) != 1)}: the irregularity monitor flags "
-         f"none before {history} regular ones; findings come from abnormal operators alone"),
+         f"none before {history} regular ones; findings come from abnormal operators alone"
+         + (", and with one iteration no operator has a history of its own to look abnormal "
+            "against: expect no device named (a Flight Recorder or NCCL Inspector dump, a "
+            "trace without ProfilerStep marks: log several steps)" if len(its) == 1 else "")),
     ]
     if p2p.any():
         checks.append((
