@@ -819,3 +819,17 @@ def test_zip_and_zstd_archives_are_named_as_such(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert len(read_ops(tmp_path)) == len(_ops())
     assert "traces.zip: a zip archive, which holmes does not unpack" in caplog.text
+
+
+def test_a_json_trace_cut_short_is_named_so(tmp_path):
+    """A trace whose copy was interrupted was 'malformed JSON at line 2988, column 28:
+    Expecting ',' delimiter', the file's last line, without saying it ends there."""
+    doc = json.dumps({"traceEvents": [{"name": "x", "ph": "X", "ts": i, "dur": 1}
+                                      for i in range(50)]}, indent=1)
+    (tmp_path / "rank0.pt.trace.json").write_text(doc[: len(doc) // 2])
+    with pytest.raises(SchemaError, match=r"rank0.pt.trace.json: cut short: the JSON ends at "
+                       r"line \d+, column \d+ within a value"):
+        read_ops(tmp_path / "rank0.pt.trace.json", format="kineto")
+    (tmp_path / "bad.pt.trace.json").write_text(doc.replace('"ph"', "ph", 1))
+    with pytest.raises(SchemaError, match="malformed JSON at line"):
+        read_ops(tmp_path / "bad.pt.trace.json", format="kineto")

@@ -301,6 +301,13 @@ def load_json(path: str | Path, what: str = "a valid JSON document") -> Any:
         if kind is not None:
             raise SchemaError(f"not JSON: this looks like {kind}", source=str(path),
                               expected=what) from exc
+        # at its end, or a string never closed (the parser ran to the end looking for its
+        # quote): the rest never came
+        if not exc.doc[exc.pos:].strip() or exc.msg.startswith("Unterminated string"):
+            raise SchemaError(
+                f"cut short: the JSON ends at line {exc.lineno}, column {exc.colno} within a "
+                "value (a file still being written, or a copy or download interrupted?)",
+                source=str(path), expected="a complete JSON document") from exc
         raise SchemaError(
             f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
             source=str(path), expected="a valid JSON document",
