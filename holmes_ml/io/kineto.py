@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from holmes_ml._text import spans
 from holmes_ml.io._common import (
     MAX_WORLD,
     SOURCE_FILE,
@@ -739,15 +740,23 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
     seen: dict[int, str] = {}
     world: tuple[int, str] | None = None  # the job's world size and the first file giving it
     unresolved: dict[int, tuple[str, int, int]] = {}
+    steps: dict[int, set[int]] = {}  # per rank, the steps its traces so far hold
     for p in each_file(paths):
         df, rank, size, gloo = _read_one(Path(p))
         if gloo is not None:
             unresolved[rank] = (str(p), *gloo)
-        if rank in seen:
+        mine = set(map(int, pd.unique(df["iteration"]))) if len(df) else set()
+        if rank in seen and (mine & steps[rank] or not mine):
+            # (windows of one run, torch.profiler's schedule(repeat=N), hold other steps:
+            # read together; traces of the same steps are two runs, or a copy)
             raise SchemaError(
-                f"two traces claim rank {rank} (also {seen[rank]})", source=str(p),
-                column="distributedInfo.rank", value=rank, expected="one trace per rank",
+                f"two traces claim rank {rank} (also {seen[rank]}) and its step(s) "
+                f"{spans(sorted(mine & steps[rank]))}", source=str(p),
+                column="distributedInfo.rank", value=rank,
+                expected="one trace per rank, or traces of other steps (the windows of a "
+                "profiler schedule with repeat)",
             )
+        steps.setdefault(rank, set()).update(mine)
         if size is not None:
             if world is None:
                 world = (size, str(p))
