@@ -833,3 +833,20 @@ def test_a_json_trace_cut_short_is_named_so(tmp_path):
     (tmp_path / "bad.pt.trace.json").write_text(doc.replace('"ph"', "ph", 1))
     with pytest.raises(SchemaError, match="malformed JSON at line"):
         read_ops(tmp_path / "bad.pt.trace.json", format="kineto")
+
+
+def test_a_format_named_for_a_mixed_directory_reads_its_files_of_that_format(tmp_path, caplog):
+    """A directory of CSV logs beside other files that are Kineto traces had no way in: auto
+    refused the mix, --format native refused the traces and --format kineto the CSVs. Named,
+    a format now reads its files and skips the others' with a warning."""
+    ops = _ops()
+    ops.to_csv(tmp_path / "rank0.csv", index=False)
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps(
+        {"schemaVersion": 1, "traceEvents": [], "distributedInfo": {"rank": 0}}))
+    with pytest.raises(SchemaError, match="files of different formats in one input .*name one "
+                       "with --format"):
+        read_ops(tmp_path)
+    with caplog.at_level("WARNING"):
+        assert len(read_ops(tmp_path, format="native")) == len(ops)
+    assert "rank0.pt.trace.json: a kineto log, not native: skipped (--format kineto reads it)" \
+        in caplog.text

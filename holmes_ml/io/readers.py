@@ -864,6 +864,30 @@ def _validated_together(files: list[Path], read: list[pd.DataFrame | pa.Table], 
     return ops, True
 
 
+def _of_format(inputs: list[_Input], format: str, shown: dict[str, str]) -> list[Path]:
+    """The files of ``inputs`` to read as ``format`` (named with --format): all, but that a
+    file found in a directory or archive which is plainly a log of another format is left out
+    with a warning (a directory of Kineto traces and CSV logs: --format kineto refused the
+    CSV, --format native the traces, and auto refused the mix); all when none is of
+    ``format``, so that its reader says what they are."""
+    files: list[tuple[Path, str | None]] = []
+    other: list[tuple[Path, str | None]] = []
+    for f in inputs:
+        kind = None
+        if f.container is not None:
+            try:
+                kind = detect_format(f.path)
+            except SchemaError:
+                pass  # (no format of its own: the reader of this one says what it is)
+        (other if kind is not None and kind != format else files).append((f.path, kind))
+    if not files:  # none of that format: its reader says what the first one is instead
+        return [path for path, _ in other]
+    for path, kind in other:
+        logger.warning("%s: a %s log, not %s: skipped (--format %s reads it)",
+                       _display(str(path), shown), kind, format, kind)
+    return [path for path, _ in files]
+
+
 def _read_files(
     inputs: list[_Input], format: str, trust_pickle: bool, shown: dict[str, str] | None = None
 ) -> pd.DataFrame:
@@ -876,11 +900,12 @@ def _read_files(
             raise SchemaError(
                 "files of different formats in one input", source=str(files[0]),
                 value=", ".join(f"{f.name}={k}" for f, k in list(kinds.items())[:6]),
-                expected="files of a single format",
+                expected="files of a single format; name one with --format (of a directory, "
+                "the files of the others are then skipped)",
             )
         format = found[0]
     else:
-        files = [f.path for f in inputs]
+        files = _of_format(inputs, format, shown or {})
     logger.info("reading %d file(s) as %s", len(files), format)
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
     source = _display(source, shown or {})
