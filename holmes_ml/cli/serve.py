@@ -33,8 +33,11 @@ def register(app: typer.Typer) -> None:
         model: Path = typer.Option(None, "--model", help="Detector file (holmes train "
                                    "output) used for raw-record jobs (default: the shipped "
                                    "model; 'rule' for the rule baseline)."),
-        webhook: str = typer.Option(None, "--webhook", help="http(s):// URL POSTed when a "
-                                    "job's top candidate device changes."),
+        webhook: str = typer.Option(None, "--webhook", envvar="HOLMES_SERVE_WEBHOOK",
+                                    help="http(s):// URL POSTed when a job's top candidate "
+                                    "device changes or goes (JSON; see the README). Given "
+                                    "in HOLMES_SERVE_WEBHOOK, a secret in it stays out of "
+                                    "`ps`; logs show only its scheme, host and port."),
         max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "
                                           "in MiB (also once gunzipped); at least 0.001."),
         large_at_once: int = typer.Option(2, "--large-at-once", help="Requests with a body of "

@@ -28,6 +28,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,8 @@ class ServeSettings:
         agents score on their node). ``None``: the pipeline's default model; ``rule``: the
         rule baseline.
     webhook:
-        URL that receives a JSON POST when a job's top candidate device changes.
+        URL that receives a JSON POST when a job's top candidate device changes, and when a
+        job that had one has none (delivered by :class:`WebhookSender`).
     max_body_bytes:
         Largest request body accepted (after gzip decompression too).
     max_large_requests:
@@ -626,6 +628,244 @@ class _JobCollector:
                     refused, silent, lacking)
 
 
+# ----------------------------------------------------------------------------- webhook
+#: Longest a webhook notification's POST may take in all (connecting, sending, the whole
+#: answer): httpx's timeouts are per phase and per read, so a receiver answering a byte at a
+#: time was waited on for as long as it kept trickling.
+WEBHOOK_DEADLINE_S = 10.0
+#: POSTs of one notification before it is given up (a connection error, no answer within
+#: the deadline, HTTP 5xx or 429 is tried again; another answer is final).
+WEBHOOK_ATTEMPTS = 3
+#: Wait before the second POST; each next one waits 4 times longer (5 s, 20 s: a
+#: notification is given up about a minute after its first POST at worst).
+WEBHOOK_BACKOFF_S = 5.0
+#: Notifications waiting their turn at most; beyond, the oldest is dropped.
+WEBHOOK_QUEUE = 1000
+
+
+def redact_url(url: str) -> str:
+    """``url`` as the logs show it: scheme, host and port only. A webhook URL often carries
+    the receiver's secret (a token as the user, the password, the path or the query), and
+    the service's log is read by more people than its configuration.
+
+    >>> redact_url("https://bot:t0ken@hooks.example.com:8443/services/T0/B1?key=x")
+    'https://hooks.example.com:8443/…'
+    >>> redact_url("http://[::1]/")
+    'http://[::1]'
+    """
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "(webhook URL not shown)"
+    if not host:
+        return "(webhook URL not shown)"
+    shown = f"{parts.scheme}://" + (f"[{host}]" if ":" in host else host)
+    if port is not None:
+        shown += f":{port}"
+    hidden = parts.path not in ("", "/") or parts.query or parts.fragment
+    return shown + ("/…" if hidden else "")
+
+
+def _top_identity(body: dict) -> frozenset[str] | None:
+    """Who a verdict blames first: its top candidate's device with the devices it is
+    ``tied_with``, as a set. The order within a declared tie carries no information, so two
+    verdicts naming the same tied devices in another order are the same suspect (comparing
+    the first device alone paged again on each swap). ``None``: no candidate device."""
+    candidates = body.get("candidates") or []
+    device = candidates[0].get("device") if candidates else None
+    if device is None:
+        return None
+    return frozenset([str(device), *(str(d) for d in candidates[0].get("tied_with") or ())])
+
+
+class WebhookSender:
+    """Delivers webhook notifications from a daemon thread of its own, in the order queued.
+
+    :meth:`send` only queues: a verdict must not wait on a receiver (one POSTed from the
+    analysis, under the job's lock, delayed every other job's verdict, the job's deletion and,
+    through the requests waiting on that lock, ``/healthz`` and ingestion). Each POST is
+    given ``deadline_s`` in all; one that fails for want of a connection or an answer, or is
+    answered 5xx or 429, is tried again after ``backoff_s``, then 4 times longer, up to
+    ``attempts`` POSTs. A notification given up counts once in ``failures`` (labelled with the
+    last reason: ``status``, ``timeout``, ``error``); one delivered (2xx) in ``sent``; one
+    dropped unsent in ``dropped`` (``queue_full``: the oldest, when ``max_queue`` wait;
+    ``stopped``: queued or being sent when the service stopped).
+    """
+
+    def __init__(self, url: str, sent: Any, failures: Any, dropped: Any, *,
+                 deadline_s: float = WEBHOOK_DEADLINE_S, attempts: int = WEBHOOK_ATTEMPTS,
+                 backoff_s: float = WEBHOOK_BACKOFF_S, max_queue: int = WEBHOOK_QUEUE) -> None:
+        self.url = url
+        self.shown = redact_url(url)
+        self.sent, self.failures, self.dropped = sent, failures, dropped
+        self.deadline_s = deadline_s
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.max_queue = max_queue
+        self._queue: deque[dict[str, Any]] = deque()
+        self._cond = threading.Condition()
+        self._busy = False  # a notification taken from the queue and not yet settled
+        self._stopping = False
+        self._cancel: Callable[[], None] | None = None  # ends the POST under way
+        self._thread: threading.Thread | None = None
+        self._full_said_at = -math.inf
+
+    @property
+    def pending(self) -> int:
+        """Notifications queued or being delivered."""
+        with self._cond:
+            return len(self._queue) + self._busy
+
+    def send(self, payload: dict[str, Any]) -> None:
+        """Queue ``payload`` (``sent_at`` is added to each POST of it); never waits."""
+        with self._cond:
+            if self._stopping:
+                self.dropped.labels("stopped").inc()
+                logger.warning("webhook %s: %s not delivered: the service is stopping",
+                               self.shown, _what(payload))
+                return
+            if len(self._queue) >= self.max_queue:
+                oldest = self._queue.popleft()
+                self.dropped.labels("queue_full").inc()
+                now = time.monotonic()
+                if now - self._full_said_at >= _REFUSAL_LOG_S:  # not once per notification
+                    self._full_said_at = now
+                    logger.warning("webhook %s: %d notifications waiting, the receiver does "
+                                   "not keep up; dropped the oldest (%s; said once a minute, "
+                                   "counted in holmes_webhook_dropped_total)", self.shown,
+                                   self.max_queue, _what(oldest))
+            self._queue.append(payload)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="holmes-webhook",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Send nothing more: end the POST under way, drop what is queued (counted and
+        logged) and wait up to ``timeout`` seconds for the thread to end."""
+        with self._cond:
+            self._stopping = True
+            left = list(self._queue)
+            self._queue.clear()
+            cancel = self._cancel
+            self._cond.notify_all()
+        if cancel is not None:
+            cancel()
+        if left:
+            self.dropped.labels("stopped").inc(len(left))
+            logger.warning("webhook %s: %d notification(s) not delivered: the service stopped "
+                           "(the first: %s)", self.shown, len(left), _what(left[0]))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: bool(self._queue) or self._stopping)
+                if self._stopping:
+                    return
+                payload = self._queue.popleft()
+                self._busy = True
+            try:
+                self._deliver(payload)
+            except Exception:  # noqa: BLE001 - the thread must outlive one bad notification
+                logger.exception("webhook %s: delivering %s failed", self.shown,
+                                 _what(payload))
+
+    def _deliver(self, payload: dict[str, Any]) -> None:
+        for attempt in range(1, self.attempts + 1):
+            reason, detail, again = self._attempt(payload)
+            if reason is None:
+                self.sent.inc()
+                return
+            if reason == "stopped":
+                self.dropped.labels("stopped").inc()
+                logger.warning("webhook %s: %s not delivered: the service stopped during "
+                               "attempt %d", self.shown, _what(payload), attempt)
+                return
+            if not again or attempt == self.attempts:
+                self.failures.labels(reason).inc()
+                logger.warning("webhook %s: %s not delivered after %d attempt(s) (%s)",
+                               self.shown, _what(payload), attempt, detail)
+                return
+            wait = self.backoff_s * 4 ** (attempt - 1)
+            logger.info("webhook %s: %s: attempt %d of %d failed (%s); trying again in %g s",
+                        self.shown, _what(payload), attempt, self.attempts, detail, wait)
+            with self._cond:
+                if self._cond.wait_for(lambda: self._stopping, timeout=wait):
+                    self.dropped.labels("stopped").inc()
+                    logger.warning("webhook %s: %s not delivered: the service stopped before "
+                                   "attempt %d", self.shown, _what(payload), attempt + 1)
+                    return
+
+    def _attempt(self, payload: dict[str, Any]) -> tuple[str | None, str, bool]:
+        """One POST, on an event loop of its own so that the deadline covers it whole (a
+        timer of the loop cancels it, wherever it waits). Returns the failure's reason
+        (``None``: delivered; ``stopped``: cancelled by :meth:`stop`), what happened, and
+        whether to try again."""
+        import httpx
+
+        body = {"event": payload["event"], "job": payload["job"], "sent_at": time.time(),
+                **payload}
+        try:
+            status, text = asyncio.run(self._post(body))
+        except asyncio.CancelledError:
+            return "stopped", "the service stopped", False
+        except (asyncio.TimeoutError, httpx.TimeoutException):
+            # the receiver may have got it: a retry can reach it twice (the README says to
+            # tell repeats by event, job and verdict_version)
+            return "timeout", f"no whole answer within {self.deadline_s:g} s", True
+        except Exception as exc:  # noqa: BLE001 - a dead receiver must not stop the thread
+            # httpx may name the URL in its message: the secret in it stays out of the log
+            why = str(exc).replace(self.url, self.shown)
+            return "error", f"{type(exc).__name__}: {why}", True
+        if 200 <= status < 300:
+            return None, "", False
+        # a redirect is not followed (the notification did not reach a receiver), and a
+        # 4xx other than 429 says the request itself is refused: the same POST would be too
+        return "status", f"HTTP {status}: {text}", status >= 500 or status == 429
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, str]:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def cancel() -> None:
+            if task is None:
+                return
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass  # the loop closed: the POST is over anyway
+
+        with self._cond:
+            if self._stopping:
+                raise asyncio.CancelledError
+            self._cancel = cancel
+
+        async def post() -> tuple[int, str]:
+            async with httpx.AsyncClient(timeout=self.deadline_s) as client:
+                r = await client.post(self.url, json=body)
+                return r.status_code, r.text[:200]
+
+        try:
+            return await asyncio.wait_for(post(), self.deadline_s)
+        finally:
+            with self._cond:
+                self._cancel = None
+
+
+def _what(payload: dict[str, Any]) -> str:
+    """A notification as the log names it."""
+    return (f"{payload.get('event')} notification of job {payload.get('job')} (verdict "
+            f"{payload.get('verdict_version')})")
+
+
 # ----------------------------------------------------------------------------- service
 @dataclass
 class Service:
@@ -647,6 +887,8 @@ class Service:
     _failed_on: dict[str, tuple[int, int]] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
+    #: delivers the notifications to ``webhook`` (``None``: no webhook)
+    sender: WebhookSender | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -665,9 +907,23 @@ class Service:
         self.pruned = prom.Counter(
             "holmes_pruned_rows", "Rows deleted by --keep-iterations (raw_batches: raw payloads)",
             ["table"], registry=r)
+        self.webhook_sent = prom.Counter(
+            "holmes_webhook_sent", "Webhook notifications delivered (answered 2xx)", registry=r)
         self.webhook_failures = prom.Counter(
-            "holmes_webhook_failures", "Webhook notifications not delivered (reason: 'status' "
-            "for a non-2xx answer, 'error' for no answer)", ["reason"], registry=r)
+            "holmes_webhook_failures", "Webhook notifications given up after their attempts, "
+            "once each (reason, of the last attempt: 'status' for a non-2xx answer, 'timeout' "
+            "for no whole answer within the deadline (the receiver may have got it), 'error' "
+            "for no connection)", ["reason"], registry=r)
+        self.webhook_dropped = prom.Counter(
+            "holmes_webhook_dropped", "Webhook notifications dropped unsent (reason: "
+            "'queue_full' for the oldest when too many waited, 'stopped' for those queued or "
+            "being sent when the service stopped)", ["reason"], registry=r)
+        if self.webhook:
+            self.sender = WebhookSender(self.webhook, self.webhook_sent, self.webhook_failures,
+                                        self.webhook_dropped)
+            sender = self.sender
+            prom.Gauge("holmes_webhook_pending", "Webhook notifications queued or being "
+                       "delivered", registry=r).set_function(lambda: sender.pending)
         r.register(_JobCollector(self))
 
     def lock(self, job: str) -> threading.Lock:
@@ -704,36 +960,39 @@ class Service:
             self._failed_on.pop(job, None)
             self.analyses.labels("ok").inc()
             top = body["candidates"][0].get("device") if body["candidates"] else None
-            old_top = None
-            if latest and latest["verdict"].get("candidates"):
-                old_top = latest["verdict"]["candidates"][0].get("device")
-            self.store.save_verdict(job, body, info["batches"], top, info["topology_version"])
+            version = self.store.save_verdict(job, body, info["batches"], top,
+                                              info["topology_version"])
             if self.keep:
                 for table, n in self.store.prune(job, self.keep).items():
                     self.pruned.labels(table).inc(n)
-            if top is not None and top != old_top:
-                self._notify(job, body)
+            # queued under the lock (it never waits: the sender's thread POSTs), so that a
+            # job's notifications are queued in the order of its verdicts
+            self._notify(job, latest["verdict"] if latest else None, body, version)
             return self.store.latest_verdict(job)
 
-    def _notify(self, job: str, body: dict) -> None:
-        if not self.webhook:
+    def _notify(self, job: str, before: dict | None, body: dict, version: int) -> None:
+        """Queue what verdict ``version`` (``body``) of ``job`` calls for after the verdict
+        ``before`` it: ``new_top_candidate`` when it blames another device first (its tie
+        aside, :func:`_top_identity`), ``resolved`` when it blames none and ``before`` did."""
+        if self.sender is None:
             return
-        payload = {"event": "new_top_candidate", "job": job, "candidate": body["candidates"][0],
-                   "irregular_iterations": body.get("irregular_iterations", [])}
-        try:
-            import httpx
+        old, new = (_top_identity(before) if before else None), _top_identity(body)
+        if new == old:
+            return
+        payload: dict[str, Any] = {"job": job, "verdict_version": version}
+        if new is None:
+            payload["event"] = "resolved"
+        else:
+            payload.update(event="new_top_candidate", candidate=body["candidates"][0],
+                           irregular_iterations=body.get("irregular_iterations", []),
+                           slowdown=body.get("slowdown"))
+        self.sender.send(payload)
 
-            r = httpx.post(self.webhook, json=payload, timeout=5.0)
-        except Exception as exc:  # noqa: BLE001 - a dead webhook must not block localization
-            logger.warning("webhook %s: notification of job %s not delivered (%s: %s)",
-                           self.webhook, job, type(exc).__name__, exc)
-            self.webhook_failures.labels("error").inc()
-            return
-        if not 200 <= r.status_code < 300:
-            # a redirect is not followed: the notification did not reach its receiver either
-            logger.warning("webhook %s: notification of job %s not delivered (HTTP %s: %s)",
-                           self.webhook, job, r.status_code, r.text[:200])
-            self.webhook_failures.labels("status").inc()
+    def close(self) -> None:
+        """Stop delivering webhook notifications (those not delivered yet are dropped,
+        counted and logged)."""
+        if self.sender is not None:
+            self.sender.stop()
 
     def forget(self, job: str) -> dict[str, int]:
         """Delete ``job`` and all it stored, once no verdict of it is being computed."""
@@ -840,6 +1099,7 @@ def create_app(
         stop.set()
         if thread is not None:
             thread.join(timeout=10)
+        service.close()  # after the analysis: it queues notifications
         store.close()
 
     app = FastAPI(
