@@ -104,7 +104,9 @@ def _reporting_input_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             if _VERBOSE[0]:
                 traceback.print_exc()
             typer.secho(f"error: {_one_line(exc)}", err=True, fg=typer.colors.RED)
-            raise typer.Exit(2) from None
+            # 1: a service that did not answer or took none of it (holmes jobs: try again, as
+            # holmes agent exits); 2: what the command was given
+            raise typer.Exit(getattr(exc, "exit_code", 2)) from None
         except MemoryError:
             # e.g. a "CSV" of one line of gigabytes; no traceback helps, but where it was does
             if _VERBOSE[0]:

@@ -19,7 +19,18 @@ from holmes_ml.cli._verdict import print_verdict
 
 class ServiceError(ValueError):
     """The service refused a request or answered something else than its API says; the
-    message names the URL, the status and the service's reason."""
+    message names the URL, the status and the service's reason. Exit status 2, as for any
+    input the command was given (an unknown job, a name it refuses)."""
+
+    exit_code = 2
+
+
+class Unavailable(ServiceError):
+    """No service answered, or it failed (5xx): exit status 1, as ``holmes agent --once``
+    exits when it cannot deliver, so that a script tells "try again" from "fix the command"
+    (2: a wrong --server, token or job)."""
+
+    exit_code = 1
 
 
 def register(app: typer.Typer) -> None:
@@ -62,6 +73,10 @@ def register(app: typer.Typer) -> None:
         * `holmes jobs job7 --analyze --token $T` — localize job7 now, then show it;
 
         * `holmes jobs job7 --delete --token $T` — forget a finished job.
+
+        Exit status: 0 answered; 1 no service answered, or it failed (5xx): try again; 2
+        what was given is wrong (an unknown job, a refused token, a --server that is no
+        holmes serve). A job not localized yet answers `version` 0.
         """
         if (analyze or delete) and job is None:
             raise ValueError(f"--{'analyze' if analyze else 'delete'}: expected a JOB "
@@ -121,7 +136,7 @@ class _Client:
             hint = plain_http_hint(self.server, str(exc))
             if hint:
                 raise ServiceError(f"{method} {url}: {hint}") from None
-            raise ServiceError(f"{method} {url}: no answer ({type(exc).__name__}: {exc}); "
+            raise Unavailable(f"{method} {url}: no answer ({type(exc).__name__}: {exc}); "
                                "expected a running holmes serve there (see --server)") from None
         if r.status_code == 401:
             raise ServiceError(
@@ -140,7 +155,8 @@ class _Client:
                 # the service's hint names its endpoint; a CLI user lists jobs with the CLI
                 why = why.replace("list jobs with GET /v1/jobs",
                                   f"list them with holmes jobs --server {self.server}")
-            raise ServiceError(f"{method} {url}: HTTP {r.status_code}: {why}")
+            error = Unavailable if r.status_code >= 500 else ServiceError
+            raise error(f"{method} {url}: HTTP {r.status_code}: {why}")
         return body
 
 
