@@ -495,8 +495,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
                 continue
         t_sim = time.perf_counter() - t_sim
         ops = without_labels(res.ops)
-        truth = {r for f in res.faults
-                 for r in fault_ranks(list(f.ranks), list(f.devices), res.topology)}
+        truth = {r for f in res.faults for r in fault_ranks(f.ranks, f.devices, res.topology)}
         devices = {d for f in res.faults for d in f.devices}
         crossing = {int(r) for f in res.faults for r in f.ranks}
         # every network device no log can tell from the faulty one ("device_top1_ties"), and
@@ -504,7 +503,7 @@ def _trials(job: list[dict[str, Any]], localizers: dict[str, Any] | None,
         flows_of = _flows_by_device(ops, res.topology) if devices else {}
         alike = set(devices) | _alike(flows_of, set(devices))
         tied = truth | {r for d in alike - devices for r in (
-            fault_ranks(sorted(crossing), [d], res.topology) if d.startswith(("link:", "switch:"))
+            fault_ranks(crossing, [d], res.topology) if d.startswith(("link:", "switch:"))
             else res.topology.ranks_on(d))}
         cfg = LocalizeConfig(delta=sc["delta"])
         for name, fn in methods.items():

@@ -56,7 +56,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -207,7 +207,7 @@ def names_fault(suspect: Any, truth: set[int] | frozenset[int], topology: Topolo
     return bool(ranks & truth) and (widest is None or len(ranks) <= widest)
 
 
-def fault_ranks(ranks: Sequence[int], devices: Sequence[str], topology: Topology
+def fault_ranks(ranks: Iterable[int], devices: Iterable[str], topology: Topology
                 ) -> frozenset[int]:
     """The ranks a suspect must hold to name a fault whose simulator record lists ``ranks``
     (for a link or switch: every rank whose traffic crosses it) and ``devices``: for a slow
