@@ -901,11 +901,15 @@ def only_iterations(ops: pd.DataFrame, first: int | None, last: int | None) -> p
 def note_input(verdict: Verdict, ops: pd.DataFrame) -> Verdict:
     """Carry what the reader noticed about ``ops`` into the verdict (its :attr:`Verdict.note`):
     rows that share an op's identity but differ (two runs read together), and profiler traces
-    whose gloo operations were read as one world group."""
+    whose gloo operations were read as one world group, and log files left unread (Parquet
+    without its footer)."""
     for key in ("reused_key_rows", "gloo_groups_merged_ranks"):
         n = int(ops.attrs.get(key, 0))
         if n:
             verdict.stats[key] = float(n)
+    unread = len(ops.attrs.get("unread_files", ()))
+    if unread:
+        verdict.stats["unread_files"] = float(unread)
     return verdict
 
 

@@ -39,6 +39,80 @@ def test_truncated_parquet_auto_gives_the_native_error(tmp_path):
     assert "trunc.parquet" in str(auto.value) and "Parquet" in str(auto.value)
 
 
+def _open_parquet_logs(d, ops: pd.DataFrame, open_ranks: tuple[int, ...]):
+    """Per-rank Parquet logs in ``d``; those of ``open_ranks`` still open, as a running job's
+    logger leaves them (row groups written, no footer yet). Returns the open writers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d.mkdir()
+    writers = []
+    for r, sub in ops.groupby("rank"):
+        table = pa.Table.from_pandas(sub.reset_index(drop=True), preserve_index=False)
+        w = pq.ParquetWriter(d / f"rank-{r}.parquet", table.schema)
+        w.write_table(table)
+        if r in open_ranks:
+            writers.append(w)
+        else:
+            w.close()
+    return writers
+
+
+def test_parquet_log_still_being_written_is_skipped_naming_it(tmp_path, caplog):
+    from holmes_ml.pipeline import analyze
+
+    ops = _ops(n_ranks=4, iters=6)
+    writers = _open_parquet_logs(tmp_path / "logs", ops, open_ranks=(2,))
+    try:
+        assert (tmp_path / "logs" / "rank-2.parquet").read_bytes()[:4] == b"PAR1"
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.io.readers"):
+            got = read_ops(tmp_path / "logs")
+        # the other ranks' rows, every one of them
+        assert sorted(got["rank"].unique()) == [0, 1, 3]
+        assert len(got) == (ops["rank"] != 2).sum()
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "rank-2.parquet" in said and "without their footer" in said, said
+        assert got.attrs["unread_files"] == [str(tmp_path / "logs" / "rank-2.parquet")]
+        # the verdict says so too (a warning on stderr is lost to a script reading the JSON)
+        note = analyze(got, model="rule").note or ""
+        assert "1 Parquet log file(s) were not read" in note, note
+        # and `holmes check` lists it among what localization can use
+        from holmes_ml.io.inventory import inventory
+
+        checks = [c["what"] for c in inventory(got)["checks"] if not c["ok"]]
+        assert any("rank-2.parquet" in c and "without their footer" in c for c in checks)
+    finally:
+        for w in writers:
+            w.close()
+    # closed, it is read like the others
+    assert len(read_ops(tmp_path / "logs")) == len(ops)
+
+
+def test_parquet_logs_all_without_footer_are_refused_saying_why(tmp_path):
+    ops = _ops(n_ranks=2, iters=3)
+    writers = _open_parquet_logs(tmp_path / "logs", ops, open_ranks=(0, 1))
+    try:
+        with pytest.raises(SchemaError) as every:
+            read_ops(tmp_path / "logs")
+        with pytest.raises(SchemaError) as one:
+            read_ops(tmp_path / "logs" / "rank-0.parquet")
+    finally:
+        for w in writers:
+            w.close()
+    assert "2 Parquet files, none with its footer" in str(every.value)
+    msg = str(one.value)
+    assert "rank-0.parquet" in msg and "without its footer" in msg and "fmt='jsonl'" in msg
+    # a file cut anywhere else (the footer there, a column chunk gone) is still unreadable
+    whole = tmp_path / "whole.parquet"
+    _ops().to_parquet(whole)
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(data[:4] + data[len(data) // 2:])
+    with pytest.raises(SchemaError) as other:
+        read_ops(cut)
+    assert "cut.parquet" in str(other.value) and "without its footer" not in str(other.value)
+
+
 def test_truncated_json_gz_says_gzip_is_corrupt(tmp_path):
     data = gzip.compress(_ops().to_json(orient="records", lines=True).encode())
     p = tmp_path / "ops.json.gz"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml._text import spans
+from holmes_ml._text import few, spans
 from holmes_ml.io.schema import P2P_OPS
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         ``coordinates``, ``compute_times`` (whether each step's compute time per rank was
         logged: what names a heavier pipeline stage), ``reused_key_rows``,
         ``gloo_groups_merged_ranks`` (ranks whose profiler traces could not give gloo
-        operations their process groups) and ``checks``:
+        operations their process groups), ``unread_files`` (Parquet logs without their footer,
+        skipped) and ``checks``:
         one ``{"ok", "what"}`` per thing localization relies on.
     """
     from holmes_ml.features import IrregularityConfig, iteration_table
@@ -106,6 +107,7 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "compute_times": "step_compute_us" in ops.columns,
         "reused_key_rows": int(ops.attrs.get("reused_key_rows", 0)),
         "gloo_groups_merged_ranks": int(ops.attrs.get("gloo_groups_merged_ranks", 0)),
+        "unread_files": list(ops.attrs.get("unread_files", ())),
     }
     checks = [
         (len(ranks) > 1,
@@ -165,6 +167,10 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         checks.append((False, f"the gloo operations of {out['gloo_groups_merged_ranks']} "
                        "rank(s) are read as one world communicator: their profiler traces do "
                        "not tell which process group ran each (see the warning above)"))
+    if out["unread_files"]:
+        checks.append((False, f"{len(out['unread_files'])} Parquet log(s) without their footer "
+                       f"not read ({few(out['unread_files'], 4, ', ')}): still being written, or "
+                       "their writer was killed; their rows are missing"))
     if out["reused_key_rows"]:
         checks.append((False, f"{out['reused_key_rows']} rows share an operator's identity with "
                        "another row: logs of two runs (or a restarted job) read together?"))

@@ -65,6 +65,42 @@ class UnknownFormatError(SchemaError):
     """The content of a file matches none of :data:`FORMATS` (raised by :func:`detect_format`)."""
 
 
+class UnfinishedParquetError(SchemaError):
+    """A Parquet file without its footer: its writer has not closed it yet, or died first
+    (raised by :func:`unfinished_parquet`'s callers; a directory's other files are read)."""
+
+
+#: What a Parquet file without its footer is expected to be instead.
+UNFINISHED_PARQUET_EXPECTED = (
+    "a closed Parquet file (its footer is written when its writer closes it: CommOpsLogger "
+    "on exit); to read a running job's logs, or to keep them through a crash, have the logger "
+    "write JSON Lines (LoggerConfig(fmt='jsonl'))")
+
+
+def unfinished_parquet(path: str | Path) -> UnfinishedParquetError | None:
+    """The error for a Parquet file whose footer is missing (it starts as Parquet does but
+    does not end so: a writer still writing it, or killed before closing it), else ``None``.
+
+    Reads 4 bytes at each end, so it is cheap enough to ask of every file of a directory.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with p.open("rb") as fh:
+            if fh.read(4) != b"PAR1":
+                return None
+            fh.seek(max(size - 4, 0))
+            tail = fh.read(4)
+    except OSError:
+        return None  # the reader says what is wrong with it
+    if tail == b"PAR1" and size >= 12:
+        return None
+    return UnfinishedParquetError(
+        "a Parquet file without its footer: its writer has not closed it yet (a running "
+        "job) or was killed before it could, so none of its rows can be read",
+        source=str(p), value=f"{size:,} bytes", expected=UNFINISHED_PARQUET_EXPECTED)
+
+
 def _strip_gz(name: str) -> str:
     return name[:-3] if name.lower().endswith(".gz") else name
 
@@ -224,6 +260,9 @@ def read_native(path: str | Path) -> pd.DataFrame:
     head = head_bytes(p, 4)
     try:
         if head[:4] == b"PAR1":
+            unfinished = unfinished_parquet(p)
+            if unfinished is not None:
+                raise unfinished
             return pd.read_parquet(p)
         if _is_json_array(p):
             return _read_json_array(p)
@@ -906,6 +945,9 @@ def _read_files(
         format = found[0]
     else:
         files = _of_format(inputs, format, shown or {})
+    unread: list[str] = []
+    if format == "native" and len(files) > 1:
+        files, unread = _closed_parquet(files, shown or {})
     logger.info("reading %d file(s) as %s", len(files), format)
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
     source = _display(source, shown or {})
@@ -931,47 +973,77 @@ def _read_files(
                 raise
             raise _located(exc, where) from None
         ops.attrs.update(converted.attrs)  # what the converter noticed (for the verdict's note)
-    else:
-        if len(files) == 1:
-            try:
-                return _drop_duplicate_rows(_read_native(files[0]), source)
-            except SchemaError as exc:
-                hinted = _format_hint(exc, "native", files)
-                if hinted is exc:
-                    raise
-                raise hinted from exc
-        names = [_display(str(f), shown or {}) for f in files]
-        counts: list[int] = []
-        parts, checked = [], True
-        some: list[Path] = []
-        read: list[pd.DataFrame | pa.Table] = []
-        for i, f in enumerate(each_file(files)):
-            try:
-                table = _plain_parquet(f)
-                read.append(_read_unvalidated(f) if table is None else table)
-            except SchemaError as exc:
-                hinted = _format_hint(exc, "native", [f])
-                if hinted is exc:
-                    raise
-                raise hinted from exc
-            some.append(f)
-            counts.append(len(read[-1]))
-            if len(some) == _FILES_AT_ONCE or i == len(files) - 1:
-                part, whole = _validated_together(some, read, source)
-                parts.append(part)
-                checked &= whole
-                some, read = [], []
-        origin = np.repeat(np.arange(len(files)), counts)
-        ops = parts[0]
-        if len(parts) > 1 or not checked:
-            try:
-                # what files say against each other
-                ops = validate(concat_ops(parts), source=source)
-            except SchemaError as exc:
-                # name the file of the row
-                raise _in_file(exc, files, names, origin) from None
-        return _drop_duplicate_rows(ops, source, names, origin)
-    return _drop_duplicate_rows(ops, source)
+        return _drop_duplicate_rows(ops, source)
+    ops = _read_native_files(files, source, shown or {})
+    if unread:
+        ops.attrs["unread_files"] = unread  # for check and the verdict's note
+    return ops
+
+
+def _closed_parquet(files: list[Path], shown: dict[str, str]) -> tuple[list[Path], list[str]]:
+    """``files`` without the Parquet files that have no footer yet, and those files' names
+    (in a warning too): one rank's log still being written, or whose writer was killed, must
+    not keep the other ranks' logs from being read. Raises the first one's error when no
+    file is left."""
+    unfinished = [(f, e) for f in files if (e := unfinished_parquet(f)) is not None]
+    if not unfinished:
+        return files, []
+    names = [_display(str(f), shown) for f, _ in unfinished]
+    if len(unfinished) == len(files):
+        first = unfinished[0][1]
+        raise UnfinishedParquetError(
+            f"{len(files)} Parquet files, none with its footer ({few(names, 4, ', ')}): their "
+            "writers have not closed them yet (a running job) or were killed before they "
+            "could", source=first.source, expected=first.expected)
+    logger.warning("%d Parquet log(s) without their footer skipped (%s): still being written "
+                   "by a running job, or their writer was killed before closing them; their "
+                   "rows are not read (expected %s)", len(names), few(names, 4, ', '),
+                   UNFINISHED_PARQUET_EXPECTED)
+    bad = {f for f, _ in unfinished}
+    return [f for f in files if f not in bad], names
+
+
+def _read_native_files(files: list[Path], source: str, shown: dict[str, str]) -> pd.DataFrame:
+    """Native ``files`` as one validated table (errors naming the file and line)."""
+    if len(files) == 1:
+        try:
+            return _drop_duplicate_rows(_read_native(files[0]), source)
+        except SchemaError as exc:
+            hinted = _format_hint(exc, "native", files)
+            if hinted is exc:
+                raise
+            raise hinted from exc
+    names = [_display(str(f), shown or {}) for f in files]
+    counts: list[int] = []
+    parts, checked = [], True
+    some: list[Path] = []
+    read: list[pd.DataFrame | pa.Table] = []
+    for i, f in enumerate(each_file(files)):
+        try:
+            table = _plain_parquet(f)
+            read.append(_read_unvalidated(f) if table is None else table)
+        except SchemaError as exc:
+            hinted = _format_hint(exc, "native", [f])
+            if hinted is exc:
+                raise
+            raise hinted from exc
+        some.append(f)
+        counts.append(len(read[-1]))
+        if len(some) == _FILES_AT_ONCE or i == len(files) - 1:
+            part, whole = _validated_together(some, read, source)
+            parts.append(part)
+            checked &= whole
+            some, read = [], []
+    origin = np.repeat(np.arange(len(files)), counts)
+    ops = parts[0]
+    if len(parts) > 1 or not checked:
+        try:
+            # what files say against each other
+            ops = validate(concat_ops(parts), source=source)
+        except SchemaError as exc:
+            # name the file of the row
+            raise _in_file(exc, files, names, origin) from None
+    return _drop_duplicate_rows(ops, source, names, origin)
 
 
 #: What a converter may raise on input its own checks let through (a field of an unexpected

@@ -187,7 +187,8 @@ class Verdict:
         recent irregular iterations: earlier ones, and later steps, are left out, and the note
         says how to look at them. Fewer than two ranks leave nothing to compare a copy with.
         Rows of two runs read together mix every statistic, and so do gloo operations of
-        several process groups read as one. Logs of too few iterations for the irregularity
+        several process groups read as one. Parquet logs left unread (no footer) leave their
+        ranks out. Logs of too few iterations for the irregularity
         monitor (a Flight Recorder or NCCL Inspector dump is one) cannot show a slowdown as such.
         """
         notes = []
@@ -196,6 +197,11 @@ class Verdict:
             notes.append(f"{reused:,} operator rows share rank, group, seq, op and iteration with "
                          "a different row: logs of two runs (or of a restarted job) seem mixed, "
                          "and their statistics with them; analyse one run at a time")
+        unread = int(self.stats.get("unread_files", 0))
+        if unread:
+            notes.append(f"{unread} Parquet log file(s) were not read: no footer yet (a running "
+                         "job's logger writes it when it closes the file) or their writer was "
+                         "killed (see the reader's warning); their ranks' operators are missing")
         merged = int(self.stats.get("gloo_groups_merged_ranks", 0))
         if merged:
             notes.append(f"the gloo operations of {merged} rank(s) were read as one group of the "

@@ -18,8 +18,9 @@ watermark says was already queued, so a crash of the agent or of the service los
 
 A few rows of a followed log that break the schema (an unknown op, a value of the wrong type, a
 torn line) are set aside with a WARNING naming each by its line of the file, and the rows after
-them ship. A log file the agent cannot read (a truncated Parquet file, a chunk half of whose rows
-are bad, a missing column) is logged as an ERROR naming the file and set aside until it changes;
+them ship. A log file the agent cannot read (a Parquet file without its footer: a running job's, or one
+whose writer was killed; a chunk half of whose rows are bad, a missing column) is logged as an
+ERROR naming the file and set aside until it changes;
 the other files keep being shipped (the other traces read together with a bad one too). A line
 still being written (no newline yet) is simply not read yet.
 """
@@ -455,6 +456,11 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         if stamp == state.stamp:
             return None
         state.stamp = stamp
+        from holmes_ml.io.readers import unfinished_parquet
+
+        unfinished = unfinished_parquet(path)  # a running job's log: said as such, tried again
+        if unfinished is not None:
+            raise unfinished
         return pd.read_parquet(path)  # whole file: the watermark drops what was shipped
     if st.st_size <= state.offset:
         return None
