@@ -10,6 +10,7 @@ import threading
 
 import httpx
 import pytest
+import test_serve_support
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_serve_support import TOKEN, auth, make_ops, raw_body, start_server, window_batch
@@ -32,6 +33,7 @@ def test_raw_ingest_query_and_metrics(server):
         assert r.json()["records"] == len(part) and not r.json()["duplicate"]
     v = c.post("/v1/jobs/jobA/analyze").json()
     assert v["version"] == 1 and not v["stale"]
+    assert v["state"] == "analysed" and v["irregular"] is True, v
     assert v["candidates"][0]["ranks"] == [5]
     jobs = {j["job"]: j for j in c.get("/v1/jobs").json()}
     assert jobs["jobA"]["records"] == len(ops) and jobs["jobA"]["mode"] == "raw"
@@ -1132,3 +1134,121 @@ def test_ranks_without_data_in_the_latest_verdict_are_gauges(tmp_path):
         metrics = c.get("/metrics").text
     assert 'holmes_job_silent_ranks{job="g"} 3.0' in metrics, metrics
     assert 'holmes_job_ranks_lacking_iterations{job="g"} 1.0' in metrics
+
+
+#: The stand-in service localizing only when asked (--analyze-every 0: a job stays without a
+#: verdict until then, not for half a second) and whose raw localizer fails on a job holding
+#: records of 13 bytes (a localizer bug).
+QUIET_LAUNCHER = test_serve_support.LAUNCHER.replace(
+    "analyze_interval_s=0.5", "analyze_interval_s=0").replace(
+    "def analyze(ops, topology=None, model=None):\n",
+    "def analyze(ops, topology=None, model=None):\n"
+    "    if (ops['nbytes'] == 13).any():\n"
+    "        raise RuntimeError('a localizer bug')\n")
+assert QUIET_LAUNCHER.count("analyze_interval_s=0)") == 1 and "a localizer bug" in QUIET_LAUNCHER
+
+
+def start_quiet_server(tmp):
+    """:func:`start_server` of :data:`QUIET_LAUNCHER`."""
+    launcher = test_serve_support.LAUNCHER
+    test_serve_support.LAUNCHER = QUIET_LAUNCHER
+    try:
+        return start_server(tmp)
+    finally:
+        test_serve_support.LAUNCHER = launcher
+
+
+def jobs_in_every_verdict_state(c: httpx.Client) -> None:
+    """On a :func:`start_quiet_server`: jobs ``bare`` (only its topology, asked for a verdict),
+    ``pending`` (data, never localized), ``failed`` (its localization failed), ``healthy``
+    (localized: nothing irregular) and ``sick`` (localized: rank 5 slow)."""
+    assert c.put("/v1/jobs/bare/topology",
+                 json=_topology(["h0", "h0"], [[0, 1]])).status_code == 200
+    for job, ops in [("pending", make_ops(seed=2)),
+                     ("failed", make_ops(seed=2).assign(nbytes=13)),
+                     ("healthy", make_ops(seed=2, slow_rank=99)),
+                     ("sick", make_ops(seed=2))]:
+        r = c.post(f"/v1/jobs/{job}/raw", json=raw_body(ops, "b0", seq=0))
+        assert r.status_code == 200, r.text
+    for job in ("bare", "failed", "healthy", "sick"):
+        assert c.post(f"/v1/jobs/{job}/analyze").status_code == 200
+
+
+def test_a_job_without_a_verdict_says_why_and_is_not_read_as_healthy(tmp_path):
+    """A job with data but no verdict answered `version` 0 and `irregular: false`, which a
+    dashboard polling it read as healthy; one given only a topology and asked for a verdict
+    got a verdict of nothing (version 1, `irregular: false`, `holmes_job_slowdown` 1). Now the
+    answer says there is none and why (`state`), `irregular` is null, and /metrics has no
+    verdict gauge of it but `holmes_job_verdict_state`."""
+    srv = start_quiet_server(tmp_path)
+    try:
+        c = httpx.Client(base_url=srv.url, headers=auth(), timeout=30)
+        r = c.get("/v1/jobs/nobody/verdict")
+        assert r.status_code == 404 and r.json()["field"] == "job", r.text
+        jobs_in_every_verdict_state(c)
+        v = {job: c.get(f"/v1/jobs/{job}/verdict").json()
+             for job in ("bare", "pending", "failed", "healthy", "sick")}
+        for job in ("bare", "pending", "failed"):
+            assert (v[job]["version"], v[job]["computed_at"], v[job]["data_batches"],
+                    v[job]["irregular_iterations"], v[job]["candidates"]) == (0, 0.0, 0, [], []), v
+            assert "irregular" in v[job] and v[job]["irregular"] is None, v[job]
+            assert v[job]["note"].startswith("no verdict yet: "), v[job]
+        assert (v["bare"]["state"], v["bare"]["stale"], v["bare"]["error"]) == (
+            "no_data", False, None), v["bare"]
+        assert "no data has come for the job (only its topology)" in v["bare"]["note"]
+        assert (v["pending"]["state"], v["pending"]["stale"], v["pending"]["error"]) == (
+            "pending", True, None), v["pending"]
+        assert "--analyze-every 0" in v["pending"]["note"]
+        assert "POST /v1/jobs/pending/analyze asks for it now" in v["pending"]["note"]
+        assert (v["failed"]["state"], v["failed"]["stale"], v["failed"]["error"]) == (
+            "failed", True, "localization failed: RuntimeError: a localizer bug"), v["failed"]
+        assert "localizing the job's data failed (error says why)" in v["failed"]["note"]
+        # a verdict keeps its meaning: healthy is false, irregular is true
+        assert (v["healthy"]["state"], v["healthy"]["version"], v["healthy"]["irregular"],
+                v["healthy"]["candidates"], v["healthy"]["error"]) == (
+            "analysed", 1, False, [], None), v["healthy"]
+        assert (v["sick"]["state"], v["sick"]["irregular"]) == ("analysed", True), v["sick"]
+        assert v["sick"]["candidates"][0]["ranks"] == [5]
+        assert c.get("/v1/jobs/pending/candidates").json() == []
+        listed = {j["job"]: j["verdict_state"] for j in c.get("/v1/jobs").json()}
+        assert listed == {"bare": "no_data", "pending": "pending", "failed": "failed",
+                          "healthy": "analysed", "sick": "analysed"}, listed
+        assert c.get("/v1/jobs/failed").json()["verdict_state"] == "failed"
+        metrics = c.get("/metrics").text.splitlines()
+        for job, state in listed.items():
+            for s in ("analysed", "no_data", "pending", "failed"):
+                line = f'holmes_job_verdict_state{{job="{job}",state="{s}"}} ' + (
+                    "1.0" if s == state else "0.0")
+                assert line in metrics, (line, [m for m in metrics if job in m])
+            failing = f'holmes_job_analysis_failed{{job="{job}"}} ' + (
+                "1.0" if job == "failed" else "0.0")
+            assert failing in metrics, failing
+            gauges = [m for m in metrics if f'job="{job}"' in m and m.startswith((
+                "holmes_job_slowdown", "holmes_job_irregular_iterations",
+                "holmes_job_verdict_age_seconds", "holmes_job_top_candidate_score"))]
+            assert len(gauges) == (3 if job == "healthy" else 4 if job == "sick" else 0), gauges
+        assert 'holmes_job_slowdown{job="healthy"} 1.0' in metrics
+        # newer data failing to localize: the verdict is kept, stale, with the reason
+        newer = make_ops(seed=3).assign(nbytes=13, iteration=lambda d: d["iteration"] + 100)
+        assert c.post("/v1/jobs/healthy/raw", json=raw_body(newer, "b1", seq=1)
+                      ).status_code == 200
+        kept = c.post("/v1/jobs/healthy/analyze").json()
+        assert (kept["state"], kept["version"], kept["irregular"], kept["stale"],
+                kept["error"]) == ("analysed", 1, False, True,
+                                   "localization failed: RuntimeError: a localizer bug"), kept
+        assert 'holmes_job_analysis_failed{job="healthy"} 1.0' in c.get("/metrics").text
+        # once localized, the pending job has its verdict; asking again of a job of no data
+        # still makes none
+        done = c.post("/v1/jobs/pending/analyze").json()
+        assert (done["state"], done["version"], done["irregular"], done["note"]) == (
+            "analysed", 1, True, None), done
+        assert c.post("/v1/jobs/bare/analyze").json()["state"] == "no_data"
+        # the OpenAPI schema says so to generated clients
+        schemas = c.get("/openapi.json").json()["components"]["schemas"]
+        out = schemas["VerdictOut"]["properties"]
+        assert out["state"]["enum"] == ["no_data", "pending", "failed", "analysed"], out["state"]
+        assert {"type": "null"} in out["irregular"]["anyOf"], out["irregular"]
+        assert "null while the job has no verdict" in out["irregular"]["description"]
+        assert schemas["JobOut"]["properties"]["verdict_state"]["enum"] == out["state"]["enum"]
+    finally:
+        srv.stop()

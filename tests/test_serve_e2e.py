@@ -59,7 +59,7 @@ def test_two_agents_localize_injected_gpu(tmp_path):
         job = httpx.get(srv.url + "/v1/jobs/sim256").json()
         assert job["records"] == len(ops)
         v = httpx.post(srv.url + "/v1/jobs/sim256/analyze", headers=auth(), timeout=60).json()
-        assert v["error"] is None and v["irregular"]
+        assert v["error"] is None and v["state"] == "analysed" and v["irregular"] is True
         assert v["candidates"][0]["device"] == injected, v["candidates"][:2]
         assert v["candidates"][0]["ranks"] == [37]
         sent = sum(int(o.split("sent ")[1].split("(")[1].split(" B")[0]) for o in outs)

@@ -145,3 +145,78 @@ def test_host_names_holding_markup_are_printed_as_they_are(tmp_path):
         assert "gpu:n[/b]000/5" in cells and "gpu:rack[a]-n000/5" in cells, listed.stdout
     finally:
         srv.stop()
+
+
+def test_a_job_without_a_verdict_is_shown_as_none_yet_and_exits_1(tmp_path, monkeypatch):
+    """`holmes jobs JOB` of a job not localized yet exited 0 (and --json printed `irregular:
+    false`), the list showed "-" for its suspect, as for a healthy job. Now: a line saying it
+    has no verdict yet and why, exit 1 ("try again"), and --json prints the service's answer
+    (`state`, `irregular` null) with that line on stderr."""
+    from test_serve import jobs_in_every_verdict_state, start_quiet_server
+
+    monkeypatch.setenv("COLUMNS", "250")  # one line per table row, not folded at 80
+    srv = start_quiet_server(tmp_path)
+    try:
+        jobs_in_every_verdict_state(httpx.Client(base_url=srv.url, headers=auth(), timeout=30))
+        for job, state, said in [
+                ("bare", "no_data", "no data has come for it yet (only its topology)"),
+                ("pending", "pending", "its data has not been localized yet (the service "
+                 "localizes a job after its data arrives, unless started with "
+                 "--analyze-every 0; --analyze asks for it now)"),
+                ("failed", "failed", "localization failed: RuntimeError: a localizer bug")]:
+            shown = holmes("jobs", job, "--server", srv.url)
+            assert shown.returncode == 1, (shown.returncode, shown.stdout, shown.stderr)
+            out = " ".join(shown.stdout.split())
+            assert out.startswith(f"job {job}: no verdict yet: {said}"), out
+            assert "irregular" not in out and "no device blamed" not in out, out
+            assert "sources: 1 (logger)" in out or job == "bare", out
+            answer = holmes("jobs", job, "--json", "--server", srv.url)
+            assert answer.returncode == 1, (answer.stdout, answer.stderr)
+            body = json.loads(answer.stdout)
+            assert (body["state"], body["version"], body["irregular"]) == (state, 0, None), body
+            assert answer.stderr.startswith(f"job {job}: no verdict yet: {said}"), answer.stderr
+        # localized: exit 0, the verdict as before, healthy or not
+        for job, said in [("healthy", "no device blamed"), ("sick", "gpu:rank5")]:
+            shown = holmes("jobs", job, "--server", srv.url)
+            assert shown.returncode == 0, (shown.stdout, shown.stderr)
+            assert shown.stdout.startswith(f"job {job}: verdict 1, computed "), shown.stdout
+            assert said in shown.stdout and "no verdict" not in shown.stdout, shown.stdout
+            answer = holmes("jobs", job, "--json", "--server", srv.url)
+            assert answer.returncode == 0 and not answer.stderr, answer.stderr
+            assert json.loads(answer.stdout)["state"] == "analysed"
+        # the list: "-" is a verdict blaming no device, a job without one says so
+        listed = holmes("jobs", "--server", srv.url)
+        assert listed.returncode == 0, listed.stderr
+        suspect = {line.split("│")[1].strip(): line.split("│")[6].strip()
+                   for line in listed.stdout.splitlines() if line.count("│") >= 8}
+        assert suspect == {"bare": "no verdict: no data yet", "failed":
+                           "no verdict: localization failed", "healthy": "-",
+                           "pending": "no verdict yet", "sick": "gpu:rank5"}, listed.stdout
+        # asked to localize now: the pending job gets its verdict (exit 0), the failing one
+        # still has none (1, with the reason)
+        done = holmes("jobs", "pending", "--analyze", "--token", TOKEN, "--server", srv.url)
+        assert done.returncode == 0 and "job pending: verdict 1" in done.stdout, done.stdout
+        again = holmes("jobs", "failed", "--analyze", "--token", TOKEN, "--server", srv.url)
+        assert again.returncode == 1 and "a localizer bug" in again.stdout, again.stdout
+        # a verdict whose newer data failed to localize is shown (exit 0) with the reason
+        newer = make_ops(seed=3).assign(nbytes=13, iteration=lambda d: d["iteration"] + 100)
+        assert httpx.post(srv.url + "/v1/jobs/healthy/raw", headers=auth(),
+                          json=raw_body(newer, "b1", seq=1)).status_code == 200
+        kept = holmes("jobs", "healthy", "--analyze", "--token", TOKEN, "--server", srv.url)
+        assert kept.returncode == 0, (kept.stdout, kept.stderr)
+        out = " ".join(kept.stdout.split())
+        assert out.startswith("job healthy: verdict 1, computed "), out
+        assert ("newer data has arrived since error: localization failed: RuntimeError: a "
+                "localizer bug (the verdict shown is of older data)") in out, out
+    finally:
+        srv.stop()
+
+
+def test_a_verdict_from_a_service_without_state_is_read_from_its_version():
+    """A service of an earlier version answers no `state`: version 0 is no verdict yet."""
+    from holmes_ml.cli.jobs import verdict_state
+
+    assert verdict_state({"version": 0, "irregular": False}) == "pending"
+    assert verdict_state({"version": 0, "error": "localization failed: X"}) == "failed"
+    assert verdict_state({"version": 3, "irregular": False}) == "analysed"
+    assert verdict_state({"state": "no_data", "version": 0}) == "no_data"

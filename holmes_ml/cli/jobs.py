@@ -74,9 +74,11 @@ def register(app: typer.Typer) -> None:
 
         * `holmes jobs job7 --delete --token $T` — forget a finished job.
 
-        Exit status: 0 answered; 1 no service answered, or it failed (5xx): try again; 2
-        what was given is wrong (an unknown job, a refused token, a --server that is no
-        holmes serve). A job not localized yet answers `version` 0.
+        Exit status: 0 answered; 1 no service answered, or it failed (5xx), or JOB has no
+        verdict yet (no data yet, not localized yet, or its localization failed: a line
+        says which, on stderr with --json): try again; 2 what was given is wrong (an
+        unknown job, a refused token, a --server that is no holmes serve). The list shows
+        such a job's suspect as "no verdict yet" rather than none.
         """
         if (analyze or delete) and job is None:
             raise ValueError(f"--{'analyze' if analyze else 'delete'}: expected a JOB "
@@ -105,11 +107,18 @@ def register(app: typer.Typer) -> None:
         if analyze:
             client.call("POST", f"{path}/analyze")
         verdict = client.call("GET", f"{path}/verdict")
+        none = _no_verdict(verdict)
         if as_json:
             typer.echo(json.dumps(verdict))
+            if none is not None:
+                # stdout stays the service's answer alone; the status says "no verdict yet"
+                typer.echo(none, err=True)
+                raise typer.Exit(1)
             return
         _print_job_verdict(verdict, console)
         _print_sources(client.call("GET", path).get("sources") or [], console)
+        if none is not None:
+            raise typer.Exit(1)  # not known yet: try again, as for a service that failed
 
 
 class _Client:
@@ -174,6 +183,41 @@ def _ago(at: float | None, stamp: bool = True) -> str:
     return f"{ago} ({datetime.fromtimestamp(at).isoformat(sep=' ', timespec='seconds')})"
 
 
+def verdict_state(verdict: dict[str, Any]) -> str:
+    """``state`` of a verdict answer (``analysed``, ``no_data``, ``pending``, ``failed``:
+    :data:`holmes_ml.serve.schemas.VerdictState`); of a service answering without it (an
+    older version), told from ``version`` (0: none) and ``error``."""
+    state = verdict.get("state")
+    if state:
+        return str(state)
+    if verdict.get("version"):
+        return "analysed"
+    return "failed" if verdict.get("error") else "pending"
+
+
+def _no_verdict(verdict: dict[str, Any]) -> str | None:
+    """The line saying that the job of ``verdict`` has no verdict yet, and why (``None``: it
+    has one)."""
+    state = verdict_state(verdict)
+    if state == "analysed":
+        return None
+    if state == "no_data":
+        why = "no data has come for it yet (only its topology); its agents' batches start it"
+    elif state == "failed":
+        why = str(verdict.get("error") or "localizing its data failed")
+    else:
+        why = ("its data has not been localized yet (the service localizes a job after its "
+               "data arrives, unless started with --analyze-every 0; --analyze asks for it "
+               "now)")
+    return f"job {verdict['job']}: no verdict yet: {why}"
+
+
+#: The suspect column of `holmes jobs` for a job without a verdict, by its verdict_state.
+_NO_SUSPECT_YET = {"no_data": "[yellow]no verdict: no data yet[/yellow]",
+                   "pending": "[yellow]no verdict yet[/yellow]",
+                   "failed": "[red]no verdict: localization failed[/red]"}
+
+
 def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> None:
     if not listed:
         console.print(f"no jobs at {server} yet: agents create one with their first batch")
@@ -193,12 +237,16 @@ def _print_jobs(listed: list[dict[str, Any]], server: str, console: Console) -> 
         sources = j.get("sources") or []
         lagging = sum(bool(x.get("lagging")) for x in sources)
         unread = sum(bool(x.get("rows_set_aside") or x.get("files_refused")) for x in sources)
+        shown = escape(suspect)
+        if not top and j.get("verdict_state") in _NO_SUSPECT_YET:
+            # "-" reads as "none to blame": not known yet is something else
+            shown = _NO_SUSPECT_YET[j["verdict_state"]]
         table.add_row(j["job"], j["mode"], f"{j['records']:,}",
                       f"{j['batches']:,} ({len(sources)}"
                       + (f", [red]{lagging} lagging[/red]" if lagging else "")
                       + (f", [yellow]{unread} with unread logs[/yellow]" if unread else "")
                       + ")",
-                      _ago(j.get("last_ingest_at"), stamp=False), escape(suspect),
+                      _ago(j.get("last_ingest_at"), stamp=False), shown,
                       f"{top['score']:.3f}" if top else "")
     console.print(table)
 
@@ -233,16 +281,17 @@ def _print_sources(sources: list[dict[str, Any]], console: Console) -> None:
 
 def _print_job_verdict(verdict: dict[str, Any], console: Console) -> None:
     job = verdict["job"]
-    if not verdict["version"]:
-        console.print(f"job {job}: no verdict yet (the service localizes a job after its "
-                      "data arrives, unless started with --analyze-every 0; --analyze asks "
-                      "for it now)")
-    else:
-        stale = ("; newer data has arrived since" if verdict.get("stale") else "")
-        console.print(f"job {job}: verdict {verdict['version']}, computed "
-                      f"{_ago(verdict['computed_at'])} from {verdict['data_batches']:,} "
-                      f"batch(es){stale}")
+    none = _no_verdict(verdict)
+    if none is not None:
+        # (a failed localization's error is in the line)
+        console.print(escape(none).replace("no verdict yet", "[yellow]no verdict yet[/yellow]",
+                                           1))
+        return
+    stale = ("; newer data has arrived since" if verdict.get("stale") else "")
+    console.print(f"job {job}: verdict {verdict['version']}, computed "
+                  f"{_ago(verdict['computed_at'])} from {verdict['data_batches']:,} "
+                  f"batch(es){stale}")
     if verdict.get("error"):
-        console.print(f"[red]error[/red]: {escape(str(verdict['error']))}")
-    if verdict["version"]:
-        print_verdict(verdict, console)
+        console.print(f"[red]error[/red]: {escape(str(verdict['error']))} (the verdict "
+                      "shown is of older data)")
+    print_verdict(verdict, console)

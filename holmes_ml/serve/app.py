@@ -79,12 +79,16 @@ from holmes_ml.serve.schemas import (  # noqa: E402
     SourceOut,
     TopologyIn,
     VerdictOut,
+    VerdictState,
     finite,
 )
 from holmes_ml.serve.store import Store, StoreError, UnknownJobError  # noqa: E402
 from holmes_ml.topology import Topology  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+#: Every :data:`~holmes_ml.serve.schemas.VerdictState`, in the order /metrics lists them.
+VERDICT_STATES: tuple[VerdictState, ...] = ("analysed", "no_data", "pending", "failed")
 
 DEFAULT_MAX_BODY = 64 * 2**20
 #: A request body of at least this many bytes (inflated) is *large*: parsed into Python objects
@@ -597,8 +601,23 @@ class _JobCollector:
         usual = GaugeMetricFamily(
             "holmes_job_usual_iteration_seconds", "Median time of the iterations the latest "
             "verdict read that are not irregular", labels=["job"])
+        states = GaugeMetricFamily(
+            "holmes_job_verdict_state", "1 for the state the job's verdict is in, 0 for the "
+            "others: analysed (it has one: the holmes_job_* verdict gauges are of it), or, "
+            "while it has none (and those gauges are absent), no_data, pending (not localized "
+            "yet) or failed (its localization failed)", labels=["job", "state"])
+        failing = GaugeMetricFamily(
+            "holmes_job_analysis_failed", "1 when the job's latest localization failed (the "
+            "verdict's error says why; a verdict it has is of older data), else 0",
+            labels=["job"])
         for job in self.service.store.jobs():
             name = job["job"]
+            latest = self.service.store.latest_verdict(name)
+            error = self.service.error(name, job, latest)
+            state = self.service.state(job, latest, error)
+            for s in VERDICT_STATES:
+                states.add_metric([name, s], float(s == state))
+            failing.add_metric([name], float(error is not None))
             records.add_metric([name], float(job["records"]))
             if job["newest_ns"]:
                 lag.add_metric([name], max(0.0, now - job["newest_ns"] / 1e9))
@@ -608,7 +627,6 @@ class _JobCollector:
                     behind.add_metric([name, src["source"]], float(src["behind_iterations"]))
                 aside.add_metric([name, src["source"]], float(src["rows_set_aside"]))
                 refused.add_metric([name, src["source"]], float(len(src["files_refused"])))
-            latest = self.service.store.latest_verdict(name)
             if latest is None:
                 continue
             stale.add_metric([name], now - latest["computed_at"])
@@ -624,8 +642,8 @@ class _JobCollector:
                 c = body["candidates"][0]
                 top.add_metric([name, str(c.get("device") or ""), str(c.get("kind", ""))],
                                finite(c.get("score", 0.0)))
-        yield from (lag, stale, irregular, slowdown, usual, top, records, since, behind, aside,
-                    refused, silent, lacking)
+        yield from (states, failing, lag, stale, irregular, slowdown, usual, top, records,
+                    since, behind, aside, refused, silent, lacking)
 
 
 # ----------------------------------------------------------------------------- webhook
@@ -867,6 +885,10 @@ def _what(payload: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- service
+#: ``error`` of a job's verdict when the service cannot localize at all.
+UNAVAILABLE = "localization unavailable: holmes_ml.pipeline is not installed"
+
+
 @dataclass
 class Service:
     """State shared by the request handlers and the analysis thread."""
@@ -934,18 +956,20 @@ class Service:
         """Recompute ``job``'s verdict if its data changed; returns the latest stored verdict.
 
         With ``retry`` false (the background loop) a job whose localization failed is not
-        tried again until a batch or a topology comes; an explicit request always tries.
+        tried again until a batch or a topology comes; an explicit request always tries. A
+        job no batch has come to (only its topology) gets no verdict: one of no data read
+        as a healthy job (``irregular`` false, no suspect, ``holmes_job_slowdown`` 1).
         """
         with self.lock(job):
             info = self.store.job(job)
             latest = self.store.latest_verdict(job)
-            if latest is not None and not _stale(latest, info):
+            if not info["batches"] or (latest is not None and not _stale(latest, info)):
                 return latest
             state = (int(info["batches"]), int(info["topology_version"]))
             if not retry and self._failed_on.get(job) == state:
                 return latest
             if self.analyzers is None:
-                self.errors[job] = "localization unavailable: holmes_ml.pipeline is not installed"
+                self.errors[job] = UNAVAILABLE
                 return latest
             try:
                 body = compute_verdict(self.store, job, self.analyzers, self.model, self.last)
@@ -969,6 +993,24 @@ class Service:
             # job's notifications are queued in the order of its verdicts
             self._notify(job, latest["verdict"] if latest else None, body, version)
             return self.store.latest_verdict(job)
+
+    def error(self, job: str, info: dict, latest: dict | None) -> str | None:
+        """Why the latest localization of ``job`` (``info``: its row of :meth:`Store.jobs`;
+        ``latest``: its latest verdict) failed, or will: ``None`` when it did not."""
+        error = self.errors.get(job)
+        if error is None and self.analyzers is None and _stale(latest, info):
+            error = UNAVAILABLE  # known before the analysis thread's next pass tries
+        return error
+
+    @staticmethod
+    def state(info: dict, latest: dict | None, error: str | None) -> VerdictState:
+        """Whether a job has a verdict and, when not, why (:data:`VerdictState`): from its
+        row of :meth:`Store.jobs`, its latest verdict and :meth:`error`."""
+        if latest is not None:
+            return "analysed"
+        if not info["batches"]:
+            return "no_data"
+        return "failed" if error else "pending"
 
     def _notify(self, job: str, before: dict | None, body: dict, version: int) -> None:
         """Queue what verdict ``version`` (``body``) of ``job`` calls for after the verdict
@@ -1013,6 +1055,27 @@ class Service:
                     pass  # deleted since the list was read
                 except Exception:  # noqa: BLE001
                     logger.exception("background analysis of %s failed", job["job"])
+
+
+def _no_verdict_note(job: str, state: str, error: str | None, every_s: float) -> str:
+    """The ``note`` of a verdict answer of ``job`` while it has none (``state``; ``error``:
+    why its localization failed), for a service localizing jobs every ``every_s`` seconds (0:
+    only when asked)."""
+    ask = f"POST /v1/jobs/{job}/analyze asks for it now"
+    if state == "no_data":
+        return ("no verdict yet: no data has come for the job (only its topology); it is "
+                "localized once batches arrive")
+    if state == "failed":
+        if error == UNAVAILABLE:
+            return "no verdict yet: this service cannot localize (error says why)"
+        return ("no verdict yet: localizing the job's data failed (error says why); it is "
+                f"tried again when a batch or a topology arrives, or on POST /v1/jobs/{job}/"
+                "analyze")
+    if every_s > 0:
+        return ("no verdict yet: the job's data has not been localized yet; every "
+                f"{every_s:g} s the service localizes the jobs whose data changed, and {ask}")
+    return ("no verdict yet: the job's data has not been localized yet; this service "
+            f"(--analyze-every 0) localizes a job only when asked: {ask}")
 
 
 def _stale(latest: dict | None, info: dict) -> bool:
@@ -1197,9 +1260,10 @@ def create_app(
         top = None
         if latest and latest["verdict"].get("candidates"):
             top = _candidate(latest["verdict"]["candidates"][0])
+        state = service.state(j, latest, service.error(j["job"], j, latest))
         return JobOut(job=j["job"], created_at=j["created_at"],
                       last_ingest_at=j["last_ingest_at"], records=j["records"],
-                      batches=j["batches"], mode=j["mode"], top=top,
+                      batches=j["batches"], mode=j["mode"], verdict_state=state, top=top,
                       sources=[SourceOut(**x) for x in store.sources(j["job"])])
 
     # HEAD: what load balancers send (a route of its own: one route of both methods gives
@@ -1360,17 +1424,31 @@ def create_app(
     @app.get("/v1/jobs/{job}/verdict", response_model=VerdictOut,
              responses=_answers(404, 422, 503))
     def verdict(job: str = JobName) -> VerdictOut:
-        """The latest verdict: irregular iterations and ranked candidates with evidence."""
+        """The latest verdict: irregular iterations and ranked candidates with evidence.
+
+        A job without one yet answers 200 with ``state`` saying why (``no_data``,
+        ``pending``, ``failed``, with ``error`` then), ``version`` 0 and ``irregular`` null:
+        not known, which a reader must not take for healthy; ``note`` says so in words."""
         info = store.job(job)
         latest = store.latest_verdict(job)
-        body = latest["verdict"] if latest else {}
+        error = service.error(job, info, latest)
+        state = service.state(info, latest, error)
+        if latest is None:
+            return VerdictOut(
+                job=job, state=state, version=0, computed_at=0.0, data_batches=0,
+                stale=_stale(latest, info), error=error, irregular=None,
+                irregular_iterations=[], candidates=[],
+                note=_no_verdict_note(job, state, error, settings.analyze_interval_s),
+                slowdown=None, input=None)
+        body = latest["verdict"]
         return VerdictOut(
             job=job,
-            version=latest["version"] if latest else 0,
-            computed_at=latest["computed_at"] if latest else 0.0,
-            data_batches=latest["data_batches"] if latest else 0,
+            state=state,
+            version=latest["version"],
+            computed_at=latest["computed_at"],
+            data_batches=latest["data_batches"],
             stale=_stale(latest, info),
-            error=service.errors.get(job),
+            error=error,
             irregular=bool(body.get("irregular", False)),
             irregular_iterations=[int(i) for i in body.get("irregular_iterations", [])],
             candidates=[_candidate(c) for c in body.get("candidates", [])],
@@ -1383,7 +1461,8 @@ def create_app(
     @app.get("/v1/jobs/{job}/candidates", response_model=list[Candidate],
              responses=_answers(404, 422, 503))
     def candidates(job: str = JobName, limit: int = Query(10, ge=1, le=1000)) -> list:
-        """Ranked candidate devices of the latest verdict, best first."""
+        """Ranked candidate devices of the latest verdict, best first; none while the job has
+        no verdict (its verdict's ``state`` tells that from a verdict blaming no device)."""
         return verdict(job).candidates[:limit]
 
     @app.get("/v1/jobs/{job}/iterations", response_model=list[IterationOut],

@@ -330,17 +330,44 @@ class Candidate(BaseModel):
                                  description="Devices the logs cannot tell apart from this one")
 
 
+#: Whether a job has a verdict and, when it has none, why (``VerdictOut.state``,
+#: ``JobOut.verdict_state``): ``analysed``, it has one; ``no_data``, no batch has come (only its
+#: topology); ``pending``, its data waits for the service to localize it; ``failed``, localizing
+#: its data failed (``error`` says why) and no earlier verdict exists.
+VerdictState = Literal["no_data", "pending", "failed", "analysed"]
+
+VERDICT_STATE_DOC = (
+    "Whether the job has a verdict: 'analysed' (the fields below are its latest verdict) or, "
+    "while it has none, why: 'no_data' (no batch has come yet, only its topology), 'pending' "
+    "(its data has not been localized yet) or 'failed' (localizing its data failed: error "
+    "says why). A job without a verdict is not known to be healthy: irregular is null.")
+
+
 class VerdictOut(BaseModel):
+    """A job's latest verdict, or (``state`` other than ``analysed``) the answer that it has
+    none yet: then ``version`` 0, ``irregular`` null (not known, not false), no irregular
+    iteration nor candidate, and ``note`` saying why in words."""
+
     job: str
-    version: int = Field(description="0 while no verdict has been computed yet")
-    computed_at: float
-    data_batches: int = Field(description="Batches the verdict was computed from")
+    state: VerdictState = Field(description=VERDICT_STATE_DOC)
+    version: int = Field(description="The verdict's number (1, 2, ...); 0 while the job has "
+                         "none (state other than 'analysed')")
+    computed_at: float = Field(description="Unix seconds when the verdict was computed; 0 "
+                               "while the job has none")
+    data_batches: int = Field(description="Batches the verdict was computed from (0 while "
+                              "the job has none)")
     stale: bool = Field(description="True when batches arrived or a topology was set after "
-                        "this verdict")
-    error: str | None = None
-    irregular: bool
-    irregular_iterations: list[int]
-    candidates: list[Candidate]
+                        "this verdict (and, while the job has none, once a batch came)")
+    error: str | None = Field(None, description="Why the job's latest localization failed; "
+                              "null when it did not. With state 'failed' the job has no "
+                              "verdict; with 'analysed' the verdict is of older data (stale)")
+    irregular: bool | None = Field(description="Whether the verdict found irregular "
+                                   "iterations; null while the job has no verdict (state "
+                                   "other than 'analysed'): not known, which is not healthy")
+    irregular_iterations: list[int] = Field(description="Empty while the job has no verdict")
+    candidates: list[Candidate] = Field(description="Suspects, best first; empty when the "
+                                        "verdict blames no device, and while the job has no "
+                                        "verdict (see state)")
     workload: dict | list | None = None
     note: str | None = Field(None, description="A caveat the reader needs (as from holmes "
                              "localize), e.g. that no iteration was irregular")
@@ -380,7 +407,11 @@ class JobOut(BaseModel):
     records: int
     batches: int
     mode: Literal["agent", "raw", "empty"]
-    top: Candidate | None = None
+    verdict_state: VerdictState = Field(description="As the job's verdict's state: "
+                                        + VERDICT_STATE_DOC)
+    top: Candidate | None = Field(None, description="The latest verdict's first suspect; null "
+                                  "when it blames none, and while the job has no verdict "
+                                  "(see verdict_state)")
     sources: list[SourceOut] = []
 
 
