@@ -557,3 +557,101 @@ def test_a_step_number_seen_twice_is_said_not_merged_quietly(tmp_path, caplog):
     assert set(ops["iteration"]) == {7}
     assert "1 ProfilerStep number(s) appear more than once (first: ProfilerStep#7, 2 times)" \
         in caplog.text
+
+
+# --- A rank whose profiler started later: ProfilerStep#N counts the steps since *that rank's*
+# profiler was created, so the ranks number one training step differently.
+
+
+def _late_profiler_traces(d, late, slow, extra=4, steps=40, fault_from=25, seq=False,
+                          skew_us=0.0):
+    """Two gloo ranks run ``steps`` training steps of three all_reduces (40 ms a step); rank
+    ``late`` creates its profiler ``extra`` steps after the other, so its ProfilerStep#N is
+    step N + extra, and starting it stalls rank ``late`` for 3 s (the other one's first
+    all_reduce of step ``extra`` waits that long). From step ``fault_from`` rank ``slow``
+    arrives 30 ms late at the first all_reduce of each step. ``seq``: the operations carry a
+    "Seq" argument (their position in the group, as NCCL records it); ``skew_us``: rank
+    ``late``'s clock runs this far ahead."""
+    events: dict[int, list] = {0: [], 1: []}
+    t, n = 0.0, 0
+    for step in range(steps):
+        slowed = step >= fault_from
+        for rank in (0, 1):
+            first = step - extra if rank == late else step
+            if first < 1:
+                continue  # not recording yet (warm-up, then ProfilerStep#0 is not recorded)
+            skew = skew_us if rank == late else 0.0
+            events[rank].append({"ph": "X", "cat": "user_annotation",
+                                 "name": f"ProfilerStep#{first}", "pid": 1, "tid": 1,
+                                 "ts": t + skew, "dur": 39_000.0 + 30_000.0 * slowed})
+        stall = 3e6 if step == extra else 0.0
+        for k in range(3):
+            start = t + 5_000.0 + 10_000.0 * k + 30_000.0 * slowed * (k > 0)
+            for rank in (0, 1):
+                if (rank == late and step < extra + 1) or (rank != late and step < 1):
+                    continue
+                late_by = 30_000.0 * (slowed and k == 0 and rank == slow)
+                wait = 30_000.0 * (slowed and k == 0 and rank != slow)
+                held = stall if k == 0 and rank != late else 0.0
+                args = {"Input type": ["float"], "Input Dims": [[1024]]}
+                if seq:
+                    args["Seq"] = n
+                events[rank].append({
+                    "ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1,
+                    "tid": 20, "ts": start + late_by + (skew_us if rank == late else 0.0),
+                    "dur": 1_000.0 + 3.0 * ((step * 7 + k) % 5) + wait + held, "args": args})
+            n += 1
+        t += 40_000.0 + 30_000.0 * slowed + (stall if step == extra else 0.0)
+    for rank in (0, 1):
+        _write(d / f"rank{rank}.json", {
+            "traceEvents": events[rank], "baseTimeNanoseconds": BASE_NS,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2,
+                                "pg_config": [{"pg_name": "0", "ranks": [0, 1],
+                                               "backend_config": "cpu:gloo,cuda:gloo"}]}})
+    return d
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_rank_whose_profiler_started_later_is_read_on_the_same_steps(tmp_path, caplog, late):
+    """Rank ``late``'s ProfilerStep#1 is step 5 of the job: its steps are renumbered to match
+    (by the time its collectives end, which is when the other rank's copies end too), so that
+    an instance is one operation of both ranks; the steps only the other rank recorded are left
+    out, and with them the wait for the late rank's profiler to start."""
+    _late_profiler_traces(tmp_path, late=late, slow=1 - late)
+    with caplog.at_level("WARNING"):
+        ops = read_ops(tmp_path, format="kineto")
+    assert f"shifted to match the rank whose profiler started first: rank {late} by +4" \
+        in caplog.text
+    assert "step(s) 1-4 are in the traces of some ranks only" in caplog.text
+    assert "missing on some ranks" not in caplog.text
+    assert ops.groupby("rank")["iteration"].agg(["min", "max"]).to_dict("list") == {
+        "min": [5, 5], "max": [39, 39]}
+    per = ops.groupby(["iteration", "group", "seq"])
+    assert (per["rank"].nunique() == 2).all() and len(per) == 35 * 3
+    end = ops["start_ns"] + (ops["duration_us"] * 1000).round().astype("int64")
+    assert (end.groupby([ops["iteration"], ops["seq"]]).agg(lambda s: s.max() - s.min())
+            == 0).all()
+    assert ops["duration_us"].max() < 1e5  # the 3 s wait for the profiler to start is out
+
+
+def test_steps_are_matched_by_seq_when_the_traces_carry_it(tmp_path, caplog):
+    """With "Seq" the same operation is known on both ranks whatever the clocks say: rank 1's
+    clock 0.5 s ahead (more than a step) does not move its steps off the right ones."""
+    _late_profiler_traces(tmp_path, late=1, slow=0, seq=True, skew_us=500_000.0)
+    with caplog.at_level("WARNING"):
+        ops = read_ops(tmp_path, format="kineto")
+    assert "rank 1 by +4" in caplog.text
+    assert (ops.groupby("seq")["iteration"].nunique() == 1).all()
+    assert (ops.groupby("seq")["rank"].nunique() == 2).all()
+
+
+@pytest.mark.parametrize("late,slow", [(1, 0), (1, 1), (0, 1)])
+def test_the_straggler_is_named_whichever_rank_started_its_profiler_later(tmp_path, late,
+                                                                          slow):
+    """The job above localized: the rank that slowed down from step 25 is named, not the rank
+    whose profiler started later (whose start the other rank waited 3 s for)."""
+    _late_profiler_traces(tmp_path, late=late, slow=slow)
+    verdict = analyze_paths([tmp_path], format="kineto", model="rule")
+    assert verdict.candidates, verdict
+    assert list(verdict.candidates[0].ranks) == [slow]
+    assert verdict.irregular_iterations and min(verdict.irregular_iterations) >= 25

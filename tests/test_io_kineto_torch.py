@@ -132,3 +132,58 @@ def test_real_gloo_subgroups_are_read_as_their_own_communicators(tmp_path, caplo
     per = ops.groupby(["group", "seq"], observed=True)
     assert (per["rank"].nunique() == per["group_ranks"].first().str.split().str.len()).all()
     assert (per["iteration"].nunique() == 1).all()
+
+
+_LATE_PROFILER = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+    rank, store_path, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    t = torch.ones(1024)
+    def step():
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+        dist.all_gather([torch.zeros(1024) for _ in range(2)], t)
+    step_no = 0
+    if rank == 1:                          # three steps before it creates its profiler
+        for _ in range(3):
+            step()
+            step_no += 1
+    export = lambda p: p.export_chrome_trace(f"{out}/rank{rank}.pt.trace.json")
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=export,
+                 schedule=schedule(wait=0, warmup=1, active=12 - step_no, repeat=1)) as prof:
+        while step_no < 13:                # steps 1-12 (rank 0), 4-12 (rank 1) are recorded
+            step()
+            step_no += 1
+            prof.step()
+    dist.destroy_process_group()
+    sys.stderr.flush()
+    os._exit(0)                                              # see _WORKER
+    """
+)
+
+
+@pytest.mark.torch
+def test_real_traces_of_a_rank_whose_profiler_started_later_read_on_the_same_steps(
+        tmp_path, caplog):
+    """Rank 1 ran three steps before creating its profiler: its ProfilerStep#1 is rank 0's
+    ProfilerStep#4. The reader renumbers rank 1's steps (by when its collectives end) and
+    analyses the steps both traces hold; every instance is one operation of both ranks."""
+    pytest.importorskip("torch")
+    out = run_workers(tmp_path, _LATE_PROFILER, ranks=2)
+    with caplog.at_level("WARNING"):
+        ops = read_ops(out, format="kineto")
+    assert "rank 1 by +3" in caplog.text, caplog.text
+    assert "step(s) 1-3 are in the traces of some ranks only" in caplog.text, caplog.text
+    assert "missing on some ranks" not in caplog.text
+    steps = ops.groupby("rank")["iteration"].apply(lambda s: sorted(set(s)))
+    assert steps[0] == steps[1] == list(range(4, 13)), steps
+    per = ops.groupby(["iteration", "group", "seq"])
+    assert (per["rank"].nunique() == 2).all() and (per["op"].nunique() == 1).all()
+    assert len(per) == 9 * 3
+    # the two copies of an instance end together (gloo releases both when the last arrives;
+    # a loaded machine may wake one worker thread late now and then)
+    end = ops["start_ns"] + ops["duration_us"] * 1000
+    assert end.groupby([ops["iteration"], ops["seq"]]).agg(
+        lambda s: s.max() - s.min()).median() < 5e6
