@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import numpy as np
 import pandas as pd
@@ -12,7 +17,20 @@ from _gloo import run_workers
 
 from holmes_ml.collect import LoggerConfig, rank_log_path
 from holmes_ml.collect.writer import COLUMNS, Coded, RowSink
+from holmes_ml.io import read_ops
+from holmes_ml.io.readers import read_arrow_stream
 from holmes_ml.io.schema import validate
+
+
+def _read_back(path, fmt: str) -> pd.DataFrame:
+    """A sink's file as written, string columns as plain text."""
+    if fmt == "parquet":
+        return pd.read_parquet(path)
+    if fmt == "jsonl":
+        return pd.read_json(path, lines=True)
+    got = read_arrow_stream(path).to_pandas()
+    got["group_ranks"] = got["group_ranks"].astype(str)
+    return got
 
 
 def test_config_rejects_bad_values():
@@ -27,9 +45,10 @@ def test_config_rejects_bad_values():
 def test_rank_log_path(tmp_path):
     assert rank_log_path(tmp_path, 3).name == "commops-rank00003.parquet"
     assert rank_log_path(tmp_path, 12, "jsonl").suffix == ".jsonl"
+    assert rank_log_path(tmp_path, 12, "arrow").suffix == ".arrows"
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl"])
 def test_row_sink_round_trip(tmp_path, fmt):
     rng = np.random.default_rng(0)
     path = tmp_path / f"x.{fmt}"
@@ -47,7 +66,7 @@ def test_row_sink_round_trip(tmp_path, fmt):
         sink.write(cols)
         batches.append(pd.DataFrame(cols))
     sink.close()
-    got = pd.read_parquet(path) if fmt == "parquet" else pd.read_json(path, lines=True)
+    got = _read_back(path, fmt)
     want = pd.concat(batches, ignore_index=True)
     assert list(got.columns) == list(COLUMNS)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
@@ -55,7 +74,7 @@ def test_row_sink_round_trip(tmp_path, fmt):
         sink.write({"iteration": [1]})
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl"])
 def test_row_sink_coded_and_numpy_columns(tmp_path, fmt):
     """The logger's flush hands over numpy arrays and coded string columns; the file holds the
     same values (and Arrow types) as with plain lists."""
@@ -81,12 +100,93 @@ def test_row_sink_coded_and_numpy_columns(tmp_path, fmt):
     ref = RowSink(tmp_path / f"plain.{fmt}", fmt)
     ref.write(plain)
     ref.close()
-    if fmt == "parquet":
-        got, want = pd.read_parquet(sink.path), pd.read_parquet(ref.path)
+    if fmt != "jsonl":
+        got, want = _read_back(sink.path, fmt), _read_back(ref.path, fmt)
         pd.testing.assert_frame_equal(got, want)
         assert list(got["group"][:3]) == [names[c] for c in codes[:3]]
     else:
         assert sink.path.read_text() == ref.path.read_text()
+
+
+def test_arrow_log_reads_while_open_and_up_to_a_torn_batch(tmp_path, caplog):
+    """An Arrow stream log is readable as it grows (no footer to wait for), and one cut inside
+    a batch (its writer killed mid-write) reads up to the batch before, with a warning."""
+    n = 40
+    sink = RowSink(tmp_path / "logs" / "r.arrows", "arrow")
+    for it in range(3):
+        sink.write({
+            "iteration": np.full(n, it), "rank": np.arange(n) % 4, "op": ["all_reduce"] * n,
+            "group": ["dp-0"] * n, "seq": np.arange(n) // 4 + it * 10,
+            "nbytes": np.full(n, 1 << 20), "start_ns": 10**18 + it * 10**9 + np.arange(n),
+            "duration_us": np.full(n, 100.0), "group_ranks": ["0 1 2 3"] * n,
+            "group_kind": ["dp"] * n, "peer": np.full(n, -1), "host": ["h"] * n,
+            "job": [""] * n})
+    try:
+        assert len(read_ops(sink.path)) == 3 * n  # the writer still open
+        data = sink.path.read_bytes()
+        torn = tmp_path / "torn.arrows"
+        torn.write_bytes(data[:-50])
+        got = read_ops(torn)
+        assert len(got) == 2 * n and sorted(got["iteration"].unique()) == [0, 1]
+        assert any("torn.arrows" in r.getMessage() and "cut short" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        sink.close()
+    assert len(read_ops(tmp_path / "logs")) == 3 * n
+
+
+_KILLED_WORKER = textwrap.dedent(
+    """
+    import pathlib, sys, time, torch, torch.distributed as dist
+    from holmes_ml.collect import CommOpsLogger, LoggerConfig
+    rank, store_path, out, fmt = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    with CommOpsLogger(LoggerConfig(out_dir=out, fmt=fmt, flush_every=4)) as log:
+        for it in range(6):
+            for _ in range(2):
+                dist.all_reduce(torch.ones(4))
+            log.step()
+        dist.barrier()
+        pathlib.Path(out, f"ready{rank}").touch()
+        time.sleep(600)  # killed here, inside the logger: no footer, no final flush
+    """
+)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_logs_of_a_killed_gloo_job(tmp_path, fmt):
+    """A real 2-rank gloo job killed (SIGKILL) inside the logger: its Arrow logs read up to
+    their last flush, its Parquet logs (no footer) are refused saying why."""
+    pytest.importorskip("torch")
+    script = tmp_path / "worker.py"
+    script.write_text(_KILLED_WORKER)
+    out = tmp_path / "logs"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"),
+                               str(out), fmt], env=env, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not all((out / f"ready{r}").exists() for r in range(2)):
+            for p in procs:
+                assert p.poll() is None, p.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the workers never got ready"
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.communicate(timeout=30)
+    if fmt == "parquet":
+        with pytest.raises(Exception, match="none with its footer.*fmt='arrow'"):
+            read_ops(out)
+        return
+    ops = read_ops(out)
+    # 12 all_reduces and a barrier per rank: flushed every 4 rows, the last rows unflushed
+    assert sorted(ops["rank"].unique()) == [0, 1]
+    assert (ops.groupby("rank").size() == 12).all(), ops.groupby("rank").size()
+    assert set(ops["op"]) == {"all_reduce"}
 
 
 _WORKER = textwrap.dedent(

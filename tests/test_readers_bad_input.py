@@ -101,7 +101,7 @@ def test_parquet_logs_all_without_footer_are_refused_saying_why(tmp_path):
             w.close()
     assert "2 Parquet files, none with its footer" in str(every.value)
     msg = str(one.value)
-    assert "rank-0.parquet" in msg and "without its footer" in msg and "fmt='jsonl'" in msg
+    assert "rank-0.parquet" in msg and "without its footer" in msg and "fmt='arrow'" in msg
     # a file cut anywhere else (the footer there, a column chunk gone) is still unreadable
     whole = tmp_path / "whole.parquet"
     _ops().to_parquet(whole)

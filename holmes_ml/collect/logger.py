@@ -94,10 +94,12 @@ class LoggerConfig:
     out_dir:
         Directory of the per-rank files (see :func:`rank_log_path`).
     fmt:
-        ``"parquet"`` (compact, cheapest to write) or ``"jsonl"``. A Parquet file is readable
-        only once closed (its footer is written on exit): while the job runs, or after it was
-        killed, the readers skip it with a warning. JSON Lines is readable as it grows, up to
-        the last flush, and is what ``holmes agent`` needs to follow a running job.
+        ``"parquet"``, ``"arrow"`` (an Arrow IPC stream, ``.arrows``) or ``"jsonl"``. A
+        Parquet file is readable only once closed (its footer is written on exit): while the
+        job runs, or after it was killed, the readers skip it with a warning. An Arrow stream
+        (as cheap to write, zstd-compressed) and JSON Lines (slower) are readable as they grow,
+        up to the last flush, even after a crash: what ``holmes agent`` needs to follow a
+        running job.
     flush_every:
         Completed rows buffered before they are appended to the file.
     group_names, group_kinds:

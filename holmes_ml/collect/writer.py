@@ -1,4 +1,5 @@
-"""Per-rank sink for CommOps rows: Parquet row groups or JSON Lines, appended flush by flush.
+"""Per-rank sink for CommOps rows: Parquet row groups, Arrow IPC stream batches or JSON Lines,
+appended flush by flush.
 
 The logger hands over plain column lists; this module owns the file format so the hot path never
 touches pyarrow.
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 logger = logging.getLogger(__name__)
 
 #: Formats :class:`RowSink` writes, with their file suffix.
-FORMATS: dict[str, str] = {"parquet": ".parquet", "jsonl": ".jsonl"}
+FORMATS: dict[str, str] = {"parquet": ".parquet", "arrow": ".arrows", "jsonl": ".jsonl"}
 
 #: Column order and Arrow type of every file the logger writes (canonical schema + optionals).
 ARROW_SCHEMA = pa.schema(
@@ -91,17 +92,20 @@ def _as_list(values: Any) -> list[Any]:
 
 
 class RowSink:
-    """Append column batches to one file; each Parquet batch becomes one row group.
+    """Append column batches to one file; each Parquet batch becomes one row group, each Arrow
+    batch one record batch of an IPC stream (``.arrows``).
 
     Parameters
     ----------
     path:
         Output file; its parent directory is created.
     fmt:
-        ``"parquet"`` or ``"jsonl"``.
+        ``"parquet"``, ``"arrow"`` or ``"jsonl"``.
     """
 
     def __init__(self, path: str | Path, fmt: str = "parquet") -> None:
+        self._stream: Any = None  # "arrow": the open file and its IPC stream writer
+        self._file: Any = None
         if fmt not in FORMATS:
             raise ValueError(f"fmt={fmt!r} is not a known log format; expected one of {list(FORMATS)}")
         self.path = Path(path)
@@ -121,14 +125,19 @@ class RowSink:
         n = len(columns["iteration"])
         if n == 0:
             return
-        if self.fmt == "parquet":
+        if self.fmt in ("parquet", "arrow"):
             table = pa.Table.from_pydict(
                 {f.name: _arrow_column(columns[f.name], f.type) for f in _WRITE_SCHEMA},
                 schema=_WRITE_SCHEMA,
             )
-            if self._parquet is None:
-                self._parquet = pq.ParquetWriter(self.path, _WRITE_SCHEMA, **_PARQUET_OPTIONS)
-            self._parquet.write_table(table)
+            if self.fmt == "arrow":
+                self._open_stream().write_table(table)
+                self._file.flush()  # readable up to here, by a reader or after a crash
+            else:
+                if self._parquet is None:
+                    self._parquet = pq.ParquetWriter(self.path, _WRITE_SCHEMA,
+                                                     **_PARQUET_OPTIONS)
+                self._parquet.write_table(table)
         else:
             with self.path.open("a", encoding="utf-8") as fh:
                 # numpy scalars are not JSON: go through plain Python values
@@ -138,12 +147,26 @@ class RowSink:
                     fh.write("\n")
         self.rows_written += n
 
+    def _open_stream(self) -> Any:
+        """The Arrow IPC stream writer, opened on first use. Each batch goes out whole with its
+        dictionaries (no deltas), zstd-compressed: a stream needs no footer, so a reader sees
+        every batch flushed so far and a crash loses at most the batch being written."""
+        if self._stream is None:
+            self._file = self.path.open("wb")
+            self._stream = pa.ipc.new_stream(
+                self._file, _WRITE_SCHEMA,
+                options=pa.ipc.IpcWriteOptions(compression="zstd"))
+        return self._stream
+
     def close(self) -> None:
         """Finish the file (Parquet footer). A sink that never got rows writes an empty table."""
         if self._closed:
             return
         self._closed = True
-        if self.fmt == "parquet":
+        if self.fmt == "arrow":
+            self._open_stream().close()
+            self._file.close()
+        elif self.fmt == "parquet":
             if self._parquet is None:
                 pq.write_table(ARROW_SCHEMA.empty_table(), self.path)
             else:

@@ -73,8 +73,8 @@ class UnfinishedParquetError(SchemaError):
 #: What a Parquet file without its footer is expected to be instead.
 UNFINISHED_PARQUET_EXPECTED = (
     "a closed Parquet file (its footer is written when its writer closes it: CommOpsLogger "
-    "on exit); to read a running job's logs, or to keep them through a crash, have the logger "
-    "write JSON Lines (LoggerConfig(fmt='jsonl'))")
+    "on exit); to read a running job's logs, or keep them through a crash, have the logger "
+    "write an Arrow stream (LoggerConfig(fmt='arrow')) or JSON Lines (fmt='jsonl')")
 
 
 def unfinished_parquet(path: str | Path) -> UnfinishedParquetError | None:
@@ -99,6 +99,63 @@ def unfinished_parquet(path: str | Path) -> UnfinishedParquetError | None:
         "a Parquet file without its footer: its writer has not closed it yet (a running "
         "job) or was killed before it could, so none of its rows can be read",
         source=str(p), value=f"{size:,} bytes", expected=UNFINISHED_PARQUET_EXPECTED)
+
+
+#: How an Arrow IPC stream starts: the continuation marker of its schema message.
+_ARROW_STREAM_HEAD = b"\xff\xff\xff\xff"
+
+
+def _is_arrow_stream(name: str, head: bytes) -> bool:
+    """Whether a file (lower-case ``name`` without ``.gz``, first bytes ``head``) is an Arrow
+    IPC stream, as the logger writes with ``fmt="arrow"``."""
+    return name.endswith(".arrows") or head[:4] == _ARROW_STREAM_HEAD
+
+
+def read_arrow_stream(path: str | Path) -> pa.Table:
+    """An Arrow IPC stream file (``.arrows``, the logger's ``fmt="arrow"``) as one table: every
+    record batch complete in the file, string columns decoded but the member lists
+    (``group_ranks``, kept dictionary-encoded as :func:`_plain_parquet` keeps them).
+
+    A stream needs no footer: a file still being written, or whose writer was killed, reads up
+    to its last whole batch, with a warning naming the file when a batch is cut short.
+    Raises :class:`SchemaError` when not even the stream's schema can be read.
+    """
+    p = Path(path)
+    batches = []
+    try:
+        with pa.OSFile(str(p), "rb") as fh:
+            reader = pa.ipc.open_stream(fh)
+            schema = reader.schema
+            try:
+                for batch in reader:
+                    batches.append(batch)
+            except (pa.ArrowInvalid, OSError) as exc:
+                logger.warning("%s: its last record batch is cut short (still being written, "
+                               "or its writer was killed): the %d rows before it are read (%s)",
+                               p, sum(len(b) for b in batches), exc)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SchemaError(f"cannot read an Arrow IPC stream: {exc}", source=str(p),
+                          expected="an Arrow IPC stream of CommOps rows (as CommOpsLogger "
+                          "writes with fmt='arrow'), starting with its schema") from None
+    table = pa.Table.from_batches(batches, schema=schema)
+    plain = [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type)
+             and f.name != "group_ranks" else f for f in table.schema]
+    table = table.cast(pa.schema(plain))
+    at = table.schema.get_field_index("group_ranks")
+    if at >= 0 and pa.types.is_dictionary(table.schema.field(at).type):
+        # a batch's dictionary may hold a value twice (two groups of the same members), which
+        # pandas refuses as categories: map each onto its first copy
+        column = table.column(at)
+        table = table.set_column(at, "group_ranks", pa.chunked_array(
+            [_unique_dictionary(c) for c in column.chunks], type=column.type))
+        table = table.unify_dictionaries()
+    return table
+
+
+def _unique_dictionary(chunk: pa.DictionaryArray) -> pa.DictionaryArray:
+    """``chunk`` with each dictionary value once (work on the dictionary, not per row)."""
+    values = chunk.dictionary.dictionary_encode()
+    return pa.DictionaryArray.from_arrays(values.indices.take(chunk.indices), values.dictionary)
 
 
 def _strip_gz(name: str) -> str:
@@ -143,6 +200,8 @@ def detect_format(path: str | Path) -> str:
         from holmes_ml.io.bytedance import looks_like_bytedance
 
         return "bytedance" if looks_like_bytedance(p) else "native"
+    if _is_arrow_stream(name, head):
+        return "native"
     if name.endswith((".pkl", ".pickle")) or head[:1] == b"\x80":
         return "flight-recorder"
     if _looks_utf16(head):
@@ -264,6 +323,8 @@ def read_native(path: str | Path) -> pd.DataFrame:
             if unfinished is not None:
                 raise unfinished
             return pd.read_parquet(p)
+        if _is_arrow_stream(name, head):
+            return read_arrow_stream(p).to_pandas()
         if _is_json_array(p):
             return _read_json_array(p)
         if name.endswith((".jsonl", ".ndjson", ".json")) or head[:1] == b"{":
@@ -722,9 +783,15 @@ def _lists_once(table: pd.DataFrame) -> pd.DataFrame:
 
 def _plain_parquet(f: Path) -> pa.Table | None:
     """``f`` as an Arrow table (member lists dictionary-encoded) when it is a Parquet file
-    without pandas metadata, as the logger writes them: turning each such file into a pandas
-    table on its own costs more than reading it. None for any other file, or one that does
-    not read so (:func:`read_native` then reads it, or says why it cannot)."""
+    without pandas metadata or an Arrow IPC stream, as the logger writes them: turning each
+    such file into a pandas table on its own costs more than reading it. None for any other
+    file, or one that does not read so (:func:`read_native` then reads it, or says why it
+    cannot)."""
+    if f.name.lower().endswith(".arrows"):
+        try:
+            return read_arrow_stream(f)
+        except SchemaError:
+            return None  # read_native says why
     if not f.name.lower().endswith(".parquet"):
         return None
     try:

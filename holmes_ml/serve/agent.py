@@ -4,7 +4,8 @@ Each poll the agent (1) reads what its ranks' log files gained — in the follow
 its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a CommOps log, or
 a JSON file in none of the trace formats (a config), is ignored with a warning — (``*.jsonl``
 and ``*.csv`` are
-read incrementally; ``*.parquet`` is re-read when it changes; traces in the other supported
+read incrementally; ``*.parquet`` (once closed) and ``*.arrows`` (an Arrow IPC stream, up to its
+last whole batch) are re-read when they change; traces in the other supported
 formats — Kineto, Flight Recorder, NCCL Inspector, ByteDance what-if Parquet, gzipped logs — are
 re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
@@ -18,10 +19,10 @@ watermark says was already queued, so a crash of the agent or of the service los
 
 A few rows of a followed log that break the schema (an unknown op, a value of the wrong type, a
 torn line) are set aside with a WARNING naming each by its line of the file, and the rows after
-them ship. A log file the agent cannot read (a Parquet file without its footer: a running job's, or one
-whose writer was killed; a chunk half of whose rows are bad, a missing column) is logged as an
-ERROR naming the file and set aside until it changes;
-the other files keep being shipped (the other traces read together with a bad one too). A line
+them ship. A log file the agent cannot read (a Parquet file without its footer: a running
+job's, or one whose writer was killed; a chunk half of whose rows are bad, a missing column) is
+logged as an ERROR naming the file and set aside until it changes; the other files keep being
+shipped (the other traces read together with a bad one too). A line
 still being written (no newline yet) is simply not read yet.
 """
 
@@ -61,7 +62,9 @@ from holmes_ml.topology import GPUS_PER_HOST, assumed_host, local_index
 
 logger = logging.getLogger(__name__)
 
-PATTERNS = ("*.jsonl", "*.csv", "*.parquet")
+PATTERNS = ("*.jsonl", "*.csv", "*.parquet", "*.arrows")
+#: Logs re-read whole when they change (their rows replace those read before).
+_REREAD_SUFFIXES = (".parquet", ".arrows")
 #: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
 _WHOLE = "<whole-file traces>"
@@ -451,12 +454,15 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     fails to parse is read again (from the same offset) once the file changes.
     """
     st = path.stat()
-    if path.suffix == ".parquet":
+    if path.suffix in _REREAD_SUFFIXES:
         stamp = (st.st_size, st.st_mtime_ns)
         if stamp == state.stamp:
             return None
         state.stamp = stamp
-        from holmes_ml.io.readers import unfinished_parquet
+        from holmes_ml.io.readers import read_arrow_stream, unfinished_parquet
+
+        if path.suffix == ".arrows":  # a stream: every batch written so far
+            return read_arrow_stream(path).to_pandas()
 
         unfinished = unfinished_parquet(path)  # a running job's log: said as such, tried again
         if unfinished is not None:
@@ -700,7 +706,7 @@ def _culprit(paths: list[Path], exc: BaseException) -> tuple[Path, BaseException
 def _describe(exc: BaseException) -> str:
     # A SchemaError (or one of our ValueErrors) reads as a sentence already; a reader's
     # exception (ArrowInvalid, ParserError, ...) needs its name to mean anything.
-    if type(exc) in (SchemaError, ValueError):
+    if isinstance(exc, SchemaError) or type(exc) is ValueError:
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
@@ -881,8 +887,8 @@ class Agent:
                     self._aside_last[path] = aside[-1]
                 if df is None or df.empty:
                     continue
-                if path.suffix == ".parquet":
-                    # Re-read parquet replaces that file's rows.
+                if path.suffix in _REREAD_SUFFIXES:
+                    # A re-read file's rows replace those read from it before.
                     df["_file"] = str(path)
                     if len(self._ops) and "_file" in self._ops.columns:
                         self._ops = self._ops[self._ops["_file"] != str(path)]
