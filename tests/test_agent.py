@@ -80,6 +80,51 @@ def test_agent_csv_incremental_reads_partial_lines(tmp_path):
     assert 0 < first < len(ops) and first + second == len(ops)
 
 
+def test_agent_follows_growing_arrow_logs_reading_each_batch_once(tmp_path, caplog):
+    """An Arrow stream log is followed like a CSV: each poll reads the batches written since
+    the last (not the file again), and a writer restarted under the same name is read anew."""
+    from holmes_ml.collect.writer import COLUMNS, RowSink
+
+    ops = make_ops(seed=14, ranks=2, iterations=6).assign(job="")
+    logs = tmp_path / "logs"
+    sinks = {r: RowSink(logs / f"rank{r}.arrows", "arrow") for r in (0, 1)}
+
+    def flush(r, rows):
+        sinks[r].write({c: rows[c].to_numpy() for c in COLUMNS})
+
+    srv = start_server(tmp_path)
+    agent = Agent(AgentConfig(follow=logs, server=srv.url, job="arrows", token=TOKEN,
+                              source="n1", backoff_s=0.05, timeout_s=5),
+                  summarize=fallback_summarize)
+    try:
+        for it in range(4):
+            for r in (0, 1):
+                flush(r, ops[(ops["rank"] == r) & (ops["iteration"] == it)])
+            assert agent.read_new() == int((ops["iteration"] == it).sum())
+            assert agent.read_new() == 0
+        assert agent.stats.raw_bytes == sum(s.path.stat().st_size for s in sinks.values())
+        # rank 1's writer starts its file again (a restarted job): read from its start
+        sinks[1].close()
+        sinks[1] = RowSink(logs / "rank1.arrows", "arrow")
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            flush(1, ops[(ops["rank"] == 1) & (ops["iteration"] >= 4)])
+            assert agent.read_new() == int(((ops["rank"] == 1) & (ops["iteration"] >= 4)).sum())
+        # (replaced, or truncated when the new file got the old one's inode)
+        assert "rank1.arrows was " in caplog.text
+        assert "reading it again from its start" in caplog.text
+        flush(0, ops[(ops["rank"] == 0) & (ops["iteration"] >= 4)])
+        for sink in sinks.values():
+            sink.close()
+        agent.run(once=True)
+        assert agent.bad_files == {}
+        its = httpx.get(srv.url + "/v1/jobs/arrows/iterations", headers=auth()).json()
+        assert [i["iteration"] for i in its] == list(range(6))
+        assert httpx.get(srv.url + "/v1/jobs/arrows", headers=auth()).json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
 def test_agent_reads_other_formats_whole_and_survives_a_bad_file(tmp_path):
     logs = _kineto_job(tmp_path)
     ops = make_ops(seed=13, ranks=2, iterations=3)

@@ -63,7 +63,9 @@ def test_cli_refuses_an_option_the_named_benchmark_would_ignore(tmp_path):
     for args, said in [(["simulator", "--localizer", "holmes_ml.bench.plugins:example_longest_comm"],
                         "--localizer does not apply to bench simulator; it applies to localize"),
                        (["features", "--keep-cores-awake"],
-                        "--keep-cores-awake does not apply to bench features")]:
+                        "--keep-cores-awake does not apply to bench features"),
+                       (["features", "--log-format", "arrow"],
+                        "--log-format does not apply to bench features; it applies to logger")]:
         result = CliRunner().invoke(app, ["bench", *args, "--quick", "--out",
                                           str(tmp_path / "out")], env={"COLUMNS": "400"})
         assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output

@@ -3,6 +3,7 @@ the spinning helper process gone afterwards (it must never outlive the benchmark
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -31,3 +32,23 @@ def test_logger_bench_keeps_cores_awake_and_cleans_up(monkeypatch: pytest.Monkey
     assert math.isfinite(f["overhead_us_per_op"]) and f["unlogged_us_per_op"] > 0
     assert f["flush_us_per_op"] >= 0 and f["gc_us_per_op"] >= 0
     assert result.config["rows_logged"] > 0
+
+
+@pytest.mark.torch
+def test_logger_bench_measures_the_format_asked_for(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from holmes_ml.cli import app
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["bench", "logger", "--quick", "--log-format", "arrow",
+                                      "--out", str(out)], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    got = json.loads((out / "logger.json").read_text())
+    assert got["config"]["fmt"] == "arrow" and got["config"]["rows_logged"] > 0
+    assert got["figures"]["flush_us_per_op"] > 0
+    bad = CliRunner().invoke(app, ["bench", "logger", "--quick", "--log-format", "csv",
+                                   "--out", str(out)], env={"COLUMNS": "400"})
+    assert bad.exit_code == 2
+    assert "'csv' is not a log format; expected one of parquet, arrow, jsonl" in \
+        " ".join(bad.output.split()), bad.output

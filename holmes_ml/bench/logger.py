@@ -110,8 +110,11 @@ def _spinner() -> Any:
     return subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"])
 
 
-def run(quick: bool = False, keep_cores_awake: bool = False) -> BenchResult:
-    """Measure the added µs per logged op (see the module docstring for the method).
+def run(quick: bool = False, keep_cores_awake: bool = False, fmt: str = "parquet"
+        ) -> BenchResult:
+    """Measure the added µs per logged op (see the module docstring for the method), the
+    logger writing its file as ``fmt`` (``"parquet"``, the default a user gets; ``"arrow"``;
+    ``"jsonl"``).
 
     ``keep_cores_awake`` runs a lowest-priority spinning process during the measurement, as the
     busy cores of a training job would be: on an idle machine each gloo call wakes a sleeping
@@ -119,14 +122,14 @@ def run(quick: bool = False, keep_cores_awake: bool = False) -> BenchResult:
     """
     spinner = _spinner() if keep_cores_awake else None
     try:
-        return _run(quick, keep_cores_awake)
+        return _run(quick, keep_cores_awake, fmt)
     finally:
         if spinner is not None:
             spinner.kill()
             spinner.wait()
 
 
-def _run(quick: bool, keep_cores_awake: bool) -> BenchResult:
+def _run(quick: bool, keep_cores_awake: bool, fmt: str) -> BenchResult:
     dist = import_torch_distributed()
     import torch
 
@@ -144,7 +147,7 @@ def _run(quick: bool, keep_cores_awake: bool) -> BenchResult:
     tensor = torch.zeros(4)
     flush_ns: list[int] = []
     try:
-        with CommOpsLogger(LoggerConfig(out_dir=tmp, timing="wall")) as log:
+        with CommOpsLogger(LoggerConfig(out_dir=tmp, timing="wall", fmt=fmt)) as log:
             logged_fn = dist.all_reduce
             plain_fn = logged_fn.__wrapped__  # the very function the logger calls
             real_flush = log.flush
@@ -165,7 +168,7 @@ def _run(quick: bool, keep_cores_awake: bool) -> BenchResult:
             log.flush = timed_flush  # type: ignore[method-assign]
             for fn in (plain_fn, logged_fn):  # warm up both paths (caches, first-use groups)
                 _block(fn, tensor, 1000)
-            log.flush()  # the first flush creates the Parquet writer: a one-time cost, apart
+            log.flush()  # the first flush opens the file's writer: a one-time cost, apart
             setup_flush_ns = flush_ns.pop()
             gc.callbacks.append(gc_clock)
             try:
@@ -221,6 +224,7 @@ def _run(quick: bool, keep_cores_awake: bool) -> BenchResult:
         },
         config={"keep_cores_awake": keep_cores_awake, "block_pairs": pairs, "ops_per_block": block, "quick": quick,
                 "flush_every": flush_every, "rows_logged": rows_written, "world_size": 1,
+                "fmt": fmt,
                 "backend": "gloo", "tensor_elems": 4, "torch": torch.__version__,
                 "method": "median of paired ABAB/BABA block differences + flush CPU time per "
                           "row + GC pause time of logged minus plain blocks per op; bootstrap "

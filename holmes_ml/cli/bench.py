@@ -31,7 +31,7 @@ def _accepts(name: str, param: str) -> bool:
 
 def _run_one(
     name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None,
-    awake: bool = False,
+    awake: bool = False, log_format: str | None = None,
 ) -> str:
     run = _runner(name)
     kwargs: dict = {"quick": quick}
@@ -44,6 +44,8 @@ def _run_one(
         kwargs["model"] = model
     if awake and "keep_cores_awake" in params:
         kwargs["keep_cores_awake"] = True
+    if log_format is not None and "fmt" in params:
+        kwargs["fmt"] = log_format
     commit = git_commit()  # of the start: a commit made while it runs is not what it measured
     result = run(**kwargs)
     path = write_result(result, out, commit)
@@ -92,6 +94,12 @@ def register(app: typer.Typer) -> None:
             "call hands over to a sleeping core, whose wake-up inflates the op and the "
             "logger's share alike; the JSON records the condition.",
         ),
+        log_format: str = typer.Option(
+            None, "--log-format",
+            help="logger: the file format the logger writes while measured: parquet (the "
+            "default a user gets), arrow (an Arrow IPC stream, readable while written) or "
+            "jsonl. The JSON records it.",
+        ),
     ) -> None:
         """Measure speed, memory or accuracy.
 
@@ -127,7 +135,8 @@ def register(app: typer.Typer) -> None:
         for given, option, param in ((localizer, "--localizer", "localizers"),
                                      (model is not None, "--model", "model"),
                                      (keep_cores_awake, "--keep-cores-awake",
-                                      "keep_cores_awake")):
+                                      "keep_cores_awake"),
+                                     (log_format is not None, "--log-format", "fmt")):
             if not given:
                 continue
             users = [n for n in BENCHMARKS if _accepts(n, param)]
@@ -135,10 +144,15 @@ def register(app: typer.Typer) -> None:
                 # it would be ignored without a word, and the figures read as if it was used
                 raise typer.BadParameter(f"{option} does not apply to bench {name}; it applies "
                                          f"to {', '.join(users)}", param_hint=option)
+        from holmes_ml.collect.writer import FORMATS as LOG_FORMATS
+
+        if log_format is not None and log_format not in LOG_FORMATS:
+            raise typer.BadParameter(f"{log_format!r} is not a log format; expected one of "
+                                     f"{', '.join(LOG_FORMATS)}", param_hint="--log-format")
         check_writable(out, "--out", directory=True)
         out.mkdir(parents=True, exist_ok=True)  # now: not after an hour of work
-        reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake)
-                   for n in names]
+        reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake,
+                            log_format) for n in names]
         if name == "all":
             index = out / "index.md"
             index.write_text(

@@ -22,11 +22,12 @@ import logging
 import lzma
 import os
 import re
+import struct
 import tempfile
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -134,10 +135,19 @@ def read_arrow_stream(path: str | Path) -> pa.Table:
                                "or its writer was killed): the %d rows before it are read (%s)",
                                p, sum(len(b) for b in batches), exc)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise SchemaError(f"cannot read an Arrow IPC stream: {exc}", source=str(p),
-                          expected="an Arrow IPC stream of CommOps rows (as CommOpsLogger "
-                          "writes with fmt='arrow'), starting with its schema") from None
-    table = pa.Table.from_batches(batches, schema=schema)
+        raise _not_an_arrow_stream(p, exc) from None
+    return _canonical_arrow(pa.Table.from_batches(batches, schema=schema))
+
+
+def _not_an_arrow_stream(p: Path, exc: BaseException) -> SchemaError:
+    return SchemaError(f"cannot read an Arrow IPC stream: {exc}", source=str(p),
+                       expected="an Arrow IPC stream of CommOps rows (as CommOpsLogger writes "
+                       "with fmt='arrow'), starting with its schema")
+
+
+def _canonical_arrow(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary-encoded string columns decoded, but ``group_ranks``
+    (one dictionary over the table, each value once)."""
     plain = [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type)
              and f.name != "group_ranks" else f for f in table.schema]
     table = table.cast(pa.schema(plain))
@@ -150,6 +160,135 @@ def read_arrow_stream(path: str | Path) -> pa.Table:
             [_unique_dictionary(c) for c in column.chunks], type=column.type))
         table = table.unify_dictionaries()
     return table
+
+
+@dataclass(frozen=True)
+class ArrowStreamTail:
+    """Where :func:`read_arrow_stream_tail` left an Arrow IPC stream that is still growing:
+    the bytes read (``offset``, always the end of a whole message), the stream's schema message
+    (``head``) and, per dictionary id, the messages that make its current dictionary (the
+    last replacement and the deltas after it) - what a batch written later may refer to."""
+
+    offset: int = 0
+    head: bytes | None = None
+    dictionaries: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
+    #: the stream's end-of-stream marker was read: its writer closed it
+    ended: bool = False
+    #: rows of the record batches read so far (the row number of the next one)
+    rows: int = 0
+
+
+def _flatbuffer_table(buf: bytes, at: int) -> tuple[int, int]:
+    """(table, vtable) positions of the flatbuffer table the offset at ``at`` points to."""
+    table = at + struct.unpack_from("<I", buf, at)[0]
+    return table, table - struct.unpack_from("<i", buf, table)[0]
+
+
+def _flatbuffer_field(buf: bytes, vtable: int, index: int) -> int:
+    """Offset of field ``index`` within its table (0: absent, the default applies)."""
+    at = 4 + 2 * index
+    return struct.unpack_from("<H", buf, vtable + at)[0] \
+        if at + 2 <= struct.unpack_from("<H", buf, vtable)[0] else 0
+
+
+def _dictionary_batch(metadata: bytes) -> tuple[int, bool]:
+    """(id, isDelta) of an Arrow IPC dictionary message, read off its flatbuffer metadata
+    (Message.fbs: the message's ``header`` is field 2; a DictionaryBatch's ``id`` field 0,
+    ``isDelta`` field 2)."""
+    table, vtable = _flatbuffer_table(metadata, 0)
+    header = _flatbuffer_field(metadata, vtable, 2)
+    table, vtable = _flatbuffer_table(metadata, table + header)
+    at_id = _flatbuffer_field(metadata, vtable, 0)
+    at_delta = _flatbuffer_field(metadata, vtable, 2)
+    return (struct.unpack_from("<q", metadata, table + at_id)[0] if at_id else 0,
+            bool(metadata[table + at_delta]) if at_delta else False)
+
+
+def read_arrow_stream_tail(path: str | Path, tail: ArrowStreamTail,
+                           max_bytes: int = 64 << 20) -> tuple[pa.Table | None, ArrowStreamTail]:
+    """The record batches an Arrow IPC stream gained since ``tail``, and where the next call
+    starts: what a follower of a growing ``.arrows`` log reads at each poll, in time and memory
+    proportional to what was added (not to the file).
+
+    A message still being written is left for the next call; ``max_bytes`` bounds what one call
+    reads (a message larger than it is read whole), so a long file is caught up over several. Returns ``(None, tail)`` when no whole
+    batch was added. The table is as :func:`read_arrow_stream` gives it. Raises
+    :class:`SchemaError` when the file does not start with a stream's schema.
+    """
+    p = Path(path)
+    if tail.ended:
+        return None, tail
+    with p.open("rb") as fh:
+        fh.seek(tail.offset)
+        data = fh.read(max_bytes)
+        if len(data) == max_bytes:  # a message may go on past the bound: read it whole
+            while (need := _message_size(data) - len(data)) > 0 and (more := fh.read(need)):
+                data += more
+    reader = pa.BufferReader(pa.py_buffer(data))
+    head, ended = tail.head, False
+    dictionaries = dict(tail.dictionaries)
+    used = 0  # bytes of data that are whole messages
+    start = 0  # bytes of data before this call's first dictionary or record batch
+    batches = 0
+    while used < len(data):
+        try:
+            message = pa.ipc.read_message(reader)
+        except EOFError:  # the end-of-stream marker
+            ended, used = True, len(data)
+            break
+        except (OSError, pa.ArrowInvalid) as exc:
+            if head is None and len(data) >= 4 and data[:4] != _ARROW_STREAM_HEAD:
+                raise _not_an_arrow_stream(p, exc) from None
+            break  # cut short: still being written (or its writer was killed)
+        end = reader.tell()
+        if head is None:
+            if message.type != "schema":
+                raise _not_an_arrow_stream(p, ValueError(f"it starts with a {message.type} "
+                                                         "message, not a schema"))
+            head, start = data[:end], end
+        elif message.type == "dictionary":
+            key, delta = _dictionary_batch(message.metadata.to_pybytes())
+            dictionaries[key] = (*dictionaries.get(key, ()), data[used:end]) if delta \
+                else (data[used:end],)
+        elif message.type == "record batch":
+            batches += 1
+        used = end
+    new = ArrowStreamTail(offset=tail.offset + used, head=head,
+                          dictionaries=tuple(sorted(dictionaries.items())), ended=ended,
+                          rows=tail.rows)
+    if not batches:
+        return None, new
+    assert head is not None  # a record batch follows a schema
+    # the stream as a reader that had followed it would see it: the schema, the dictionaries
+    # the new batches may refer to, then the new messages in their order
+    stream = b"".join([head, *(m for _, ms in tail.dictionaries for m in ms),
+                       data[start:used]])
+    with pa.ipc.open_stream(pa.py_buffer(stream)) as reader_:
+        table = reader_.read_all()
+    return _canonical_arrow(table), replace(new, rows=new.rows + table.num_rows)
+
+
+def _message_size(data: bytes) -> int:
+    """Bytes of the IPC message ``data`` starts with, as its prefix and metadata say: at least
+    ``len(data)``; up to the end of its metadata when ``data`` holds only part of that."""
+    try:
+        message = pa.ipc.read_message(pa.BufferReader(pa.py_buffer(data)))
+    except (OSError, pa.ArrowInvalid, EOFError):
+        pass
+    else:  # the whole first message fits: nothing more is needed for it
+        del message
+        return len(data)
+    offset = 8 if data[:4] == _ARROW_STREAM_HEAD else 4
+    if len(data) < offset:
+        return len(data)
+    meta_len = struct.unpack_from("<i", data, offset - 4)[0]
+    meta = data[offset:offset + meta_len]
+    if len(meta) < meta_len:
+        return offset + meta_len
+    table, vtable = _flatbuffer_table(meta, 0)
+    at_body = _flatbuffer_field(meta, vtable, 3)
+    body = struct.unpack_from("<q", meta, table + at_body)[0] if at_body else 0
+    return max(len(data), offset + meta_len + body)
 
 
 def _unique_dictionary(chunk: pa.DictionaryArray) -> pa.DictionaryArray:

@@ -4,8 +4,9 @@ Each poll the agent (1) reads what its ranks' log files gained — in the follow
 its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a CommOps log, or
 a JSON file in none of the trace formats (a config), is ignored with a warning — (``*.jsonl``
 and ``*.csv`` are
-read incrementally; ``*.parquet`` (once closed) and ``*.arrows`` (an Arrow IPC stream, up to its
-last whole batch) are re-read when they change; traces in the other supported
+read incrementally, and so are ``*.arrows`` (Arrow IPC streams: the batches written whole
+since the last poll); ``*.parquet`` files (once closed) are re-read when they change; traces
+in the other supported
 formats — Kineto, Flight Recorder, NCCL Inspector, ByteDance what-if Parquet, gzipped logs — are
 re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
@@ -46,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import few
+from holmes_ml.io.readers import ArrowStreamTail, read_arrow_stream_tail
 from holmes_ml.io.schema import (
     FACTS,
     REQUIRED_COLUMNS,
@@ -64,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 PATTERNS = ("*.jsonl", "*.csv", "*.parquet", "*.arrows")
 #: Logs re-read whole when they change (their rows replace those read before).
-_REREAD_SUFFIXES = (".parquet", ".arrows")
+_REREAD_SUFFIXES = (".parquet",)
 #: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
 _WHOLE = "<whole-file traces>"
@@ -445,6 +447,10 @@ class _FileState:
     ignored: bool = False
     #: the file's inode when read last: another one under the name is a rotated log
     inode: int | None = None
+    #: an Arrow IPC stream (``.arrows``): where its reading stopped (``offset`` is its end)
+    arrow: ArrowStreamTail | None = None
+    #: row of the file of the chunk's first row (a binary log's rows have no line)
+    chunk_row: int = 0
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
@@ -459,10 +465,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         if stamp == state.stamp:
             return None
         state.stamp = stamp
-        from holmes_ml.io.readers import read_arrow_stream, unfinished_parquet
-
-        if path.suffix == ".arrows":  # a stream: every batch written so far
-            return read_arrow_stream(path).to_pandas()
+        from holmes_ml.io.readers import unfinished_parquet
 
         unfinished = unfinished_parquet(path)  # a running job's log: said as such, tried again
         if unfinished is not None:
@@ -470,6 +473,11 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         return pd.read_parquet(path)  # whole file: the watermark drops what was shipped
     if st.st_size <= state.offset:
         return None
+    if path.suffix == ".arrows":  # a stream: the batches whole since the last read
+        tail = state.arrow if state.arrow is not None else ArrowStreamTail()
+        table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
+        state.offset, state.chunk_line, state.chunk_row = state.arrow.offset, None, tail.rows
+        return None if table is None else table.to_pandas()
     with path.open("rb") as fh:
         fh.seek(state.offset)
         # at most a chunk per poll: a huge file is caught up over a few polls, and a file
@@ -574,18 +582,19 @@ def _file_lines(n: int, first_line: int, skipped: Sequence[int] = ()) -> np.ndar
 
 
 def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
-                skipped: Sequence[int] = ()) -> tuple[pd.DataFrame, list[str], np.ndarray]:
+                skipped: Sequence[int] = (), first_row: int = 0
+                ) -> tuple[pd.DataFrame, list[str], np.ndarray]:
     """``df`` validated; why each of its few bad rows (an unknown op, a torn line's missing
     fields, a value of the wrong type) was set aside, naming it by its line of the file; and
-    the file line (the row, for Parquet) of each row kept (``first_line``: the file line of
-    the chunk's first row, ``skipped`` the chunk's lines that gave no row; ``first_line``
-    None: a Parquet file, by row).
+    the file line (the row, for Parquet and Arrow) of each row kept (``first_line``: the file
+    line of the chunk's first row, ``skipped`` the chunk's lines that gave no row;
+    ``first_line`` None: a binary file, by row, the chunk's first being ``first_row``).
 
     Left in, one bad row would keep the file unread from it on, whatever its writer adds.
     Raises the first error when it is no row's (a missing column) or when more than
     :data:`_MAX_SET_ASIDE` rows, or half a chunk of more than two rows, are bad.
     """
-    lines = _file_lines(len(df), first_line if first_line is not None else 0, skipped)
+    lines = _file_lines(len(df), first_line if first_line is not None else first_row, skipped)
     aside: list[str] = []
     first: SchemaError | None = None
     while True:
@@ -856,7 +865,7 @@ class Agent:
                     aside: list[str] = []
                     if df is not None and not df.empty:
                         df, aside, lines = _valid_rows(df, path, trial.chunk_line,
-                                                       trial.chunk_skipped)
+                                                       trial.chunk_skipped, trial.chunk_row)
                         facts = self._new_facts(df, path)
                 except SchemaError as exc:
                     if (exc.row is not None and trial.chunk_line is not None and exc.line is None
