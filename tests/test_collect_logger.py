@@ -43,7 +43,8 @@ def test_config_rejects_bad_values():
 
 
 def test_rank_log_path(tmp_path):
-    assert rank_log_path(tmp_path, 3).name == "commops-rank00003.parquet"
+    assert rank_log_path(tmp_path, 3).name == "commops-rank00003.arrows"
+    assert rank_log_path(tmp_path, 3, "parquet").name == "commops-rank00003.parquet"
     assert rank_log_path(tmp_path, 12, "jsonl").suffix == ".jsonl"
     assert rank_log_path(tmp_path, 12, "arrow").suffix == ".arrows"
 
@@ -232,7 +233,7 @@ def test_two_rank_gloo_world(tmp_path):
     for r in range(2):
         state = json.loads((out / f"state{r}.json").read_text())
         assert state == {"patched": True, "restored": True}
-    ops = {r: pd.read_parquet(rank_log_path(out, r)) for r in range(2)}
+    ops = {r: read_arrow_stream(rank_log_path(out, r)).to_pandas() for r in range(2)}
     for r, df in ops.items():
         validate(df, source=f"rank {r}")
         assert (df["rank"] == r).all() and (df["host"] == f"h{r}").all()

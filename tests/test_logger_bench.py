@@ -31,7 +31,8 @@ def test_logger_bench_keeps_cores_awake_and_cleans_up(monkeypatch: pytest.Monkey
     f = result.figures
     assert math.isfinite(f["overhead_us_per_op"]) and f["unlogged_us_per_op"] > 0
     assert f["flush_us_per_op"] >= 0 and f["gc_us_per_op"] >= 0
-    assert result.config["rows_logged"] > 0
+    assert result.config["rows_logged"] > 0 and result.config["fmt"] == "arrow"  # the default
+    assert f["sink_write_us_per_row"] > 0 and f["sink_bytes_per_row"] > 0
 
 
 @pytest.mark.torch

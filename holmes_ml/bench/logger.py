@@ -5,13 +5,13 @@ call is timed through the logger's wrapper (``dist.all_reduce``) and through the
 it wraps (``dist.all_reduce.__wrapped__``, i.e. the unlogged op), in many short blocks that
 alternate ABAB/BABA so slow drifts of a shared machine hit both sides alike. The per-op overhead
 is the median over block pairs of (logged - unlogged) block means (blocks of 10 ops: short enough
-that most escape a preemption), plus the CPU time of the buffer flushes (Parquet writes) spread
+that most escape a preemption), plus the CPU time of the buffer flushes (the file writes) spread
 over the rows they wrote, so the figure includes the amortized output cost that the median alone
 would filter out, plus the garbage collector: the wall time of every collection that started
 during a logged block minus that of collections during plain blocks, over the logged ops
 (``gc_us_per_op``, never negative; collections inside a flush are already in its CPU time). The
 median drops the rare blocks a collection lands in, so without this term a logger that allocates
-per call would look cheaper than it is. The first flush (which creates the Parquet writer, once
+per call would look cheaper than it is. The first flush (which opens the file and its writer, once
 per job) is reported on its own as ``first_flush_ms``. Everything is written by the caller's
 thread (the logger has no background thread), so the flush CPU time is all the output work.
 
@@ -21,6 +21,14 @@ Noise is reported: the interquartile range of the paired differences and a seede
 interval of their median. ``hot_path_stub_us_per_op`` times the same wrapper around a no-op
 function with ``all_reduce``'s signature: the logger's own per-call cost without gloo's jitter.
 Goal: <= 2 us per op (the figure Holmes quotes).
+
+The rows of that world barely vary (one op, one group, one size), which flatters a format whose
+encodings thrive on repetition, so the file format is also timed on its own:
+``sink_write_us_per_row`` and ``sink_bytes_per_row`` are the CPU time and bytes per row of writing
+a seeded job-like mix (four op types over nine groups of 64 members, three message sizes, varied
+starts and durations; 25 flushes of 8,192 rows) through the logger's sink in the benchmark's format.
+
+``--log-format`` picks the format the logger writes (recorded in the config).
 
 ``--keep-cores-awake`` measures beside a lowest-priority spinning process (recorded in the config):
 on an idle 2-core machine every gloo call hands work to a core that has gone to sleep, and its
@@ -110,23 +118,62 @@ def _spinner() -> Any:
     return subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"])
 
 
-def run(quick: bool = False, keep_cores_awake: bool = False, fmt: str = "parquet"
+def run(quick: bool = False, keep_cores_awake: bool = False, fmt: str | None = None
         ) -> BenchResult:
     """Measure the added µs per logged op (see the module docstring for the method), the
-    logger writing its file as ``fmt`` (``"parquet"``, the default a user gets; ``"arrow"``;
-    ``"jsonl"``).
+    logger writing its file as ``fmt`` (``"arrow"``, ``"parquet"`` or ``"jsonl"``; by default
+    the format a user gets).
 
     ``keep_cores_awake`` runs a lowest-priority spinning process during the measurement, as the
     busy cores of a training job would be: on an idle machine each gloo call wakes a sleeping
     core, which slows the op and the code right after it alike.
     """
+    from holmes_ml.collect import LoggerConfig
+
+    fmt = fmt or LoggerConfig().fmt
     spinner = _spinner() if keep_cores_awake else None
     try:
-        return _run(quick, keep_cores_awake, fmt)
+        result = _run(quick, keep_cores_awake, fmt)
+        result.figures.update(_sink_cost(fmt))
+        return result
     finally:
         if spinner is not None:
             spinner.kill()
             spinner.wait()
+
+
+def _sink_cost(fmt: str, flushes: int = 25, rows: int = 8192) -> dict[str, float]:
+    """CPU time and bytes per row of writing a seeded, job-like mix of rows as ``fmt``."""
+    from holmes_ml.collect.writer import Coded, RowSink
+
+    rng = np.random.default_rng(0)
+    groups = [f"{kind}-{i}" for kind, k in (("tp", 4), ("dp", 4), ("pp", 1)) for i in range(k)]
+    members = [" ".join(map(str, range(i, i + 64))) for i in range(len(groups))]
+    kinds = [name.split("-")[0] for name in groups]
+    ops = ["all_reduce", "all_gather", "send", "recv"]
+    batches: list[dict[str, Any]] = []
+    for b in range(flushes):
+        g = rng.integers(0, len(groups), rows)
+        zero = np.zeros(rows, dtype=np.int64)
+        batches.append({
+            "iteration": np.full(rows, b), "rank": np.full(rows, 3),
+            "op": Coded(rng.integers(0, len(ops), rows), ops), "group": Coded(g, groups),
+            "seq": np.arange(rows) + b * rows, "nbytes": rng.choice([4096, 1 << 20, 1 << 24], rows),
+            "start_ns": 10**18 + b * 10**10 + np.cumsum(rng.integers(1000, 100_000, rows)),
+            "duration_us": rng.gamma(2.0, 50.0, rows), "group_ranks": Coded(g, members),
+            "group_kind": Coded(g, kinds), "peer": np.full(rows, -1),
+            "host": Coded(zero, ["node0003"]), "job": Coded(zero, ["bench"])})
+    with tempfile.TemporaryDirectory(prefix="holmes-bench-sink-") as tmp:
+        sink = RowSink(os.path.join(tmp, "rank3"), fmt)
+        t0 = time.process_time_ns()
+        for batch in batches:
+            sink.write(batch)
+        sink.close()
+        cpu_ns = time.process_time_ns() - t0
+        size = sink.path.stat().st_size
+    n = flushes * rows
+    return {"sink_write_us_per_row": round(cpu_ns / 1000.0 / n, 3),
+            "sink_bytes_per_row": round(size / n, 2)}
 
 
 def _run(quick: bool, keep_cores_awake: bool, fmt: str) -> BenchResult:

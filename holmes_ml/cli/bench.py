@@ -96,8 +96,8 @@ def register(app: typer.Typer) -> None:
         ),
         log_format: str = typer.Option(
             None, "--log-format",
-            help="logger: the file format the logger writes while measured: parquet (the "
-            "default a user gets), arrow (an Arrow IPC stream, readable while written) or "
+            help="logger: the file format the logger writes while measured: arrow (the "
+            "default a user gets: an Arrow IPC stream, readable while written), parquet or "
             "jsonl. The JSON records it.",
         ),
     ) -> None:

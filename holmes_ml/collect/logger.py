@@ -78,8 +78,8 @@ _PEER_SHIFT = 8  # op codes < 256
 _FAST_LOCALS = frozenset({"nbytes", "gidx", "t0", "t1", "out", "seq", "k", "x"})
 
 
-def rank_log_path(out_dir: str | Path, rank: int, fmt: str = "parquet") -> Path:
-    """Where rank ``rank`` writes its log: ``<out_dir>/commops-rank00003.parquet``."""
+def rank_log_path(out_dir: str | Path, rank: int, fmt: str = "arrow") -> Path:
+    """Where rank ``rank`` writes its log: ``<out_dir>/commops-rank00003.arrows``."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} is not a known log format; expected one of {list(FORMATS)}")
     return Path(out_dir) / f"commops-rank{int(rank):05d}{FORMATS[fmt]}"
@@ -94,12 +94,12 @@ class LoggerConfig:
     out_dir:
         Directory of the per-rank files (see :func:`rank_log_path`).
     fmt:
-        ``"parquet"``, ``"arrow"`` (an Arrow IPC stream, ``.arrows``) or ``"jsonl"``. A
-        Parquet file is readable only once closed (its footer is written on exit): while the
-        job runs, or after it was killed, the readers skip it with a warning. An Arrow stream
-        (as cheap to write, zstd-compressed) and JSON Lines (slower) are readable as they grow,
-        up to the last flush, even after a crash: what ``holmes agent`` needs to follow a
-        running job.
+        ``"arrow"`` (the default: a zstd-compressed Arrow IPC stream, ``.arrows``),
+        ``"parquet"`` or ``"jsonl"``. An Arrow stream and JSON Lines (much slower and larger)
+        are readable as they grow, up to the last flush, even after a crash: what ``holmes
+        agent`` needs to follow a running job. A Parquet file is readable only once closed (its
+        footer is written on exit): while the job runs, or after it was killed, the readers
+        skip it with a warning. ``holmes bench logger`` times each (``--log-format``).
     flush_every:
         Completed rows buffered before they are appended to the file.
     group_names, group_kinds:
@@ -117,7 +117,7 @@ class LoggerConfig:
     """
 
     out_dir: str | Path = "commops-logs"
-    fmt: str = "parquet"
+    fmt: str = "arrow"
     flush_every: int = 8192
     group_names: Mapping[tuple[int, ...], str] = field(default_factory=dict, hash=False)
     group_kinds: Mapping[tuple[int, ...], str] = field(default_factory=dict, hash=False)
