@@ -125,6 +125,40 @@ def test_agent_follows_growing_arrow_logs_reading_each_batch_once(tmp_path, capl
         srv.stop()
 
 
+def test_an_arrow_log_written_anew_in_place_is_read_again_from_its_start(tmp_path, caplog):
+    """A restarted writer's file under the old name, same inode and already larger than what
+    was read (neither rotation nor truncation shows): its bytes tell it is another stream."""
+    from holmes_ml.collect.writer import COLUMNS, RowSink
+
+    ops = make_ops(seed=15, ranks=1, iterations=6).assign(job="")
+    logs = tmp_path / "logs"
+    log = logs / "rank0.arrows"
+
+    def stream(path, rows):
+        sink = RowSink(path, "arrow")
+        for _, it in rows.groupby("iteration"):
+            sink.write({c: it[c].to_numpy() for c in COLUMNS})
+        sink.close()
+
+    stream(log, ops[ops["iteration"] < 2])
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+                  summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == int((ops["iteration"] < 2).sum())
+        inode, size = log.stat().st_ino, log.stat().st_size
+        stream(tmp_path / "new.arrows", ops.assign(start_ns=ops["start_ns"] + 10**12))
+        with log.open("r+b") as fh:
+            fh.truncate(0)
+            fh.write((tmp_path / "new.arrows").read_bytes())
+        assert log.stat().st_ino == inode and log.stat().st_size > size
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            assert agent.read_new() == len(ops)
+        assert "rank0.arrows was written anew (a restarted writer?)" in caplog.text
+        assert agent.bad_files == {}
+    finally:
+        agent.close()
+
+
 def test_agent_reads_other_formats_whole_and_survives_a_bad_file(tmp_path):
     logs = _kineto_job(tmp_path)
     ops = make_ops(seed=13, ranks=2, iterations=3)

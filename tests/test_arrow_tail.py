@@ -11,7 +11,12 @@ import pytest
 
 from holmes_ml.collect.writer import Coded, RowSink
 from holmes_ml.io import SchemaError
-from holmes_ml.io.readers import ArrowStreamTail, read_arrow_stream, read_arrow_stream_tail
+from holmes_ml.io.readers import (
+    ArrowStreamRewritten,
+    ArrowStreamTail,
+    read_arrow_stream,
+    read_arrow_stream_tail,
+)
 
 
 def _batch(it: int, groups: list[str], n: int = 12) -> dict:
@@ -144,3 +149,26 @@ def test_a_file_that_is_no_stream_is_refused_naming_it(tmp_path):
     head = tmp_path / "head.arrows"
     head.write_bytes(sink.path.read_bytes()[:10])
     assert read_arrow_stream_tail(head, ArrowStreamTail()) == (None, ArrowStreamTail())
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_another_stream_written_in_place_is_told_from_growth(tmp_path, closed):
+    """A restarted writer's new file may get the old one's inode and outgrow it before the
+    next poll: neither its size nor its inode tells, its bytes do."""
+    old = _log(tmp_path / "old.arrows", flushes=2)
+    if closed:
+        old.close()
+    table, tail = read_arrow_stream_tail(old.path, ArrowStreamTail())
+    assert table is not None and table.num_rows == 24
+    new = RowSink(tmp_path / "new.arrows", "arrow")  # another run: other iterations
+    for it in range(10, 14):
+        new.write(_batch(it, ["dp-0"]))
+    new.close()
+    with old.path.open("r+b") as fh:  # same inode, more bytes
+        fh.truncate(0)
+        fh.write(new.path.read_bytes())
+    assert old.path.stat().st_size > tail.offset
+    with pytest.raises(ArrowStreamRewritten, match="another Arrow stream was written"):
+        read_arrow_stream_tail(old.path, tail)
+    if not closed:
+        old.close()

@@ -176,6 +176,14 @@ class ArrowStreamTail:
     ended: bool = False
     #: rows of the record batches read so far (the row number of the next one)
     rows: int = 0
+    #: the last bytes before ``offset``: other bytes there mean another stream was written
+    #: under the name (a restarted writer's file may get the old one's inode and outgrow it)
+    mark: bytes = b""
+
+
+class ArrowStreamRewritten(ValueError):
+    """The file :func:`read_arrow_stream_tail` follows is no longer the stream it read: its
+    bytes before where the reading stopped changed (a new stream written under the name)."""
 
 
 def _flatbuffer_table(buf: bytes, at: int) -> tuple[int, int]:
@@ -211,15 +219,19 @@ def read_arrow_stream_tail(path: str | Path, tail: ArrowStreamTail,
     proportional to what was added (not to the file).
 
     A message still being written is left for the next call; ``max_bytes`` bounds what one call
-    reads (a message larger than it is read whole), so a long file is caught up over several. Returns ``(None, tail)`` when no whole
-    batch was added. The table is as :func:`read_arrow_stream` gives it. Raises
-    :class:`SchemaError` when the file does not start with a stream's schema.
+    reads (a message larger than it is read whole), so a long file is caught up over several.
+    Returns ``(None, tail)`` when no whole batch was added. The table is as
+    :func:`read_arrow_stream` gives it. Raises :class:`SchemaError` when the file does not
+    start with a stream's schema.
     """
     p = Path(path)
-    if tail.ended:
-        return None, tail
     with p.open("rb") as fh:
-        fh.seek(tail.offset)
+        fh.seek(tail.offset - len(tail.mark))
+        if fh.read(len(tail.mark)) != tail.mark:
+            raise ArrowStreamRewritten(f"{p}: another Arrow stream was written under the name "
+                                       f"since its first {tail.offset:,} bytes were read")
+        if tail.ended:
+            return None, tail
         data = fh.read(max_bytes)
         if len(data) == max_bytes:  # a message may go on past the bound: read it whole
             while (need := _message_size(data) - len(data)) > 0 and (more := fh.read(need)):
@@ -253,9 +265,10 @@ def read_arrow_stream_tail(path: str | Path, tail: ArrowStreamTail,
         elif message.type == "record batch":
             batches += 1
         used = end
+    mark = (tail.mark + data[:used])[-_MARK_BYTES:]
     new = ArrowStreamTail(offset=tail.offset + used, head=head,
                           dictionaries=tuple(sorted(dictionaries.items())), ended=ended,
-                          rows=tail.rows)
+                          rows=tail.rows, mark=mark)
     if not batches:
         return None, new
     assert head is not None  # a record batch follows a schema
@@ -266,6 +279,10 @@ def read_arrow_stream_tail(path: str | Path, tail: ArrowStreamTail,
     with pa.ipc.open_stream(pa.py_buffer(stream)) as reader_:
         table = reader_.read_all()
     return _canonical_arrow(table), replace(new, rows=new.rows + table.num_rows)
+
+
+#: bytes an :class:`ArrowStreamTail` keeps of what it read last (a batch's end: its values)
+_MARK_BYTES = 64
 
 
 def _message_size(data: bytes) -> int:

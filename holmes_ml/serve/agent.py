@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import few
-from holmes_ml.io.readers import ArrowStreamTail, read_arrow_stream_tail
+from holmes_ml.io.readers import ArrowStreamRewritten, ArrowStreamTail, read_arrow_stream_tail
 from holmes_ml.io.schema import (
     FACTS,
     REQUIRED_COLUMNS,
@@ -475,7 +475,14 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         return None
     if path.suffix == ".arrows":  # a stream: the batches whole since the last read
         tail = state.arrow if state.arrow is not None else ArrowStreamTail()
-        table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
+        try:
+            table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
+        except ArrowStreamRewritten:
+            # a restarted writer's new file, which got the old one's inode and outgrew it
+            logger.warning("agent: %s was written anew (a restarted writer?): reading it again "
+                           "from its start", path)
+            tail = ArrowStreamTail()
+            table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
         state.offset, state.chunk_line, state.chunk_row = state.arrow.offset, None, tail.rows
         return None if table is None else table.to_pandas()
     with path.open("rb") as fh:
@@ -904,7 +911,9 @@ class Agent:
                     self.stats.raw_bytes += path.stat().st_size
                 else:
                     df["_file"] = str(path)
-                    self.stats.raw_bytes += state.offset - before
+                    # (a file read again from its start: all it holds now is new)
+                    self.stats.raw_bytes += state.offset - (before if state.offset >= before
+                                                            else 0)
                 self._buffer.append(df)
                 n += len(df)
         n += self._read_whole_files(whatif)
