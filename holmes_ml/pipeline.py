@@ -901,9 +901,11 @@ def only_iterations(ops: pd.DataFrame, first: int | None, last: int | None) -> p
 def note_input(verdict: Verdict, ops: pd.DataFrame) -> Verdict:
     """Carry what the reader noticed about ``ops`` into the verdict (its :attr:`Verdict.note`):
     rows that share an op's identity but differ (two runs read together), and profiler traces
-    whose gloo operations were read as one world group, and log files left unread (Parquet
-    without its footer)."""
-    for key in ("reused_key_rows", "gloo_groups_merged_ranks"):
+    whose gloo operations were read as one world group or whose steps were renumbered or left
+    out (profilers started at different steps), and log files left unread (Parquet without
+    its footer)."""
+    for key in ("reused_key_rows", "gloo_groups_merged_ranks", "kineto_renumbered_ranks",
+                "kineto_steps_left_out"):
         n = int(ops.attrs.get(key, 0))
         if n:
             verdict.stats[key] = float(n)

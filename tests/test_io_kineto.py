@@ -632,6 +632,14 @@ def test_a_rank_whose_profiler_started_later_is_read_on_the_same_steps(tmp_path,
     assert (end.groupby([ops["iteration"], ops["seq"]]).agg(lambda s: s.max() - s.min())
             == 0).all()
     assert ops["duration_us"].max() < 1e5  # the 3 s wait for the profiler to start is out
+    # said where a script sees it too: holmes check
+    assert {k: ops.attrs[k] for k in ("kineto_renumbered_ranks", "kineto_steps_left_out")} \
+        == {"kineto_renumbered_ranks": 1, "kineto_steps_left_out": 4}
+    checks = inventory(ops)["checks"]
+    assert {"ok": True, "what": "the profiler traces of 1 rank(s) number the steps from another "
+            "start: renumbered to match the others (see the warning above)"} in checks
+    assert any(not c["ok"] and c["what"].startswith("4 step(s) are in some ranks' profiler")
+               for c in checks), checks
 
 
 def test_steps_are_matched_by_seq_when_the_traces_carry_it(tmp_path, caplog):
@@ -655,3 +663,6 @@ def test_the_straggler_is_named_whichever_rank_started_its_profiler_later(tmp_pa
     assert verdict.candidates, verdict
     assert list(verdict.candidates[0].ranks) == [slow]
     assert verdict.irregular_iterations and min(verdict.irregular_iterations) >= 25
+    # the verdict says the steps were renumbered and four left out
+    assert "the profiler traces of 1 rank(s) number the job's steps differently" in verdict.note
+    assert "4 step(s) that only some ranks' profiler traces hold were left out" in verdict.note

@@ -50,9 +50,11 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         ``coordinates``, ``compute_times`` (whether each step's compute time per rank was
         logged: what names a heavier pipeline stage), ``reused_key_rows``,
         ``gloo_groups_merged_ranks`` (ranks whose profiler traces could not give gloo
-        operations their process groups), ``unread_files`` (Parquet logs without their footer,
-        skipped) and ``checks``:
-        one ``{"ok", "what"}`` per thing localization relies on.
+        operations their process groups), ``kineto_renumbered_ranks`` and
+        ``kineto_steps_left_out`` (profiler traces started at different steps: ranks whose
+        steps were renumbered to match, steps only some traces hold), ``unread_files``
+        (Parquet logs without their footer, skipped) and ``checks``: one ``{"ok", "what"}``
+        per thing localization relies on.
     """
     from holmes_ml.features import IrregularityConfig, iteration_table
     from holmes_ml.topology import Topology
@@ -107,6 +109,8 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         "compute_times": "step_compute_us" in ops.columns,
         "reused_key_rows": int(ops.attrs.get("reused_key_rows", 0)),
         "gloo_groups_merged_ranks": int(ops.attrs.get("gloo_groups_merged_ranks", 0)),
+        "kineto_renumbered_ranks": int(ops.attrs.get("kineto_renumbered_ranks", 0)),
+        "kineto_steps_left_out": int(ops.attrs.get("kineto_steps_left_out", 0)),
         "unread_files": list(ops.attrs.get("unread_files", ())),
     }
     checks = [
@@ -167,6 +171,14 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
         checks.append((False, f"the gloo operations of {out['gloo_groups_merged_ranks']} "
                        "rank(s) are read as one world communicator: their profiler traces do "
                        "not tell which process group ran each (see the warning above)"))
+    if out["kineto_renumbered_ranks"]:
+        checks.append((True, f"the profiler traces of {out['kineto_renumbered_ranks']} rank(s) "
+                       "number the steps from another start: renumbered to match the others "
+                       "(see the warning above)"))
+    if out["kineto_steps_left_out"]:
+        checks.append((False, f"{out['kineto_steps_left_out']} step(s) are in some ranks' "
+                       "profiler traces only (their profilers recorded different windows): left "
+                       "out, the steps every trace holds are analysed"))
     if out["unread_files"]:
         checks.append((False, f"{len(out['unread_files'])} Parquet log(s) without their footer "
                        f"not read ({few(out['unread_files'], 4, ', ')}): still being written, or "

@@ -208,6 +208,16 @@ class Verdict:
                          "whole world: their profiler traces do not tell which process group ran "
                          "each (see the reader's warning), so operations of different groups may "
                          "have been compared as one")
+        renumbered = int(self.stats.get("kineto_renumbered_ranks", 0))
+        if renumbered:
+            notes.append(f"the profiler traces of {renumbered} rank(s) number the job's steps "
+                         "differently (their profiler started at another step): their steps "
+                         "were renumbered to match (see the reader's warning)")
+        left_out = int(self.stats.get("kineto_steps_left_out", 0))
+        if left_out:
+            notes.append(f"{left_out} step(s) that only some ranks' profiler traces hold were "
+                         "left out (see the reader's warning); the steps every trace holds "
+                         "were analysed")
         if self.silent_ranks:
             few = ", ".join(map(str, self.silent_ranks[:8])) + (
                 " ..." if len(self.silent_ranks) > 8 else "")
