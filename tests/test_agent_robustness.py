@@ -517,6 +517,43 @@ def test_a_torn_line_rotation_truncation_and_a_fifo_do_not_stop_a_followed_log(t
         srv.stop()
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])
+def test_a_log_written_anew_in_place_and_larger_is_read_from_its_start(tmp_path, caplog,
+                                                                       suffix):
+    """A restarted writer's file under the old name that kept the inode and outgrew what was
+    read: neither rotation nor truncation shows, so the agent read on from the old offset,
+    mid-record, and lost the new file's first rows."""
+    ops = make_ops(seed=27, ranks=1, iterations=8)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / f"rank0.{suffix}"
+
+    def text(df):
+        return df.to_json(orient="records", lines=True) if suffix == "jsonl" else \
+            df.to_csv(index=False)
+
+    early = ops[ops["iteration"] < 3]
+    log.write_text(text(early))
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
+                  summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == len(early)
+        inode, size = log.stat().st_ino, log.stat().st_size
+        again = ops.assign(start_ns=ops["start_ns"] + 10**12)  # another run's clock
+        with log.open("r+") as fh:
+            fh.truncate(0)
+            fh.write(text(again))
+        assert log.stat().st_ino == inode and log.stat().st_size > size
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            assert agent.read_new() == len(ops)
+        assert f"rank0.{suffix} was written anew (a restarted writer?): reading it again" \
+            in caplog.text
+        assert agent.bad_files == {} and not agent.rows_set_aside
+        assert agent.read_new() == 0
+    finally:
+        agent.close()
+
+
 def test_a_following_agent_ships_the_last_iteration_once_the_logs_are_idle(tmp_path):
     """A rank's last iteration is held back until it logs a later one: when training stops
     (or pauses) it never came, and a following agent never shipped it."""

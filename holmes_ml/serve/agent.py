@@ -451,6 +451,21 @@ class _FileState:
     arrow: ArrowStreamTail | None = None
     #: row of the file of the chunk's first row (a binary log's rows have no line)
     chunk_row: int = 0
+    #: a text log's last bytes before ``offset``: other bytes there mean another file was
+    #: written under the name (a restarted writer's, which may get the old inode and outgrow it)
+    mark: bytes = b""
+
+
+def _written_anew(path: Path, state: _FileState) -> bool:
+    """Whether ``path`` no longer holds, before ``state.offset``, the bytes read there."""
+    if not state.mark:
+        return False
+    try:
+        with path.open("rb") as fh:
+            fh.seek(state.offset - len(state.mark))
+            return fh.read(len(state.mark)) != state.mark
+    except OSError:
+        return False  # gone, or unreadable: reading it says which
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
@@ -497,6 +512,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
                              "expected one operator per line")
         return None  # a line still being written
     data = data[: end + 1]
+    state.mark = (state.mark + data)[-64:]
     begun = state.offset == 0
     first_line = state.lines + 1
     state.offset += len(data)
@@ -849,16 +865,20 @@ class Agent:
                     st = path.stat()
                 except FileNotFoundError:
                     continue  # removed since the glob
-                if state.offset and (st.st_ino != state.inode or st.st_size < state.offset):
-                    # rotated (another file under the name) or truncated (copytruncate): the
-                    # offset points into other data; read what is there now from its start
+                if state.offset and (st.st_ino != state.inode or st.st_size < state.offset
+                                     or _written_anew(path, state)):
+                    # rotated (another file under the name), truncated (copytruncate) or
+                    # written anew in place: the offset points into other data; read what is
+                    # there now from its start
                     rotated = st.st_ino != state.inode
                     # a CSV truncated in place goes on without a header (its writer wrote it
-                    # once): its rows keep the columns the header named
+                    # once): its rows keep the columns the header named (a header it has
+                    # after all is read as one)
                     header = None if rotated else state.header
+                    how = ("replaced (rotated?)" if rotated else "truncated"
+                           if st.st_size < state.offset else "written anew (a restarted writer?)")
                     logger.warning("agent: %s was %s: reading it again from its start%s", path,
-                                   "replaced (rotated?)" if rotated else "truncated",
-                                   " with the columns of its header" if header else "")
+                                   how, " with the columns of its header" if header else "")
                     state = self._files[path] = _FileState(header=header)
                 before = state.offset
                 stamp = (st.st_size, st.st_mtime_ns)
