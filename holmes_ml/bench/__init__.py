@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "localize": "holmes_ml.bench.localize:run",
     "latency": "holmes_ml.bench.latency:run",
     "agents": "holmes_ml.bench.agents:run",
+    "follow": "holmes_ml.bench.follow:run",
     "logger": "holmes_ml.bench.logger:run",
     "serve": "holmes_ml.bench.serve:run",
 }

@@ -1,0 +1,157 @@
+"""``holmes bench follow``: what one poll of a node agent costs as its ranks' logs grow.
+
+A node agent reads, at every poll, what its ranks' log files gained. This bench grows the logs
+of one host (8 ranks, one file each) an iteration at a time and, after each, times (CPU) the
+agent's read of what was added (:meth:`holmes_ml.serve.agent.Agent.read_new`: read, parse,
+validate), then lets it summarize and queue the complete iterations (not timed; no service:
+the batches stay in its outbox), as a following agent does. It does this for each log format
+an agent follows as it grows: Arrow IPC streams (the logger's default), JSON lines and CSV.
+
+A poll whose cost stays flat while the files grow reads only what they gained;
+``*_read_growth`` (the median read of the last tenth of the polls over that of the first
+tenth) says so. Beside them, ``arrow_reread_*`` times reading each Arrow file whole at every
+poll, which is what the agent did before it followed streams a batch at a time.
+
+The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
+one 8-rank communicator, seeded sizes, starts and durations.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from holmes_ml.bench.record import BenchResult, peak_rss_mb
+
+logger = logging.getLogger(__name__)
+
+RANKS = 8
+_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+_SUFFIX = {"arrow": ".arrows", "jsonl": ".jsonl", "csv": ".csv"}
+
+
+def _iteration(it: int, rows: int, rng: np.random.Generator) -> dict[int, pd.DataFrame]:
+    """One iteration's rows of every rank: the same collectives on each, started and ended
+    within microseconds of each other."""
+    k = np.arange(rows)
+    op = np.asarray(_OPS, dtype=object)[rng.integers(0, len(_OPS), rows)]
+    nbytes = rng.choice([1 << 16, 1 << 20, 1 << 24], rows)
+    start = 10**18 + it * 10**9 + k * 50_000
+    out = {}
+    for r in range(RANKS):
+        out[r] = pd.DataFrame({
+            "iteration": it, "rank": r, "op": op, "group": "tp-0", "seq": it * rows + k,
+            "nbytes": nbytes, "start_ns": start + rng.integers(0, 2_000, rows),
+            "duration_us": rng.gamma(4.0, 10.0, rows),
+            "group_ranks": " ".join(map(str, range(RANKS))), "group_kind": "tp", "peer": -1,
+            "host": "node0000", "job": "bench"})
+    return out
+
+
+def _append(path: Path, fmt: str, df: pd.DataFrame, sinks: dict) -> None:
+    if fmt == "csv":
+        df.to_csv(path, mode="a", header=not path.exists(), index=False)
+        return
+    from holmes_ml.collect.writer import COLUMNS, RowSink
+
+    if path not in sinks:
+        sinks[path] = RowSink(path, fmt)
+    sinks[path].write({c: df[c].to_numpy() for c in COLUMNS})
+
+
+def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[str, list]:
+    """Grow a host's logs in ``fmt`` for ``steps`` iterations; CPU seconds of each poll."""
+    from holmes_ml.io.readers import read_arrow_stream
+    from holmes_ml.serve.agent import Agent, AgentConfig
+
+    logs = root / fmt / "logs"
+    logs.mkdir(parents=True)
+    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench", source="node0000",
+                      outbox=root / fmt / "outbox.db")
+    agent = Agent(cfg, model="rule")
+    sinks: dict = {}
+    rng = np.random.default_rng(0)
+    read_s, reread_s, read_rows, sizes = [], [], [], []
+    try:
+        for it in tqdm(range(steps), desc=f"follow {fmt}", unit="poll", leave=False):
+            paths = [logs / f"rank{r}{_SUFFIX[fmt]}" for r in range(RANKS)]
+            for r, df in _iteration(it, rows, rng).items():
+                _append(paths[r], fmt, df, sinks)
+            t0 = time.process_time()
+            n = agent.read_new()
+            read_s.append(time.process_time() - t0)
+            read_rows.append(n)
+            agent.queue_ready()
+            if reread:
+                t0 = time.process_time()
+                for p in paths:
+                    read_arrow_stream(p).to_pandas()
+                reread_s.append(time.process_time() - t0)
+            sizes.append(sum(p.stat().st_size for p in paths))
+    finally:
+        for sink in sinks.values():
+            sink.close()
+        agent.close()
+    return {"read_s": read_s, "reread_s": reread_s, "rows": read_rows, "bytes": sizes}
+
+
+def _tenths(seconds: list[float]) -> tuple[float, float]:
+    """Median of the first and of the last tenth of ``seconds`` (at least 3 polls each)."""
+    k = max(3, len(seconds) // 10)
+    return float(np.median(seconds[:k])), float(np.median(seconds[-k:]))
+
+
+def run(quick: bool = False, polls: int | None = None, rows: int | None = None
+        ) -> BenchResult:
+    """Grow one host's logs and time each poll of its agent, per format: ``polls`` iterations
+    of ``rows`` operators a rank (by default 150 of 2,048; ``quick``: 30 of 512)."""
+    steps = polls or (30 if quick else 150)
+    rows = rows or (512 if quick else 2048)
+    figures: dict[str, float] = {}
+    details: dict[str, dict] = {}
+    table = []
+    with tempfile.TemporaryDirectory(prefix="holmes-bench-follow-") as tmp:
+        for fmt in ("arrow", "jsonl", "csv"):
+            got = _follow(fmt, steps, rows, Path(tmp), reread=fmt == "arrow")
+            if sum(got["rows"]) != steps * rows * RANKS:
+                raise RuntimeError(f"bench follow: the {fmt} agent read {sum(got['rows']):,} "
+                                   f"rows of {steps * rows * RANKS:,}")
+            first, last = _tenths(got["read_s"])
+            per_row = sum(got["read_s"]) / sum(got["rows"]) * 1e6
+            figures.update({f"{fmt}_read_ms_first": round(first * 1e3, 2),
+                            f"{fmt}_read_ms_last": round(last * 1e3, 2),
+                            f"{fmt}_read_growth": round(last / first, 2),
+                            f"{fmt}_read_us_per_row": round(per_row, 3),
+                            f"{fmt}_mb": round(got["bytes"][-1] / 2**20, 1)})
+            table.append({"format": fmt, "first tenth ms": round(first * 1e3, 2),
+                          "last tenth ms": round(last * 1e3, 2),
+                          "growth": round(last / first, 2), "µs per row": round(per_row, 3),
+                          "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
+            if got["reread_s"]:
+                first, last = _tenths(got["reread_s"])
+                figures.update({"arrow_reread_ms_first": round(first * 1e3, 2),
+                                "arrow_reread_ms_last": round(last * 1e3, 2),
+                                "arrow_reread_growth": round(last / first, 2)})
+                table.append({"format": "arrow, read whole at every poll",
+                              "first tenth ms": round(first * 1e3, 2),
+                              "last tenth ms": round(last * 1e3, 2),
+                              "growth": round(last / first, 2), "µs per row": None,
+                              "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
+            details[fmt] = got
+    figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    return BenchResult(
+        name="follow", figures=figures,
+        config={"ranks": RANKS, "polls": steps, "rows_per_rank_per_poll": rows, "quick": quick,
+                "summarize": "rule (not timed)",
+                "method": "CPU time of Agent.read_new after each iteration is appended to "
+                          "every rank's file; medians of the first and last tenth of polls"},
+        goals={"arrow_read_growth": "<= 1.5"},
+        details=details,
+        tables={"one agent poll as the logs grow": table},
+    )
