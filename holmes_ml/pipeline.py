@@ -46,7 +46,7 @@ from holmes_ml.io.schema import (
 )
 from holmes_ml.localize.config import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of, localize_records
-from holmes_ml.localize.types import Verdict
+from holmes_ml.localize.types import INPUT_NOTES, Verdict
 from holmes_ml.topology import (
     GPUS_PER_HOST,
     Group,
@@ -904,14 +904,11 @@ def note_input(verdict: Verdict, ops: pd.DataFrame) -> Verdict:
     whose gloo operations were read as one world group or whose steps were renumbered or left
     out (profilers started at different steps), and log files left unread (Parquet without
     its footer)."""
-    for key in ("reused_key_rows", "gloo_groups_merged_ranks", "kineto_renumbered_ranks",
-                "kineto_steps_left_out"):
-        n = int(ops.attrs.get(key, 0))
+    for key in INPUT_NOTES:
+        # unread_files: the files' names; the others a count
+        n = len(ops.attrs.get(key, ())) if key == "unread_files" else int(ops.attrs.get(key, 0))
         if n:
             verdict.stats[key] = float(n)
-    unread = len(ops.attrs.get("unread_files", ()))
-    if unread:
-        verdict.stats["unread_files"] = float(unread)
     return verdict
 
 

@@ -18,7 +18,6 @@ one 8-rank communicator, seeded sizes, starts and durations.
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
 from pathlib import Path
@@ -28,12 +27,11 @@ import pandas as pd
 from tqdm import tqdm
 
 from holmes_ml.bench.record import BenchResult, peak_rss_mb
-
-logger = logging.getLogger(__name__)
+from holmes_ml.collect.writer import COLUMNS, FORMATS, RowSink
 
 RANKS = 8
 _OPS = ("all_reduce", "all_gather", "reduce_scatter")
-_SUFFIX = {"arrow": ".arrows", "jsonl": ".jsonl", "csv": ".csv"}
+_SUFFIX = {**FORMATS, "csv": ".csv"}
 
 
 def _iteration(it: int, rows: int, rng: np.random.Generator) -> dict[int, pd.DataFrame]:
@@ -58,8 +56,6 @@ def _append(path: Path, fmt: str, df: pd.DataFrame, sinks: dict) -> None:
     if fmt == "csv":
         df.to_csv(path, mode="a", header=not path.exists(), index=False)
         return
-    from holmes_ml.collect.writer import COLUMNS, RowSink
-
     if path not in sinks:
         sinks[path] = RowSink(path, fmt)
     sinks[path].write({c: df[c].to_numpy() for c in COLUMNS})

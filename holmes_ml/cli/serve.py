@@ -111,7 +111,9 @@ def register(app: typer.Typer) -> None:
     def agent_cmd(
         follow: Path = typer.Option(..., "--follow", file_okay=False,
                                     help="Directory of this node's per-rank CommOps logs "
-                                    "(.jsonl, .csv, .parquet; subdirectories too), or of "
+                                    "(.arrows as the logger writes them, followed batch by "
+                                    "batch; .jsonl, .csv; .parquet once closed; "
+                                    "subdirectories too), or of "
                                     "its traces in another format (Kineto, Flight Recorder, "
                                     "NCCL Inspector, a ByteDance what-if trace with its meta "
                                     "yaml beside it). Not there yet: the agent waits for it "

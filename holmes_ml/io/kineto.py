@@ -793,13 +793,14 @@ def read_kineto(paths: Sequence[str | Path] | str | Path) -> pd.DataFrame:
     steps = out["iteration"].nunique()
     out = assign_seq(common_steps(out, {r: {n + shift.get(r, 0) for n in w}
                                         for r, w in windows.items()}))
+    left_out = steps - out["iteration"].nunique()
     # for the verdict's note and holmes check: a warning on stderr is lost to a script
     if unresolved:
         out.attrs["gloo_groups_merged_ranks"] = len(unresolved)
     if shift:
         out.attrs["kineto_renumbered_ranks"] = len(shift)
-    if out["iteration"].nunique() < steps:
-        out.attrs["kineto_steps_left_out"] = int(steps - out["iteration"].nunique())
+    if left_out:
+        out.attrs["kineto_steps_left_out"] = int(left_out)
     return out
 
 

@@ -157,6 +157,28 @@ class WorkloadFinding:
         }
 
 
+#: What the reader noticed about its input (a count in :attr:`Verdict.stats` under the key),
+#: said in the verdict's note in this order; ``{n}`` is the count.
+INPUT_NOTES: dict[str, str] = {
+    "reused_key_rows": "{n:,} operator rows share rank, group, seq, op and iteration with a "
+                       "different row: logs of two runs (or of a restarted job) seem mixed, and "
+                       "their statistics with them; analyse one run at a time",
+    "unread_files": "{n} Parquet log file(s) were not read: no footer yet (a running job's "
+                    "logger writes it when it closes the file) or their writer was killed (see "
+                    "the reader's warning); their ranks' operators are missing",
+    "gloo_groups_merged_ranks": "the gloo operations of {n} rank(s) were read as one group of "
+                                "the whole world: their profiler traces do not tell which "
+                                "process group ran each (see the reader's warning), so "
+                                "operations of different groups may have been compared as one",
+    "kineto_renumbered_ranks": "the profiler traces of {n} rank(s) number the job's steps "
+                               "differently (their profiler started at another step): their "
+                               "steps were renumbered to match (see the reader's warning)",
+    "kineto_steps_left_out": "{n} step(s) that only some ranks' profiler traces hold were left "
+                             "out (see the reader's warning); the steps every trace holds were "
+                             "analysed",
+}
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Outcome of localizing one window of logs.
@@ -188,36 +210,15 @@ class Verdict:
         says how to look at them. Fewer than two ranks leave nothing to compare a copy with.
         Rows of two runs read together mix every statistic, and so do gloo operations of
         several process groups read as one. Parquet logs left unread (no footer) leave their
-        ranks out. Logs of too few iterations for the irregularity
+        ranks out. Profiler traces started at different steps were renumbered or cut to the
+        steps every rank holds. Logs of too few iterations for the irregularity
         monitor (a Flight Recorder or NCCL Inspector dump is one) cannot show a slowdown as such.
         """
         notes = []
-        reused = int(self.stats.get("reused_key_rows", 0))
-        if reused:
-            notes.append(f"{reused:,} operator rows share rank, group, seq, op and iteration with "
-                         "a different row: logs of two runs (or of a restarted job) seem mixed, "
-                         "and their statistics with them; analyse one run at a time")
-        unread = int(self.stats.get("unread_files", 0))
-        if unread:
-            notes.append(f"{unread} Parquet log file(s) were not read: no footer yet (a running "
-                         "job's logger writes it when it closes the file) or their writer was "
-                         "killed (see the reader's warning); their ranks' operators are missing")
-        merged = int(self.stats.get("gloo_groups_merged_ranks", 0))
-        if merged:
-            notes.append(f"the gloo operations of {merged} rank(s) were read as one group of the "
-                         "whole world: their profiler traces do not tell which process group ran "
-                         "each (see the reader's warning), so operations of different groups may "
-                         "have been compared as one")
-        renumbered = int(self.stats.get("kineto_renumbered_ranks", 0))
-        if renumbered:
-            notes.append(f"the profiler traces of {renumbered} rank(s) number the job's steps "
-                         "differently (their profiler started at another step): their steps "
-                         "were renumbered to match (see the reader's warning)")
-        left_out = int(self.stats.get("kineto_steps_left_out", 0))
-        if left_out:
-            notes.append(f"{left_out} step(s) that only some ranks' profiler traces hold were "
-                         "left out (see the reader's warning); the steps every trace holds "
-                         "were analysed")
+        for key, text in INPUT_NOTES.items():
+            n = int(self.stats.get(key, 0))
+            if n:
+                notes.append(text.format(n=n))
         if self.silent_ranks:
             few = ", ".join(map(str, self.silent_ranks[:8])) + (
                 " ..." if len(self.silent_ranks) > 8 else "")

@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import few
-from holmes_ml.io.readers import ArrowStreamRewritten, ArrowStreamTail, read_arrow_stream_tail
+from holmes_ml.io.readers import ArrowStreamTail, read_arrow_stream_tail
 from holmes_ml.io.schema import (
     FACTS,
     REQUIRED_COLUMNS,
@@ -451,8 +451,8 @@ class _FileState:
     arrow: ArrowStreamTail | None = None
     #: row of the file of the chunk's first row (a binary log's rows have no line)
     chunk_row: int = 0
-    #: a text log's last bytes before ``offset``: other bytes there mean another file was
-    #: written under the name (a restarted writer's, which may get the old inode and outgrow it)
+    #: the log's last bytes before ``offset``: other bytes there mean another file was written
+    #: under the name (a restarted writer's, which may get the old inode and outgrow it)
     mark: bytes = b""
 
 
@@ -489,16 +489,11 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     if st.st_size <= state.offset:
         return None
     if path.suffix == ".arrows":  # a stream: the batches whole since the last read
+        # (a stream written anew under the name was told by its mark before: read_new)
         tail = state.arrow if state.arrow is not None else ArrowStreamTail()
-        try:
-            table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
-        except ArrowStreamRewritten:
-            # a restarted writer's new file, which got the old one's inode and outgrew it
-            logger.warning("agent: %s was written anew (a restarted writer?): reading it again "
-                           "from its start", path)
-            tail = ArrowStreamTail()
-            table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
-        state.offset, state.chunk_line, state.chunk_row = state.arrow.offset, None, tail.rows
+        table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
+        state.offset, state.mark = state.arrow.offset, state.arrow.mark
+        state.chunk_line, state.chunk_row = None, tail.rows
         return None if table is None else table.to_pandas()
     with path.open("rb") as fh:
         fh.seek(state.offset)
