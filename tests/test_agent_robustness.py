@@ -13,6 +13,7 @@ import sys
 import time
 
 import httpx
+import pandas as pd
 import pytest
 from test_serve_cli import HOLMES, holmes, one_line_error
 from test_serve_support import TOKEN, fallback_summarize, free_port, make_ops, start_server
@@ -914,3 +915,111 @@ def test_an_agent_started_before_its_log_directory_waits_for_it(tmp_path):
         if following.poll() is None:
             following.kill()
         srv.stop()
+
+
+def _counting_validate(monkeypatch) -> list[int]:
+    """Count the rows of each schema check the agent makes (one per call)."""
+    import holmes_ml.serve.agent as agent_module
+
+    calls: list[int] = []
+    real = agent_module.validate
+
+    def counted(df, *args, **kwargs):
+        calls.append(len(df))
+        return real(df, *args, **kwargs)
+
+    monkeypatch.setattr(agent_module, "validate", counted)
+    return calls
+
+
+def test_a_polls_new_rows_are_checked_together_and_kept_as_each_file_alone_gives_them(
+        tmp_path, monkeypatch):
+    """A host's files gain rows at every poll; their checks against the schema, a few ms of
+    fixed cost each, are made in one call per schema rather than one per file, and what is
+    kept is what each file checked alone gives."""
+    from holmes_ml.collect.writer import COLUMNS, RowSink
+    from holmes_ml.io.readers import read_arrow_stream
+    from holmes_ml.io.schema import validate
+
+    ops = make_ops(seed=41, ranks=8, iterations=5).assign(job="j")
+    logs = tmp_path / "logs"
+    sinks = {r: RowSink(logs / f"rank{r}.arrows", "arrow") for r in range(6)}
+    calls = _counting_validate(monkeypatch)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j", source="n1"),
+                  summarize=fallback_summarize)
+    try:
+        for it in range(5):
+            new = ops[ops["iteration"] == it]
+            for r, sink in sinks.items():
+                sink.write({c: new[new["rank"] == r][c].to_numpy() for c in COLUMNS})
+            for r in (6, 7):  # two more ranks log CSV: a schema of their own
+                new[new["rank"] == r].to_csv(logs / f"rank{r}.csv", mode="a", index=False,
+                                             header=it == 0)
+            calls.clear()
+            assert agent.read_new() == len(new)
+            # the six Arrow chunks in one check, the two CSV chunks in another
+            assert sorted(calls) == sorted([6 * len(new) // 8, 2 * len(new) // 8]), calls
+        for sink in sinks.values():
+            sink.close()
+        alone = [validate(read_arrow_stream(logs / f"rank{r}.arrows").to_pandas())
+                 for r in range(6)]
+        alone += [validate(pd.read_csv(logs / f"rank{r}.csv")) for r in (6, 7)]
+        kept = agent._ops.drop(columns="_file")
+        key = ["rank", "iteration", "seq"]
+        expected = pd.concat(alone).astype({"group_ranks": str}).sort_values(key)
+        pd.testing.assert_frame_equal(
+            kept.astype({"group_ranks": str}).sort_values(key).reset_index(drop=True),
+            expected[kept.columns].reset_index(drop=True))
+        assert agent.bad_files == {} and agent.rows_set_aside == {}
+    finally:
+        agent.close()
+
+
+def test_a_bad_row_among_files_checked_together_is_set_aside_in_its_file_alone(
+        tmp_path, monkeypatch):
+    """One file's bad row breaks the check of a poll's rows together: each file is then
+    checked alone, the bad row set aside naming its file and line, every other row kept."""
+    ops = make_ops(seed=42, ranks=4, iterations=3)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, sub in ops.groupby("rank"):
+        sub.to_csv(logs / f"rank{r}.csv", index=False)
+    bad = logs / "rank2.csv"
+    lines = bad.read_text().splitlines()
+    lines[3] = lines[3].replace("all_reduce", "gossip")  # line 4 of the file
+    bad.write_text("\n".join(lines) + "\n")
+    calls = _counting_validate(monkeypatch)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j", source="n1"),
+                  summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == len(ops) - 1
+        assert len(calls) == 1 + 4 + 1  # together; each alone; the bad file's again without it
+        assert agent.bad_files == {}
+        assert list(agent.rows_set_aside) == [bad] and len(agent.rows_set_aside[bad]) == 1
+        assert agent.rows_set_aside[bad][0].startswith(
+            "column 'op', line 4: unknown op type (got 'gossip'; expected one of "), \
+            agent.rows_set_aside
+    finally:
+        agent.close()
+
+
+def test_two_files_of_one_poll_that_disagree_set_the_second_aside_naming_the_first(tmp_path):
+    """Files read in one poll that put one rank on two hosts: checked together they break the
+    check, so each is checked alone and the second is set aside naming the first, as when
+    they were read in two polls."""
+    ops = make_ops(seed=43, ranks=4, iterations=2)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ops[ops["rank"] < 2].to_csv(logs / "a.csv", index=False)
+    ops[ops["rank"] == 1].assign(host="elsewhere", seq=ops["seq"] + 50).to_csv(
+        logs / "b.csv", index=False)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j", source="n1"),
+                  summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == int((ops["rank"] < 2).sum())
+        assert list(agent.bad_files) == [logs / "b.csv"]
+        why = agent.bad_files[logs / "b.csv"]
+        assert why.startswith(f"column 'host', line 2: the host of rank 1 is 'h0' in "
+                              f"{logs / 'a.csv'} (got 'elsewhere'"), why
+    finally:
+        agent.close()

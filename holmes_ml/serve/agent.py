@@ -56,6 +56,7 @@ from holmes_ml.io.schema import (
     facts_of,
     job_of,
     member_ranks,
+    members_key,
     validate,
 )
 from holmes_ml.serve import check_name, hold_lock, plain_http_hint
@@ -590,6 +591,84 @@ _KEEP_ASIDE = 20
 _MAX_SET_ASIDE = 20
 
 
+@dataclass
+class _Read:
+    """What one followed log gained at a poll, before its rows are checked and kept."""
+
+    path: Path
+    #: the file's state before this read, and the state it gets once the rows are kept
+    state: _FileState
+    trial: _FileState
+    inode: int
+    #: (size, mtime) of the file as read: set aside until that changes if it cannot be
+    stamp: tuple[int, int]
+    #: where reading began (0: from its start)
+    before: int
+    df: pd.DataFrame | None
+
+
+def _validate_together(reads: Sequence[_Read]) -> list[tuple[pd.DataFrame, dict] | None]:
+    """Each read's rows checked against the schema (:func:`~holmes_ml.io.schema.validate`)
+    together with the other files' rows of the same columns and types, in one call rather than
+    one per file, and the facts (:func:`~holmes_ml.io.schema.facts_of`) they hold. None for a
+    read whose rows were not checked so: no rows, none other of its schema, or rows that
+    together break it; each of those files is then checked alone, which names its file and
+    line and sets its few bad rows aside.
+
+    Rows that pass together pass alone (the check of rows together asks all that it asks of
+    each file, and that the files agree with each other) and come out with the values they
+    would alone (a categorical column with the categories of all the files).
+    """
+    out: list[tuple[pd.DataFrame, dict] | None] = [None] * len(reads)
+    by_schema: dict[frozenset, list[int]] = {}
+    for i, read in enumerate(reads):
+        # the chunks of one schema together: a column one of them lacked would be missing
+        # values, one of another type would be of a third (object)
+        if read.df is not None and not read.df.empty:
+            by_schema.setdefault(_schema_of(read.df), []).append(i)
+    for members in by_schema.values():
+        if len(members) < 2:
+            continue
+        frames = [reads[i].df for i in members]
+        sizes = np.array([len(f) for f in frames if f is not None])
+        try:
+            ops = validate(concat_ops([f for f in frames if f is not None]),
+                           source=_names([reads[i].path for i in members]))
+        except Exception:  # noqa: BLE001 - each file alone says which, and why
+            continue
+        facts = _facts_by_part(ops, np.repeat(np.arange(len(members)), sizes), len(members))
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        for k, i in enumerate(members):
+            out[i] = (ops.iloc[bounds[k]:bounds[k + 1]].reset_index(drop=True), facts[k])
+    return out
+
+
+def _schema_of(df: pd.DataFrame) -> frozenset:
+    """The columns of ``df`` and their types (a categorical one as such, whatever its
+    categories: each file's dictionary of a column is its own)."""
+    return frozenset((c, "category" if isinstance(t, pd.CategoricalDtype) else str(t))
+                     for c, t in df.dtypes.items())
+
+
+def _facts_by_part(ops: pd.DataFrame, part: np.ndarray, n: int) -> list[dict[str, dict[str, str]]]:
+    """:func:`~holmes_ml.io.schema.facts_of` of each of the ``n`` parts of a validated
+    table (``part``: the part of each row), in one pass over it."""
+    out: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
+    for fact, (owner, _) in FACTS.items():
+        if fact not in ops.columns:
+            continue
+        # (a categorical member list is compared by its code, not its 40 kB of text)
+        pairs = ops[[owner, fact]].assign(_part=part).drop_duplicates()
+        values = pairs[fact].astype(str)
+        keep = (values.str.len() > 0).to_numpy()
+        for k in range(n):  # a part holding none of the fact has it, empty (as facts_of)
+            out[k][fact] = {}
+        for k, key, value in zip(pairs["_part"][keep], pairs[owner][keep].astype(str),
+                                 values[keep], strict=True):
+            out[k][fact][key] = members_key(value) if fact == "group_ranks" else value
+    return out
+
+
 def _file_lines(n: int, first_line: int, skipped: Sequence[int] = ()) -> np.ndarray:
     """The file line of each of ``n`` rows read from a chunk whose first line is
     ``first_line`` and whose lines ``skipped`` gave no row."""
@@ -844,93 +923,26 @@ class Agent:
 
     # -------------------------------------------------------------- reading
     def read_new(self) -> int:
-        """Read what the log files gained; returns the number of new rows."""
+        """Read what the log files gained; returns the number of new rows.
+
+        Every file's new rows are read first, then checked against the schema together (a
+        check has a fixed cost of its own, a few ms, which once per file and poll was most of
+        a poll's). When the rows read together break it, each file's are checked alone, so
+        that the error names its file and line and the other files' rows are read.
+        """
         n = 0
         whatif: list[Path] = []  # what-if traces: read whole, with the other traces
+        reads: list[_Read] = []
         for pattern in PATTERNS:
             for path in _log_files(Path(self.config.follow), pattern):
                 if path.suffix == ".parquet" and self._is_whatif(path):
                     whatif.append(path)
                     continue
-                state = self._files.setdefault(path, _FileState())
-                if state.ignored or (state.offset == 0 and state.header is None
-                                     and self._not_a_log(path, state)):
-                    continue
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue  # removed since the glob
-                if state.offset and (st.st_ino != state.inode or st.st_size < state.offset
-                                     or _written_anew(path, state)):
-                    # rotated (another file under the name), truncated (copytruncate) or
-                    # written anew in place: the offset points into other data; read what is
-                    # there now from its start
-                    rotated = st.st_ino != state.inode
-                    # a CSV truncated in place goes on without a header (its writer wrote it
-                    # once): its rows keep the columns the header named (a header it has
-                    # after all is read as one)
-                    header = None if rotated else state.header
-                    how = ("replaced (rotated?)" if rotated else "truncated"
-                           if st.st_size < state.offset else "written anew (a restarted writer?)")
-                    logger.warning("agent: %s was %s: reading it again from its start%s", path,
-                                   how, " with the columns of its header" if header else "")
-                    state = self._files[path] = _FileState(header=header)
-                before = state.offset
-                stamp = (st.st_size, st.st_mtime_ns)
-                if state.bad == stamp:
-                    continue  # could not be read and has not changed since
-                trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
-                lines: np.ndarray | None = None  # the file line of each row kept
-                try:
-                    df = _read_increment(path, trial)
-                    facts: dict[str, dict[str, str]] = {}
-                    aside: list[str] = []
-                    if df is not None and not df.empty:
-                        df, aside, lines = _valid_rows(df, path, trial.chunk_line,
-                                                       trial.chunk_skipped, trial.chunk_row)
-                        facts = self._new_facts(df, path)
-                except SchemaError as exc:
-                    if (exc.row is not None and trial.chunk_line is not None and exc.line is None
-                            and lines is not None and 0 <= exc.row < len(lines)):
-                        exc = exc.at(line=int(lines[exc.row]))  # the file's line
-                    self._set_bad(path, _describe(exc))
-                    state.bad = stamp
-                    continue
-                except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
-                    self._set_bad(path, _describe(exc))
-                    state.bad = stamp
-                    continue
-                trial.inode = st.st_ino
-                self._files[path] = state = trial
-                self._keep_facts(facts, path)
-                self._set_good(path)
-                if aside:
-                    logger.warning("agent: %s: %d row(s) set aside, the rest read: %s", path,
-                                   len(aside), "; ".join(aside))
-                # lines that gave no row (torn: warned of as they were read) count as set aside
-                aside = [f"line {n}: " + ("more fields than the header's" if
-                                          path.suffix == ".csv" else "no JSON object")
-                         + " (torn when its writer died?)" for n in trial.chunk_skipped] + aside
-                if aside:
-                    kept = self.rows_set_aside.setdefault(path, [])
-                    kept.extend(aside[:max(0, _KEEP_ASIDE - len(kept))])
-                    self.n_set_aside[path] = self.n_set_aside.get(path, 0) + len(aside)
-                    self._aside_last[path] = aside[-1]
-                if df is None or df.empty:
-                    continue
-                if path.suffix in _REREAD_SUFFIXES:
-                    # A re-read file's rows replace those read from it before.
-                    df["_file"] = str(path)
-                    if len(self._ops) and "_file" in self._ops.columns:
-                        self._ops = self._ops[self._ops["_file"] != str(path)]
-                    self.stats.raw_bytes += path.stat().st_size
-                else:
-                    df["_file"] = str(path)
-                    # (a file read again from its start: all it holds now is new)
-                    self.stats.raw_bytes += state.offset - (before if state.offset >= before
-                                                            else 0)
-                self._buffer.append(df)
-                n += len(df)
+                read = self._read_file(path)
+                if read is not None:
+                    reads.append(read)
+        for read, checked in zip(reads, _validate_together(reads), strict=True):
+            n += self._accept(read, checked)
         n += self._read_whole_files(whatif)
         self._say_if_empty()
         for gone in [p for p in self.bad_files if not p.exists()]:
@@ -940,6 +952,108 @@ class Agent:
             self._buffer.clear()
         self.stats.ops_read += n
         return n
+
+    def _read_file(self, path: Path) -> _Read | None:
+        """What ``path`` gained since the last poll, not yet checked against the schema (None
+        when it is not to be read: not a log, gone, set aside and unchanged, or unreadable,
+        which is reported)."""
+        state = self._files.setdefault(path, _FileState())
+        if state.ignored or (state.offset == 0 and state.header is None
+                             and self._not_a_log(path, state)):
+            return None
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None  # removed since the glob
+        if state.offset and (st.st_ino != state.inode or st.st_size < state.offset
+                             or _written_anew(path, state)):
+            # rotated (another file under the name), truncated (copytruncate) or
+            # written anew in place: the offset points into other data; read what is
+            # there now from its start
+            rotated = st.st_ino != state.inode
+            # a CSV truncated in place goes on without a header (its writer wrote it
+            # once): its rows keep the columns the header named (a header it has
+            # after all is read as one)
+            header = None if rotated else state.header
+            how = ("replaced (rotated?)" if rotated else "truncated"
+                   if st.st_size < state.offset else "written anew (a restarted writer?)")
+            logger.warning("agent: %s was %s: reading it again from its start%s", path,
+                           how, " with the columns of its header" if header else "")
+            state = self._files[path] = _FileState(header=header)
+        stamp = (st.st_size, st.st_mtime_ns)
+        if state.bad == stamp:
+            return None  # could not be read and has not changed since
+        trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
+        try:
+            df = _read_increment(path, trial)
+        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
+            self._set_bad(path, _describe(exc))
+            state.bad = stamp
+            return None
+        return _Read(path, state, trial, st.st_ino, stamp, state.offset, df)
+
+    def _accept(self, read: _Read, checked: tuple[pd.DataFrame, dict] | None) -> int:
+        """Check ``read``'s rows against the schema (``checked``: its rows as checked together
+        with the other files', and the facts they hold) and what earlier rows said; keep
+        them, advancing its file's state, or set the file aside naming why. Returns the
+        number of rows kept."""
+        path, state, trial, df = read.path, read.state, read.trial, read.df
+        lines: np.ndarray | None = None  # the file line of each row kept
+        try:
+            facts: dict[str, dict[str, str]] = {}
+            aside: list[str] = []
+            if checked is not None:
+                df, new = checked
+                facts = self._new_facts(df, path, new)
+            elif df is not None and not df.empty:
+                df, aside, lines = _valid_rows(df, path, trial.chunk_line,
+                                               trial.chunk_skipped, trial.chunk_row)
+                facts = self._new_facts(df, path)
+        except SchemaError as exc:
+            if checked is not None and df is not None:
+                lines = _file_lines(len(df), trial.chunk_line if trial.chunk_line is not None
+                                    else trial.chunk_row, trial.chunk_skipped)
+            if (exc.row is not None and trial.chunk_line is not None and exc.line is None
+                    and lines is not None and 0 <= exc.row < len(lines)):
+                exc = exc.at(line=int(lines[exc.row]))  # the file's line
+            self._set_bad(path, _describe(exc))
+            state.bad = read.stamp
+            return 0
+        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
+            self._set_bad(path, _describe(exc))
+            state.bad = read.stamp
+            return 0
+        trial.inode = read.inode
+        self._files[path] = state = trial
+        self._keep_facts(facts, path)
+        self._set_good(path)
+        if aside:
+            logger.warning("agent: %s: %d row(s) set aside, the rest read: %s", path,
+                           len(aside), "; ".join(aside))
+        # lines that gave no row (torn: warned of as they were read) count as set aside
+        aside = [f"line {n}: " + ("more fields than the header's" if
+                                  path.suffix == ".csv" else "no JSON object")
+                 + " (torn when its writer died?)" for n in trial.chunk_skipped] + aside
+        if aside:
+            kept = self.rows_set_aside.setdefault(path, [])
+            kept.extend(aside[:max(0, _KEEP_ASIDE - len(kept))])
+            self.n_set_aside[path] = self.n_set_aside.get(path, 0) + len(aside)
+            self._aside_last[path] = aside[-1]
+        if df is None or df.empty:
+            return 0
+        if path.suffix in _REREAD_SUFFIXES:
+            # A re-read file's rows replace those read from it before.
+            df["_file"] = str(path)
+            if len(self._ops) and "_file" in self._ops.columns:
+                self._ops = self._ops[self._ops["_file"] != str(path)]
+            self.stats.raw_bytes += path.stat().st_size
+        else:
+            df["_file"] = str(path)
+            # (a file read again from its start: all it holds now is new)
+            self.stats.raw_bytes += state.offset - (read.before if state.offset >= read.before
+                                                    else 0)
+        self._buffer.append(df)
+        return len(df)
 
     def _read_whole_files(self, whatif: list[Path]) -> int:
         """Re-read every non-incremental trace when any of them changed (ranks of a Kineto or
@@ -1049,15 +1163,16 @@ class Agent:
                 out.append(path)
         return out
 
-    def _new_facts(self, df: pd.DataFrame, path: Path | str) -> dict[str, dict[str, str]]:
-        """The facts of ``df``, rows new from ``path``; :class:`SchemaError` at the first
-        row that contradicts what rows read before said (a rank on another host, a
-        communicator with other members or another kind).
+    def _new_facts(self, df: pd.DataFrame, path: Path | str,
+                   new: dict[str, dict[str, str]] | None = None) -> dict[str, dict[str, str]]:
+        """The facts of ``df`` (``new``, when known), rows new from ``path``; :class:`SchemaError`
+        at the first row that contradicts what rows read before said (a rank on another host,
+        a communicator with other members or another kind).
 
         Each file is validated alone as it grows; without this a rank that two files (or two
         runs in one file) put on two hosts would be shipped on the first one.
         """
-        new = facts_of(df)
+        new = dict(facts_of(df) if new is None else new)
         job = self._job_of(df, path)
         if job is not None:
             new["job"] = {"": job}
