@@ -27,8 +27,8 @@ def test_a_simulated_job_is_counted_and_every_check_passes(tmp_path):
     ops = pd.read_parquet(tmp_path / "sim" / "ops.parquet")
     report = _check(str(tmp_path / "sim"))
     assert report["ops"] == len(ops)
-    assert (report["ranks"], report["rank_list"]) == (32, "0-31")
-    assert (report["iterations"], report["iteration_list"]) == (6, "0-5")
+    assert (report["ranks"], report["rank_list"]) == (32, list(range(32)))
+    assert (report["iterations"], report["iteration_list"]) == (6, list(range(6)))
     assert (report["hosts"], report["hosts_from"]) == (4, "topology")
     assert report["communicators"] == ops["group"].nunique()
     assert report["communicators_by_kind"] == ops.groupby("group")["group_kind"].first() \
@@ -74,6 +74,8 @@ def test_checks_say_nothing_about_what_the_log_has_none_of(tmp_path):
     said = [c["what"] for c in report["checks"]]
     assert not [w for w in said if "send/recv" in w], said
     assert any(w.startswith("1 rank named by member lists logged nothing (2)") for w in said)
+    # (lists are integers, as in localize --json; the lines above say them as runs)
+    assert (report["listed_not_logged"], report["listed_not_logged_list"]) == (1, [2])
     assert report["compute_times"] is False
 
 
@@ -115,7 +117,7 @@ def test_ranks_missing_from_some_iterations_are_named_with_the_iterations(tmp_pa
     pd.DataFrame(rows).to_csv(tmp_path / "ops.csv", index=False)
     report = _check(str(tmp_path / "ops.csv"))
     assert report["ranks_lacking_iterations"] == 2
-    assert report["ranks_lacking_iterations_list"] == {"0": "7", "2": "3-5"}
+    assert report["ranks_lacking_iterations_list"] == {"0": [7], "2": [3, 4, 5]}
     failed = [c["what"] for c in report["checks"] if not c["ok"]]
     assert any(w.startswith("2 ranks lack iterations the others logged (0: 7; 2: 3-5)")
                for w in failed), failed

@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from holmes_ml import pipeline
+        from holmes_ml._text import spans
         from holmes_ml.io.inventory import inventory
         from holmes_ml.topology import Topology
 
@@ -61,8 +62,9 @@ def register(app: typer.Typer) -> None:
         console = Console()
         median = report["median_iteration_s"]
         console.print(
-            f"read {report['ops']:,} ops of {report['ranks']:,} rank(s) ({report['rank_list']}) "
-            f"over {report['iterations']:,} iteration(s) ({report['iteration_list']}"
+            f"read {report['ops']:,} ops of {report['ranks']:,} rank(s) "
+            f"({spans(report['rank_list'])}) over {report['iterations']:,} iteration(s) "
+            f"({spans(report['iteration_list'])}"
             + (f"; median {median:.4g} s each, irregular ones included)" if median is not None
                else ")"))
         kinds = ", ".join(f"{k} {n}" for k, n in report["communicators_by_kind"].items())

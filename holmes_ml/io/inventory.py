@@ -40,11 +40,11 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     Returns
     -------
     dict
-        Plain JSON values: ``ops``, ``ranks`` and ``rank_list`` (runs such as ``"0-15"``),
-        ``listed_not_logged`` (ranks that communicator member lists name but that logged
-        nothing), ``iterations``, ``iteration_list``, ``ranks_lacking_iterations`` (ranks whose
-        rows lack iterations other ranks logged; ``_list``: the first 8, each with those it
-        lacks), ``median_iteration_s``, ``hosts`` and
+        Plain JSON values: ``ops``, ``ranks`` and ``rank_list`` (the ranks, as integers, like
+        every ``_list``), ``listed_not_logged`` (ranks that communicator member lists name but
+        that logged nothing), ``iterations``, ``iteration_list``, ``ranks_lacking_iterations``
+        (ranks whose rows lack iterations other ranks logged; ``_list``: the first 8, each
+        with those it lacks), ``median_iteration_s``, ``hosts`` and
         ``hosts_from`` (``topology``, ``logs`` or ``assumed``), ``communicators`` (by kind,
         and how many list their members), ``op_types``, ``send_recv_without_peer``,
         ``coordinates``, ``compute_times`` (whether each step's compute time per rank was
@@ -87,13 +87,14 @@ def inventory(ops: pd.DataFrame, topology: Topology | None = None,
     out: dict[str, Any] = {
         "ops": len(ops),
         "ranks": len(ranks),
-        "rank_list": spans(ranks),
+        "rank_list": ranks.tolist(),
         "listed_not_logged": len(missing),
-        "listed_not_logged_list": spans(missing),
+        "listed_not_logged_list": [int(r) for r in missing],
         "iterations": len(its),
-        "iteration_list": spans(its.index),
+        "iteration_list": [int(i) for i in its.index],
         "ranks_lacking_iterations": len(gaps),
-        "ranks_lacking_iterations_list": {str(r): spans(m) for r, m in list(gaps.items())[:8]},
+        "ranks_lacking_iterations_list": {str(r): [int(i) for i in m]
+                                          for r, m in list(gaps.items())[:8]},
         "median_iteration_s": round(float(its["duration_s"].median()), 6) if len(its) else None,
         "hosts": hosts,
         "hosts_from": hosts_from,
