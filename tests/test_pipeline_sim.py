@@ -390,6 +390,25 @@ def test_a_rank_missing_from_some_iterations_is_not_named_the_late_arrival() -> 
                    for e in c.evidence)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_log_cut_short_in_mid_episode_does_not_make_its_rank_a_suspect(seed) -> None:
+    """Rank 3's log stops part-way through iteration 20 of an episode that began at 15 (a
+    file cut short, an agent behind). Its partners' waits after the cut were read as its late
+    arrival: it came second ("rank 3 arrived last"), although in the irregular steps its log
+    holds it waited like the others. Its copies there are unknown, not late."""
+    from holmes_ml.io.schema import without_labels
+
+    rng = np.random.default_rng(seed)
+    res = simulate(SimConfig(gpus=16, iterations=30, seed=seed, faults=(
+        FaultSpec.parse("gpu_slow:rank=9,severity=0.5,start=15"),)))
+    ops = without_labels(res.ops)
+    mine = ops[(ops["rank"] == 3) & (ops["iteration"] == 20)]
+    cut_ns = np.quantile(mine["start_ns"], rng.uniform(0.2, 0.8))
+    verdict = analyze(ops[~((ops["rank"] == 3) & (ops["start_ns"] > cut_ns))], res.topology)
+    assert [c.ranks for c in verdict.candidates] == [(9,)], verdict.candidates
+    assert verdict.lacking_ranks == (3,)
+
+
 def test_an_archive_of_a_simulate_directory_reads_like_the_directory(tmp_path, caplog) -> None:
     """A tar of a `holmes simulate` output: its topology.json was left out (another device
     named, no coordinates) and its config.json and faults.json were warned of as unknown logs."""
@@ -458,6 +477,11 @@ def test_a_host_whose_logs_stop_before_the_fault_is_named_not_a_gpu_of_it() -> N
     assert verdict.lacking_ranks == tuple(range(24, 32))
     assert "8 rank(s) lack some of the analysed iterations (24-31)" in (verdict.note or "")
     assert verdict.to_dict()["input"]["lacking_ranks"] == list(range(24, 32))
+    # what it is named on is its peers' waits, not a late arrival it logged
+    said = [e.detail for e in top.evidence]
+    assert said and all(re.fullmatch(r"rank \d+ logged none of iteration \d+ \(its log lacks "
+                                     r"it\); the other copies waited .+, read as its late "
+                                     r"arrival", d) for d in said), said
     whole = analyze(ops, res.topology)
     assert whole.candidates[0].device == "gpu:node003/2" and whole.lacking_ranks == ()
 

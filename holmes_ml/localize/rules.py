@@ -7,9 +7,14 @@ communicator's ranks, and its network devices come from the communicator's ring
 the rules read the *absence* of a participant as a normal copy:
 
 * **straggler** — some copies are abnormal, some members absent: the absent (normal) ones arrived
-  last; the abnormal copies waited for them. Also, in an instance of three members or more with
-  every copy abnormal, the member that arrived after all the others by at least
-  ``late_fraction`` of their median excess (its own copy slow too, say on a loaded machine).
+  last; the abnormal copies waited for them. A member whose log lacks the instance (its log
+  lacks the iteration, or stops in it before the others began the instance) is unknown, not
+  normal: read as the late one only where no other absent member logged it, and not when, in
+  two or more irregular steps its log holds, it had no lateness left (it waited with the
+  others; its log was cut short, or its agent is behind). Also, in an instance of three
+  members or more with every copy abnormal, the member that arrived after all the others by at
+  least ``late_fraction`` of their median excess (its own copy slow too, say on a loaded
+  machine).
 * **backtracking** — a straggler that itself waited (had abnormal copies) shortly before and
   while its partners waited for it is explained by that wait; its evidence is dropped and the
   origin keeps the credit it earns in the instances where *it* was the late one.
@@ -55,7 +60,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import networkx as nx
@@ -242,6 +247,7 @@ def localize_records(
         strag, echo_sends = _drop_echoes(strag, iterations, members, cfg)
         lookback_ns = 0.5 * med_iter_us * 1e3
         strag = _backtrack(strag, ab, cfg, lookback_ns)
+        strag = _unknown_lateness(strag, iterations, irregular_iterations, its)
         slow_sends = _slow_transfers(echo_sends, ab, cfg, lookback_ns)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
@@ -665,9 +671,10 @@ def _collective_events(
     communicator's kind (``tp``, ``dp``, ...), by name; ``iterations``: the per-rank iteration
     summaries, which say whose logs hold each iteration: a member absent from an instance is
     read as a normal copy, the late arrival, only where its log holds that iteration (a rank
-    whose log lacks it, cut or not shipped yet, says nothing of when it arrived); a rank that
-    logged nothing at all (its log lost, the topology placing it) still is, as the verdict's
-    note says."""
+    whose log lacks it, cut or not shipped yet, says nothing of when it arrived; where no
+    absent member's log holds it, the unknown ones are, ``unlogged``, until
+    :func:`_unknown_lateness` weighs them); a rank that logged nothing at all (its log lost,
+    the topology placing it) still is, as the verdict's note says."""
     if len(ab) == 0:
         return pd.DataFrame()
     key = ["iteration", "group", "seq"]
@@ -701,16 +708,21 @@ def _collective_events(
         # arrivals; only where none has are the unknown ones read so (the others waited for
         # one of them: an agent that stopped on the slow host). (A rank that logged nothing at
         # all, placed by a topology, is read so as before.)
-        unknown = _unlogged(cand["iteration"].to_numpy(), cand["rank"].to_numpy(), iterations)
+        unknown = _unlogged(cand["iteration"].to_numpy(), cand["rank"].to_numpy(), iterations,
+                            cand["t"].to_numpy())
         known = pd.Series(~unknown, index=cand.index).groupby(
             [cand[k] for k in key]).transform("any").to_numpy()
-        cand = cand[~(unknown & known)]
+        kept = ~(unknown & known)
+        cand = cand[kept]
         n_absent = cand.groupby(key)["rank"].transform("size")
-        strag = cand.assign(rule="straggler", weight=cand["excess"] / n_absent)
+        strag = cand.assign(rule="straggler", weight=cand["excess"] / n_absent,
+                            unlogged=unknown[kept])
     else:
         strag = pd.DataFrame()
-    cols = key + ["op", "rank", "rule", "weight", "t"]
-    parts = [p[cols] for p in (comm, strag, late, xfer) if len(p)]
+    cols = key + ["op", "rank", "rule", "weight", "t", "unlogged"]
+    # (``unlogged``: the late arrival is a member whose log lacks the iteration, read as late)
+    parts = [p.assign(unlogged=p["unlogged"] if "unlogged" in p.columns else False)[cols]
+             for p in (comm, strag, late, xfer) if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
@@ -756,12 +768,45 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
                       own_t=last["start_ns"][held].to_numpy())[cols]
 
 
-def _unlogged(iteration: np.ndarray, rank: np.ndarray, iterations: pd.DataFrame | None
-              ) -> np.ndarray:
+#: Irregular iterations of the window a rank's log must hold, none of them showing it late,
+#: before its lateness where its log lacks the iteration is dropped (:func:`_unknown_lateness`).
+_KNOWN_IRREGULAR = 2
+
+
+def _unknown_lateness(strag: pd.DataFrame, iterations: pd.DataFrame,
+                      irregular: Sequence[int], window: np.ndarray) -> pd.DataFrame:
+    """``strag`` without the lateness read into a rank's absence (``unlogged`` events: where
+    its log lacks the iteration and its partners waited for no one else) when, in at least
+    :data:`_KNOWN_IRREGULAR` irregular iterations of the ``window`` its log does hold, it
+    has no lateness left (none, or explained by its own waits): seen in the episode waiting
+    with the others, not holding them up, it is no more known to be late where its log stops
+    (cut short, or its agent behind). A rank whose log stops before the episode, or that was
+    late where it logged, keeps it (an agent that stopped on the slow host)."""
+    if len(strag) == 0 or "unlogged" not in strag.columns:
+        return strag
+    unknown = strag["unlogged"].fillna(False).to_numpy(dtype=bool)
+    if not unknown.any() or len(iterations) == 0:
+        return strag
+    seen = np.intersect1d(np.asarray(list(irregular), dtype=np.int64),
+                          np.asarray(window, dtype=np.int64))
+    ranks = strag["rank"].to_numpy()
+    held = iterations[iterations["iteration"].isin(seen)
+                      & iterations["rank"].isin(np.unique(ranks[unknown]))]
+    logged = held.groupby("rank")["iteration"].nunique()
+    late = np.unique(ranks[~unknown & np.isin(strag["iteration"].to_numpy(), seen)])
+    waited = logged.index[(logged.to_numpy() >= _KNOWN_IRREGULAR) & ~logged.index.isin(late)]
+    return strag[~(unknown & np.isin(ranks, waited))]
+
+
+def _unlogged(iteration: np.ndarray, rank: np.ndarray, iterations: pd.DataFrame | None,
+              t: np.ndarray | None = None) -> np.ndarray:
     """Per (iteration, rank) pair: whether that rank's log lacks that iteration although it
-    logged others (the iteration summaries say whose logs hold which iterations); a rank that
-    logged nothing at all is not counted here (a topology may place it; the verdict's note
-    names it)."""
+    logged others (the iteration summaries say whose logs hold which iterations), or, given
+    ``t`` (when the pair's partners began the operation), stops in it before ``t``: a log cut
+    short (or shipped) in mid-iteration holds none of the operations the rank met after its
+    last one, whose copies would otherwise read as normal. (A logged copy ends after its
+    partners began it.) A rank that logged nothing at all is not counted here (a topology may
+    place it; the verdict's note names it)."""
     if iterations is None or len(iterations) == 0 or len(rank) == 0:
         return np.zeros(len(rank), dtype=bool)
     rows = iterations[iterations["iteration"].isin(np.unique(iteration))]
@@ -770,7 +815,12 @@ def _unlogged(iteration: np.ndarray, rank: np.ndarray, iterations: pd.DataFrame 
     pairs = pd.MultiIndex.from_arrays([np.asarray(iteration, np.int64),
                                        np.asarray(rank, np.int64)])
     logged_some = np.isin(rank, iterations["rank"].unique())
-    return logged_some & ~pairs.isin(held)
+    out = ~pairs.isin(held)
+    if t is not None and "end_ns" in rows.columns:
+        end = pd.Series(rows["end_ns"].to_numpy(np.float64), index=held).groupby(
+            level=[0, 1]).max().reindex(pairs).to_numpy()
+        out |= np.asarray(t, dtype=np.float64) > end  # (NaN, not held: False)
+    return logged_some & out
 
 
 def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig,
@@ -794,7 +844,8 @@ def _p2p_events(ab: pd.DataFrame, cfg: LocalizeConfig,
         ["iteration", "group", "src", "dst", "op"]).cumcount())
     both = k.groupby(["iteration", "group", "src", "dst", "nth"])["op"].transform("nunique") > 1
     one = k[~both.to_numpy()]
-    one = one[~_unlogged(one["iteration"].to_numpy(), one["peer"].to_numpy(), iterations)]
+    one = one[~_unlogged(one["iteration"].to_numpy(), one["peer"].to_numpy(), iterations,
+                         one["start_ns"].to_numpy())]
     pair = k[both.to_numpy()]
     out = []
     if len(one):
@@ -1075,12 +1126,16 @@ def _rank_candidates(
         ev = best_ev[best_ev["rank"] == rank]
         # (ordered by weight, which counts a wait more in a slower step; told in plain time)
         waited = _lag_us(ev)
+        unlogged = (ev["unlogged"].fillna(False).to_numpy(dtype=bool) if "unlogged" in ev
+                    else np.zeros(len(ev), dtype=bool))
         evidence = tuple(
             Evidence(
                 int(e.iteration), str(e.group), int(e.seq), str(e.op), str(e.rule),
+                f"rank {rank} logged none of iteration {int(e.iteration)} (its log lacks it); "
+                f"the other copies waited {duration(w)}, read as its late arrival" if gone else
                 f"rank {rank} arrived last; the other copies waited {duration(w)}", float(w),
             )
-            for e, w in zip(ev.itertuples(), waited, strict=True)
+            for e, w, gone in zip(ev.itertuples(), waited, unlogged, strict=True)
         )
         host = fabric.host(rank)
         told_apart = rank not in together or together[rank]

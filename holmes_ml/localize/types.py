@@ -236,7 +236,8 @@ class Verdict:
             notes.append(f"{len(self.lacking_ranks)} rank(s) lack some of the analysed "
                          f"iterations ({few}): their logs stop early or have gaps (an agent "
                          "that stopped, a log cut short); where a collective waited for none "
-                         "but them, they are suspects from their peers' waits alone")
+                         "but them, they are suspects from their peers' waits alone, unless "
+                         "they waited like the others in the irregular steps their logs hold")
         if self.stats.get("ranks", 2.0) < 2:
             notes.append("the logs hold one rank: peers cannot be compared, so a slow device "
                          "may go unnamed")
