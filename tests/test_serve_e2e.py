@@ -164,8 +164,9 @@ def test_an_agent_ships_a_real_whatif_trace_and_the_verdict_matches_holmes_local
         srv.stop()
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
-def test_simulated_rank_logs_ship_through_one_agent_per_host(tmp_path, fmt):
+@pytest.mark.parametrize(("fmt", "suffix"), [("arrow", "arrows"), ("jsonl", "jsonl"),
+                                           ("csv", "csv")])
+def test_simulated_rank_logs_ship_through_one_agent_per_host(tmp_path, fmt, suffix):
     """Trying the deployed path meant splitting ops.parquet by host by hand: `holmes simulate
     --rank-logs` writes each rank's log (no labels) under logs/HOST/, and one agent per host
     ships it into a real service, which names the injected GPU."""
@@ -179,7 +180,14 @@ def test_simulated_rank_logs_ship_through_one_agent_per_host(tmp_path, fmt):
     hosts = sorted((sim_dir / "logs").iterdir())
     assert [h.name for h in hosts] == ["node000", "node001", "node002", "node003"]
     assert sorted(f.name for f in hosts[1].iterdir()) == [
-        f"rank-{r:05d}.{fmt}" for r in range(8, 16)]
+        f"rank-{r:05d}.{suffix}" for r in range(8, 16)]
+    if fmt == "arrow":  # as the logger flushes: a record batch per iteration
+        import pyarrow as pa
+
+        with pa.ipc.open_stream(hosts[1] / "rank-00013.arrows") as stream:
+            batches = list(stream)
+        assert [b.column("iteration").unique().to_pylist() for b in batches] == [
+            [i] for i in range(14)]
     srv = start_server(tmp_path, pipeline=True)
     try:
         for host in hosts:

@@ -122,7 +122,8 @@ def register(app: typer.Typer) -> None:
         rank_logs: str = typer.Option(
             None, "--rank-logs", show_default=False,
             help="Also write each rank's log, without labels, as the logger on that rank "
-            "would: OUT/logs/HOST/rank-RANK.EXT, EXT one of jsonl, csv, parquet. Try the "
+            "would: OUT/logs/HOST/rank-RANK.EXT, EXT one of arrow (.arrows: an Arrow IPC "
+            "stream, what the logger writes by default), jsonl, csv, parquet. Try the "
             "deployed path with it: holmes serve, then one holmes agent --follow "
             "OUT/logs/HOST per host."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from holmes_ml.simulator.config import FaultSpec, SimConfig
@@ -58,12 +59,14 @@ class SimResult:
 
 
 #: Formats :func:`write_rank_logs` writes, with their suffix.
-RANK_LOG_FORMATS = {"jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}
+RANK_LOG_FORMATS = {"arrow": ".arrows", "jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}
 
 
 def write_rank_logs(ops: pd.DataFrame, out_dir: str | Path, fmt: str = "jsonl") -> list[Path]:
     """Write each rank's operators of ``ops``, without the labels, as a logger on that rank
-    would: ``OUT_DIR/HOST/rank-RANK.EXT`` in time order (``fmt``: jsonl, csv or parquet).
+    would: ``OUT_DIR/HOST/rank-RANK.EXT`` in time order (``fmt``: arrow, the logger's default,
+    an Arrow IPC stream of one zstd record batch per iteration as the logger flushes them;
+    jsonl, csv or parquet).
     One ``holmes agent --follow OUT_DIR/HOST`` per host then ships the job as the deployed path
     does (``holmes serve``); ``holmes localize OUT_DIR`` reads it whole. Returns the files.
 
@@ -93,10 +96,26 @@ def write_rank_logs(ops: pd.DataFrame, out_dir: str | Path, fmt: str = "jsonl") 
             part.to_json(path, orient="records", lines=True)
         elif fmt == "csv":
             part.to_csv(path, index=False)
+        elif fmt == "arrow":
+            _write_arrow_stream(part, path)
         else:
             part.to_parquet(path, index=False)
         written.append(path)
     return written
+
+
+def _write_arrow_stream(part: pd.DataFrame, path: Path) -> None:
+    """``part`` as an Arrow IPC stream, a record batch per iteration (zstd, as
+    :class:`holmes_ml.collect.writer.RowSink` writes them; every column kept)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(part, preserve_index=False)
+    its = part["iteration"].to_numpy()
+    cuts = np.flatnonzero(np.diff(its) != 0) + 1 if len(its) else np.empty(0, np.int64)
+    with path.open("wb") as fh, pa.ipc.new_stream(
+            fh, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as stream:
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(its)], strict=True):
+            stream.write_table(table.slice(int(lo), int(hi - lo)))
 
 
 def _write_meta(out: Path, faults: list[FaultSpec], topology: Topology, config: dict) -> None:
