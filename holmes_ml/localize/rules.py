@@ -672,9 +672,9 @@ def _collective_events(
     summaries, which say whose logs hold each iteration: a member absent from an instance is
     read as a normal copy, the late arrival, only where its log holds that iteration (a rank
     whose log lacks it, cut or not shipped yet, says nothing of when it arrived; where no
-    absent member's log holds it, the unknown ones are, ``unlogged``, until
-    :func:`_unknown_lateness` weighs them); a rank that logged nothing at all (its log lost,
-    the topology placing it) still is, as the verdict's note says."""
+    absent member's log holds it, the unknown ones are read so, marked ``unlogged`` for
+    :func:`_unknown_lateness`); a rank that logged nothing at all (its log lost, the topology
+    placing it) still is, as the verdict's note says."""
     if len(ab) == 0:
         return pd.DataFrame()
     key = ["iteration", "group", "seq"]
