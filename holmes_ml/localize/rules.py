@@ -9,9 +9,9 @@ the rules read the *absence* of a participant as a normal copy:
 * **straggler** — some copies are abnormal, some members absent: the absent (normal) ones arrived
   last; the abnormal copies waited for them. A member whose log lacks the instance (its log
   lacks the iteration, or stops in it before the others began the instance) is unknown, not
-  normal: read as the late one only where no other absent member logged it, and not when, in
-  two or more irregular steps its log holds, it had no lateness left (it waited with the
-  others; its log was cut short, or its agent is behind). Also, in an instance of three
+  normal: read as the late one only where no other absent member logged it, and not named for
+  that when, in two or more irregular steps its log holds, it had no lateness left (it waited
+  with the others; its log was cut short, or its agent is behind). Also, in an instance of three
   members or more with every copy abnormal, the member that arrived after all the others by at
   least ``late_fraction`` of their median excess (its own copy slow too, say on a loaded
   machine).
@@ -247,7 +247,6 @@ def localize_records(
         strag, echo_sends = _drop_echoes(strag, iterations, members, cfg)
         lookback_ns = 0.5 * med_iter_us * 1e3
         strag = _backtrack(strag, ab, cfg, lookback_ns)
-        strag = _unknown_lateness(strag, iterations, irregular_iterations, its)
         slow_sends = _slow_transfers(echo_sends, ab, cfg, lookback_ns)
         stats["straggler_events"] = float(len(strag))
         floor = cfg.min_weight_fraction * med_iter_us * max(n_its, 1)
@@ -260,7 +259,8 @@ def localize_records(
         rank_cands, workload, rank_total = _rank_candidates(
             strag, topology, fabric, cfg, n_its, floor, cfg.min_step_share * step_us,
             lambda ranks: _ops_per_iteration(iterations, its, ranks),
-            _usual_step_us(spans))
+            _usual_step_us(spans),
+            _waited_where_logged(strag, iterations, irregular_iterations, its))
         comm = pd.concat([ev[ev["rule"] == "communication"], slow_sends], ignore_index=True)
         stats["communication_events"] = float(len(comm))
         # with no irregular step and no switch known, a NIC must have slowed flows step
@@ -673,7 +673,7 @@ def _collective_events(
     read as a normal copy, the late arrival, only where its log holds that iteration (a rank
     whose log lacks it, cut or not shipped yet, says nothing of when it arrived; where no
     absent member's log holds it, the unknown ones are read so, marked ``unlogged`` for
-    :func:`_unknown_lateness`); a rank that logged nothing at all (its log lost, the topology
+    :func:`_waited_where_logged`); a rank that logged nothing at all (its log lost, the topology
     placing it) still is, as the verdict's note says."""
     if len(ab) == 0:
         return pd.DataFrame()
@@ -769,24 +769,28 @@ def _late_in_full(ab: pd.DataFrame, full: pd.DataFrame, key: list[str],
 
 
 #: Irregular iterations of the window a rank's log must hold, none of them showing it late,
-#: before its lateness where its log lacks the iteration is dropped (:func:`_unknown_lateness`).
+#: before its lateness where its log lacks the iteration is no ground to name it
+#: (:func:`_waited_where_logged`).
 _KNOWN_IRREGULAR = 2
 
 
-def _unknown_lateness(strag: pd.DataFrame, iterations: pd.DataFrame,
-                      irregular: Sequence[int], window: np.ndarray) -> pd.DataFrame:
-    """``strag`` without the lateness read into a rank's absence (``unlogged`` events: where
-    its log lacks the iteration and its partners waited for no one else) when, in at least
-    :data:`_KNOWN_IRREGULAR` irregular iterations of the ``window`` its log does hold, it
-    has no lateness left (none, or explained by its own waits): seen in the episode waiting
-    with the others, not holding them up, it is no more known to be late where its log stops
-    (cut short, or its agent behind). A rank whose log stops before the episode, or that was
-    late where it logged, keeps it (an agent that stopped on the slow host)."""
-    if len(strag) == 0 or "unlogged" not in strag.columns:
-        return strag
+def _waited_where_logged(strag: pd.DataFrame, iterations: pd.DataFrame,
+                         irregular: Sequence[int], window: np.ndarray) -> np.ndarray:
+    """The ranks read as late where their logs lack the iteration (``unlogged`` events of
+    ``strag``: their partners waited for no one else) that, in at least
+    :data:`_KNOWN_IRREGULAR` irregular iterations of the ``window`` their logs do hold, have
+    no lateness left (none, or explained by their own waits): seen in the episode waiting
+    with the others, not holding them up, they are no more known to be late where their logs
+    stop (cut short, or their agents behind), and are not named for it. Their events stay,
+    as the context of the others' (who was late together in a step). A rank whose log stops
+    before the episode, or that was late where it logged, is not among them (an agent that
+    stopped on the slow host)."""
+    none = np.empty(0, dtype=np.int64)
+    if len(strag) == 0 or "unlogged" not in strag.columns or len(iterations) == 0:
+        return none
     unknown = strag["unlogged"].fillna(False).to_numpy(dtype=bool)
-    if not unknown.any() or len(iterations) == 0:
-        return strag
+    if not unknown.any():
+        return none
     seen = np.intersect1d(np.asarray(list(irregular), dtype=np.int64),
                           np.asarray(window, dtype=np.int64))
     ranks = strag["rank"].to_numpy()
@@ -794,8 +798,8 @@ def _unknown_lateness(strag: pd.DataFrame, iterations: pd.DataFrame,
                       & iterations["rank"].isin(np.unique(ranks[unknown]))]
     logged = held.groupby("rank")["iteration"].nunique()
     late = np.unique(ranks[~unknown & np.isin(strag["iteration"].to_numpy(), seen)])
-    waited = logged.index[(logged.to_numpy() >= _KNOWN_IRREGULAR) & ~logged.index.isin(late)]
-    return strag[~(unknown & np.isin(ranks, waited))]
+    return logged.index[(logged.to_numpy() >= _KNOWN_IRREGULAR)
+                        & ~logged.index.isin(late)].to_numpy(dtype=np.int64)
 
 
 def _unlogged(iteration: np.ndarray, rank: np.ndarray, iterations: pd.DataFrame | None,
@@ -1037,6 +1041,7 @@ def _rank_candidates(
     step_floor: float = 0.0,
     ops_per_it: Callable[[pd.Index], pd.Series | None] | None = None,
     pause_us: float = np.inf,
+    excused: np.ndarray | None = None,
 ) -> tuple[list[Candidate], list[WorkloadFinding], float]:
     """GPU / host candidates from straggler evidence, unless the pattern says workload.
 
@@ -1047,7 +1052,8 @@ def _rank_candidates(
     :attr:`LocalizeConfig.min_evidence` still counts when one of them kept its partners waiting
     at least this long (a usual step, :func:`_usual_step_us`: that step took twice as long or
     more, a pause no jitter makes; in a pure data-parallel job a one-off pause is one
-    instance).
+    instance). ``excused``: ranks not to be named (:func:`_waited_where_logged`), whose
+    lateness still counts as the others' context.
     """
     if len(strag) == 0:
         return [], [], 0.0
@@ -1106,6 +1112,8 @@ def _rank_candidates(
         worst = held[single].groupby(level="rank").max().reindex(per_rank.index,
                                                                   fill_value=0.0)
         ok &= worst >= step_floor
+    if excused is not None and len(excused):
+        ok &= ~per_rank.index.isin(excused)
     top_ranks = per_rank[ok].head(3 * cfg.top_k)
     # GPU vs host: a host stall is one long pause, i.e. the rank fell behind in an iteration
     # almost entirely at once; a slow GPU falls behind piece by piece. One pause is waited for
