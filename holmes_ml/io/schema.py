@@ -590,17 +590,27 @@ def facts_of(ops: pd.DataFrame) -> dict[str, dict[str, str]]:
     >>> facts_of(t)
     {'host': {'0': 'a', '1': 'b'}, 'group_ranks': {'dp-0': '0 1'}}
     """
-    out: dict[str, dict[str, str]] = {}
+    return facts_by_part(ops, np.zeros(len(ops), dtype=np.int64), 1)[0]
+
+
+def facts_by_part(ops: pd.DataFrame, part: np.ndarray, n: int
+                  ) -> list[dict[str, dict[str, str]]]:
+    """:func:`facts_of` of each of the ``n`` parts of a validated table (``part``: the part
+    of each row, e.g. the file it came from), in one pass over it; a part holding none of a
+    fact the table has gets it empty."""
+    out: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
     for fact, (owner, _) in FACTS.items():
         if fact not in ops.columns:
             continue
-        pairs = ops[[owner, fact]].drop_duplicates()
+        # (a categorical member list is compared by its code, not its 40 kB of text)
+        pairs = ops[[owner, fact]].assign(_part=part).drop_duplicates()
         values = pairs[fact].astype(str)
         keep = (values.str.len() > 0).to_numpy()
-        values = values[keep]
-        if fact == "group_ranks":
-            values = values.map(members_key)
-        out[fact] = dict(zip(pairs[owner][keep].astype(str), values, strict=True))
+        for k in range(n):
+            out[k][fact] = {}
+        for k, key, value in zip(pairs["_part"][keep], pairs[owner][keep].astype(str),
+                                 values[keep], strict=True):
+            out[k][fact][key] = members_key(value) if fact == "group_ranks" else value
     return out
 
 

@@ -53,10 +53,10 @@ from holmes_ml.io.schema import (
     REQUIRED_COLUMNS,
     SchemaError,
     concat_ops,
+    facts_by_part,
     facts_of,
     job_of,
     member_ranks,
-    members_key,
     validate,
 )
 from holmes_ml.serve import check_name, hold_lock, plain_http_hint
@@ -602,8 +602,6 @@ class _Read:
     inode: int
     #: (size, mtime) of the file as read: set aside until that changes if it cannot be
     stamp: tuple[int, int]
-    #: where reading began (0: from its start)
-    before: int
     df: pd.DataFrame | None
 
 
@@ -636,7 +634,7 @@ def _validate_together(reads: Sequence[_Read]) -> list[tuple[pd.DataFrame, dict]
                            source=_names([reads[i].path for i in members]))
         except Exception:  # noqa: BLE001 - each file alone says which, and why
             continue
-        facts = _facts_by_part(ops, np.repeat(np.arange(len(members)), sizes), len(members))
+        facts = facts_by_part(ops, np.repeat(np.arange(len(members)), sizes), len(members))
         bounds = np.concatenate([[0], np.cumsum(sizes)])
         for k, i in enumerate(members):
             out[i] = (ops.iloc[bounds[k]:bounds[k + 1]].reset_index(drop=True), facts[k])
@@ -648,25 +646,6 @@ def _schema_of(df: pd.DataFrame) -> frozenset:
     categories: each file's dictionary of a column is its own)."""
     return frozenset((c, "category" if isinstance(t, pd.CategoricalDtype) else str(t))
                      for c, t in df.dtypes.items())
-
-
-def _facts_by_part(ops: pd.DataFrame, part: np.ndarray, n: int) -> list[dict[str, dict[str, str]]]:
-    """:func:`~holmes_ml.io.schema.facts_of` of each of the ``n`` parts of a validated
-    table (``part``: the part of each row), in one pass over it."""
-    out: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
-    for fact, (owner, _) in FACTS.items():
-        if fact not in ops.columns:
-            continue
-        # (a categorical member list is compared by its code, not its 40 kB of text)
-        pairs = ops[[owner, fact]].assign(_part=part).drop_duplicates()
-        values = pairs[fact].astype(str)
-        keep = (values.str.len() > 0).to_numpy()
-        for k in range(n):  # a part holding none of the fact has it, empty (as facts_of)
-            out[k][fact] = {}
-        for k, key, value in zip(pairs["_part"][keep], pairs[owner][keep].astype(str),
-                                 values[keep], strict=True):
-            out[k][fact][key] = members_key(value) if fact == "group_ranks" else value
-    return out
 
 
 def _file_lines(n: int, first_line: int, skipped: Sequence[int] = ()) -> np.ndarray:
@@ -990,7 +969,7 @@ class Agent:
             self._set_bad(path, _describe(exc))
             state.bad = stamp
             return None
-        return _Read(path, state, trial, st.st_ino, stamp, state.offset, df)
+        return _Read(path, state, trial, st.st_ino, stamp, df)
 
     def _accept(self, read: _Read, checked: tuple[pd.DataFrame, dict] | None) -> int:
         """Check ``read``'s rows against the schema (``checked``: its rows as checked together
@@ -1049,9 +1028,10 @@ class Agent:
             self.stats.raw_bytes += path.stat().st_size
         else:
             df["_file"] = str(path)
-            # (a file read again from its start: all it holds now is new)
-            self.stats.raw_bytes += state.offset - (read.before if state.offset >= read.before
-                                                    else 0)
+            # (a file read again from its start: all it holds now is new; ``read.state`` is
+            # the state reading began from)
+            before = read.state.offset
+            self.stats.raw_bytes += state.offset - (before if state.offset >= before else 0)
         self._buffer.append(df)
         return len(df)
 
