@@ -1149,8 +1149,8 @@ class Agent:
         at the first row that contradicts what rows read before said (a rank on another host,
         a communicator with other members or another kind).
 
-        Each file is validated alone as it grows; without this a rank that two files (or two
-        runs in one file) put on two hosts would be shipped on the first one.
+        A poll's rows are validated without those of earlier polls; without this a rank that
+        two files (or two runs in one file) put on two hosts would be shipped on the first one.
         """
         new = dict(facts_of(df) if new is None else new)
         job = self._job_of(df, path)
