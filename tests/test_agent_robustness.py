@@ -497,11 +497,12 @@ def test_a_torn_line_rotation_truncation_and_a_fifo_do_not_stop_a_followed_log(t
             assert f"rank0.jsonl: 1 line(s) that are no JSON object skipped (line {torn})" \
                 in caplog.text
             assert agent.bad_files == {}
-            # rotated: the file moved away, a new one under the name (smaller than the offset)
+            # rotated: the file moved out of the logs' directory, a new one under the name
             (logs / "rank0.jsonl").rename(tmp_path / "rank0.jsonl.1")
             (logs / "rank0.jsonl").write_text(lines(r0[r0["iteration"] == 8]))
             agent.read_new()
-            assert "rank0.jsonl was replaced (rotated?): reading it again" in caplog.text
+            assert "rank0.jsonl was replaced (rotated?): reading it again from its start; " \
+                "the file read until now is not beside it" in caplog.text
             # truncated in place (copytruncate), then written again
             (logs / "rank0.jsonl").write_text("")
             agent.read_new()
@@ -1023,3 +1024,163 @@ def test_two_files_of_one_poll_that_disagree_set_the_second_aside_naming_the_fir
                               f"{logs / 'a.csv'} (got 'elsewhere'"), why
     finally:
         agent.close()
+
+
+class _Writer:
+    """A rank's log writer that keeps its file open: it goes on appending to the file it opened
+    (renamed by a rotation) until told to open the name again."""
+
+    def __init__(self, path, fmt):
+        self.path, self.fmt = path, fmt
+        self.reopen()
+
+    def reopen(self):
+        if self.fmt == "arrows":
+            from holmes_ml.collect.writer import RowSink
+
+            self.sink = RowSink(self.path, "arrow")
+        else:
+            self.fh = self.path.open("w")
+            self.header = True
+
+    def write(self, rows):
+        if self.fmt == "arrows":
+            from holmes_ml.collect.writer import COLUMNS
+
+            self.sink.write({c: rows[c].to_numpy() for c in COLUMNS})
+            return
+        if self.fmt == "csv":
+            rows.to_csv(self.fh, index=False, header=self.header)
+            self.header = False
+        else:
+            self.fh.write(rows.to_json(orient="records", lines=True))
+        self.fh.flush()
+
+    def close(self):
+        (self.sink if self.fmt == "arrows" else self.fh).close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrows"])
+@pytest.mark.parametrize("rotated", ["rank0.{fmt}.1", "rank0-20261204.{fmt}"])
+def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, caplog, fmt,
+                                                                     rotated):
+    """logrotate renames the log (to a name the logs do not match, or with dateext and
+    ``extension`` to one they do), and its writer appends to the renamed file until it opens
+    the new one. The rows written after the last poll were lost; a rotated name the logs match
+    was read again from its start and its rows shipped twice."""
+    ops = make_ops(seed=29, ranks=2, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    steps = r0["iteration"]
+    other = _Writer(logs / f"rank1.{fmt}", fmt)
+    other.write(r1)
+    other.close()
+    log = logs / f"rank0.{fmt}"
+    writer = _Writer(log, fmt)
+    writer.write(r0[steps < 4])
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "rotated")
+    try:
+        with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            writer.write(r0[steps.between(4, 5)])  # after the poll
+            log.rename(logs / rotated.format(fmt=fmt))
+            writer.write(r0[steps == 6])  # to the renamed file: no new one yet
+            agent.read_new()
+            assert f"rank0.{fmt} was rotated to {rotated.format(fmt=fmt)}: read on there" \
+                in caplog.text
+            writer.write(r0[steps == 7])
+            writer.close()
+            writer.reopen()  # the writer opens the name anew
+            writer.write(r0[steps >= 8])
+            writer.close()
+            agent.run(once=True)
+            assert agent.read_new() == 0
+        assert agent.bad_files == {}
+        assert "are not read" not in caplog.text
+        its = httpx.get(srv.url + "/v1/jobs/rotated/iterations").json()
+        assert {i["iteration"] for i in its} == set(range(12))
+        assert httpx.get(srv.url + "/v1/jobs/rotated").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+def test_a_log_compressed_as_it_is_rotated_is_said_to_lose_its_last_rows(tmp_path, caplog):
+    # logrotate's compress without delaycompress: the file read until now is gone at once;
+    # its rows since the last poll cannot be read, and the warning says so and why
+    ops = make_ops(seed=30, ranks=2, iterations=10)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    steps = r0["iteration"]
+    r1.to_json(logs / "rank1.jsonl", orient="records", lines=True)
+    log = logs / "rank0.jsonl"
+    r0[steps < 4].to_json(log, orient="records", lines=True)
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "gz")
+    try:
+        with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            with log.open("a") as fh:
+                fh.write(r0[steps.between(4, 5)].to_json(orient="records", lines=True))
+            rotated = log.rename(logs / "rank0.jsonl.1")  # create: a new file under the name
+            r0[steps >= 6].to_json(log, orient="records", lines=True)
+            (logs / "rank0.jsonl.1.gz").write_bytes(gzip.compress(rotated.read_bytes()))
+            rotated.unlink()
+            agent.run(once=True)
+        assert f"{log} was replaced (rotated?): reading it again from its start; the file " \
+            "read until now is not beside it (compressed at once, moved elsewhere or " \
+            "removed?), so rows it gained since the last poll, if any, are not read" \
+            in caplog.text
+        assert agent.bad_files == {}
+        lost = int(steps.between(4, 5).sum())
+        assert httpx.get(srv.url + "/v1/jobs/gz").json()["records"] == len(ops) - lost
+    finally:
+        agent.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.parametrize("copy", ["rank0.{fmt}.1", "rank0-20261204.{fmt}"])
+def test_a_log_copied_then_truncated_in_place_loses_no_row_and_ships_none_twice(
+        tmp_path, caplog, fmt, copy):
+    """logrotate's copytruncate copies the log, then empties it; its writer appends on (a CSV
+    without a header). The rows written after the last poll are in the copy only: they were
+    lost, and a copy the logs match was read again from its start."""
+    ops = make_ops(seed=31, ranks=2, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    steps = r0["iteration"]
+    other = _Writer(logs / f"rank1.{fmt}", fmt)
+    other.write(r1)
+    other.close()
+    log = logs / f"rank0.{fmt}"
+    writer = _Writer(log, fmt)
+    writer.write(r0[steps < 4])
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "copied")
+    try:
+        with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            writer.write(r0[steps.between(4, 5)])  # after the poll
+            (logs / copy.format(fmt=fmt)).write_bytes(log.read_bytes())
+            writer.fh.truncate(0)
+            writer.fh.seek(0)
+            writer.write(r0[steps.between(6, 8)])  # (a CSV's header was written before)
+            agent.read_new()
+            assert f"rank0.{fmt} was copied to {copy.format(fmt=fmt)} and truncated in place" \
+                in caplog.text
+            writer.write(r0[steps >= 9])
+            writer.close()
+            agent.run(once=True)
+            assert agent.read_new() == 0
+        assert agent.bad_files == {}
+        its = httpx.get(srv.url + "/v1/jobs/copied/iterations").json()
+        assert {i["iteration"] for i in its} == set(range(12))
+        assert httpx.get(srv.url + "/v1/jobs/copied").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()

@@ -202,6 +202,8 @@ def _text(col: pd.Series, column: str, source: str | None) -> pd.Series:
             codes, cats = pd.factorize(cats.take(codes))
         return pd.Series(pd.Categorical.from_codes(codes, categories=cats), index=col.index)
     if not isinstance(col.dtype, pd.CategoricalDtype):
+        if col.dtype.kind in "fiub":  # (an empty CSV column reads as floats: NaN)
+            col = col.astype(object)  # "" is no float: pandas refuses to fill it in soon
         return col.fillna("").astype(str)
     cats = col.cat.categories.astype(str)
     codes = col.cat.codes.to_numpy()

@@ -29,17 +29,20 @@ still being written (no newline yet) is simply not read yet.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
 import logging
 import math
+import os
 import re
 import socket
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -455,18 +458,27 @@ class _FileState:
     #: the log's last bytes before ``offset``: other bytes there mean another file was written
     #: under the name (a restarted writer's, which may get the old inode and outgrow it)
     mark: bytes = b""
+    #: the suffix of the name the log was found under (``.jsonl``, ``.csv``, ``.arrows``):
+    #: its format once rotated to a name that does not say it (``rank0.jsonl.1``)
+    kind: str = ""
 
 
 def _written_anew(path: Path, state: _FileState) -> bool:
     """Whether ``path`` no longer holds, before ``state.offset``, the bytes read there."""
+    return _holds_what_was_read(path, state) is False
+
+
+def _holds_what_was_read(path: Path, state: _FileState) -> bool | None:
+    """Whether ``path`` holds, before ``state.offset``, the bytes read there (None when that
+    cannot be told: nothing kept of them, or ``path`` gone or unreadable)."""
     if not state.mark:
-        return False
+        return None
     try:
         with path.open("rb") as fh:
             fh.seek(state.offset - len(state.mark))
-            return fh.read(len(state.mark)) != state.mark
+            return fh.read(len(state.mark)) == state.mark
     except OSError:
-        return False  # gone, or unreadable: reading it says which
+        return None  # gone, or unreadable: reading it says which
 
 
 def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
@@ -476,7 +488,8 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     fails to parse is read again (from the same offset) once the file changes.
     """
     st = path.stat()
-    if path.suffix in _REREAD_SUFFIXES:
+    suffix = state.kind or path.suffix
+    if suffix in _REREAD_SUFFIXES:
         stamp = (st.st_size, st.st_mtime_ns)
         if stamp == state.stamp:
             return None
@@ -489,7 +502,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         return pd.read_parquet(path)  # whole file: the watermark drops what was shipped
     if st.st_size <= state.offset:
         return None
-    if path.suffix == ".arrows":  # a stream: the batches whole since the last read
+    if suffix == ".arrows":  # a stream: the batches whole since the last read
         # (a stream written anew under the name was told by its mark before: read_new)
         tail = state.arrow if state.arrow is not None else ArrowStreamTail()
         table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
@@ -515,7 +528,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     state.lines += data.count(b"\n")
     state.chunk_line = first_line
     state.chunk_skipped = []
-    if path.suffix == ".jsonl":
+    if suffix == ".jsonl":
         try:
             return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
         except ValueError as exc:
@@ -848,6 +861,9 @@ class Agent:
             self.outbox.close()
             raise
         self._files: dict[Path, _FileState] = {}
+        #: logs rotated to a name the logs do not match (``rank0.jsonl.1``), followed there
+        #: while they exist: their writer may append to them until it opens the new file
+        self._rotated: set[Path] = set()
         self._buffer: list[pd.DataFrame] = []
         self._ops = pd.DataFrame()
         self._retry_at = 0.0
@@ -912,14 +928,14 @@ class Agent:
         n = 0
         whatif: list[Path] = []  # what-if traces: read whole, with the other traces
         reads: list[_Read] = []
-        for pattern in PATTERNS:
-            for path in _log_files(Path(self.config.follow), pattern):
-                if path.suffix == ".parquet" and self._is_whatif(path):
-                    whatif.append(path)
-                    continue
-                read = self._read_file(path)
-                if read is not None:
-                    reads.append(read)
+        paths = [p for pattern in PATTERNS for p in _log_files(Path(self.config.follow), pattern)]
+        for path in self._follow_rotated(paths):
+            if path.suffix == ".parquet" and self._is_whatif(path):
+                whatif.append(path)
+                continue
+            read = self._read_file(path)
+            if read is not None:
+                reads.append(read)
         for read, checked in zip(reads, _validate_together(reads), strict=True):
             n += self._accept(read, checked)
         n += self._read_whole_files(whatif)
@@ -932,11 +948,87 @@ class Agent:
         self.stats.ops_read += n
         return n
 
+    def _follow_rotated(self, paths: list[Path]) -> list[Path]:
+        """``paths`` (the logs found) and the rotated logs still to follow; each log rotated
+        since the last poll followed on under its new name.
+
+        A log rotated by renaming (logrotate's default) may have gained rows after the last
+        poll, and its writer goes on appending to it until it opens the new file: the file
+        read until now is found beside its old name (``rank0.jsonl.1``) by its inode and the
+        bytes before where reading stopped, and read on from there for as long as it is
+        there; the new file under the name is read from its start. A log truncated in place
+        (``copytruncate``) was copied first: the copy, found by those bytes, holds the rows it
+        gained, and is read on from there. Without this those rows were lost, or (rotated to a
+        name the logs match, ``rank0-20261204.jsonl``) the whole file was read again and its
+        rows shipped twice.
+        """
+        found = set(paths)
+        for path, state in list(self._files.items()):
+            if state.inode is None or not state.offset or state.kind not in _FOLLOWED:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                st = None
+            except OSError:
+                continue  # unreadable: reading it says why
+            if st is not None and st.st_ino == state.inode:
+                if st.st_size >= state.offset:
+                    continue  # not rotated (written anew in place: _read_file tells)
+                copy = _find_beside(path, partial(_is_copy, state=state, inode=st.st_ino),
+                                    exclude=self._files.keys())
+                if copy is not None:  # (none: _read_file says it was truncated)
+                    self._move(path, copy, found)
+                    # a CSV truncated in place goes on without a header: its writer wrote it
+                    self._files[path] = _FileState(header=state.header, kind=state.kind)
+                    logger.info("agent: %s was copied to %s and truncated in place: read on "
+                                "there from where reading stopped, and %s from its start",
+                                path, copy.name, path.name)
+                continue
+            to = _find_beside(path, partial(_is_renamed, state=state),
+                              exclude=self._files.keys())
+            was_rotated = path in self._rotated
+            if to is not None:
+                self._move(path, to, found)
+                logger.info("agent: %s was rotated to %s: read on there from where reading "
+                            "stopped%s", path, to.name,
+                            f"; the new {path.name} from its start" if st else "")
+                continue
+            del self._files[path]
+            self._rotated.discard(path)
+            self.bad_files.pop(path, None)  # (what is under the name now is another file)
+            if was_rotated:
+                logger.info("agent: %s, a rotated log read on, is gone", path)
+            elif st is not None:
+                logger.warning(
+                    "agent: %s was replaced (rotated?): reading it again from its start; the "
+                    "file read until now is not beside it (compressed at once, moved elsewhere "
+                    "or removed?), so rows it gained since the last poll, if any, are not read "
+                    "(logrotate's delaycompress keeps a rotated log as it is for a cycle)", path)
+            else:
+                logger.warning("agent: %s is gone (removed, or moved out of %s): rows it "
+                               "gained since the last poll, if any, are not read", path,
+                               path.parent)
+        return paths + sorted(self._rotated - found)
+
+    def _move(self, path: Path, to: Path, found: set[Path]) -> None:
+        """Follow the log read as ``path`` on as ``to`` (one of the logs ``found``, or a name
+        they do not match: followed while it is there)."""
+        state = self._files[to] = self._files.pop(path)
+        with contextlib.suppress(OSError):  # (gone since: reading it finds that)
+            state.inode = to.stat().st_ino  # (a copy's own)
+        self._rotated.discard(path)
+        if to not in found:
+            self._rotated.add(to)
+        why = self.bad_files.pop(path, None)  # (what is under the name now is another file)
+        if why is not None:
+            self.bad_files[to] = why
+
     def _read_file(self, path: Path) -> _Read | None:
         """What ``path`` gained since the last poll, not yet checked against the schema (None
         when it is not to be read: not a log, gone, set aside and unchanged, or unreadable,
         which is reported)."""
-        state = self._files.setdefault(path, _FileState())
+        state = self._files.setdefault(path, _FileState(kind=path.suffix))
         if state.ignored or (state.offset == 0 and state.header is None
                              and self._not_a_log(path, state)):
             return None
@@ -958,7 +1050,7 @@ class Agent:
                    if st.st_size < state.offset else "written anew (a restarted writer?)")
             logger.warning("agent: %s was %s: reading it again from its start%s", path,
                            how, " with the columns of its header" if header else "")
-            state = self._files[path] = _FileState(header=header)
+            state = self._files[path] = _FileState(header=header, kind=state.kind)
         stamp = (st.st_size, st.st_mtime_ns)
         if state.bad == stamp:
             return None  # could not be read and has not changed since
@@ -1011,7 +1103,7 @@ class Agent:
                            len(aside), "; ".join(aside))
         # lines that gave no row (torn: warned of as they were read) count as set aside
         aside = [f"line {n}: " + ("more fields than the header's" if
-                                  path.suffix == ".csv" else "no JSON object")
+                                  (state.kind or path.suffix) == ".csv" else "no JSON object")
                  + " (torn when its writer died?)" for n in trial.chunk_skipped] + aside
         if aside:
             kept = self.rows_set_aside.setdefault(path, [])
@@ -1786,6 +1878,42 @@ def _sleep(seconds: float, stop: Callable[[], bool] | None) -> None:
     until = time.monotonic() + seconds
     while not stop() and (left := until - time.monotonic()) > 0:
         time.sleep(min(left, 0.1))
+
+
+#: Suffixes of the logs followed by offset (read on where reading stopped).
+_FOLLOWED = (".jsonl", ".csv", ".arrows")
+
+
+def _is_renamed(entry: os.DirEntry, state: _FileState) -> bool:
+    """Whether ``entry`` is the log read as ``state`` under another name."""
+    return (entry.inode() == state.inode
+            and _holds_what_was_read(Path(entry.path), state) is not False)
+
+
+def _is_copy(entry: os.DirEntry, state: _FileState, inode: int) -> bool:
+    """Whether ``entry`` is a copy of the log read as ``state`` (whose inode is ``inode``)
+    made before it was truncated in place."""
+    return (entry.inode() != inode and entry.stat().st_size >= state.offset
+            and _holds_what_was_read(Path(entry.path), state) is True)
+
+
+def _find_beside(path: Path, match: Callable[[os.DirEntry], bool],
+                 exclude: Iterable[Path]) -> Path | None:
+    """The regular file in ``path``'s directory, not among ``exclude``, that ``match``es."""
+    skip = set(exclude)
+    try:
+        with os.scandir(path.parent) as entries:
+            for entry in entries:
+                found = Path(entry.path)
+                try:
+                    if (found not in skip and entry.is_file(follow_symlinks=False)
+                            and match(entry)):
+                        return found
+                except OSError:
+                    continue  # gone since, or unreadable
+    except OSError:
+        pass
+    return None
 
 
 def _log_files(root: Path, pattern: str) -> list[Path]:
