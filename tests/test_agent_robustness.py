@@ -1098,7 +1098,7 @@ def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, c
             agent.run(once=True)
             assert agent.read_new() == 0
         assert agent.bad_files == {}
-        assert "are not read" not in caplog.text
+        assert "are lost" not in caplog.text and "are not read" not in caplog.text
         its = httpx.get(srv.url + "/v1/jobs/rotated/iterations").json()
         assert {i["iteration"] for i in its} == set(range(12))
         assert httpx.get(srv.url + "/v1/jobs/rotated").json()["records"] == len(ops)
@@ -1132,7 +1132,8 @@ def test_a_log_compressed_as_it_is_rotated_is_said_to_lose_its_last_rows(tmp_pat
             agent.run(once=True)
         assert f"{log} was replaced (rotated?): reading it again from its start; the file " \
             "read until now is not beside it (compressed at once, moved elsewhere or " \
-            "removed?), so rows it gained since the last poll, if any, are not read" \
+            "removed?), so rows it gained since the last poll, if any, are lost unless a " \
+            "compressed copy read whole (a name ending .jsonl.gz or .csv.gz) holds them" \
             in caplog.text
         assert agent.bad_files == {}
         lost = int(steps.between(4, 5).sum())
@@ -1181,6 +1182,48 @@ def test_a_log_copied_then_truncated_in_place_loses_no_row_and_ships_none_twice(
         its = httpx.get(srv.url + "/v1/jobs/copied/iterations").json()
         assert {i["iteration"] for i in its} == set(range(12))
         assert httpx.get(srv.url + "/v1/jobs/copied").json()["records"] == len(ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("delay", [True, False], ids=["delaycompress", "compress"])
+def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_once(
+        tmp_path, caplog, delay):
+    """logrotate with dateext, ``extension .jsonl`` and compress: the rotated log ends up as
+    rank0-20261204.jsonl.gz, which the agent reads whole as a trace. Its rows were read
+    already as the log grew, and were shipped twice."""
+    ops = make_ops(seed=32, ranks=2, iterations=12)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    steps = r0["iteration"]
+    r1.to_json(logs / "rank1.jsonl", orient="records", lines=True)
+    log = logs / "rank0.jsonl"
+    r0[steps < 4].to_json(log, orient="records", lines=True)
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "archived")
+    try:
+        with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
+            agent.read_new()
+            with log.open("a") as fh:  # after the poll
+                fh.write(r0[steps.between(4, 5)].to_json(orient="records", lines=True))
+            rotated = log.rename(logs / "rank0-20261204.jsonl")
+            r0[steps.between(6, 8)].to_json(log, orient="records", lines=True)
+            if delay:  # the rotated log stays as it is for a cycle
+                agent.read_new()
+            gz = logs / "rank0-20261204.jsonl.gz"
+            gz.write_bytes(gzip.compress(rotated.read_bytes()))
+            rotated.unlink()
+            with log.open("a") as fh:
+                fh.write(r0[steps >= 9].to_json(orient="records", lines=True))
+            agent.run(once=True)
+        assert agent.bad_files == {}
+        assert "were read already from the logs followed: archives of rotated logs? Each is " \
+            "shipped once" in caplog.text
+        its = httpx.get(srv.url + "/v1/jobs/archived/iterations").json()
+        assert {i["iteration"] for i in its} == set(range(12))
+        assert httpx.get(srv.url + "/v1/jobs/archived").json()["records"] == len(ops)
     finally:
         agent.close()
         srv.stop()

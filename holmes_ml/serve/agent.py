@@ -861,11 +861,15 @@ class Agent:
             self.outbox.close()
             raise
         self._files: dict[Path, _FileState] = {}
-        #: logs rotated to a name the logs do not match (``rank0.jsonl.1``), followed there
-        #: while they exist: their writer may append to them until it opens the new file
+        #: logs rotated to another name (``rank0.jsonl.1``, one the logs may not match),
+        #: followed there while they exist: their writer may append to them until it opens
+        #: the new file
         self._rotated: set[Path] = set()
         self._buffer: list[pd.DataFrame] = []
         self._ops = pd.DataFrame()
+        #: whether rows of whole-file traces, and of followed logs, were read (the one may
+        #: hold the other's rows: a rotated log compressed, see _drop_copies)
+        self._whole_held = self._followed_held = self._copies_said = False
         self._retry_at = 0.0
         self._backoff = self.config.backoff_s
         self._client: Any = None
@@ -938,14 +942,39 @@ class Agent:
                 reads.append(read)
         for read, checked in zip(reads, _validate_together(reads), strict=True):
             n += self._accept(read, checked)
-        n += self._read_whole_files(whatif)
+        whole = self._read_whole_files(whatif)
+        n += whole
         self._say_if_empty()
         for gone in [p for p in self.bad_files if not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
+            followed = n > whole
             self._ops = concat_ops([self._ops, *self._buffer])
             self._buffer.clear()
+            if (whole or self._whole_held) and (followed or self._followed_held):
+                n -= self._drop_copies()
+            self._whole_held = self._whole_held or whole > 0
+            self._followed_held = self._followed_held or followed
         self.stats.ops_read += n
+        return n
+
+    def _drop_copies(self) -> int:
+        """Drop the rows of whole-file traces that are operators read already from the logs
+        followed (the same rank, communicator, sequence number and start): a rotated log
+        compressed under a name the traces match (``rank0-20261204.jsonl.gz``, logrotate's
+        ``dateext``, ``extension`` and ``compress``) holds rows read as they were written,
+        which were otherwise shipped twice. Returns the number dropped."""
+        ops = self._ops
+        copy = (ops.duplicated(["rank", "group", "seq", "start_ns"], keep="first").to_numpy()
+                & (ops["_file"] == _WHOLE).to_numpy())
+        n = int(copy.sum())
+        if n:
+            self._ops = ops[~copy]
+            if not self._copies_said:
+                self._copies_said = True
+                logger.warning("agent: %d operator(s) of the whole-file traces (%s) were read "
+                               "already from the logs followed: archives of rotated logs? "
+                               "Each is shipped once", n, ", ".join(WHOLE_FILE_PATTERNS))
         return n
 
     def _follow_rotated(self, paths: list[Path]) -> list[Path]:
@@ -978,7 +1007,7 @@ class Agent:
                 copy = _find_beside(path, partial(_is_copy, state=state, inode=st.st_ino),
                                     exclude=self._files.keys())
                 if copy is not None:  # (none: _read_file says it was truncated)
-                    self._move(path, copy, found)
+                    self._move(path, copy)
                     # a CSV truncated in place goes on without a header: its writer wrote it
                     self._files[path] = _FileState(header=state.header, kind=state.kind)
                     logger.info("agent: %s was copied to %s and truncated in place: read on "
@@ -989,7 +1018,7 @@ class Agent:
                               exclude=self._files.keys())
             was_rotated = path in self._rotated
             if to is not None:
-                self._move(path, to, found)
+                self._move(path, to)
                 logger.info("agent: %s was rotated to %s: read on there from where reading "
                             "stopped%s", path, to.name,
                             f"; the new {path.name} from its start" if st else "")
@@ -1003,23 +1032,24 @@ class Agent:
                 logger.warning(
                     "agent: %s was replaced (rotated?): reading it again from its start; the "
                     "file read until now is not beside it (compressed at once, moved elsewhere "
-                    "or removed?), so rows it gained since the last poll, if any, are not read "
-                    "(logrotate's delaycompress keeps a rotated log as it is for a cycle)", path)
+                    "or removed?), so rows it gained since the last poll, if any, are lost "
+                    "unless a compressed copy read whole (a name ending .jsonl.gz or .csv.gz) "
+                    "holds them (logrotate's delaycompress keeps a rotated log as it is for a "
+                    "cycle)", path)
             else:
                 logger.warning("agent: %s is gone (removed, or moved out of %s): rows it "
                                "gained since the last poll, if any, are not read", path,
                                path.parent)
         return paths + sorted(self._rotated - found)
 
-    def _move(self, path: Path, to: Path, found: set[Path]) -> None:
-        """Follow the log read as ``path`` on as ``to`` (one of the logs ``found``, or a name
-        they do not match: followed while it is there)."""
+    def _move(self, path: Path, to: Path) -> None:
+        """Follow the log read as ``path`` on as ``to`` (a name the logs may not match: it is
+        followed while it is there)."""
         state = self._files[to] = self._files.pop(path)
         with contextlib.suppress(OSError):  # (gone since: reading it finds that)
             state.inode = to.stat().st_ino  # (a copy's own)
         self._rotated.discard(path)
-        if to not in found:
-            self._rotated.add(to)
+        self._rotated.add(to)
         why = self.bad_files.pop(path, None)  # (what is under the name now is another file)
         if why is not None:
             self.bad_files[to] = why
