@@ -331,3 +331,78 @@ def test_a_json_array_named_as_json_lines_is_read_in_a_directory(tmp_path, caplo
         out = read_ops(d)
     pd.testing.assert_frame_equal(out.reset_index(drop=True), read_ops(d / "ops.jsonl"))
     assert "scores.jsonl" in caplog.text and "ops.jsonl" not in caplog.text
+
+
+def _lines(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _as_python_reads(data: bytes) -> pd.DataFrame:
+    return pd.DataFrame.from_records([json.loads(line) for line in data.splitlines()
+                                      if line.strip()])
+
+
+_ROW = {"iteration": 3, "rank": 1, "op": "all_reduce", "group": "dp-0", "seq": 7,
+        "nbytes": 1 << 20, "start_ns": 10**18, "duration_us": 150.5, "group_ranks": "0 1 2 3"}
+
+
+@pytest.mark.parametrize("case,fast", [
+    ("logged", True),  # the logger's rows and optional columns
+    ("extra fields", True),  # fields the schema does not know, kept as they come
+    ("duration an integer", True),
+    ("a null", False),
+    ("a field missing on one line", False),
+    ("an int as text", False),
+    ("an int as a float", False),
+    ("a date", False),  # pyarrow would make it a timestamp
+    ("a list", False),
+    ("a torn line", False),
+])
+def test_json_lines_read_by_pyarrow_validate_as_python_s_json_reads_them(case, fast):
+    from holmes_ml.io.readers import json_lines_frame
+
+    rows = [dict(_ROW, rank=r, start_ns=10**18 + r, host=f"n{r // 2}", peer=-1,
+                 group_kind="dp", job="") for r in range(4)]
+    if case == "extra fields":
+        for r in rows:
+            r.update(stream=7, note="x", ok=True, lat=1.5)
+    elif case == "duration an integer":
+        rows[0]["duration_us"] = 150
+    elif case == "a null":
+        rows[1]["peer"] = None
+    elif case == "a field missing on one line":
+        del rows[2]["host"]
+    elif case == "an int as text":
+        rows[1]["seq"] = "7"
+    elif case == "an int as a float":
+        rows[1]["nbytes"] = 1.5
+    elif case == "a date":
+        for r in rows:
+            r["when"] = "2026-12-04 10:00:00"
+    elif case == "a list":
+        rows[3]["tags"] = [1, 2]
+    data = _lines(rows)
+    if case == "a torn line":
+        data += b'{"iteration": 4, "rank": 0, "op": "all_re\n'
+    got = json_lines_frame(data)
+    assert (got is not None) == fast
+    if got is not None:
+        from holmes_ml.io.schema import validate
+
+        want = validate(_as_python_reads(data))
+        pd.testing.assert_frame_equal(validate(got)[want.columns], want)
+
+
+def test_json_lines_read_by_pyarrow_keep_every_row_of_a_long_log(tmp_path):
+    # more than one of pyarrow's blocks (1 MiB), read through read_ops as a file
+    from holmes_ml.io.readers import json_lines_frame
+
+    rows = [dict(_ROW, iteration=i // 4, rank=i % 4, seq=i // 4, start_ns=10**18 + i,
+                 duration_us=100.0 + i % 97) for i in range(20_000)]
+    data = _lines(rows)
+    assert len(data) > 2 << 20
+    assert len(json_lines_frame(data)) == len(rows)
+    (tmp_path / "log.jsonl").write_bytes(data)
+    got = read_ops([str(tmp_path / "log.jsonl")])
+    assert len(got) == len(rows) and got["duration_us"].sum() == sum(r["duration_us"]
+                                                                    for r in rows)

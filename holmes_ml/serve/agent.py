@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import few
-from holmes_ml.io.readers import ArrowStreamTail, read_arrow_stream_tail
+from holmes_ml.io.readers import ArrowStreamTail, json_lines_frame, read_arrow_stream_tail
 from holmes_ml.io.schema import (
     FACTS,
     REQUIRED_COLUMNS,
@@ -529,6 +529,9 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     state.chunk_line = first_line
     state.chunk_skipped = []
     if suffix == ".jsonl":
+        fast = json_lines_frame(data)
+        if fast is not None:
+            return fast
         try:
             return pd.read_json(io.BytesIO(data), lines=True, dtype=False)
         except ValueError as exc:
