@@ -870,9 +870,9 @@ class Agent:
         self._rotated: set[Path] = set()
         self._buffer: list[pd.DataFrame] = []
         self._ops = pd.DataFrame()
-        #: whether rows of whole-file traces, and of followed logs, were read (the one may
-        #: hold the other's rows: a rotated log compressed, see _drop_copies)
-        self._whole_held = self._followed_held = self._copies_said = False
+        #: whether rows of followed logs were read (whole-file traces read after may hold
+        #: them: a rotated log compressed, see _drop_copies)
+        self._followed_held = self._copies_said = False
         self._retry_at = 0.0
         self._backoff = self.config.backoff_s
         self._client: Any = None
@@ -951,13 +951,11 @@ class Agent:
         for gone in [p for p in self.bad_files if not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
-            followed = n > whole
+            self._followed_held = self._followed_held or n > whole
             self._ops = concat_ops([self._ops, *self._buffer])
             self._buffer.clear()
-            if (whole or self._whole_held) and (followed or self._followed_held):
+            if whole and self._followed_held:
                 n -= self._drop_copies()
-            self._whole_held = self._whole_held or whole > 0
-            self._followed_held = self._followed_held or followed
         self.stats.ops_read += n
         return n
 
@@ -966,10 +964,18 @@ class Agent:
         followed (the same rank, communicator, sequence number and start): a rotated log
         compressed under a name the traces match (``rank0-20261204.jsonl.gz``, logrotate's
         ``dateext``, ``extension`` and ``compress``) holds rows read as they were written,
-        which were otherwise shipped twice. Returns the number dropped."""
+        which were otherwise shipped twice. Returns the number dropped.
+
+        Run when whole-file traces were read (again): rows the logs followed hold were read as
+        they were written, before any archive of them.
+        """
         ops = self._ops
-        copy = (ops.duplicated(["rank", "group", "seq", "start_ns"], keep="first").to_numpy()
-                & (ops["_file"] == _WHOLE).to_numpy())
+        whole = (ops["_file"] == _WHOLE).to_numpy()
+        order = np.argsort(whole, kind="stable")  # a followed row first, whichever came first
+        seen = ops[["rank", "group", "seq", "start_ns"]].iloc[order].duplicated().to_numpy()
+        copy = np.empty(len(ops), dtype=bool)
+        copy[order] = seen
+        copy &= whole
         n = int(copy.sum())
         if n:
             self._ops = ops[~copy]
