@@ -162,7 +162,10 @@ def register(app: typer.Typer) -> None:
 
         A few bad rows of a log (an unknown op, a torn line) are set aside, each named by its
         line, and the rows after them ship; a log file that cannot be read is reported (ERROR,
-        naming the file) and skipped until it changes; the others keep being shipped. SIGTERM or Ctrl-C queues what was read
+        naming the file) and skipped until it changes; the others keep being shipped. A log
+        rotated by logrotate (renamed, or copytruncate) is read on in the rotated file beside it
+        until that is gone, and the new one from its start; compressed archives of rotated logs
+        (*.jsonl.gz, *.csv.gz) ship no operator twice. SIGTERM or Ctrl-C queues what was read
         (each rank's last iteration too) and tries once more to send it before exiting; a
         second one exits at once (nothing queued is lost).
 
