@@ -334,7 +334,7 @@ def test_a_json_array_named_as_json_lines_is_read_in_a_directory(tmp_path, caplo
 
 
 def _lines(rows: list[dict]) -> bytes:
-    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 
 
 def _as_python_reads(data: bytes) -> pd.DataFrame:
@@ -357,6 +357,8 @@ _ROW = {"iteration": 3, "rank": 1, "op": "all_reduce", "group": "dp-0", "seq": 7
     ("a date", False),  # pyarrow would make it a timestamp
     ("a list", False),
     ("a torn line", False),
+    ("not UTF-8", False),  # pyarrow would take the bytes into a string, which breaks later
+    ("UTF-8", True),
 ])
 def test_json_lines_read_by_pyarrow_validate_as_python_s_json_reads_them(case, fast):
     from holmes_ml.io.readers import json_lines_frame
@@ -381,7 +383,11 @@ def test_json_lines_read_by_pyarrow_validate_as_python_s_json_reads_them(case, f
             r["when"] = "2026-12-04 10:00:00"
     elif case == "a list":
         rows[3]["tags"] = [1, 2]
+    elif case == "UTF-8":
+        rows[1]["host"] = "nœud-1"
     data = _lines(rows)
+    if case == "not UTF-8":
+        data = data.replace(b'"n0"', b'"n\xff"', 1)
     if case == "a torn line":
         data += b'{"iteration": 4, "rank": 0, "op": "all_re\n'
     got = json_lines_frame(data)
