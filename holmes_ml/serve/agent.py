@@ -40,9 +40,8 @@ import re
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1001,6 +1000,7 @@ class Agent:
         rows shipped twice.
         """
         found = set(paths)
+        listing = _Listing()
         for path, state in list(self._files.items()):
             if state.inode is None or not state.offset or state.kind not in _FOLLOWED:
                 continue
@@ -1013,8 +1013,9 @@ class Agent:
             if st is not None and st.st_ino == state.inode:
                 if st.st_size >= state.offset:
                     continue  # not rotated (written anew in place: _read_file tells)
-                copy = _find_beside(path, partial(_is_copy, state=state, inode=st.st_ino),
-                                    exclude=self._files.keys())
+                copy = next((f for inode, f in listing.files(path.parent).items()
+                             if inode != st.st_ino and f not in self._files
+                             and _is_copy(f, state)), None)
                 if copy is not None:  # (none: _read_file says it was truncated)
                     self._move(path, copy)
                     # a CSV truncated in place goes on without a header: its writer wrote it
@@ -1023,8 +1024,10 @@ class Agent:
                                 "there from where reading stopped, and %s from its start",
                                 path, copy.name, path.name)
                 continue
-            to = _find_beside(path, partial(_is_renamed, state=state),
-                              exclude=self._files.keys())
+            to = listing.files(path.parent).get(state.inode)
+            if to is not None and (to in self._files
+                                   or _holds_what_was_read(to, state) is False):
+                to = None  # followed already, or the inode is another file's now
             was_rotated = path in self._rotated
             if to is not None:
                 self._move(path, to)
@@ -1923,36 +1926,39 @@ def _sleep(seconds: float, stop: Callable[[], bool] | None) -> None:
 _FOLLOWED = (".jsonl", ".csv", ".arrows")
 
 
-def _is_renamed(entry: os.DirEntry, state: _FileState) -> bool:
-    """Whether ``entry`` is the log read as ``state`` under another name."""
-    return (entry.inode() == state.inode
-            and _holds_what_was_read(Path(entry.path), state) is not False)
-
-
-def _is_copy(entry: os.DirEntry, state: _FileState, inode: int) -> bool:
-    """Whether ``entry`` is a copy of the log read as ``state`` (whose inode is ``inode``)
-    made before it was truncated in place."""
-    return (entry.inode() != inode and entry.stat().st_size >= state.offset
-            and _holds_what_was_read(Path(entry.path), state) is True)
-
-
-def _find_beside(path: Path, match: Callable[[os.DirEntry], bool],
-                 exclude: Iterable[Path]) -> Path | None:
-    """The regular file in ``path``'s directory, not among ``exclude``, that ``match``es."""
-    skip = set(exclude)
+def _is_copy(path: Path, state: _FileState) -> bool:
+    """Whether ``path`` is a copy of the log read as ``state``, made before that was truncated
+    in place: it holds the bytes read, where they were read."""
     try:
-        with os.scandir(path.parent) as entries:
-            for entry in entries:
-                found = Path(entry.path)
-                try:
-                    if (found not in skip and entry.is_file(follow_symlinks=False)
-                            and match(entry)):
-                        return found
-                except OSError:
-                    continue  # gone since, or unreadable
+        return (path.stat().st_size >= state.offset
+                and _holds_what_was_read(path, state) is True)
     except OSError:
-        pass
-    return None
+        return False  # gone since, or unreadable
+
+
+class _Listing:
+    """The regular files of directories, each directory listed once (at most once a poll:
+    thousands of logs replaced at once, a restarted job's, are each looked for in one pass)."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, dict[int, Path]] = {}
+
+    def files(self, directory: Path) -> dict[int, Path]:
+        """The regular files in ``directory``, by inode."""
+        if directory not in self._files:
+            found: dict[int, Path] = {}
+            try:
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        try:
+                            if entry.is_file(follow_symlinks=False):
+                                found[entry.inode()] = Path(entry.path)
+                        except OSError:
+                            continue  # gone since, or unreadable
+            except OSError:
+                pass  # gone, or unreadable: nothing there to find
+            self._files[directory] = found
+        return self._files[directory]
 
 
 def _log_files(root: Path, pattern: str) -> list[Path]:
