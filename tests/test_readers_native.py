@@ -392,7 +392,10 @@ def test_json_lines_read_by_pyarrow_validate_as_python_s_json_reads_them(case, f
         data += b'{"iteration": 4, "rank": 0, "op": "all_re\n'
     got = json_lines_frame(data)
     assert (got is not None) == fast
+    alone = json_lines_frame(data, threads=False)  # as a node agent reads (on one core)
+    assert (alone is None) == (got is None)
     if got is not None:
+        pd.testing.assert_frame_equal(alone, got)
         from holmes_ml.io.schema import validate
 
         want = validate(_as_python_reads(data))

@@ -528,7 +528,7 @@ _JSON_SCHEMA = pa.schema([(name, {"int": pa.int64(), "float": pa.float64(), "str
 _PLAIN_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.bool_())
 
 
-def json_lines_frame(data: bytes) -> pd.DataFrame | None:
+def json_lines_frame(data: bytes, threads: bool = True) -> pd.DataFrame | None:
     """The rows of JSON lines ``data`` (one object per line), read by pyarrow: the schema's
     columns with their types, other fields as they come. None when it cannot read them so (a
     line that is no JSON object, a value of another type, a missing one, a field of an odd type
@@ -536,7 +536,8 @@ def json_lines_frame(data: bytes) -> pd.DataFrame | None:
     them with Python's json, which names what is wrong and where.
 
     Two to three times faster than pandas' reader, and gives the same table once validated
-    (a field absent from every line is no column here either).
+    (a field absent from every line is no column here either). ``threads``: parse on several
+    cores (a node agent beside a training job reads on one).
     """
     import pyarrow.json as pa_json
 
@@ -546,8 +547,10 @@ def json_lines_frame(data: bytes) -> pd.DataFrame | None:
         except UnicodeDecodeError:
             return None
     try:
-        table = pa_json.read_json(io.BytesIO(data), parse_options=pa_json.ParseOptions(
-            explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="infer"))
+        table = pa_json.read_json(
+            io.BytesIO(data), read_options=pa_json.ReadOptions(use_threads=threads),
+            parse_options=pa_json.ParseOptions(explicit_schema=_JSON_SCHEMA,
+                                               unexpected_field_behavior="infer"))
     except (pa.ArrowException, ValueError, OSError):
         return None
     keep = []

@@ -528,7 +528,7 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
     state.chunk_line = first_line
     state.chunk_skipped = []
     if suffix == ".jsonl":
-        fast = json_lines_frame(data)
+        fast = json_lines_frame(data, threads=False)  # (beside a training job: one core)
         if fast is not None:
             return fast
         try:
