@@ -1060,6 +1060,30 @@ class _Writer:
         (self.sink if self.fmt == "arrows" else self.fh).close()
 
 
+def _rank0_being_written(tmp_path, seed, fmt):
+    """A 2-rank job of 12 iterations: rank 1's log written whole, rank 0's first 4 iterations
+    by a writer that keeps its file open. Returns (ops, the logs' directory, rank 0's rows, its
+    writer)."""
+    ops = make_ops(seed=seed, ranks=2, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
+    other = _Writer(logs / f"rank1.{fmt}", fmt)
+    other.write(r1)
+    other.close()
+    writer = _Writer(logs / f"rank0.{fmt}", fmt)
+    writer.write(r0[r0["iteration"] < 4])
+    return ops, logs, r0, writer
+
+
+def _all_shipped_once(agent, srv, job, ops):
+    """Every iteration of ``ops`` reached the service, each operator once, nothing set aside."""
+    assert agent.bad_files == {}
+    its = httpx.get(srv.url + f"/v1/jobs/{job}/iterations").json()
+    assert {i["iteration"] for i in its} == set(ops["iteration"])
+    assert httpx.get(srv.url + f"/v1/jobs/{job}").json()["records"] == len(ops)
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrows"])
 @pytest.mark.parametrize("rotated", ["rank0.{fmt}.1", "rank0-20261204.{fmt}"])
 def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, caplog, fmt,
@@ -1068,17 +1092,8 @@ def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, c
     ``extension`` to one they do), and its writer appends to the renamed file until it opens
     the new one. The rows written after the last poll were lost; a rotated name the logs match
     was read again from its start and its rows shipped twice."""
-    ops = make_ops(seed=29, ranks=2, iterations=12).assign(job="")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
-    steps = r0["iteration"]
-    other = _Writer(logs / f"rank1.{fmt}", fmt)
-    other.write(r1)
-    other.close()
-    log = logs / f"rank0.{fmt}"
-    writer = _Writer(log, fmt)
-    writer.write(r0[steps < 4])
+    ops, logs, r0, writer = _rank0_being_written(tmp_path, 29, fmt)
+    steps, log = r0["iteration"], writer.path
     srv = start_server(tmp_path)
     agent = _agent(srv, logs, "rotated")
     try:
@@ -1097,11 +1112,8 @@ def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, c
             writer.close()
             agent.run(once=True)
             assert agent.read_new() == 0
-        assert agent.bad_files == {}
         assert "are lost" not in caplog.text and "are not read" not in caplog.text
-        its = httpx.get(srv.url + "/v1/jobs/rotated/iterations").json()
-        assert {i["iteration"] for i in its} == set(range(12))
-        assert httpx.get(srv.url + "/v1/jobs/rotated").json()["records"] == len(ops)
+        _all_shipped_once(agent, srv, "rotated", ops)
     finally:
         agent.close()
         srv.stop()
@@ -1110,21 +1122,15 @@ def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, c
 def test_a_log_compressed_as_it_is_rotated_is_said_to_lose_its_last_rows(tmp_path, caplog):
     # logrotate's compress without delaycompress: the file read until now is gone at once;
     # its rows since the last poll cannot be read, and the warning says so and why
-    ops = make_ops(seed=30, ranks=2, iterations=10)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
-    steps = r0["iteration"]
-    r1.to_json(logs / "rank1.jsonl", orient="records", lines=True)
-    log = logs / "rank0.jsonl"
-    r0[steps < 4].to_json(log, orient="records", lines=True)
+    ops, logs, r0, writer = _rank0_being_written(tmp_path, 30, "jsonl")
+    steps, log = r0["iteration"], writer.path
     srv = start_server(tmp_path)
     agent = _agent(srv, logs, "gz")
     try:
         with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
             agent.read_new()
-            with log.open("a") as fh:
-                fh.write(r0[steps.between(4, 5)].to_json(orient="records", lines=True))
+            writer.write(r0[steps.between(4, 5)])
+            writer.close()
             rotated = log.rename(logs / "rank0.jsonl.1")  # create: a new file under the name
             r0[steps >= 6].to_json(log, orient="records", lines=True)
             (logs / "rank0.jsonl.1.gz").write_bytes(gzip.compress(rotated.read_bytes()))
@@ -1150,17 +1156,8 @@ def test_a_log_copied_then_truncated_in_place_loses_no_row_and_ships_none_twice(
     """logrotate's copytruncate copies the log, then empties it; its writer appends on (a CSV
     without a header). The rows written after the last poll are in the copy only: they were
     lost, and a copy the logs match was read again from its start."""
-    ops = make_ops(seed=31, ranks=2, iterations=12).assign(job="")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
-    steps = r0["iteration"]
-    other = _Writer(logs / f"rank1.{fmt}", fmt)
-    other.write(r1)
-    other.close()
-    log = logs / f"rank0.{fmt}"
-    writer = _Writer(log, fmt)
-    writer.write(r0[steps < 4])
+    ops, logs, r0, writer = _rank0_being_written(tmp_path, 31, fmt)
+    steps, log = r0["iteration"], writer.path
     srv = start_server(tmp_path)
     agent = _agent(srv, logs, "copied")
     try:
@@ -1178,10 +1175,7 @@ def test_a_log_copied_then_truncated_in_place_loses_no_row_and_ships_none_twice(
             writer.close()
             agent.run(once=True)
             assert agent.read_new() == 0
-        assert agent.bad_files == {}
-        its = httpx.get(srv.url + "/v1/jobs/copied/iterations").json()
-        assert {i["iteration"] for i in its} == set(range(12))
-        assert httpx.get(srv.url + "/v1/jobs/copied").json()["records"] == len(ops)
+        _all_shipped_once(agent, srv, "copied", ops)
     finally:
         agent.close()
         srv.stop()
@@ -1193,21 +1187,15 @@ def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_o
     """logrotate with dateext, ``extension .jsonl`` and compress: the rotated log ends up as
     rank0-20261204.jsonl.gz, which the agent reads whole as a trace. Its rows were read
     already as the log grew, and were shipped twice."""
-    ops = make_ops(seed=32, ranks=2, iterations=12)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    r0, r1 = (ops[ops["rank"] == r] for r in (0, 1))
-    steps = r0["iteration"]
-    r1.to_json(logs / "rank1.jsonl", orient="records", lines=True)
-    log = logs / "rank0.jsonl"
-    r0[steps < 4].to_json(log, orient="records", lines=True)
+    ops, logs, r0, writer = _rank0_being_written(tmp_path, 32, "jsonl")
+    steps, log = r0["iteration"], writer.path
     srv = start_server(tmp_path)
     agent = _agent(srv, logs, "archived")
     try:
         with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
             agent.read_new()
-            with log.open("a") as fh:  # after the poll
-                fh.write(r0[steps.between(4, 5)].to_json(orient="records", lines=True))
+            writer.write(r0[steps.between(4, 5)])  # after the poll
+            writer.close()
             rotated = log.rename(logs / "rank0-20261204.jsonl")
             r0[steps.between(6, 8)].to_json(log, orient="records", lines=True)
             if delay:  # the rotated log stays as it is for a cycle
@@ -1218,12 +1206,9 @@ def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_o
             with log.open("a") as fh:
                 fh.write(r0[steps >= 9].to_json(orient="records", lines=True))
             agent.run(once=True)
-        assert agent.bad_files == {}
         assert "were read already from the logs followed: archives of rotated logs? Each is " \
             "shipped once" in caplog.text
-        its = httpx.get(srv.url + "/v1/jobs/archived/iterations").json()
-        assert {i["iteration"] for i in its} == set(range(12))
-        assert httpx.get(srv.url + "/v1/jobs/archived").json()["records"] == len(ops)
+        _all_shipped_once(agent, srv, "archived", ops)
     finally:
         agent.close()
         srv.stop()
