@@ -70,6 +70,8 @@ logger = logging.getLogger(__name__)
 PATTERNS = ("*.jsonl", "*.csv", "*.parquet", "*.arrows")
 #: Logs re-read whole when they change (their rows replace those read before).
 _REREAD_SUFFIXES = (".parquet",)
+#: Suffixes of the logs followed by offset (read on where reading stopped): the others.
+_FOLLOWED = tuple(p[1:] for p in PATTERNS if p[1:] not in _REREAD_SUFFIXES)
 #: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
 _WHOLE = "<whole-file traces>"
@@ -1921,9 +1923,6 @@ def _sleep(seconds: float, stop: Callable[[], bool] | None) -> None:
     while not stop() and (left := until - time.monotonic()) > 0:
         time.sleep(min(left, 0.1))
 
-
-#: Suffixes of the logs followed by offset (read on where reading stopped).
-_FOLLOWED = (".jsonl", ".csv", ".arrows")
 
 
 def _is_copy(path: Path, state: _FileState) -> bool:
