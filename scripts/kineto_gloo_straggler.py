@@ -3,7 +3,7 @@
 Four gloo processes (CPU torch) run ``--steps`` profiled steps of all_reduce, broadcast and
 all_gather after a little compute; from step ``--fault-from`` rank 2 sleeps 30 ms before its
 collectives. Each run's Kineto traces go through ``holmes localize``; the script prints each
-run's top suspect and how many runs named rank 2. The README quotes
+run's top suspect and how many runs named rank 2. docs/results.md quotes
 ``python scripts/kineto_gloo_straggler.py --steps 16 --fault-from 9 --runs 8`` and
 ``--steps 38 --fault-from 21 --runs 4``; ``--keep-misses DIR`` keeps the traces of the runs that
 did not name rank 2, ``--keep DIR`` those of every run, and ``--analyze DIR`` localizes kept runs

@@ -11,7 +11,7 @@ Simulates 64-GPU jobs with ``tp=1 pp=1`` (one gradient all-reduce after each ste
   end and by the all-reduce's span against the same seed without the fault.
 
 Run it on another checkout with ``PYTHONPATH=<checkout> .venv/bin/python
-scripts/pure_dp_check.py ...`` to compare. The README quotes ``healthy --first-seed 200 --jobs
+scripts/pure_dp_check.py ...`` to compare. docs/verdict.md quotes ``healthy --first-seed 200 --jobs
 60`` and ``faulty --first-seed 300 --jobs 10`` (and ``--severity 2``).
 """
 

@@ -1,4 +1,4 @@
-"""Figures about the localize bench's scoring quoted in the README and the closing notes.
+"""Figures about the localize bench's scoring quoted in docs/results.md and the closing notes.
 
 Reads the kept run's trials (``docs/bench/localize-trials.csv.gz``, or ``--trials FILE``) and
 prints: (1) of holmes_ml's first suspects that are a NIC for a slow leaf-spine link, how many

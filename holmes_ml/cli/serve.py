@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
                                    "model; 'rule' for the rule baseline)."),
         webhook: str = typer.Option(None, "--webhook", envvar="HOLMES_SERVE_WEBHOOK",
                                     help="http(s):// URL POSTed when a job's top candidate "
-                                    "device changes or goes (JSON; see the README). Given "
+                                    "device changes or goes (JSON; see docs/deploy.md). Given "
                                     "in HOLMES_SERVE_WEBHOOK, a secret in it stays out of "
                                     "`ps`; logs show only its scheme, host and port."),
         max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body "

@@ -57,7 +57,7 @@ MIXES: dict[str, dict[str, tuple[float, ...]]] = {
 #: ``wide`` is ``default`` plus as many noisy runs. It is not the bundled model's preset: on
 #: ``scripts/detector_ab.py`` it loses a third of the 3 %-jitter 8,192-GPU spike job's ops
 #: (F1 0.80 there against 0.999); on fresh localizer draws it finds 99 of 108 noisy faults
-#: against 96 and gives 1 of 120 healthy jobs a suspect against none (see the README).
+#: against 96 and gives 1 of 120 healthy jobs a suspect against none (see docs/results.md).
 PRESET_MIXES: dict[str, tuple[str, ...]] = {
     "default": ("plain",),
     "wide": ("plain", "noisy"),

@@ -834,7 +834,7 @@ class WebhookSender:
         except asyncio.CancelledError:
             return "stopped", "the service stopped", False
         except (asyncio.TimeoutError, httpx.TimeoutException):
-            # the receiver may have got it: a retry can reach it twice (the README says to
+            # the receiver may have got it: a retry can reach it twice (docs/deploy.md says to
             # tell repeats by event, job and verdict_version)
             return "timeout", f"no whole answer within {self.deadline_s:g} s", True
         except Exception as exc:  # noqa: BLE001 - a dead receiver must not stop the thread
