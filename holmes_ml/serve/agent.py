@@ -15,8 +15,11 @@ re-read together through
 resulting batch — iteration summaries, abnormal operators, group membership — into a SQLite
 outbox *in the same transaction* that advances its per-rank watermark. A sender then posts the
 outbox in order, gzip-compressed, retrying with exponential back-off, and forgets a batch only
-once the service acknowledged it. A restarted agent re-reads its files and skips what the
-watermark says was already queued, so a crash of the agent or of the service loses nothing.
+once the service acknowledged it. A crash of the agent or of the service loses nothing: a
+restarted agent reads each log on from a point the outbox kept with the watermarks (one before
+which every row was queued and is older than the context later iterations need; a log rotated
+while no agent ran is found by its inode there), or, without one, from its start, and skips what
+the watermarks say was already queued.
 
 A few rows of a followed log that break the schema (an unknown op, a value of the wrong type, a
 torn line) are set aside with a WARNING naming each by its line of the file, and the rows after
@@ -29,6 +32,7 @@ still being written (no newline yet) is simply not read yet.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import io
@@ -205,6 +209,7 @@ class Outbox:
             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS flushed (rank INTEGER PRIMARY KEY,
                 iteration INTEGER NOT NULL, rows INTEGER NOT NULL);
+            CREATE TABLE IF NOT EXISTS read_point (path TEXT PRIMARY KEY, point TEXT NOT NULL);
             """
         )
 
@@ -302,12 +307,21 @@ class Outbox:
         return {str(h): int(g) + 1 for h, g in
                 self.db.execute("SELECT host, max(gpu) FROM placed GROUP BY host")}
 
+    def read_points(self) -> list[tuple[str, str]]:
+        """(path, point) of each followed log as :meth:`enqueue` last kept them."""
+        return [(str(p), str(t)) for p, t in
+                self.db.execute("SELECT path, point FROM read_point ORDER BY path")]
+
     def enqueue(self, source: str, batch: dict, marks: dict[int, int], groups: list[str],
-                ranks: list[int], flushed: dict[int, tuple[int, int]] | None = None) -> int:
+                ranks: list[int], flushed: dict[int, tuple[int, int]] | None = None,
+                read_points: dict[str, str] | None = None) -> int:
         """Queue ``batch`` and advance the watermarks atomically; returns its seq.
 
         ``flushed`` replaces the record of iterations shipped before they were known complete
-        (ranks not in it keep theirs unless their watermark passed it).
+        (ranks not in it keep theirs unless their watermark passed it); ``read_points``, when
+        given, replaces the points a restarted agent reads each log on from (path relative to
+        the followed directory -> :meth:`_ReadPoint.dumps`), kept with the watermarks they
+        were chosen by.
         """
         self.db.execute("BEGIN IMMEDIATE")
         try:
@@ -331,6 +345,10 @@ class Outbox:
                                 [(r, i, n) for r, (i, n) in (flushed or {}).items()])
             self.db.execute("DELETE FROM flushed WHERE iteration <= (SELECT w.iteration FROM "
                             "watermark w WHERE w.rank = flushed.rank)")
+            if read_points is not None:
+                self.db.execute("DELETE FROM read_point")
+                self.db.executemany("INSERT INTO read_point VALUES (?,?)",
+                                    list(read_points.items()))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -433,6 +451,64 @@ def _lock_outbox(path: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- file following
+@dataclass(frozen=True)
+class _ReadPoint:
+    """Where reading a followed log stood once a chunk of it was kept, and what the rows before
+    that held: a point a restarted agent can read the log on from, once every row before it
+    was queued and is older than the context later iterations need (:meth:`Agent._keep_points`).
+    """
+
+    offset: int
+    lines: int
+    header: tuple[str, ...] | None
+    mark: bytes
+    arrow: ArrowStreamTail | None
+    inode: int | None
+    #: the latest iteration, and the ranks, of the rows before the point
+    top: int
+    ranks: frozenset[int]
+
+    def dumps(self, kind: str, rotated: bool, history: int) -> str:
+        """The point as JSON text (bytes in base64), with the log's format (``kind``),
+        whether it is a rotated log followed under a name the logs may not match, and the
+        ``history`` it was chosen for."""
+        def b64(b: bytes | None) -> str | None:
+            return None if b is None else base64.b64encode(b).decode()
+
+        a = self.arrow
+        return json.dumps({
+            "version": 1, "kind": kind, "rotated": rotated, "history": history,
+            "offset": self.offset, "lines": self.lines, "header": self.header,
+            "mark": b64(self.mark), "inode": self.inode, "top": self.top,
+            "ranks": sorted(self.ranks),
+            "arrow": None if a is None else {
+                "offset": a.offset, "head": b64(a.head), "ended": a.ended, "rows": a.rows,
+                "mark": b64(a.mark),
+                "dictionaries": [[i, [b64(m) for m in ms]] for i, ms in a.dictionaries]}})
+
+    @staticmethod
+    def loads(text: str) -> tuple[_ReadPoint, str, bool, int]:
+        """(point, kind, rotated, history) of :meth:`dumps`' text; ``ValueError`` (or
+        ``KeyError``, ``TypeError``) for text it did not write."""
+        d = json.loads(text)
+        if d.get("version") != 1:
+            raise ValueError(f"read point of version {d.get('version')!r}")
+        a = d["arrow"]
+        arrow = None if a is None else ArrowStreamTail(
+            offset=int(a["offset"]),
+            head=None if a["head"] is None else base64.b64decode(a["head"]),
+            dictionaries=tuple((int(i), tuple(base64.b64decode(m) for m in ms))
+                               for i, ms in a["dictionaries"]),
+            ended=bool(a["ended"]), rows=int(a["rows"]), mark=base64.b64decode(a["mark"]))
+        point = _ReadPoint(
+            offset=int(d["offset"]), lines=int(d["lines"]),
+            header=None if d["header"] is None else tuple(map(str, d["header"])),
+            mark=base64.b64decode(d["mark"]), arrow=arrow,
+            inode=None if d["inode"] is None else int(d["inode"]), top=int(d["top"]),
+            ranks=frozenset(int(r) for r in d["ranks"]))
+        return point, str(d["kind"]), bool(d["rotated"]), int(d["history"])
+
+
 @dataclass
 class _FileState:
     offset: int = 0
@@ -462,6 +538,27 @@ class _FileState:
     #: the suffix of the name the log was found under (``.jsonl``, ``.csv``, ``.arrows``):
     #: its format once rotated to a name that does not say it (``rank0.jsonl.1``)
     kind: str = ""
+    #: the latest iteration, and the ranks, of the rows kept so far
+    top: int = -1
+    ranks: frozenset[int] = frozenset()
+    #: points a restarted agent could read on from, oldest first (after the one kept)
+    points: tuple[_ReadPoint, ...] = ()
+    #: the point the outbox keeps for the log (None: none yet, read it from its start)
+    kept: _ReadPoint | None = None
+
+    def point(self) -> _ReadPoint:
+        """Where reading stands now, as a point to read on from."""
+        return _ReadPoint(self.offset, self.lines,
+                          None if self.header is None else tuple(self.header), self.mark,
+                          self.arrow, self.inode, self.top, self.ranks)
+
+    @classmethod
+    def at(cls, point: _ReadPoint, kind: str) -> _FileState:
+        """A log's state read on from ``point``."""
+        return cls(offset=point.offset, lines=point.lines,
+                   header=None if point.header is None else list(point.header),
+                   mark=point.mark, arrow=point.arrow, inode=point.inode, kind=kind,
+                   top=point.top, ranks=point.ranks, kept=point)
 
 
 def _written_anew(path: Path, state: _FileState) -> bool:
@@ -599,6 +696,9 @@ def _csv_skipping_ragged(path: Path, data: bytes, header: list[str], first_line:
 
 #: Bytes of a followed log read at most per poll.
 _MAX_CHUNK = 64 << 20
+#: Read points held per log at most (one per chunk kept, until one qualifies): beyond, every
+#: other one is dropped.
+_MAX_POINTS = 1024
 
 
 #: Reasons kept per file for rows set aside (the count goes on): what ``--once`` prints.
@@ -869,6 +969,8 @@ class Agent:
         #: followed there while they exist: their writer may append to them until it opens
         #: the new file
         self._rotated: set[Path] = set()
+        #: logs read on from where an earlier run stopped (the outbox's read points)
+        self.resumed = self._restore_points()
         self._buffer: list[pd.DataFrame] = []
         self._ops = pd.DataFrame()
         #: whether rows of followed logs were read (whole-file traces read after may hold
@@ -1168,6 +1270,11 @@ class Agent:
             # the state reading began from)
             before = read.state.offset
             self.stats.raw_bytes += state.offset - (before if state.offset >= before else 0)
+            state.top = max(state.top, int(df["iteration"].max()))
+            state.ranks = state.ranks | frozenset(pd.unique(df["rank"]).tolist())
+            state.points = (*state.points, state.point())
+            if len(state.points) > _MAX_POINTS:  # (its ranks' watermarks stand still)
+                state.points = state.points[::2]  # the earliest kept: the first to qualify
         self._buffer.append(df)
         return len(df)
 
@@ -1387,7 +1494,9 @@ class Agent:
                 f"{socket.gethostname()!r} (that of its ranks whose logs name none, up to "
                 f"{GPUS_PER_HOST}); sending to "
                 f"{self.config.server} (outbox {self.config.outbox_path}"
-                + (f", {queued} batch(es) queued" if queued else "") + ")")
+                + (f", {queued} batch(es) queued" if queued else "")
+                + (f"; {self.resumed} log(s) read on from where its last run stopped"
+                   if self.resumed else "") + ")")
 
     @property
     def n_log_files(self) -> int:
@@ -1462,10 +1571,56 @@ class Agent:
         batch_groups = [g["name"] for g in batch.get("groups", [])]
         batch_ranks = batch["ranks"]["rank"] if batch.get("ranks") else []
         seq = self.outbox.enqueue(self.config.source_name, batch, advanced, batch_groups,
-                                  batch_ranks, partial)
+                                  batch_ranks, partial, self._keep_points({**marks, **advanced}))
         self.stats.batches_queued += 1
         self._trim(pd.Series({**mark.to_dict(), **advanced}))
         return seq
+
+    def _keep_points(self, marks: dict[int, int]) -> dict[str, str]:
+        """The point each followed log is to be read on from by a restarted agent, given the
+        watermarks ``marks`` (path relative to the followed directory -> the point as text).
+
+        A point qualifies once every row before it was queued and is no later than the
+        context the next iterations need (``history`` iterations before each rank's
+        watermark: what :meth:`_trim` drops), so that a restarted agent builds the same
+        batches as one that never stopped; the latest such point is kept (points are kept in
+        the order read: later ones hold later rows, so those that qualify come first).
+        """
+        history = self.config.history
+        kept: dict[str, str] = {}
+        root = Path(self.config.follow)
+        for path, state in self._files.items():
+            n = 0
+            for point in state.points:
+                if not all(point.top <= marks.get(r, -1) - history for r in point.ranks):
+                    break
+                n += 1
+            if n:
+                state.kept, state.points = state.points[n - 1], state.points[n:]
+            if state.kept is not None and path.is_relative_to(root):
+                kept[str(path.relative_to(root))] = state.kept.dumps(
+                    state.kind, path in self._rotated, history)
+        return kept
+
+    def _restore_points(self) -> int:
+        """Read each log on from the point the outbox kept for it (:meth:`_keep_points`);
+        returns how many. A log rotated or truncated since is found as a running agent finds
+        it (:meth:`_follow_rotated`); one written anew is read from its start. Points kept for
+        a shorter ``history`` (too little context), or by another version, are not used."""
+        root = Path(self.config.follow)
+        for rel, text in self.outbox.read_points():
+            try:
+                point, kind, rotated, history = _ReadPoint.loads(text)
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.info("agent: no read point for %s (%s): read from its start", rel, exc)
+                continue
+            if history < self.config.history:
+                continue
+            path = root / rel
+            self._files[path] = _FileState.at(point, kind)
+            if rotated:
+                self._rotated.add(path)
+        return len(self._files)
 
     def _trim(self, mark: pd.Series) -> None:
         # Keep only the rows later batches may still need (history context and unshipped).

@@ -1,0 +1,177 @@
+"""A restarted agent reads each log on from a point its outbox kept, not from the log's start,
+and builds the batches an agent that never stopped builds; a log rotated while no agent ran is
+read on in its rotated file, so its last rows are not lost."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import sqlite3
+
+import pytest
+from test_agent_robustness import _all_shipped_once, _rank0_being_written, _Writer
+from test_serve_support import TOKEN, fallback_summarize, make_ops, start_server
+
+from holmes_ml.serve.agent import Agent, AgentConfig, Outbox
+
+#: Context iterations the agents of these tests give the detector (the default is 10).
+HISTORY = 3
+
+
+def _agent_at(logs, outbox, history: int = HISTORY) -> Agent:
+    # never sends: the batches are read from the outbox
+    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="resume", source="n1",
+                      outbox=outbox, history=history)
+    return Agent(cfg, summarize=fallback_summarize)
+
+
+def _batches(outbox) -> list[dict]:
+    with sqlite3.connect(outbox) as db:
+        bodies = [json.loads(gzip.decompress(b)) for (b,) in
+                  db.execute("SELECT body FROM outbox ORDER BY seq")]
+    return [{k: v for k, v in b.items() if k not in ("seq", "batch_id")} for b in bodies]
+
+
+def _step(agent: Agent) -> None:
+    agent.read_new()
+    agent.queue_ready()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrows"])
+def test_a_restarted_agent_reads_on_from_its_kept_point_and_builds_the_same_batches(
+        tmp_path, fmt):
+    ops = make_ops(seed=41, ranks=2, iterations=24).assign(job="")
+    runs = {}
+    for name in ("never stopped", "restarted"):
+        logs = tmp_path / name / "logs"
+        logs.mkdir(parents=True)
+        writers = [_Writer(logs / f"rank{r}.{fmt}", fmt) for r in (0, 1)]
+        outbox = tmp_path / name / "outbox.db"
+        agent = _agent_at(logs, outbox)
+        for i in range(24):  # a live job: one iteration a poll
+            for r, w in enumerate(writers):
+                w.write(ops[(ops["rank"] == r) & (ops["iteration"] == i)])
+            if i == 14 and name == "restarted":
+                agent.close()
+                agent = _agent_at(logs, outbox)
+                # each log's point: after iteration 9, the last one before which every row
+                # was queued (the watermark is 12 after iteration 13's poll) and older than
+                # the context the next batch needs (HISTORY iterations before the watermark)
+                assert agent.resumed == 2
+                _step(agent)
+                assert agent.stats.ops_read == ((ops["iteration"] > 9)
+                                                & (ops["iteration"] <= 14)).sum()
+                continue
+            _step(agent)
+        for w in writers:
+            w.close()
+        agent.read_new()
+        agent.queue_ready(flush=True)
+        agent.close()
+        runs[name] = _batches(outbox)
+    assert runs["restarted"] == runs["never stopped"]
+    assert {i for b in runs["restarted"] for i in b["iterations"]["iteration"]} == set(range(24))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrows"])
+def test_a_log_rotated_while_no_agent_ran_loses_no_row_and_ships_none_twice(tmp_path, caplog,
+                                                                             fmt):
+    """The agent stops; its rank's log gains rows, is renamed (to a name the logs do not
+    match) and gains more there before its writer opens the name again. Read from the new
+    file alone, the rows written to the old one after the agent stopped were lost."""
+    ops, logs, r0, writer = _rank0_being_written(tmp_path, 43, fmt)  # iterations 0-3 written
+    steps, log = r0["iteration"], writer.path
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="downtime", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5, history=1)
+    agent = Agent(cfg, summarize=fallback_summarize)
+    try:
+        for i in range(4, 7):  # one iteration a poll
+            agent.read_new()
+            agent.queue_ready()
+            writer.write(r0[steps == i])
+        agent.run(once=True)
+        agent.close()
+        writer.write(r0[steps == 7])  # no agent runs from here
+        log.rename(logs / f"rank0.{fmt}.1")
+        writer.write(r0[steps == 8])
+        writer.close()
+        writer.reopen()
+        writer.write(r0[steps >= 9])
+        writer.close()
+        agent = Agent(cfg, summarize=fallback_summarize)  # (the same outbox)
+        assert agent.resumed >= 1
+        with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
+            agent.run(once=True)
+        assert f"rank0.{fmt} was rotated to rank0.{fmt}.1: read on there" in caplog.text
+        assert "are lost" not in caplog.text and "are not read" not in caplog.text
+        _all_shipped_once(agent, srv, "downtime", ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+def test_points_kept_for_less_context_than_the_agent_now_gives_are_not_used(tmp_path):
+    ops = make_ops(seed=44, ranks=1, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writer = _Writer(logs / "rank0.jsonl", "jsonl")
+    agent = _agent_at(logs, tmp_path / "o.db", history=2)
+    for i in range(12):
+        writer.write(ops[ops["iteration"] == i])
+        _step(agent)
+    agent.close()
+    writer.close()
+    # the point was chosen for 2 iterations of context: read from the start for 4
+    agent = _agent_at(logs, tmp_path / "o.db", history=4)
+    assert agent.resumed == 0
+    agent.read_new()
+    assert agent.stats.ops_read == len(ops)
+    agent.close()
+    agent = _agent_at(logs, tmp_path / "o.db", history=2)
+    assert agent.resumed == 1
+    agent.close()
+
+
+def test_an_outbox_of_an_earlier_version_has_no_points_and_its_logs_are_read_from_the_start(
+        tmp_path):
+    ops = make_ops(seed=45, ranks=1, iterations=6).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ops.to_json(logs / "rank0.jsonl", orient="records", lines=True)
+    Outbox(tmp_path / "o.db").close()
+    with sqlite3.connect(tmp_path / "o.db") as db:  # an earlier version's: no read points
+        db.execute("DROP TABLE read_point")
+        db.execute("INSERT INTO watermark VALUES (0, 3)")
+    agent = _agent_at(logs, tmp_path / "o.db")
+    assert agent.resumed == 0
+    agent.read_new()
+    assert agent.stats.ops_read == len(ops)
+    agent.queue_ready(flush=True)
+    # (what the watermark says was queued is not queued again)
+    assert {i for b in _batches(tmp_path / "o.db") for i in b["iterations"]["iteration"]} == {4, 5}
+    agent.close()
+
+
+def test_a_log_whose_iteration_never_ends_holds_a_bounded_number_of_points(tmp_path,
+                                                                           monkeypatch):
+    import holmes_ml.serve.agent as agent_module
+
+    monkeypatch.setattr(agent_module, "_MAX_POINTS", 4)
+    ops = make_ops(seed=46, ranks=1, iterations=1, ops_per_iter=40).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writer = _Writer(logs / "rank0.jsonl", "jsonl")
+    agent = _agent_at(logs, tmp_path / "o.db")
+    try:
+        for k in range(20):  # one iteration that never completes: no point qualifies
+            writer.write(ops.iloc[2 * k: 2 * k + 2])
+            _step(agent)
+        points = agent._files[logs / "rank0.jsonl"].points
+        assert 2 <= len(points) <= 4
+        first = len(ops.iloc[:2].to_json(orient="records", lines=True))
+        assert points[0].offset == first  # the earliest, the first to qualify, is kept
+    finally:
+        writer.close()
+        agent.close()
