@@ -1,6 +1,6 @@
 """``holmes bench follow`` at a tiny size: every row the logs gained is read by the agent, in
-every format, and the figures and table are all there (timings are the benchmark's business,
-not a test's)."""
+every format, a restarted agent reads on from its kept points, and the figures and tables are
+all there (timings are the benchmark's business, not a test's)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,23 @@ from holmes_ml.bench import BENCHMARKS, follow
 
 def test_follow_bench_reads_every_row_of_every_format():
     assert BENCHMARKS["follow"] == "holmes_ml.bench.follow:run"
-    result = follow.run(polls=6, rows=40)
+    result = follow.run(polls=14, rows=40)
     f = result.figures
     for fmt in ("arrow", "jsonl", "csv"):
         for what in ("read_ms_first", "read_ms_last", "read_growth", "read_us_per_row", "mb"):
             assert math.isfinite(f[f"{fmt}_{what}"]) and f[f"{fmt}_{what}"] > 0, (fmt, what)
         # the agent read each poll's rows, once
-        assert result.details[fmt]["rows"] == [40 * follow.RANKS] * 6
+        assert result.details[fmt]["rows"] == [40 * follow.RANKS] * 14
+        # restarted: every log read on from after iteration 2 (the watermark is 12 after the
+        # last poll, and the next batch needs the 10 iterations before it), or from its start
+        assert f[f"{fmt}_restart_rows"] == 11 * 40 * follow.RANKS
+        assert f[f"{fmt}_restart_from_start_rows"] == 14 * 40 * follow.RANKS
     assert f["arrow_reread_ms_last"] > 0
-    assert len(result.details["arrow"]["reread_s"]) == 6
+    assert len(result.details["arrow"]["reread_s"]) == 14
+    restarts = result.tables["a restarted agent catching up"]
+    assert [(r["format"], r["logs read on from a point"]) for r in restarts] == [
+        (fmt, n) for fmt in ("arrow", "jsonl", "csv") for n in (follow.RANKS, 0)]
     table = result.tables["one agent poll as the logs grow"]
     assert [row["format"] for row in table] == ["arrow", "arrow, read whole at every poll",
                                                 "jsonl", "csv"]
-    assert result.config["polls"] == 6 and result.config["rows_per_rank_per_poll"] == 40
+    assert result.config["polls"] == 14 and result.config["rows_per_rank_per_poll"] == 40

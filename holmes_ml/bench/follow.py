@@ -12,6 +12,11 @@ A poll whose cost stays flat while the files grow reads only what they gained;
 tenth) says so. Beside them, ``arrow_reread_*`` times reading each Arrow file whole at every
 poll, which is what the agent did before it followed streams a batch at a time.
 
+Then the agent stops, and a new one on its outbox catches up (``*_restart_*``: CPU time and
+rows of its reads until the logs hold nothing new for it): first reading each log on from the
+point the outbox kept, then, the points deleted, from each log's start, as agents did before
+they kept points. Neither may queue anything: every complete iteration was queued before.
+
 The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
 one 8-rank communicator, seeded sizes, starts and durations.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -61,7 +67,7 @@ def _append(path: Path, fmt: str, df: pd.DataFrame, sinks: dict) -> None:
     sinks[path].write({c: df[c].to_numpy() for c in COLUMNS})
 
 
-def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[str, list]:
+def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[str, Any]:
     """Grow a host's logs in ``fmt`` for ``steps`` iterations; CPU seconds of each poll."""
     from holmes_ml.io.readers import read_arrow_stream
     from holmes_ml.serve.agent import Agent, AgentConfig
@@ -94,7 +100,36 @@ def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[s
         for sink in sinks.values():
             sink.close()
         agent.close()
-    return {"read_s": read_s, "reread_s": reread_s, "rows": read_rows, "bytes": sizes}
+    restart = {how: _restart(cfg, keep_points=how == "from its point")
+               for how in ("from its point", "from the start")}
+    return {"read_s": read_s, "reread_s": reread_s, "rows": read_rows, "bytes": sizes,
+            "restart": restart}
+
+
+def _restart(cfg, keep_points: bool) -> dict[str, float]:
+    """A new agent on ``cfg``'s outbox reads until the logs hold nothing new for it: CPU
+    seconds and rows (with the outbox's read points, or with them deleted)."""
+    import sqlite3
+
+    from holmes_ml.serve.agent import Agent
+
+    if not keep_points:
+        with sqlite3.connect(cfg.outbox) as db:
+            db.execute("DELETE FROM read_point")
+    t0 = time.process_time()
+    agent = Agent(cfg, model="rule")
+    rows = 0
+    try:
+        while n := agent.read_new():  # (a huge log is caught up over a few polls)
+            rows += n
+            # as a running agent does after each poll (what was queued before is dropped)
+            if agent.queue_ready() is not None:
+                raise RuntimeError("bench follow: a restarted agent queued a batch again")
+        seconds = time.process_time() - t0
+        resumed = agent.resumed
+    finally:
+        agent.close()
+    return {"seconds": seconds, "rows": rows, "logs_resumed": resumed}
 
 
 def _tenths(seconds: list[float]) -> tuple[float, float]:
@@ -112,6 +147,7 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
     figures: dict[str, float] = {}
     details: dict[str, dict] = {}
     table = []
+    restarts: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="holmes-bench-follow-") as tmp:
         for fmt in ("arrow", "jsonl", "csv"):
             got = _follow(fmt, steps, rows, Path(tmp), reread=fmt == "arrow")
@@ -139,6 +175,13 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                               "last tenth ms": round(last * 1e3, 2),
                               "growth": round(last / first, 2), "µs per row": None,
                               "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
+            for how, r in got["restart"].items():
+                key = "restart" if how == "from its point" else "restart_from_start"
+                figures.update({f"{fmt}_{key}_s": round(r["seconds"], 3),
+                                f"{fmt}_{key}_rows": r["rows"]})
+                restarts.append({"format": fmt, "read on": how,
+                                 "logs read on from a point": r["logs_resumed"],
+                                 "rows read": r["rows"], "CPU s": round(r["seconds"], 3)})
             details[fmt] = got
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return BenchResult(
@@ -149,5 +192,6 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                           "every rank's file; medians of the first and last tenth of polls"},
         goals={"arrow_read_growth": "<= 1.5"},
         details=details,
-        tables={"one agent poll as the logs grow": table},
+        tables={"one agent poll as the logs grow": table,
+                "a restarted agent catching up": restarts},
     )
