@@ -12,10 +12,12 @@ A poll whose cost stays flat while the files grow reads only what they gained;
 tenth) says so. Beside them, ``arrow_reread_*`` times reading each Arrow file whole at every
 poll, which is what the agent did before it followed streams a batch at a time.
 
-Then the agent stops, and a new one on its outbox catches up (``*_restart_*``: CPU time and
-rows of its reads until the logs hold nothing new for it): first reading each log on from the
-point the outbox kept, then, the points deleted, from each log's start, as agents did before
-they kept points. Neither may queue anything: every complete iteration was queued before.
+Then, once every format was followed (``peak_rss_mb_following``), each agent stops and a new
+one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
+hold nothing new for it): first reading each log on from the point the outbox kept, then, the
+points deleted, from each log's start, as agents did before they kept points (64 MiB of each
+log a poll: ``peak_rss_mb`` counts that too). Neither may queue anything: every complete
+iteration was queued before.
 
 The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
 one 8-rank communicator, seeded sizes, starts and durations.
@@ -100,10 +102,8 @@ def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[s
         for sink in sinks.values():
             sink.close()
         agent.close()
-    restart = {how: _restart(cfg, keep_points=how == "from its point")
-               for how in ("from its point", "from the start")}
     return {"read_s": read_s, "reread_s": reread_s, "rows": read_rows, "bytes": sizes,
-            "restart": restart}
+            "config": cfg}
 
 
 def _restart(cfg, keep_points: bool) -> dict[str, float]:
@@ -175,14 +175,20 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                               "last tenth ms": round(last * 1e3, 2),
                               "growth": round(last / first, 2), "µs per row": None,
                               "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
-            for how, r in got["restart"].items():
+            details[fmt] = got
+        # (after every format was followed: the peak of following is told apart)
+        figures["peak_rss_mb_following"] = round(peak_rss_mb(), 1)
+        for fmt, got in details.items():
+            cfg = got.pop("config")
+            got["restart"] = {}
+            for how in ("from its point", "from the start"):
+                r = got["restart"][how] = _restart(cfg, keep_points=how == "from its point")
                 key = "restart" if how == "from its point" else "restart_from_start"
                 figures.update({f"{fmt}_{key}_s": round(r["seconds"], 3),
                                 f"{fmt}_{key}_rows": r["rows"]})
                 restarts.append({"format": fmt, "read on": how,
                                  "logs read on from a point": r["logs_resumed"],
                                  "rows read": r["rows"], "CPU s": round(r["seconds"], 3)})
-            details[fmt] = got
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return BenchResult(
         name="follow", figures=figures,
