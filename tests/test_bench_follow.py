@@ -26,7 +26,9 @@ def test_follow_bench_reads_every_row_of_every_format():
     assert len(result.details["arrow"]["reread_s"]) == 14
     restarts = result.tables["a restarted agent catching up"]
     assert [(r["format"], r["logs read on from a point"]) for r in restarts] == [
-        (fmt, n) for fmt in ("arrow", "jsonl", "csv") for n in (follow.RANKS, 0)]
+        (fmt, n) for n in (follow.RANKS, 0) for fmt in ("arrow", "jsonl", "csv")]
+    assert f["peak_rss_mb_after_restarts_from_points"] > 0
+    assert f["peak_rss_mb_after_restarts_from_start"] > 0
     table = result.tables["one agent poll as the logs grow"]
     assert [row["format"] for row in table] == ["arrow", "arrow, read whole at every poll",
                                                 "jsonl", "csv"]

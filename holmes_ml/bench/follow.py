@@ -16,8 +16,8 @@ Then, once every format was followed (``peak_rss_mb_following``), each agent sto
 one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
 hold nothing new for it): first reading each log on from the point the outbox kept, then, the
 points deleted, from each log's start, as agents did before they kept points (64 MiB of each
-log a poll: ``peak_rss_mb`` counts that too). Neither may queue anything: every complete
-iteration was queued before.
+log a poll); the peak resident memory is taken after each kind of restart, in every format.
+Neither may queue anything: every complete iteration was queued before.
 
 The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
 one 8-rank communicator, seeded sizes, starts and durations.
@@ -178,17 +178,19 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
             details[fmt] = got
         # (after every format was followed: the peak of following is told apart)
         figures["peak_rss_mb_following"] = round(peak_rss_mb(), 1)
-        for fmt, got in details.items():
-            cfg = got.pop("config")
-            got["restart"] = {}
-            for how in ("from its point", "from the start"):
-                r = got["restart"][how] = _restart(cfg, keep_points=how == "from its point")
-                key = "restart" if how == "from its point" else "restart_from_start"
+        for how, key, peak in (("from its point", "restart", "from_points"),
+                               ("from the start", "restart_from_start", "from_start")):
+            for fmt, got in details.items():
+                r = got.setdefault("restart", {})[how] = _restart(
+                    got["config"], keep_points=how == "from its point")
                 figures.update({f"{fmt}_{key}_s": round(r["seconds"], 3),
                                 f"{fmt}_{key}_rows": r["rows"]})
                 restarts.append({"format": fmt, "read on": how,
                                  "logs read on from a point": r["logs_resumed"],
                                  "rows read": r["rows"], "CPU s": round(r["seconds"], 3)})
+            figures[f"peak_rss_mb_after_restarts_{peak}"] = round(peak_rss_mb(), 1)
+        for got in details.values():
+            del got["config"]
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return BenchResult(
         name="follow", figures=figures,
