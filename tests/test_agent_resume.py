@@ -8,6 +8,7 @@ import gzip
 import json
 import logging
 import sqlite3
+import time
 
 import pytest
 from test_agent_robustness import _all_shipped_once, _rank0_being_written, _Writer
@@ -174,4 +175,81 @@ def test_a_log_whose_iteration_never_ends_holds_a_bounded_number_of_points(tmp_p
         assert points[0].offset == first  # the earliest, the first to qualify, is kept
     finally:
         writer.close()
+        agent.close()
+
+
+def _small_chunks(monkeypatch, chunk: int = 4096, least: int = 1024) -> None:
+    """Chunks of a few kB, so that logs of a few dozen rows take several."""
+    import holmes_ml.serve.agent as agent_module
+
+    monkeypatch.setattr(agent_module, "_MAX_CHUNK", chunk)
+    monkeypatch.setattr(agent_module, "_MIN_CHUNK", least)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrows"])
+def test_once_ships_every_log_to_its_end_however_many_chunks_it_takes(tmp_path, monkeypatch,
+                                                                       fmt):
+    """``--once`` read one chunk of each log and shipped that, exiting 0 ("everything was
+    sent"): of logs longer than a chunk (64 MiB), the rest waited for another run."""
+    _small_chunks(monkeypatch)
+    ops = make_ops(seed=47, ranks=2, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r in (0, 1):
+        writer = _Writer(logs / f"rank{r}.{fmt}", fmt)
+        for i in range(12):  # (an Arrow stream of one batch per iteration)
+            writer.write(ops[(ops["rank"] == r) & (ops["iteration"] == i)])
+        writer.close()
+    assert (logs / f"rank0.{fmt}").stat().st_size > 2 * 4096 // 2  # more than a poll reads
+    srv = start_server(tmp_path)
+    cfg = AgentConfig(follow=logs, server=srv.url, job="long", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5)
+    agent = Agent(cfg, summarize=fallback_summarize)
+    try:
+        agent.run(once=True)
+        _all_shipped_once(agent, srv, "long", ops)
+    finally:
+        agent.close()
+        srv.stop()
+
+
+def test_a_poll_reads_a_share_of_the_chunk_from_each_log_and_says_it_is_behind(
+        tmp_path, monkeypatch):
+    """An agent catching up on its node's logs holds about one chunk's rows at a time, not
+    one chunk per log."""
+    _small_chunks(monkeypatch, chunk=8192)
+    ops = make_ops(seed=48, ranks=4, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, sub in ops.groupby("rank"):
+        sub.to_json(logs / f"rank{r}.jsonl", orient="records", lines=True)
+    agent = _agent_at(logs, tmp_path / "o.db")
+    try:
+        polls = 0
+        while agent.read_new():
+            polls += 1
+            assert agent.stats.raw_bytes <= polls * 8192  # a quarter of the chunk each
+            agent.queue_ready()
+        assert polls > 1 and not agent.behind
+        assert agent.stats.ops_read == len(ops)
+    finally:
+        agent.close()
+
+
+def test_a_following_agent_catches_up_without_pausing_between_chunks(tmp_path, monkeypatch):
+    _small_chunks(monkeypatch)
+    ops = make_ops(seed=49, ranks=2, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, sub in ops.groupby("rank"):
+        sub.to_json(logs / f"rank{r}.jsonl", orient="records", lines=True)
+    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="resume", source="n1",
+                      outbox=tmp_path / "o.db", poll_s=60, backoff_s=60)
+    agent = Agent(cfg, summarize=fallback_summarize)
+    deadline = time.monotonic() + 20
+    try:
+        # a pause of poll_s (60 s) between chunks would stop it at the deadline, rows unread
+        agent.run(stop=lambda: agent.stats.ops_read == len(ops) or time.monotonic() > deadline)
+        assert agent.stats.ops_read == len(ops)
+    finally:
         agent.close()

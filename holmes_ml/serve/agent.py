@@ -579,8 +579,9 @@ def _holds_what_was_read(path: Path, state: _FileState) -> bool | None:
         return None  # gone, or unreadable: reading it says which
 
 
-def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
+def _read_increment(path: Path, state: _FileState, limit: int = 0) -> pd.DataFrame | None:
     """New rows of ``path`` since ``state`` (``None`` when nothing new); advances ``state``.
+    At most ``limit`` bytes are read (0: :data:`_MAX_CHUNK`); the rest waits for the next read.
 
     The caller passes a copy and keeps it only when the rows were accepted, so a chunk that
     fails to parse is read again (from the same offset) once the file changes.
@@ -600,10 +601,11 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         return pd.read_parquet(path)  # whole file: the watermark drops what was shipped
     if st.st_size <= state.offset:
         return None
+    limit = limit or _MAX_CHUNK
     if suffix == ".arrows":  # a stream: the batches whole since the last read
         # (a stream written anew under the name was told by its mark before: read_new)
         tail = state.arrow if state.arrow is not None else ArrowStreamTail()
-        table, state.arrow = read_arrow_stream_tail(path, tail, _MAX_CHUNK)
+        table, state.arrow = read_arrow_stream_tail(path, tail, limit)
         state.offset, state.mark = state.arrow.offset, state.arrow.mark
         state.chunk_line, state.chunk_row = None, tail.rows
         return None if table is None else table.to_pandas()
@@ -611,11 +613,11 @@ def _read_increment(path: Path, state: _FileState) -> pd.DataFrame | None:
         fh.seek(state.offset)
         # at most a chunk per poll: a huge file is caught up over a few polls, and a file
         # without line breaks is not read whole again at every poll
-        data = fh.read(min(st.st_size - state.offset, _MAX_CHUNK))
+        data = fh.read(min(st.st_size - state.offset, limit))
     end = data.rfind(b"\n")
     if end < 0:
-        if len(data) == _MAX_CHUNK:
-            raise ValueError(f"line {state.lines + 1}: no line break in {_MAX_CHUNK >> 20} MiB; "
+        if len(data) == limit:
+            raise ValueError(f"line {state.lines + 1}: no line break in {limit / 2**20:g} MiB; "
                              "expected one operator per line")
         return None  # a line still being written
     data = data[: end + 1]
@@ -694,8 +696,12 @@ def _csv_skipping_ragged(path: Path, data: bytes, header: list[str], first_line:
                        index_col=False)
 
 
-#: Bytes of a followed log read at most per poll.
+#: Bytes of a followed log read at most per poll, and of all of them together: each of n logs
+#: is read up to the larger of a share of it and :data:`_MIN_CHUNK`, so that an agent catching
+#: up on its node's logs (started after its job, or on logs without read points) holds about
+#: one chunk's rows at a time beside the training job, not one per log.
 _MAX_CHUNK = 64 << 20
+_MIN_CHUNK = 4 << 20
 #: Read points held per log at most (one per chunk kept, until one qualifies): beyond, every
 #: other one is dropped.
 _MAX_POINTS = 1024
@@ -971,6 +977,8 @@ class Agent:
         self._rotated: set[Path] = set()
         #: logs read on from where an earlier run stopped (the outbox's read points)
         self.resumed = self._restore_points()
+        #: whether the last poll left rows unread in a log (read up to its limit)
+        self.behind = False
         self._buffer: list[pd.DataFrame] = []
         self._ops = pd.DataFrame()
         #: whether rows of followed logs were read (whole-file traces read after may hold
@@ -1039,13 +1047,18 @@ class Agent:
         whatif: list[Path] = []  # what-if traces: read whole, with the other traces
         reads: list[_Read] = []
         paths = [p for pattern in PATTERNS for p in _log_files(Path(self.config.follow), pattern)]
-        for path in self._follow_rotated(paths):
+        followed = self._follow_rotated(paths)
+        limit = max(_MIN_CHUNK, _MAX_CHUNK // max(1, len(followed)))
+        for path in followed:
             if path.suffix == ".parquet" and self._is_whatif(path):
                 whatif.append(path)
                 continue
-            read = self._read_file(path)
+            read = self._read_file(path, limit)
             if read is not None:
                 reads.append(read)
+        # a log read on up to its limit has more: read on at once (no pause between polls)
+        self.behind = any(r.state.offset < r.trial.offset < r.stamp[0]
+                          and (r.state.kind or r.path.suffix) in _FOLLOWED for r in reads)
         for read, checked in zip(reads, _validate_together(reads), strict=True):
             n += self._accept(read, checked)
         whole = self._read_whole_files(whatif)
@@ -1170,7 +1183,7 @@ class Agent:
         if why is not None:
             self.bad_files[to] = why
 
-    def _read_file(self, path: Path) -> _Read | None:
+    def _read_file(self, path: Path, limit: int = 0) -> _Read | None:
         """What ``path`` gained since the last poll, not yet checked against the schema (None
         when it is not to be read: not a log, gone, set aside and unchanged, or unreadable,
         which is reported)."""
@@ -1202,7 +1215,7 @@ class Agent:
             return None  # could not be read and has not changed since
         trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
         try:
-            df = _read_increment(path, trial)
+            df = _read_increment(path, trial, limit)
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
             self._set_bad(path, _describe(exc))
             state.bad = stamp
@@ -2029,6 +2042,9 @@ class Agent:
         if once:
             self._empty_said = True  # no logs at all: the caller of a one-shot run says so
             self.read_new()
+            while self.behind:  # every log to its end, a chunk at a time
+                self.queue_ready()
+                self.read_new()
             self.queue_ready(flush=True)
             # Bounded: "ship everything now and exit" must exit even when the service is down;
             # what was not sent stays in the outbox for the next run.
@@ -2052,7 +2068,8 @@ class Agent:
             idle = time.monotonic() - grew_at >= self.config.flush_after_s
             self.queue_ready(flush=idle)
             self.send_pending()
-            _sleep(self.config.poll_s, stop)
+            if not self.behind:  # (catching up: the next chunk at once)
+                _sleep(self.config.poll_s, stop)
         self.flush_and_send()
 
     def flush_and_send(self) -> None:
