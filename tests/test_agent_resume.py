@@ -184,6 +184,7 @@ def _small_chunks(monkeypatch, chunk: int = 4096, least: int = 1024) -> None:
 
     monkeypatch.setattr(agent_module, "_MAX_CHUNK", chunk)
     monkeypatch.setattr(agent_module, "_MIN_CHUNK", least)
+    monkeypatch.setattr(agent_module, "_ARROW_DENSITY", 2)  # (these streams: few rows)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "arrows"])
