@@ -60,6 +60,8 @@ def test_a_restarted_agent_reads_on_from_its_kept_point_and_builds_the_same_batc
                 # was queued (the watermark is 12 after iteration 13's poll) and older than
                 # the context the next batch needs (HISTORY iterations before the watermark)
                 assert agent.resumed == 2
+                assert "2 log(s) read on from where its last run stopped" in \
+                    agent.starting_message  # (its first line on stderr)
                 _step(agent)
                 assert agent.stats.ops_read == ((ops["iteration"] > 9)
                                                 & (ops["iteration"] <= 14)).sum()
