@@ -15,8 +15,9 @@ poll, which is what the agent did before it followed streams a batch at a time.
 Then, once every format was followed (``peak_rss_mb_following``), each agent stops and a new
 one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
 hold nothing new for it): first reading each log on from the point the outbox kept, then, the
-points deleted, from each log's start, as agents did before they kept points (64 MiB of each
-log a poll); the peak resident memory is taken after each kind of restart, in every format.
+points deleted, from each log's start, as agents did before they kept points (a chunk at a
+time, as an agent catching up reads); the peak resident memory is taken after each kind of
+restart, in every format.
 Neither may queue anything: every complete iteration was queued before.
 
 The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
@@ -120,11 +121,13 @@ def _restart(cfg, keep_points: bool) -> dict[str, float]:
     agent = Agent(cfg, model="rule")
     rows = 0
     try:
-        while n := agent.read_new():  # (a huge log is caught up over a few polls)
-            rows += n
+        while True:  # (a huge log is caught up over a few polls)
+            rows += agent.read_new()
             # as a running agent does after each poll (what was queued before is dropped)
             if agent.queue_ready() is not None:
                 raise RuntimeError("bench follow: a restarted agent queued a batch again")
+            if not agent.behind:
+                break
         seconds = time.process_time() - t0
         resumed = agent.resumed
     finally:
