@@ -3,6 +3,7 @@ keeps shipping what it can and never loses what it accepted."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -1076,6 +1077,21 @@ def _rank0_being_written(tmp_path, seed, fmt):
     return ops, logs, r0, writer
 
 
+@contextlib.contextmanager
+def _rank0_followed(tmp_path, seed, fmt, job):
+    """:func:`_rank0_being_written`'s job, a real service and an agent following its logs
+    (closed on leaving): (ops, the logs' directory, rank 0's rows, its writer, service,
+    agent)."""
+    ops, logs, r0, writer = _rank0_being_written(tmp_path, seed, fmt)
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, job)
+    try:
+        yield ops, logs, r0, writer, srv, agent
+    finally:
+        agent.close()
+        srv.stop()
+
+
 def _all_shipped_once(agent, srv, job, ops):
     """Every iteration of ``ops`` reached the service, each operator once, nothing set aside."""
     assert agent.bad_files == {}
@@ -1092,11 +1108,9 @@ def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, c
     ``extension`` to one they do), and its writer appends to the renamed file until it opens
     the new one. The rows written after the last poll were lost; a rotated name the logs match
     was read again from its start and its rows shipped twice."""
-    ops, logs, r0, writer = _rank0_being_written(tmp_path, 29, fmt)
-    steps, log = r0["iteration"], writer.path
-    srv = start_server(tmp_path)
-    agent = _agent(srv, logs, "rotated")
-    try:
+    with _rank0_followed(tmp_path, 29, fmt, "rotated") as (
+            ops, logs, r0, writer, srv, agent):
+        steps, log = r0["iteration"], writer.path
         with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
             agent.read_new()
             writer.write(r0[steps.between(4, 5)])  # after the poll
@@ -1114,19 +1128,14 @@ def test_a_log_rotated_by_renaming_loses_no_row_and_ships_none_twice(tmp_path, c
             assert agent.read_new() == 0
         assert "are lost" not in caplog.text and "are not read" not in caplog.text
         _all_shipped_once(agent, srv, "rotated", ops)
-    finally:
-        agent.close()
-        srv.stop()
 
 
 def test_a_log_compressed_as_it_is_rotated_is_said_to_lose_its_last_rows(tmp_path, caplog):
     # logrotate's compress without delaycompress: the file read until now is gone at once;
     # its rows since the last poll cannot be read, and the warning says so and why
-    ops, logs, r0, writer = _rank0_being_written(tmp_path, 30, "jsonl")
-    steps, log = r0["iteration"], writer.path
-    srv = start_server(tmp_path)
-    agent = _agent(srv, logs, "gz")
-    try:
+    with _rank0_followed(tmp_path, 30, "jsonl", "gz") as (
+            ops, logs, r0, writer, srv, agent):
+        steps, log = r0["iteration"], writer.path
         with caplog.at_level(logging.WARNING, logger="holmes_ml.serve.agent"):
             agent.read_new()
             writer.write(r0[steps.between(4, 5)])
@@ -1144,9 +1153,6 @@ def test_a_log_compressed_as_it_is_rotated_is_said_to_lose_its_last_rows(tmp_pat
         assert agent.bad_files == {}
         lost = int(steps.between(4, 5).sum())
         assert httpx.get(srv.url + "/v1/jobs/gz").json()["records"] == len(ops) - lost
-    finally:
-        agent.close()
-        srv.stop()
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
@@ -1156,11 +1162,9 @@ def test_a_log_copied_then_truncated_in_place_loses_no_row_and_ships_none_twice(
     """logrotate's copytruncate copies the log, then empties it; its writer appends on (a CSV
     without a header). The rows written after the last poll are in the copy only: they were
     lost, and a copy the logs match was read again from its start."""
-    ops, logs, r0, writer = _rank0_being_written(tmp_path, 31, fmt)
-    steps, log = r0["iteration"], writer.path
-    srv = start_server(tmp_path)
-    agent = _agent(srv, logs, "copied")
-    try:
+    with _rank0_followed(tmp_path, 31, fmt, "copied") as (
+            ops, logs, r0, writer, srv, agent):
+        steps, log = r0["iteration"], writer.path
         with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
             agent.read_new()
             writer.write(r0[steps.between(4, 5)])  # after the poll
@@ -1176,9 +1180,6 @@ def test_a_log_copied_then_truncated_in_place_loses_no_row_and_ships_none_twice(
             agent.run(once=True)
             assert agent.read_new() == 0
         _all_shipped_once(agent, srv, "copied", ops)
-    finally:
-        agent.close()
-        srv.stop()
 
 
 @pytest.mark.parametrize("delay", [True, False], ids=["delaycompress", "compress"])
@@ -1187,11 +1188,9 @@ def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_o
     """logrotate with dateext, ``extension .jsonl`` and compress: the rotated log ends up as
     rank0-20261204.jsonl.gz, which the agent reads whole as a trace. Its rows were read
     already as the log grew, and were shipped twice."""
-    ops, logs, r0, writer = _rank0_being_written(tmp_path, 32, "jsonl")
-    steps, log = r0["iteration"], writer.path
-    srv = start_server(tmp_path)
-    agent = _agent(srv, logs, "archived")
-    try:
+    with _rank0_followed(tmp_path, 32, "jsonl", "archived") as (
+            ops, logs, r0, writer, srv, agent):
+        steps, log = r0["iteration"], writer.path
         with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
             agent.read_new()
             writer.write(r0[steps.between(4, 5)])  # after the poll
@@ -1209,6 +1208,3 @@ def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_o
         assert "were read already from the logs followed: archives of rotated logs? Each is " \
             "shipped once" in caplog.text
         _all_shipped_once(agent, srv, "archived", ops)
-    finally:
-        agent.close()
-        srv.stop()
