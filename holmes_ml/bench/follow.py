@@ -119,15 +119,10 @@ def _restart(cfg, keep_points: bool) -> dict[str, float]:
             db.execute("DELETE FROM read_point")
     t0 = time.process_time()
     agent = Agent(cfg, model="rule")
-    rows = 0
     try:
-        while True:  # (a huge log is caught up over a few polls)
-            rows += agent.read_new()
-            # as a running agent does after each poll (what was queued before is dropped)
-            if agent.queue_ready() is not None:
-                raise RuntimeError("bench follow: a restarted agent queued a batch again")
-            if not agent.behind:
-                break
+        rows = agent.read_all()  # (a huge log is caught up over a few polls)
+        if agent.queue_ready() is not None or agent.stats.batches_queued:
+            raise RuntimeError("bench follow: a restarted agent queued a batch again")
         seconds = time.process_time() - t0
         resumed = agent.resumed
     finally:

@@ -1080,6 +1080,16 @@ class Agent:
         self.stats.ops_read += n
         return n
 
+    def read_all(self) -> int:
+        """Read every log to its end, a chunk at a time (:meth:`read_new` while a log is
+        behind), queueing the complete iterations between chunks so that what was read is
+        trimmed; returns the number of new rows."""
+        n = self.read_new()
+        while self.behind:
+            self.queue_ready()
+            n += self.read_new()
+        return n
+
     def _drop_copies(self) -> int:
         """Drop the rows of whole-file traces that are operators read already from the logs
         followed (the same rank, communicator, sequence number and start): a rotated log
@@ -2046,10 +2056,7 @@ class Agent:
                            (self.outbox.last_rejection() or "")[:300])
         if once:
             self._empty_said = True  # no logs at all: the caller of a one-shot run says so
-            self.read_new()
-            while self.behind:  # every log to its end, a chunk at a time
-                self.queue_ready()
-                self.read_new()
+            self.read_all()
             self.queue_ready(flush=True)
             # Bounded: "ship everything now and exit" must exit even when the service is down;
             # what was not sent stays in the outbox for the next run.
