@@ -34,6 +34,7 @@ from holmes_ml.features import (
     detect_irregular,
     iteration_table,
 )
+from holmes_ml.features import _segments as seg
 from holmes_ml.features.iterations import span_times
 from holmes_ml.io.inventory import iteration_gaps
 from holmes_ml.io.readers import ARCHIVE_SUFFIXES, warn_reused_keys
@@ -230,33 +231,35 @@ def _transfer_scores(
     hides the slow instance. ``cls``: the rows' class keys (:func:`_op_classes`), when already
     computed.
     """
-    o = ops.reset_index(drop=True)
-    op_s = o["op"].astype(str)
-    coll = ~op_s.isin(["send", "recv"]).to_numpy()
-    out = np.zeros(len(o))
+    coll = ~ops["op"].isin(["send", "recv"]).to_numpy()
+    out = np.zeros(len(ops))
     if not coll.any():
         return out
-    c = o[coll]
     if cls is None:
-        cls = _op_classes(o)[1]
+        cls = _op_classes(ops)[1]
     # the classes of the whole table, restricted to its collective rows, are the same partition
     # as classes computed on those rows alone (no group mixes collectives and send/recv)
     cls = np.asarray(cls)[coll]
-    inst = _combine(_codes(c["group"]), c["seq"].to_numpy(dtype=np.int64))
-    dur = pd.Series(c["duration_us"].to_numpy(dtype=np.float64))
-    copies = dur.groupby(inst).transform("size").to_numpy()
-    shortest = dur.groupby(inst).transform("min")
-    # One value per instance, so large groups do not outvote small ones.
-    first = ~pd.Series(inst).duplicated().to_numpy()
-    per = pd.DataFrame({"cls": cls[first], "m": shortest.to_numpy()[first]})
-    ref = per.groupby("cls")["m"].median()
-    mad = (per["m"] - per["cls"].map(ref)).abs().groupby(per["cls"]).median()
-    typical = pd.Series(cls).map(ref).to_numpy()
-    sigma = 1.4826 * pd.Series(cls).map(mad).to_numpy()
-    bar = np.maximum.reduce([np.full(len(c), cfg.min_wait_us), 3.0 * sigma,
+    inst = _combine(_codes(ops["group"])[coll], ops["seq"].to_numpy(dtype=np.int64)[coll])
+    dur = ops["duration_us"].to_numpy(dtype=np.float64)[coll]
+    # Per instance, from arrays of the collective rows (no frame filtered, no text converted:
+    # a node pays this every window): its copies and its shortest copy; then per class, over
+    # its instances (one value each, so large groups do not outvote small ones), the median of
+    # the shortest copies and their median absolute deviation from it.
+    n_inst = int(inst.max()) + 1
+    copies = np.bincount(inst, minlength=n_inst)
+    shortest = np.full(n_inst, np.inf)
+    np.minimum.at(shortest, inst, dur)
+    inst_cls = np.empty(n_inst, dtype=np.int64)
+    inst_cls[inst] = cls  # an instance's copies share their class
+    by = pd.Series(shortest).groupby(inst_cls)
+    typical = by.transform("median").to_numpy()
+    sigma = 1.4826 * (pd.Series(shortest) - typical).abs().groupby(inst_cls).transform(
+        "median").to_numpy()
+    bar = np.maximum.reduce([np.full(n_inst, cfg.min_wait_us), 3.0 * sigma,
                              cfg.rel_excess * typical])
-    score = np.clip((shortest.to_numpy() - typical) / (2.0 * bar), 0.0, 1.0)
-    out[coll] = np.where(copies >= 2, score, 0.0)
+    score = np.clip((shortest - typical) / (2.0 * bar), 0.0, 1.0)
+    out[coll] = np.where(copies >= 2, score, 0.0)[inst]
     return out
 
 
@@ -331,15 +334,51 @@ def _rank_spans(ops: pd.DataFrame) -> pd.DataFrame:
     """Per ``(iteration, rank)``: the earliest start, the latest end, the summed operator time
     and how many operators (the ``iterations`` table of a :class:`NodeSummary`), and the
     rank's compute time in the step (``compute_us``) when the logs carry it
-    (``step_compute_us``, e.g. the ByteDance what-if traces)."""
-    end = ops["start_ns"].to_numpy(dtype=np.int64) + (
-        ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
-    extra = ({"compute_us": ("step_compute_us", "max")}
-             if "step_compute_us" in ops.columns else {})
-    return ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
-        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
-        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"), **extra,
-    ).reset_index()
+    (``step_compute_us``, e.g. the ByteDance what-if traces).
+
+    Rows sorted by ``(iteration, rank)``, as a pandas group-by gives them, and the same values
+    to the last bit (the sums are pandas', compensated, in row order), from array reductions
+    over dense pair codes: a node's summary pays this at every window, and the group-by's
+    fixed cost was most of it.
+    """
+    it = ops["iteration"].to_numpy(dtype=np.int64)
+    rank = ops["rank"].to_numpy(dtype=np.int64)
+    start = ops["start_ns"].to_numpy(dtype=np.int64)
+    end = start + (ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
+    pair, (it_u, rank_u) = _pair_codes(it, rank)
+    k = len(it_u)
+    start_u = np.full(k, np.iinfo(np.int64).max)
+    np.minimum.at(start_u, pair, start)
+    end_u = np.full(k, np.iinfo(np.int64).min)
+    np.maximum.at(end_u, pair, end)
+    out = {"iteration": it_u, "rank": rank_u, "start_ns": start_u, "end_ns": end_u,
+           "comm_us": ops["duration_us"].groupby(pair).sum().to_numpy(dtype=np.float64),
+           "n_ops": np.bincount(pair, minlength=k).astype(np.int64)}
+    if "step_compute_us" in ops.columns:
+        # the largest compute time logged in the step, NaN where none is (as pandas' max)
+        compute = np.full(k, np.nan)
+        np.fmax.at(compute, pair, ops["step_compute_us"].to_numpy(dtype=np.float64))
+        out["compute_us"] = compute
+    return pd.DataFrame(out)
+
+
+def _pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Dense codes of the ``(a, b)`` pairs of two int64 arrays, numbered in ``(a, b)`` order,
+    and the pairs' ``a`` and ``b`` (one each per code). Linear in the rows: no sort of them."""
+    if len(a) == 0:
+        return np.empty(0, dtype=np.int64), (a[:0].copy(), b[:0].copy())
+    key = seg.combine(a - a.min(), b - b.min())
+    _, code = seg.unique_inverse(key)
+    k = int(code.max()) + 1
+    a_u = np.empty(k, dtype=np.int64)
+    b_u = np.empty(k, dtype=np.int64)
+    a_u[code] = a
+    b_u[code] = b
+    # combine() keeps the pairs' order unless they are too wide to pack; sort the few codes
+    order = np.lexsort((b_u, a_u))
+    renumber = np.empty(k, dtype=np.int64)
+    renumber[order] = np.arange(k, dtype=np.int64)
+    return renumber[code], (a_u[order], b_u[order])
 
 
 #: A rank whose operators in an iteration start or end further than this from the other ranks'

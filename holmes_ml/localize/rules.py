@@ -68,6 +68,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import duration
+from holmes_ml.features._segments import unique_inverse
 from holmes_ml.features.iterations import IrregularityConfig, span_times
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
@@ -101,8 +102,23 @@ def iteration_spans_of(iterations: pd.DataFrame) -> pd.DataFrame:
                              "end": pd.Series(dtype=np.int64),
                              "last": pd.Series(dtype=np.int64)})
     # (one row per rank and iteration: the latest start is the last rank's arrival)
-    return iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"),
-                                               last=("start_ns", "max"))
+    cols = iterations[["iteration", "start_ns", "end_ns"]]
+    if not all(t == np.dtype(np.int64) for t in cols.dtypes):
+        # other dtypes (a float column with gaps, nullable integers) keep pandas' rules
+        return cols.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"),
+                                             last=("start_ns", "max"))
+    # int64 throughout (a node's own table, or merged ones): reductions over the iterations'
+    # codes, the group-by's table without its fixed cost, which a node pays every window
+    iteration, code = unique_inverse(cols["iteration"].to_numpy())
+    start = cols["start_ns"].to_numpy()
+    first = np.full(len(iteration), np.iinfo(np.int64).max)
+    np.minimum.at(first, code, start)
+    last = np.full(len(iteration), np.iinfo(np.int64).min)
+    np.maximum.at(last, code, start)
+    end = np.full(len(iteration), np.iinfo(np.int64).min)
+    np.maximum.at(end, code, cols["end_ns"].to_numpy())
+    return pd.DataFrame({"start": first, "end": end, "last": last},
+                        index=pd.Index(iteration, name="iteration"))
 
 
 def _iteration_times_us(spans: pd.DataFrame) -> pd.Series:

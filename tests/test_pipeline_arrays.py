@@ -1,0 +1,133 @@
+"""The array cores of a node's summary against the pandas group-bys they replaced: the same
+tables to the last bit, on simulated jobs and on the edge cases (no rows, one row, rows out of
+order, compute times missing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from holmes_ml.io.schema import checked, without_labels
+from holmes_ml.localize import LocalizeConfig
+from holmes_ml.localize.rules import iteration_spans_of
+from holmes_ml.pipeline import (
+    _op_classes,
+    _rank_spans,
+    _transfer_scores,
+    per_host,
+)
+from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+
+
+def _rank_spans_groupby(ops: pd.DataFrame) -> pd.DataFrame:
+    end = ops["start_ns"].to_numpy(dtype=np.int64) + (
+        ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
+    extra = ({"compute_us": ("step_compute_us", "max")}
+             if "step_compute_us" in ops.columns else {})
+    return ops.assign(end_ns=end).groupby(["iteration", "rank"], sort=True).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
+        comm_us=("duration_us", "sum"), n_ops=("duration_us", "size"), **extra,
+    ).reset_index()
+
+
+@pytest.fixture(scope="module")
+def job() -> pd.DataFrame:
+    fault = FaultSpec.parse("gpu_slow:rank=5,severity=0.5,start=4")
+    return checked(without_labels(simulate(SimConfig(gpus=32, model="llama2-7b", iterations=8,
+                                                     seed=2, faults=(fault,))).ops))
+
+
+def _same(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_rank_spans_match_the_group_by_on_a_job_and_each_host(job):
+    _same(_rank_spans(job), _rank_spans_groupby(job))
+    for _, sub in per_host(job):
+        _same(_rank_spans(sub), _rank_spans_groupby(sub))
+
+
+def test_rank_spans_do_not_depend_on_row_order(job):
+    shuffled = job.sample(frac=1.0, random_state=0)
+    _same(_rank_spans(shuffled), _rank_spans_groupby(shuffled))
+    # the sums of a pair's durations in another order may differ in the last bit only
+    pd.testing.assert_frame_equal(_rank_spans(shuffled), _rank_spans(job), rtol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+def test_rank_spans_of_few_rows(job, rows):
+    head = job.iloc[:rows]
+    _same(_rank_spans(head), _rank_spans_groupby(head))
+
+
+def test_rank_spans_take_the_largest_compute_time_logged(job):
+    ops = job.iloc[:400].copy()
+    rng = np.random.default_rng(0)
+    compute = rng.uniform(1e3, 1e5, len(ops))
+    compute[rng.random(len(ops)) < 0.5] = np.nan  # missing on some rows of a step...
+    ops["step_compute_us"] = compute
+    ops.loc[(ops["iteration"] == ops["iteration"].min()) & (ops["rank"] == 0),
+            "step_compute_us"] = np.nan  # ... and on every row of one
+    got = _rank_spans(ops)
+    _same(got, _rank_spans_groupby(ops))
+    assert got["compute_us"].isna().any() and got["compute_us"].notna().any()
+
+
+def _spans_groupby(iterations: pd.DataFrame) -> pd.DataFrame:
+    return iterations.groupby("iteration").agg(start=("start_ns", "min"), end=("end_ns", "max"),
+                                               last=("start_ns", "max"))
+
+
+def test_iteration_spans_match_the_group_by(job):
+    per = _rank_spans(job)
+    _same(iteration_spans_of(per), _spans_groupby(per))
+    shuffled = per.sample(frac=1.0, random_state=1)
+    _same(iteration_spans_of(shuffled), _spans_groupby(shuffled))
+    _same(iteration_spans_of(per.iloc[:1]), _spans_groupby(per.iloc[:1]))
+
+
+def test_iteration_spans_of_other_dtypes_keep_pandas_rules(job):
+    per = _rank_spans(job).astype({"end_ns": np.float64})
+    per.loc[per.index[:3], "end_ns"] = np.nan  # a merged table with gaps
+    _same(iteration_spans_of(per), _spans_groupby(per))
+    nullable = _rank_spans(job).astype({"start_ns": "Int64"})
+    _same(iteration_spans_of(nullable), _spans_groupby(nullable))
+
+
+def _transfer_scores_groupby(ops: pd.DataFrame, cfg: LocalizeConfig, cls: np.ndarray
+                             ) -> np.ndarray:
+    o = ops.reset_index(drop=True)
+    coll = ~o["op"].astype(str).isin(["send", "recv"]).to_numpy()
+    out = np.zeros(len(o))
+    if not coll.any():
+        return out
+    c = o[coll]
+    cls = np.asarray(cls)[coll]
+    inst = pd.factorize(c["group"].astype(str) + "/" + c["seq"].astype(str))[0]
+    dur = pd.Series(c["duration_us"].to_numpy(dtype=np.float64))
+    copies = dur.groupby(inst).transform("size").to_numpy()
+    shortest = dur.groupby(inst).transform("min")
+    first = ~pd.Series(inst).duplicated().to_numpy()
+    per = pd.DataFrame({"cls": cls[first], "m": shortest.to_numpy()[first]})
+    ref = per.groupby("cls")["m"].median()
+    mad = (per["m"] - per["cls"].map(ref)).abs().groupby(per["cls"]).median()
+    typical = pd.Series(cls).map(ref).to_numpy()
+    sigma = 1.4826 * pd.Series(cls).map(mad).to_numpy()
+    bar = np.maximum.reduce([np.full(len(c), cfg.min_wait_us), 3.0 * sigma,
+                             cfg.rel_excess * typical])
+    score = np.clip((shortest.to_numpy() - typical) / (2.0 * bar), 0.0, 1.0)
+    out[coll] = np.where(copies >= 2, score, 0.0)
+    return out
+
+
+def test_transfer_scores_match_the_group_by(job):
+    cfg = LocalizeConfig()
+    for ops in [job, job.sample(frac=1.0, random_state=2), *(sub for _, sub in per_host(job))]:
+        cls = _op_classes(ops)[1]
+        want = _transfer_scores_groupby(ops, cfg, cls)
+        np.testing.assert_array_equal(_transfer_scores(ops, cfg, cls), want)
+        assert (want > 0).any()  # a comparison of zeros would prove nothing
+    p2p = job[job["op"].isin(["send", "recv"])]
+    np.testing.assert_array_equal(_transfer_scores(p2p, cfg), np.zeros(len(p2p)))
+
