@@ -192,7 +192,7 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     if gap is None:
         gap = _class_stats(ops)[2]
     # gaps under 100 us are launch overhead, not compute (positional masks: no index needed)
-    coll = ~ops["op"].isin(list(P2P_OPS)).to_numpy() & (gap > 100.0)
+    coll = ~_is_p2p(ops["op"]) & (gap > 100.0)
     if not coll.any():
         return 0.0
     inst = _combine(_codes(ops["group"])[coll], ops["seq"].to_numpy(dtype=np.int64)[coll],
@@ -231,7 +231,7 @@ def _transfer_scores(
     hides the slow instance. ``cls``: the rows' class keys (:func:`_op_classes`), when already
     computed.
     """
-    coll = ~ops["op"].isin(["send", "recv"]).to_numpy()
+    coll = ~_is_p2p(ops["op"])
     out = np.zeros(len(ops))
     if not coll.any():
         return out
@@ -266,16 +266,28 @@ def _transfer_scores(
 def _group_sizes(ops: pd.DataFrame) -> np.ndarray:
     """Members of each row's communicator (2 for send/recv): from ``group_ranks`` when
     logged, else the ranks seen logging the group."""
-    group = ops["group"]
-    seen = ops.groupby(group, sort=False, observed=True)["rank"].transform("nunique")
-    k = seen.to_numpy(dtype=np.float64)
+    group = _combine(_codes(ops["group"]))  # dense
+    pair = _combine(group, ops["rank"].to_numpy(dtype=np.int64))
+    # the distinct (group, rank) pairs counted per group: the ranks seen logging it
+    group_of_pair = np.empty(int(pair.max()) + 1 if len(pair) else 0, dtype=np.int64)
+    group_of_pair[pair] = group
+    k = np.bincount(group_of_pair, minlength=int(group.max()) + 1 if len(group) else 0)[
+        group].astype(np.float64)
     if "group_ranks" in ops.columns:
         codes, uniq = pd.factorize(ops["group_ranks"], sort=False)
         sizes = np.array([len(str(u).split()) for u in uniq] + [0], dtype=np.float64)
         listed = sizes[codes]  # code -1 (missing) picks the trailing 0
         k = np.where(listed > 0, listed, k)
-    p2p = ops["op"].isin(["send", "recv"]).to_numpy()
-    return np.where(p2p, 2.0, k)
+    return np.where(_is_p2p(ops["op"]), 2.0, k)
+
+
+def _is_p2p(op: pd.Series) -> np.ndarray:
+    """Which rows are a send or a recv (``op.isin(P2P_OPS)``; for a categorical column through
+    its few categories, not its rows' text)."""
+    if isinstance(op.dtype, pd.CategoricalDtype):
+        hit = np.flatnonzero(op.cat.categories.isin(list(P2P_OPS)))
+        return np.isin(op.cat.codes.to_numpy(), hit)
+    return op.isin(list(P2P_OPS)).to_numpy()
 
 
 def _codes(col: pd.Series) -> np.ndarray:
@@ -434,11 +446,18 @@ def _median_mad(d: pd.Series, key: np.ndarray, regular: tuple[np.ndarray, float]
     kr = key[mask]
     dr = d[mask].reset_index(drop=True)
     by = dr.groupby(kr)
-    ref = pd.DataFrame({"med": by.median(), "n": by.size(),
-                        "mad": (dr - by.transform("median")).abs().groupby(kr).median()})
-    ref = ref[ref["n"] >= _MIN_REGULAR].reindex(key)  # per row; NaN: no regular reference
-    use = (med > shift * ref["med"]).to_numpy()
-    return np.where(use, ref["med"], med), np.where(use, ref["mad"], mad)
+    by_med = by.median()
+    by_mad = (dr - by.transform("median")).abs().groupby(kr).median()
+    # per key (dense codes; arrays, not a reindexed frame): NaN, no regular reference, where
+    # a key has fewer than _MIN_REGULAR rows in regular iterations
+    enough = by.size().to_numpy() >= _MIN_REGULAR
+    has = by_med.index.to_numpy()[enough]
+    ref = np.full((2, int(key.max()) + 1 if len(key) else 0), np.nan)
+    ref[0, has] = by_med.to_numpy()[enough]
+    ref[1, has] = by_mad.to_numpy()[enough]
+    ref_med, ref_mad = ref[0, key], ref[1, key]
+    use = med > shift * ref_med  # False where NaN
+    return np.where(use, ref_med, med), np.where(use, ref_mad, mad)
 
 
 def _class_stats(
@@ -458,7 +477,7 @@ def _class_stats(
     pos, cls = _op_classes(o) if classes is None else classes
     op_s = o["op"]
     op = _codes(op_s)
-    p2p = op_s.isin(["send", "recv"]).to_numpy()
+    p2p = _is_p2p(op_s)
     if "pp" in o.columns:
         # Pipeline stage known: compare a send/recv with the same one of the other replicas of
         # its stage (robust even when a fault is present from the first iteration).

@@ -1,6 +1,6 @@
-"""The array cores of a node's summary against the pandas group-bys they replaced: the same
-tables to the last bit, on simulated jobs and on the edge cases (no rows, one row, rows out of
-order, compute times missing)."""
+"""The array cores of a node's summary against the pandas group-bys and frames they replaced:
+the same values to the last bit, on a simulated job, on its hosts' parts and on the edge cases
+(no rows, one row, rows out of order, compute times missing, too few regular rows)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from holmes_ml.io.schema import checked, without_labels
 from holmes_ml.localize import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of
 from holmes_ml.pipeline import (
+    _group_sizes,
+    _is_p2p,
+    _median_mad,
     _op_classes,
     _rank_spans,
     _transfer_scores,
@@ -131,3 +134,56 @@ def test_transfer_scores_match_the_group_by(job):
     p2p = job[job["op"].isin(["send", "recv"])]
     np.testing.assert_array_equal(_transfer_scores(p2p, cfg), np.zeros(len(p2p)))
 
+
+
+def _median_mad_frame(d: pd.Series, key: np.ndarray, regular) -> tuple[np.ndarray, np.ndarray]:
+    med = d.groupby(key).transform("median").to_numpy()
+    mad = (d - med).abs().groupby(key).transform("median").to_numpy()
+    if regular is None:
+        return med, mad
+    mask, shift = regular
+    kr = key[mask]
+    dr = d[mask].reset_index(drop=True)
+    by = dr.groupby(kr)
+    ref = pd.DataFrame({"med": by.median(), "n": by.size(),
+                        "mad": (dr - by.transform("median")).abs().groupby(kr).median()})
+    ref = ref[ref["n"] >= 3].reindex(key)
+    use = (med > shift * ref["med"]).to_numpy()
+    return np.where(use, ref["med"], med), np.where(use, ref["mad"], mad)
+
+
+def test_regular_class_references_match_the_reindexed_frame(job):
+    d = pd.Series(job["duration_us"].to_numpy(dtype=np.float64))
+    cls = _op_classes(job)[1]
+    it = job["iteration"].to_numpy()
+    slow = d * np.where(it >= 2, 1.5, 1.0)  # every class slower after iteration 2
+    rng = np.random.default_rng(3)
+    for durations, mask in [(slow, it < 2),  # the switch to regular iterations taken
+                            (d, rng.random(len(job)) < 0.02),  # most keys with < 3 regular
+                            (d, np.zeros(len(job), dtype=bool))]:
+        got = _median_mad(durations, cls, (mask, 1.05))
+        want = _median_mad_frame(durations, cls, (mask, 1.05))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    switched = _median_mad(slow, cls, (it < 2, 1.05))[0]
+    assert (switched != _median_mad(slow, cls, None)[0]).any()  # else the test proves nothing
+
+
+def test_group_sizes_count_the_ranks_seen_when_no_member_list(job):
+    p2p = job["op"].isin(["send", "recv"]).to_numpy()
+    seen = job.groupby("group", observed=True)["rank"].transform("nunique").to_numpy()
+    want = np.where(p2p, 2.0, seen.astype(np.float64))
+    got = _group_sizes(job.drop(columns="group_ranks"))
+    np.testing.assert_array_equal(got, want)
+    host = per_host(job)[0][1].drop(columns="group_ranks")  # fewer ranks seen than members
+    seen = host.groupby("group", observed=True)["rank"].transform("nunique").to_numpy()
+    np.testing.assert_array_equal(_group_sizes(host), np.where(
+        host["op"].isin(["send", "recv"]).to_numpy(), 2.0, seen.astype(np.float64)))
+    assert (_group_sizes(host) < _group_sizes(host.assign(group_ranks=job["group_ranks"]))).any()
+
+
+@pytest.mark.parametrize("dtype", ["category", "str", "object"])
+def test_is_p2p_as_isin(job, dtype):
+    op = job["op"].astype(dtype)
+    np.testing.assert_array_equal(_is_p2p(op), op.isin(["send", "recv"]).to_numpy())
+    assert _is_p2p(op).any() and not _is_p2p(op).all()
