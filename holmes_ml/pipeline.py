@@ -317,7 +317,10 @@ def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     rank = o["rank"].to_numpy(dtype=np.int64)
     group = _codes(o["group"])
     seq = o["seq"].to_numpy(dtype=np.int64)
-    pos = seq - pd.Series(seq).groupby(_combine(it, group, rank)).transform("min").to_numpy()
+    where = _combine(it, group, rank)  # dense: each row's (iteration, group, rank)
+    low = np.full(int(where.max()) + 1 if len(where) else 0, np.iinfo(np.int64).max)
+    np.minimum.at(low, where, seq)
+    pos = seq - low[where]
     gk = _codes(o["group_kind"]) if "group_kind" in o.columns else np.zeros(len(o), np.int64)
     return pos, _combine(_codes(o["op"]), gk, _codes(o["nbytes"]), pos)
 

@@ -187,3 +187,11 @@ def test_is_p2p_as_isin(job, dtype):
     op = job["op"].astype(dtype)
     np.testing.assert_array_equal(_is_p2p(op), op.isin(["send", "recv"]).to_numpy())
     assert _is_p2p(op).any() and not _is_p2p(op).all()
+
+
+def test_op_positions_match_the_group_by(job):
+    for ops in (job, job.sample(frac=1.0, random_state=4), job.iloc[:0]):
+        seq = ops["seq"].to_numpy(dtype=np.int64)
+        first = ops.groupby(["iteration", "group", "rank"], observed=True)["seq"].transform("min")
+        np.testing.assert_array_equal(_op_classes(ops)[0], seq - first.to_numpy(dtype=np.int64))
+    assert (_op_classes(job)[0] > 0).any()
