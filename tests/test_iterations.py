@@ -305,3 +305,36 @@ def test_simulated_jobs_keep_their_spans_unless_operators_sit_at_the_end(layout)
                                       (t["end_ns"] - t["start_ns"]).to_numpy() / 1e3)
     else:  # pure data parallelism: the gradient all-reduces come after the compute
         assert t["end_to_end"].iloc[1:].all()
+
+
+def _references_by_numpy(times: np.ndarray, config: IrregularityConfig):
+    """The monitor's references as numpy's median of each window gives them."""
+    from collections import deque
+
+    reference = np.empty(len(times))
+    irregular = np.zeros(len(times), dtype=bool)
+    history: deque[float] = deque(maxlen=config.window)
+    for i, t in enumerate(times):
+        if len(history) >= config.min_history:
+            reference[i] = np.median(np.fromiter(history, dtype=np.float64))
+            irregular[i] = t > config.delta * reference[i]
+        else:
+            reference[i] = np.median(np.append(np.fromiter(history, np.float64), t))
+        if not irregular[i]:
+            history.append(float(t))
+    return reference, irregular
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_monitor_references_are_numpy_medians_to_the_last_bit(seed):
+    from holmes_ml.features.iterations import _references
+
+    rng = np.random.default_rng(seed)
+    times = rng.lognormal(0.0, 0.05, 200) * np.where(rng.random(200) < 0.1, 1.4, 1.0)
+    for config in (IrregularityConfig(), IrregularityConfig(window=7, min_history=4),
+                   IrregularityConfig(window=1, min_history=1, delta=1.02)):
+        got, flags = _references(times, config)
+        want, want_flags = _references_by_numpy(times, config)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(flags, want_flags)
+        assert flags.any()
