@@ -285,8 +285,9 @@ def _is_p2p(op: pd.Series) -> np.ndarray:
     """Which rows are a send or a recv (``op.isin(P2P_OPS)``; for a categorical column through
     its few categories, not its rows' text)."""
     if isinstance(op.dtype, pd.CategoricalDtype):
-        hit = np.flatnonzero(op.cat.categories.isin(list(P2P_OPS)))
-        return np.isin(op.cat.codes.to_numpy(), hit)
+        # per category, and False for a missing op (code -1 picks the appended last entry)
+        hit = np.append(op.cat.categories.isin(list(P2P_OPS)), False)
+        return hit[op.cat.codes.to_numpy()]
     return op.isin(list(P2P_OPS)).to_numpy()
 
 
