@@ -303,3 +303,15 @@ def test_absurd_but_finite_durations_stay_finite(ops):
     f = build_features(wild)
     assert np.isfinite(f.to_numpy()).all()
     assert f.loc[wild.index[7], "duration_us"] == np.finfo(np.float32).max
+
+
+@pytest.mark.parametrize("dtype", ["category", "object", "str"])
+def test_first_text_reads_as_the_text_conversion(dtype):
+    from holmes_ml.features.build import _first_text
+
+    col = pd.Series(["0 1 2 3", None, "TP", "4\t5", "0 1 2 3", None], dtype=dtype)
+    rows = np.array([0, 1, 2, 3, 5])
+    # (a categorical cannot take "" in fillna: the conversion reads its values as objects)
+    text = col.iloc[rows].astype(object).fillna("").astype(str)
+    assert _first_text(col, rows) == text.tolist() == ["0 1 2 3", "", "TP", "4\t5", ""]
+    assert [len(t.split()) for t in text] == text.str.count(r"\S+").tolist() == [4, 0, 1, 2, 0]

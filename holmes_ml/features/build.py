@@ -687,8 +687,10 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
     np.minimum.at(first, gcode, np.arange(n, dtype=np.int64))
     sizes = np.zeros(n_groups, dtype=np.float64)
     if "group_ranks" in ops.columns:
-        listed = ops["group_ranks"].iloc[first].fillna("").astype(str)
-        sizes = listed.str.count(r"\S+").to_numpy(dtype=np.float64)
+        # one member list per group, counted in Python: a few dozen strings on a node's
+        # window, where a vectorised regex's fixed cost was most of this function's time
+        listed = _first_text(ops["group_ranks"], first)
+        sizes = np.array([len(t.split()) for t in listed], dtype=np.float64)
     if (sizes == 0).any():
         # No member list: count the distinct ranks seen logging the group.
         pairs = np.unique(seg.combine(gcode, rank))
@@ -699,7 +701,7 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
                 range(n_groups), fill_value=0).to_numpy(dtype=np.float64)
         sizes = np.where(sizes > 0, sizes, seen)
     if "group_kind" in ops.columns:
-        kinds = ops["group_kind"].iloc[first].fillna("").astype(str).str.lower().to_numpy()
+        kinds = np.array([t.lower() for t in _first_text(ops["group_kind"], first)], dtype=object)
     else:
         kinds = np.full(n_groups, "", dtype=object)
     from holmes_ml.topology import kind_from_group_name
@@ -709,6 +711,15 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
         k = kind if kind else kind_from_group_name(str(name))
         codes[i] = GROUP_KIND_CODES.get(k, GROUP_KIND_CODES["other"])
     return sizes[gcode], codes[gcode]
+
+
+def _first_text(col: pd.Series, rows: np.ndarray) -> list[str]:
+    """``col.iloc[rows].fillna("").astype(str)`` as a list (a categorical through its
+    categories; a missing value is "")."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        return ["" if c < 0 else str(cats[c]) for c in col.cat.codes.to_numpy()[rows]]
+    return [str(v) for v in col.iloc[rows].fillna("")]
 
 
 # --------------------------------------------------------------------------- context
