@@ -35,7 +35,7 @@ from holmes_ml.features import (
     iteration_table,
 )
 from holmes_ml.features import _segments as seg
-from holmes_ml.features.iterations import span_times
+from holmes_ml.features.iterations import irregular_flags, span_times
 from holmes_ml.io.inventory import iteration_gaps
 from holmes_ml.io.readers import ARCHIVE_SUFFIXES, warn_reused_keys
 from holmes_ml.io.schema import (
@@ -899,10 +899,14 @@ def _irregular(iterations: pd.DataFrame, delta: float = 1.1, log: bool = True
     false."""
     if len(iterations) == 0:
         return ()
-    out, _ = iteration_monitor(iterations, delta)
-    irregular = tuple(int(i) for i in out.index[out["irregular"].to_numpy()])
+    # iteration_monitor's flags without its table (a node pays this every window)
+    span = iteration_spans_of(iterations)
+    seconds, _ = span_times(span, "start", "end", "last")
+    _, _, flags = irregular_flags(seconds.to_numpy(dtype=np.float64) / 1e9,
+                                  IrregularityConfig(delta=delta))
+    irregular = tuple(int(i) for i in span.index[flags])
     if log:
-        logger.info("%d of %d iterations irregular (delta=%.3g)", len(irregular), len(out),
+        logger.info("%d of %d iterations irregular (delta=%.3g)", len(irregular), len(span),
                     delta)
     return irregular
 

@@ -338,3 +338,18 @@ def test_monitor_references_are_numpy_medians_to_the_last_bit(seed):
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(flags, want_flags)
         assert flags.any()
+
+
+def test_irregular_flags_are_the_monitor_table_columns():
+    from holmes_ml.features.iterations import irregular_flags
+
+    rng = np.random.default_rng(7)
+    times = rng.lognormal(0.0, 0.03, 60) * np.where(np.arange(60) >= 40, 1.3, 1.0)
+    times[[10, 11]] *= 1.5
+    times[0] = 0.0  # a zero reference: ratio 1
+    table = detect_irregular(_times(times))
+    reference, ratio, flags = irregular_flags(times)
+    np.testing.assert_array_equal(np.nan_to_num(reference, nan=0.0), table["reference_s"])
+    np.testing.assert_array_equal(ratio, table["ratio"])
+    np.testing.assert_array_equal(flags, table["irregular"])
+    assert flags.any() and not flags.all()

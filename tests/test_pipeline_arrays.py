@@ -13,11 +13,13 @@ from holmes_ml.localize import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of
 from holmes_ml.pipeline import (
     _group_sizes,
+    _irregular,
     _is_p2p,
     _median_mad,
     _op_classes,
     _rank_spans,
     _transfer_scores,
+    iteration_monitor,
     per_host,
 )
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
@@ -195,3 +197,37 @@ def test_op_positions_match_the_group_by(job):
         first = ops.groupby(["iteration", "group", "rank"], observed=True)["seq"].transform("min")
         np.testing.assert_array_equal(_op_classes(ops)[0], seq - first.to_numpy(dtype=np.int64))
     assert (_op_classes(job)[0] > 0).any()
+
+
+@pytest.mark.parametrize("delta", [1.02, 1.1, 1.3])
+def test_irregular_iterations_are_the_monitor_tables(job, delta):
+    per = _rank_spans(job)
+    table, _ = iteration_monitor(per, delta)
+    want = tuple(int(i) for i in table.index[table["irregular"].to_numpy()])
+    assert _irregular(per, delta, log=False) == want
+    if delta < 1.3:
+        assert want  # the job's straggler makes some iterations irregular
+
+
+def test_feature_iteration_context_is_the_monitor_tables(job):
+    from holmes_ml.features import FeatureConfig, IrregularityConfig, detect_irregular
+    from holmes_ml.features.build import _iteration_context
+    from holmes_ml.features.iterations import iteration_spans, iteration_times, last_arrivals
+
+    it = job["iteration"].to_numpy(dtype=np.int64)
+    rank = job["rank"].to_numpy(dtype=np.int64)
+    start = job["start_ns"].to_numpy(dtype=np.int64)
+    dur = job["duration_us"].to_numpy(dtype=np.float64)
+    for cfg in (FeatureConfig(), FeatureConfig(irregularity=IrregularityConfig(delta=1.02))):
+        ratio, regular, it_start = _iteration_context(it, rank, start, dur, cfg)
+        uniq, first, end, _ = iteration_spans(it, start, dur)
+        time_ns, _ = iteration_times(uniq, first, end,
+                                     last_arrival_ns=last_arrivals(it, rank, start)[1])
+        det = detect_irregular(pd.DataFrame({"duration_s": time_ns / 1e9},
+                                            index=pd.Index(uniq, name="iteration")),
+                               cfg.irregularity)
+        where = np.searchsorted(uniq, it)
+        np.testing.assert_array_equal(ratio, det["ratio"].to_numpy()[where])
+        np.testing.assert_array_equal(regular, ~det["irregular"].to_numpy()[where])
+        np.testing.assert_array_equal(it_start, first[where])
+        assert not regular.all()

@@ -35,7 +35,7 @@ import pandas as pd
 from holmes_ml.features import _segments as seg
 from holmes_ml.features.iterations import (
     IrregularityConfig,
-    detect_irregular,
+    irregular_flags,
     iteration_spans,
     iteration_times,
     last_arrivals,
@@ -733,11 +733,11 @@ def _iteration_context(
     uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur)
     time_ns, _ = iteration_times(uniq, it_start, it_end,
                                  last_arrival_ns=last_arrivals(iteration, rank, start)[1])
-    table = pd.DataFrame({"duration_s": time_ns / 1e9}, index=pd.Index(uniq, name="iteration"))
-    det = detect_irregular(table, cfg.irregularity)
-    where = np.searchsorted(det.index.to_numpy(), iteration)
-    return (det["ratio"].to_numpy(dtype=np.float64)[where],
-            ~det["irregular"].to_numpy(dtype=bool)[where], it_start[where])
+    # (uniq is increasing: the iteration order the monitor reads the times in)
+    _, ratio, irregular = irregular_flags(np.asarray(time_ns / 1e9, dtype=np.float64),
+                                          cfg.irregularity)
+    where = np.searchsorted(uniq, iteration)
+    return ratio[where], ~irregular[where], it_start[where]
 
 
 def _rank_latency(

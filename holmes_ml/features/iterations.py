@@ -377,6 +377,32 @@ def _episodes(irregular: np.ndarray, config: IrregularityConfig) -> tuple[np.nda
     return episode, pattern
 
 
+def irregular_flags(times: np.ndarray, cfg: IrregularityConfig | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Array core of :func:`detect_irregular`: of iteration times in seconds (in iteration
+    order), each one's reference, its ratio to it (1 where undefined) and whether it is
+    irregular. The scoring paths call it directly: a node pays the monitor every window, and
+    the table around it cost more than the monitor.
+
+    Raises
+    ------
+    SchemaError
+        A non-finite or negative time.
+    """
+    cfg = cfg or IrregularityConfig()
+    bad = ~np.isfinite(times) | (times < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SchemaError(
+            "detect_irregular: bad iteration duration", column="duration_s", row=i,
+            value=float(times[i]), expected="a finite duration >= 0 in seconds",
+        )
+    reference, irregular = _references(times, cfg)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(reference > 0, times / reference, 1.0)
+    return reference, np.nan_to_num(ratio, nan=1.0, posinf=1.0), irregular
+
+
 def detect_irregular(
     ops_or_iteration_table: pd.DataFrame, cfg: IrregularityConfig | None = None
 ) -> pd.DataFrame:
@@ -436,21 +462,12 @@ def detect_irregular(
             expected="an iteration table with 'duration_s' (see iteration_table) or CommOps "
             "columns iteration, start_ns, duration_us",
         )
-    times = out["duration_s"].to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(times) | (times < 0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise SchemaError(
-            "detect_irregular: bad iteration duration", column="duration_s", row=i,
-            value=float(times[i]), expected="a finite duration >= 0 in seconds",
-        )
-    reference, irregular = _references(times, cfg)
+    reference, ratio, irregular = irregular_flags(out["duration_s"].to_numpy(dtype=np.float64),
+                                                  cfg)
     episode, pattern = _episodes(irregular, cfg)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(reference > 0, times / reference, 1.0)
     out["reference_s"] = np.nan_to_num(reference, nan=0.0)
     out["reference_us"] = out["reference_s"].to_numpy() * 1e6
-    out["ratio"] = np.nan_to_num(ratio, nan=1.0, posinf=1.0)
+    out["ratio"] = ratio
     out["irregular"] = irregular
     out["episode"] = episode
     out["pattern"] = pd.Series(pattern, index=out.index, dtype=object).astype(str)
