@@ -654,6 +654,45 @@ def per_host(ops: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def _groups_of(ops: pd.DataFrame) -> pd.DataFrame:
+    group = ops["group"]
+    if not isinstance(group.dtype, pd.CategoricalDtype) or group.isna().any():
+        return _groups_by_text(ops)
+    # A categorical group column (as checked() makes it): the group-by's table, each group's
+    # first known member list and kind, read through the codes (no text conversion of every
+    # row, no group-by: a node pays this every window)
+    code = group.cat.codes.to_numpy()
+    present = np.unique(code)
+    names = np.asarray(group.cat.categories[present].astype(str), dtype=object)
+    order = np.argsort(names, kind="stable")  # the group-by's order: by name
+    index = pd.Index(names[order], name="group").astype(str)
+    where = np.searchsorted(present, code)  # each row's group, 0 .. len(present) - 1
+
+    def first_known(col: str) -> pd.Series:
+        values = ops[col]
+        known = np.flatnonzero(values.notna().to_numpy())
+        got, at = np.unique(where[known], return_index=True)
+        out = np.full(len(present), np.nan, dtype=object)
+        out[got] = values.iloc[known[at]].astype(object).to_numpy()
+        return pd.Series(out[order], index=index).astype(str)
+
+    if "group_ranks" in ops.columns:
+        gr = first_known("group_ranks")
+        empty = gr.str.len() == 0
+    else:
+        gr = pd.Series("", index=index)
+        empty = pd.Series(True, index=index)
+    if empty.any():
+        return _groups_by_text(ops)  # the members seen: read off every row
+    if "group_kind" in ops.columns:
+        gk = first_known("group_kind")
+    else:
+        gk = pd.Series([kind_from_group_name(n) for n in index], index=index)
+    return pd.DataFrame({"group": index, "group_kind": gk.to_numpy(),
+                         "group_ranks": gr.to_numpy()})
+
+
+def _groups_by_text(ops: pd.DataFrame) -> pd.DataFrame:
+    """:func:`_groups_of` by a group-by of the group names."""
     g = ops.groupby(ops["group"].astype(str), sort=True)
     if "group_ranks" in ops.columns:
         gr = g["group_ranks"].first().astype(str)

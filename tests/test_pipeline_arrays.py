@@ -13,6 +13,7 @@ from holmes_ml.localize import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of
 from holmes_ml.pipeline import (
     _group_sizes,
+    _groups_of,
     _irregular,
     _is_p2p,
     _median_mad,
@@ -23,6 +24,7 @@ from holmes_ml.pipeline import (
     per_host,
 )
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+from holmes_ml.topology import kind_from_group_name
 
 
 def _rank_spans_groupby(ops: pd.DataFrame) -> pd.DataFrame:
@@ -231,3 +233,56 @@ def test_feature_iteration_context_is_the_monitor_tables(job):
         np.testing.assert_array_equal(regular, ~det["irregular"].to_numpy()[where])
         np.testing.assert_array_equal(it_start, first[where])
         assert not regular.all()
+
+
+def _groups_of_every_row(ops: pd.DataFrame) -> pd.DataFrame:
+    g = ops.groupby(ops["group"].astype(str), sort=True)
+    if "group_ranks" in ops.columns:
+        gr = g["group_ranks"].first().astype(str)
+        empty = gr.str.len() == 0
+    else:
+        gr = pd.Series("", index=g.size().index)
+        empty = pd.Series(True, index=gr.index)
+    if empty.any():
+        seen = g["rank"].unique().map(lambda a: " ".join(str(int(x)) for x in sorted(a)))
+        gr = gr.where(~empty, seen)
+    if "group_kind" in ops.columns:
+        gk = g["group_kind"].first().astype(str)
+    else:
+        gk = pd.Series([kind_from_group_name(n) for n in gr.index], index=gr.index)
+    return pd.DataFrame({"group": gr.index, "group_kind": gk.to_numpy(),
+                         "group_ranks": gr.to_numpy()})
+
+
+def _gappy(job: pd.DataFrame, empty_list: bool) -> pd.DataFrame:
+    """Member lists and kinds missing from some groups' first rows (and from every row of
+    one group), and, with ``empty_list``, one group's list empty on every row (its members
+    then come from the ranks seen)."""
+    ops = job.reset_index(drop=True)
+    groups = ops["group"].astype(str)
+    names = sorted(groups.unique())
+    ranks = ops["group_ranks"].astype(object)
+    kinds = ops["group_kind"].astype(object)
+    for name in names[:5]:
+        rows = np.flatnonzero((groups == name).to_numpy())
+        ranks.iloc[rows[:3]] = None
+        kinds.iloc[rows[:2]] = None
+    ranks[(groups == names[5]).to_numpy()] = None
+    if empty_list:
+        ranks[(groups == names[-1]).to_numpy()] = ""
+    return ops.assign(group_ranks=ranks.astype("category"), group_kind=kinds.astype("category"))
+
+
+def test_groups_of_match_the_group_by_of_every_row(job):
+    cases = [job, job.iloc[::-1], job.iloc[:0], job.drop(columns="group_ranks"),
+             job.drop(columns="group_kind"), job.astype({"group": object}),
+             _gappy(job, False), _gappy(job, True),
+             *(sub for _, sub in per_host(job)),
+             *(sub for _, sub in per_host(_gappy(job, True)))]
+    for ops in cases:
+        _same(_groups_of(ops), _groups_of_every_row(ops))
+    gappy = _groups_of(_gappy(job, True))
+    assert gappy["group_ranks"].isna().any()  # the group with no list on any row
+    name = gappy["group"].iloc[-1]
+    assert gappy["group_ranks"].iloc[-1] == " ".join(
+        str(r) for r in sorted(job.loc[job["group"].astype(str) == name, "rank"].unique()))
