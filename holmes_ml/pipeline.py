@@ -406,13 +406,14 @@ def _warn_far_clocks(per: pd.DataFrame) -> None:
     """Warn about ranks whose operators in an iteration lie days away from the other ranks'
     (a corrupt ``start_ns`` or ``duration_us``, a clock that jumped): their time is used as
     logged, so that iteration's time, and the slowdown quoted, are absurd."""
-    if per["rank"].nunique() < 2:
+    if len(np.unique(per["rank"].to_numpy())) < 2:
         return
     far = np.zeros(len(per), dtype=bool)
     off = np.zeros(len(per), dtype=np.float64)
+    it = per["iteration"].to_numpy(dtype=np.int64)
     for col in ("start_ns", "end_ns"):
-        t = per[col].astype(np.float64)
-        d = (t - t.groupby(per["iteration"]).transform("median")).to_numpy()
+        t = per[col].to_numpy(dtype=np.float64)
+        d = t - _medians_by(it, t)
         worse = np.abs(d) > np.abs(off)
         off = np.where(worse, d, off)
         far |= np.abs(d) > _FAR_CLOCK_NS
@@ -428,6 +429,23 @@ def _warn_far_clocks(per: pd.DataFrame) -> None:
         "jumped? They are used as logged, so such iterations' times are absurd",
         int(row["iteration"]), int(row["rank"]), when, "before" if off[i] < 0 else "after",
         int(far.sum()))
+
+
+def _medians_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row, the median of the ``values`` of the rows sharing its ``key`` (the mean of the
+    two middle ones for an even count, as pandas' group-by median), by one sort: for tables
+    of a row per rank and iteration, where a group-by's fixed cost dominates."""
+    if len(key) == 0:
+        return np.zeros(0, dtype=np.float64)
+    order = np.lexsort((values, key))
+    sorted_key = key[order]
+    first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    size = np.diff(np.append(first, len(key)))
+    v = values[order]
+    median = (v[first + (size - 1) // 2] + v[first + size // 2]) / 2
+    run = np.empty(len(key), dtype=np.int64)
+    run[order] = np.repeat(np.arange(len(first)), size)
+    return median[run]
 
 
 #: Regular iterations a window needs, and rows in them a class needs, before they can be its

@@ -17,9 +17,11 @@ from holmes_ml.pipeline import (
     _irregular,
     _is_p2p,
     _median_mad,
+    _medians_by,
     _op_classes,
     _rank_spans,
     _transfer_scores,
+    _warn_far_clocks,
     iteration_monitor,
     per_host,
 )
@@ -286,3 +288,23 @@ def test_groups_of_match_the_group_by_of_every_row(job):
     name = gappy["group"].iloc[-1]
     assert gappy["group_ranks"].iloc[-1] == " ".join(
         str(r) for r in sorted(job.loc[job["group"].astype(str) == name, "rank"].unique()))
+
+
+def test_medians_by_key_match_the_group_by(job):
+    per = _rank_spans(job)
+    for frame in (per, per.sample(frac=1.0, random_state=5), per.iloc[:1], per.iloc[:0],
+                  per[per["rank"] % 3 != 0]):  # an odd and an even count of ranks
+        for col in ("start_ns", "end_ns"):
+            t = frame[col].astype(np.float64)
+            want = t.groupby(frame["iteration"]).transform("median").to_numpy()
+            got = _medians_by(frame["iteration"].to_numpy(dtype=np.int64), t.to_numpy())
+            np.testing.assert_array_equal(got, want)
+
+
+def test_far_clocks_are_still_told(job, caplog):
+    per = _rank_spans(job)
+    _warn_far_clocks(per)
+    assert "lie" not in caplog.text
+    per.loc[per.index[5], "start_ns"] += 3 * 86_400 * 10**9
+    _warn_far_clocks(per)
+    assert f"rank {int(per['rank'].iloc[5])}'s operators lie 3.0 days after" in caplog.text
