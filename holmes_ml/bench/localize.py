@@ -44,6 +44,7 @@ Parquet size of the summary versus the raw operator log.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -795,6 +796,9 @@ def _speed(quick: bool) -> dict[str, float]:
         t0 = time.perf_counter()
         parts.append(summarize(sub))
         node_seconds.append(time.perf_counter() - t0)
+    # A full collection owed by the 1,024 summaries' allocations is not the verdict's cost:
+    # left to fall inside it, it added about 0.25 s to some runs and not to others.
+    gc.collect()
     t0 = time.perf_counter()
     node_verdict = localize_summaries(parts, res.topology)
     t_node_loc = time.perf_counter() - t0
