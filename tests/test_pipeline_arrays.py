@@ -13,6 +13,7 @@ from holmes_ml.localize import LocalizeConfig
 from holmes_ml.localize.rules import iteration_spans_of
 from holmes_ml.pipeline import (
     _group_sizes,
+    _groups_by_text,
     _groups_of,
     _irregular,
     _is_p2p,
@@ -26,7 +27,6 @@ from holmes_ml.pipeline import (
     per_host,
 )
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
-from holmes_ml.topology import kind_from_group_name
 
 
 def _rank_spans_groupby(ops: pd.DataFrame) -> pd.DataFrame:
@@ -237,25 +237,6 @@ def test_feature_iteration_context_is_the_monitor_tables(job):
         assert not regular.all()
 
 
-def _groups_of_every_row(ops: pd.DataFrame) -> pd.DataFrame:
-    g = ops.groupby(ops["group"].astype(str), sort=True)
-    if "group_ranks" in ops.columns:
-        gr = g["group_ranks"].first().astype(str)
-        empty = gr.str.len() == 0
-    else:
-        gr = pd.Series("", index=g.size().index)
-        empty = pd.Series(True, index=gr.index)
-    if empty.any():
-        seen = g["rank"].unique().map(lambda a: " ".join(str(int(x)) for x in sorted(a)))
-        gr = gr.where(~empty, seen)
-    if "group_kind" in ops.columns:
-        gk = g["group_kind"].first().astype(str)
-    else:
-        gk = pd.Series([kind_from_group_name(n) for n in gr.index], index=gr.index)
-    return pd.DataFrame({"group": gr.index, "group_kind": gk.to_numpy(),
-                         "group_ranks": gr.to_numpy()})
-
-
 def _gappy(job: pd.DataFrame, empty_list: bool) -> pd.DataFrame:
     """Member lists and kinds missing from some groups' first rows (and from every row of
     one group), and, with ``empty_list``, one group's list empty on every row (its members
@@ -282,7 +263,7 @@ def test_groups_of_match_the_group_by_of_every_row(job):
              *(sub for _, sub in per_host(job)),
              *(sub for _, sub in per_host(_gappy(job, True)))]
     for ops in cases:
-        _same(_groups_of(ops), _groups_of_every_row(ops))
+        _same(_groups_of(ops), _groups_by_text(ops))  # the group-by of the names
     gappy = _groups_of(_gappy(job, True))
     assert gappy["group_ranks"].isna().any()  # the group with no list on any row
     name = gappy["group"].iloc[-1]
