@@ -143,10 +143,8 @@ def test_transfer_scores_match_the_group_by(job):
 
 
 def _median_mad_frame(d: pd.Series, key: np.ndarray, regular) -> tuple[np.ndarray, np.ndarray]:
-    med = d.groupby(key).transform("median").to_numpy()
-    mad = (d - med).abs().groupby(key).transform("median").to_numpy()
-    if regular is None:
-        return med, mad
+    """The regular references as a reindexed frame gave them (the window's own are unchanged)."""
+    med, mad = _median_mad(d, key, None)
     mask, shift = regular
     kr = key[mask]
     dr = d[mask].reset_index(drop=True)
