@@ -333,7 +333,7 @@ def _references(times: np.ndarray, config: IrregularityConfig) -> tuple[np.ndarr
     reference = np.empty(n, dtype=np.float64)
     irregular = np.zeros(n, dtype=bool)
     history: deque[float] = deque(maxlen=config.window)
-    # statistics.median of a few floats: numpy's median of each window would cost ~20x as much
+    # statistics.median of a few floats: numpy's median of each window costs many times as much
     # (its fixed cost per call; a node's summary pays this every window) for the same value
     for i in range(n):
         if len(history) >= config.min_history:
