@@ -435,17 +435,11 @@ def _medians_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per row, the median of the ``values`` of the rows sharing its ``key`` (the mean of the
     two middle ones for an even count, as pandas' group-by median), by one sort: for tables
     of a row per rank and iteration, where a group-by's fixed cost dominates."""
-    if len(key) == 0:
-        return np.zeros(0, dtype=np.float64)
-    order = np.lexsort((values, key))
-    sorted_key = key[order]
-    first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-    size = np.diff(np.append(first, len(key)))
-    v = values[order]
-    median = (v[first + (size - 1) // 2] + v[first + size // 2]) / 2
-    run = np.empty(len(key), dtype=np.int64)
-    run[order] = np.repeat(np.arange(len(first)), size)
-    return median[run]
+    order = np.lexsort((values, key))  # exact: the segments' middle values are read as sorted
+    starts, run, _ = seg.segment_layout(key[order])
+    out = np.empty(len(key), dtype=np.float64)
+    out[order] = seg.sorted_segment_median(values[order], starts)[run]
+    return out
 
 
 #: Regular iterations a window needs, and rows in them a class needs, before they can be its
@@ -678,12 +672,11 @@ def _groups_of(ops: pd.DataFrame) -> pd.DataFrame:
     # A categorical group column (as checked() makes it): the group-by's table, each group's
     # first known member list and kind, read through the codes (no text conversion of every
     # row, no group-by: a node pays this every window)
-    code = group.cat.codes.to_numpy()
-    present = np.unique(code)
+    # each row's group, 0 .. len(present) - 1
+    present, where = seg.unique_inverse(group.cat.codes.to_numpy())
     names = np.asarray(group.cat.categories[present].astype(str), dtype=object)
     order = np.argsort(names, kind="stable")  # the group-by's order: by name
     index = pd.Index(names[order], name="group").astype(str)
-    where = np.searchsorted(present, code)  # each row's group, 0 .. len(present) - 1
 
     def first_known(col: str) -> pd.Series:
         values = ops[col]
