@@ -160,25 +160,26 @@ def test_an_arrow_log_written_anew_in_place_is_read_again_from_its_start(tmp_pat
 
 
 def test_agent_reads_other_formats_whole_and_survives_a_bad_file(tmp_path):
+    from holmes_ml.io import read_ops
+
     logs = _kineto_job(tmp_path)
+    n = len(read_ops(sorted(map(str, logs.iterdir()))))  # the 8 ranks' Kineto traces
     ops = make_ops(seed=13, ranks=2, iterations=3)
     ops.to_json(logs / "native.jsonl.gz", orient="records", lines=True, compression="gzip")
     agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j"),
                   summarize=fallback_summarize)
     with pytest.raises(Exception):  # noqa: B017 - any reader error is fine: mixed formats
-        from holmes_ml.io import read_ops
-
         read_ops(sorted(map(str, logs.iterdir())))
-    # mixed kineto + native in one directory is refused by read_ops as one input: the agent keeps
-    # going (warning) and has accepted nothing; with only the kineto traces it reads all 8 ranks
-    assert agent.read_new() == 0
-    (logs / "native.jsonl.gz").unlink()
-    n = agent.read_new()
-    assert n > 0 and agent._ops["rank"].nunique() == 8
+    # mixed Kineto + native in one directory is refused by read_ops as one input; the agent
+    # reads the compressed CommOps log on its own (as it follows the plain ones), and the
+    # traces together
+    assert agent.read_new() == n + len(ops)
+    assert agent._ops["rank"].nunique() == 8 and agent.bad_files == {}
     (logs / "broken.json").write_text('{"traceEvents": [')
-    # the bad file is set aside, naming it; the good traces are read again without it
+    # the bad file is set aside, naming it; the good traces are read again without it (the
+    # compressed log, unchanged, is not)
     assert agent.read_new() == n
-    assert len(agent._ops) == n and set(agent.bad_files) == {logs / "broken.json"}
+    assert len(agent._ops) == n + len(ops) and set(agent.bad_files) == {logs / "broken.json"}
     agent.close()
 
 
@@ -277,10 +278,10 @@ def test_a_json_file_in_no_trace_format_is_ignored_until_it_changes(tmp_path, ca
     # the topology beside the logs is no trace either: the warning says how to give it
     assert "topology.json" in warned[1] and "--topology" in warned[1], warned
     assert "--topology" not in warned[0]
-    # changed into a trace (one that does not parse): refused, naming it; the others are
-    # read again without it
+    # changed into a trace (one that does not parse): refused, naming it; the compressed
+    # CommOps log, read on its own and unchanged, is not read again
     (logs / "config.json").write_text('{"traceEvents": [')
-    assert agent.read_new() == len(ops)
+    assert agent.read_new() == 0
     assert list(agent.bad_files) == [logs / "config.json"]
     assert len(agent._ops) == len(ops)  # what was accepted stays, once
     agent.close()

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pandas as pd
@@ -1208,3 +1209,59 @@ def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_o
         assert "were read already from the logs followed: archives of rotated logs? Each is " \
             "shipped once" in caplog.text
         _all_shipped_once(agent, srv, "archived", ops)
+
+
+def test_archives_of_rotated_logs_are_each_read_once_on_their_own(tmp_path, monkeypatch,
+                                                                   caplog):
+    """logrotate with dateext and compress, rotating every few iterations: each new archive
+    (``rank0-0003.jsonl.gz``) is read once, on its own, not again with the others at every
+    rotation (which cost a poll time and memory in proportion to every archive kept). An
+    archive from before the agent started ships its rows; one cut short (still being
+    compressed) is set aside until it changes; a bad row of one is set aside naming its row."""
+    from holmes_ml.io import readers
+
+    read: list[str] = []
+    native = readers.read_native
+    monkeypatch.setattr(readers, "read_native", lambda p: read.append(Path(p).name) or native(p))
+    ops = make_ops(seed=21, ranks=2, iterations=14).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    steps = ops["iteration"]
+    # an archive of iterations 0-1 from before the agent started, one row of an unknown op
+    old = ops[steps < 2].copy()
+    old.loc[old.index[3], "op"] = "gossip"
+    for r, sub in old.groupby("rank"):
+        sub.to_csv(logs / f"rank{r}-0000.csv.gz", index=False, compression="gzip")
+    srv = start_server(tmp_path)
+    agent = _agent(srv, logs, "rotating")
+    try:
+        with caplog.at_level(logging.INFO, logger="holmes_ml.serve.agent"):
+            for k, first in enumerate(range(2, 14, 3), start=1):
+                for r, sub in ops[steps.between(first, first + 2)].groupby("rank"):
+                    sub.to_json(logs / f"rank{r}.jsonl", orient="records", lines=True)
+                agent.read_new()
+                agent.queue_ready()
+                for r in (0, 1):  # rotated and compressed at once; the next begins empty
+                    log = logs / f"rank{r}.jsonl"
+                    gz = logs / f"rank{r}-{k:04d}.jsonl.gz"
+                    data = gzip.compress(log.read_bytes())
+                    log.unlink()
+                    if k == 2 and r == 0:  # still being compressed at the poll
+                        gz.write_bytes(data[:len(data) // 2])
+                        agent.read_new()
+                        assert "truncated gzip data" in agent.bad_files[gz]
+                    gz.write_bytes(data)
+            agent.run(once=True)
+        assert sorted(read) == sorted(
+            [f"rank{r}-{k:04d}.jsonl.gz" for r in (0, 1) for k in (1, 2, 3, 4)]
+            + ["rank0-0000.csv.gz", "rank1-0000.csv.gz", "rank0-0002.jsonl.gz"])  # (cut short)
+        # (an archive's rows are named by their row, from 0: blank lines give none)
+        assert agent.rows_set_aside == {logs / "rank0-0000.csv.gz": [
+            "column 'op', row 3: unknown op type (got 'gossip'; expected one of all_reduce, "
+            "all_gather, reduce_scatter, all_to_all, broadcast, reduce, barrier, send, "
+            "recv)"]}, agent.rows_set_aside
+        good = ops.drop(index=old.index[3])
+        _all_shipped_once(agent, srv, "rotating", good)
+    finally:
+        agent.close()
+        srv.stop()

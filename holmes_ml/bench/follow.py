@@ -12,6 +12,13 @@ A poll whose cost stays flat while the files grow reads only what they gained;
 tenth) says so. Beside them, ``arrow_reread_*`` times reading each Arrow file whole at every
 poll, which is what the agent did before it followed streams a batch at a time.
 
+Then JSON-lines logs are grown again and rotated 14 times (every 10 polls by default) as
+logrotate does with ``dateext``, ``extension .jsonl`` and ``compress``: each rank's log renamed and
+compressed at once to ``rank0-0001.jsonl.gz``, a new one begun. ``rotated_rotation_*`` times the
+polls that find new archives (each read once, on its own, its rows read already as the log grew
+dropped), ``rotated_read_*`` the others; a rotation poll whose cost grows with the archives kept
+would be reading them all again.
+
 Then, once every format was followed (``peak_rss_mb_following``), each agent stops and a new
 one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
 hold nothing new for it): first reading each log on from the point the outbox kept, then, the
@@ -26,6 +33,7 @@ one 8-rank communicator, seeded sizes, starts and durations.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -107,6 +115,63 @@ def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[s
             "config": cfg}
 
 
+def _rotating(steps: int, rows: int, every: int, root: Path) -> dict[str, Any]:
+    """Grow a host's JSON-lines logs for ``steps`` iterations, rotating them every ``every``
+    polls as logrotate does with ``dateext``, ``extension .jsonl`` and ``compress`` (renamed to
+    ``rank0-0001.jsonl``, compressed to ``rank0-0001.jsonl.gz`` at once, a new ``rank0.jsonl``
+    begun); CPU seconds of each poll, and of those that found new archives."""
+    import gzip
+
+    from holmes_ml.serve.agent import Agent, AgentConfig
+
+    logs = root / "rotated" / "logs"
+    logs.mkdir(parents=True)
+    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench", source="node0000",
+                      outbox=root / "rotated" / "outbox.db")
+    agent = Agent(cfg, model="rule")
+    rng = np.random.default_rng(0)
+    read_s: list[float] = []
+    rotated_s: list[float] = []
+    read_rows: list[int] = []
+    archives = 0
+    sinks: dict = {}
+    # (each rotation is warned of, rank by rank: the rows a log compressed at once gained
+    # since the last poll are lost unless its archive holds them, as here)
+    quiet = logging.getLogger("holmes_ml.serve.agent")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        for it in tqdm(range(steps), desc="follow rotated jsonl", unit="poll", leave=False):
+            rotated = it > 0 and it % every == 0
+            if rotated:
+                archives += 1
+                for sink in sinks.values():
+                    sink.close()
+                sinks.clear()
+                for r in range(RANKS):
+                    log = logs / f"rank{r}.jsonl"
+                    moved = log.rename(logs / f"rank{r}-{archives:04d}.jsonl")
+                    with gzip.open(f"{moved}.gz", "wb", compresslevel=6) as fh:
+                        fh.write(moved.read_bytes())
+                    moved.unlink()
+            for r, df in _iteration(it, rows, rng).items():
+                _append(logs / f"rank{r}.jsonl", "jsonl", df, sinks)
+            t0 = time.process_time()
+            n = agent.read_new()
+            seconds = time.process_time() - t0
+            (rotated_s if rotated else read_s).append(seconds)
+            read_rows.append(n)
+            agent.queue_ready()
+        queued = agent.outbox.watermarks()
+    finally:
+        quiet.setLevel(level)
+        for sink in sinks.values():
+            sink.close()
+        agent.close()
+    return {"read_s": read_s, "rotated_s": rotated_s, "rows": read_rows, "archives": archives,
+            "watermarks": queued}
+
+
 def _restart(cfg, keep_points: bool) -> dict[str, float]:
     """A new agent on ``cfg``'s outbox reads until the logs hold nothing new for it: CPU
     seconds and rows (with the outbox's read points, or with them deleted)."""
@@ -130,9 +195,10 @@ def _restart(cfg, keep_points: bool) -> dict[str, float]:
     return {"seconds": seconds, "rows": rows, "logs_resumed": resumed}
 
 
-def _tenths(seconds: list[float]) -> tuple[float, float]:
-    """Median of the first and of the last tenth of ``seconds`` (at least 3 polls each)."""
-    k = max(3, len(seconds) // 10)
+def _tenths(seconds: list[float], least: int = 3) -> tuple[float, float]:
+    """Median of the first and of the last tenth of ``seconds`` (at least ``least`` polls
+    each)."""
+    k = max(least, len(seconds) // 10)
     return float(np.median(seconds[:k])), float(np.median(seconds[-k:]))
 
 
@@ -174,6 +240,25 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                               "growth": round(last / first, 2), "µs per row": None,
                               "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
             details[fmt] = got
+        every = max(2, steps // 15)
+        got = rotation = _rotating(steps, rows, every, Path(tmp))
+        if got["watermarks"] != {r: steps - 2 for r in range(RANKS)}:
+            raise RuntimeError(f"bench follow: the agent of the rotated logs queued up to "
+                               f"{got['watermarks']}, expected iteration {steps - 2} of "
+                               f"every rank")
+        for what, seconds in (("read", got["read_s"]), ("rotation", got["rotated_s"])):
+            first, last = _tenths(seconds, 2)
+            figures.update({f"rotated_{what}_ms_first": round(first * 1e3, 2),
+                            f"rotated_{what}_ms_last": round(last * 1e3, 2),
+                            f"rotated_{what}_growth": round(last / first, 2)})
+            table.append({"format": "jsonl, rotated and compressed every "
+                                    f"{every} polls: " + ("other polls" if what == "read" else
+                                                          "polls finding new archives"),
+                          "first tenth ms": round(first * 1e3, 2),
+                          "last tenth ms": round(last * 1e3, 2),
+                          "growth": round(last / first, 2), "µs per row": None,
+                          "MB at the end": None})
+        figures["rotated_archives"] = got["archives"] * RANKS
         # (after every format was followed: the peak of following is told apart)
         figures["peak_rss_mb_following"] = round(peak_rss_mb(), 1)
         for how, key, peak in (("from its point", "restart", "from_points"),
@@ -189,14 +274,15 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
             figures[f"peak_rss_mb_after_restarts_{peak}"] = round(peak_rss_mb(), 1)
         for got in details.values():
             del got["config"]
+        details["rotated"] = rotation
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return BenchResult(
         name="follow", figures=figures,
         config={"ranks": RANKS, "polls": steps, "rows_per_rank_per_poll": rows, "quick": quick,
-                "summarize": "rule (not timed)",
+                "summarize": "rule (not timed)", "rotated_every_polls": every,
                 "method": "CPU time of Agent.read_new after each iteration is appended to "
                           "every rank's file; medians of the first and last tenth of polls"},
-        goals={"arrow_read_growth": "<= 1.5"},
+        goals={"arrow_read_growth": "<= 1.5", "rotated_rotation_growth": "<= 1.5"},
         details=details,
         tables={"one agent poll as the logs grow": table,
                 "a restarted agent catching up": restarts},

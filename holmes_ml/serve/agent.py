@@ -5,10 +5,10 @@ its subdirectories, hidden ones aside; a CSV or JSON-lines table that is not a C
 a JSON file in none of the trace formats (a config), is ignored with a warning — (``*.jsonl``
 and ``*.csv`` are
 read incrementally, and so are ``*.arrows`` (Arrow IPC streams: the batches written whole
-since the last poll); ``*.parquet`` files (once closed) are re-read when they change; traces
-in the other supported
-formats — Kineto, Flight Recorder, NCCL Inspector, ByteDance what-if Parquet, gzipped logs — are
-re-read together through
+since the last poll); ``*.parquet`` files (once closed) and compressed logs (``*.jsonl.gz``,
+``*.csv.gz``: archives of rotated logs) are read whole, each on its own, again when it changes;
+traces in the other supported formats — Kineto, Flight Recorder, NCCL Inspector, ByteDance
+what-if Parquet — are re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
 *complete* (a rank has logged a later iteration, or the agent is flushing), scores them with
 ``holmes_ml.pipeline.summarize`` over a few earlier iterations of context, and (3) writes the
@@ -79,6 +79,13 @@ _FOLLOWED = tuple(p[1:] for p in PATTERNS if p[1:] not in _REREAD_SUFFIXES)
 #: Whole-file formats, read with :func:`holmes_ml.io.read_ops` (format detected per file).
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
 _WHOLE = "<whole-file traces>"
+#: The kind of a compressed CommOps log (an archive of a rotated log, ``rank0-20261204.jsonl.gz``):
+#: read whole, on its own, once per version (not with the other traces, which would read every
+#: archive again each time a log is rotated).
+_ARCHIVE = "archive"
+_ARCHIVE_SUFFIXES = (".jsonl.gz", ".csv.gz")
+#: Kinds of the files re-read whole when they change (their rows replace those read before).
+_REREAD_KINDS = (*_REREAD_SUFFIXES, _ARCHIVE)
 _ABNORMAL_COLUMNS = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns",
                      "duration_us", "score")
 
@@ -588,12 +595,16 @@ def _read_increment(path: Path, state: _FileState, limit: int = 0) -> pd.DataFra
     """
     st = path.stat()
     suffix = state.kind or path.suffix
-    if suffix in _REREAD_SUFFIXES:
+    if suffix in _REREAD_KINDS:
         stamp = (st.st_size, st.st_mtime_ns)
         if stamp == state.stamp:
             return None
         state.stamp = stamp
-        from holmes_ml.io.readers import unfinished_parquet
+        from holmes_ml.io.readers import read_native, unfinished_parquet
+
+        if suffix == _ARCHIVE:  # (its rows named by row: blank lines are no rows)
+            state.chunk_line, state.chunk_row = None, 0
+            return read_native(path)
 
         unfinished = unfinished_parquet(path)  # a running job's log: said as such, tried again
         if unfinished is not None:
@@ -1024,8 +1035,9 @@ class Agent:
         #: what the rows read so far say of each rank's host and each communicator's members
         #: and kind (:data:`~holmes_ml.io.schema.FACTS`): fact -> key -> (value, file)
         self._facts: dict[str, dict[str, tuple[str, str]]] = {}
-        #: whole-file traces as last sniffed: (size, mtime) -> in a known format
-        self._sniffed: dict[Path, tuple[tuple[int, int], bool]] = {}
+        #: whole-file traces as last sniffed: (size, mtime) -> their format (None: in no
+        #: known format; "?": it could not be told, a corrupt gzip stream)
+        self._sniffed: dict[Path, tuple[tuple[int, int], str | None]] = {}
         #: whole-file traces that could not be read: (size, mtime) then, set aside until
         #: that changes
         self._bad_traces: dict[Path, tuple[int, int]] = {}
@@ -1051,7 +1063,11 @@ class Agent:
         n = 0
         whatif: list[Path] = []  # what-if traces: read whole, with the other traces
         reads: list[_Read] = []
-        paths = [p for pattern in PATTERNS for p in _log_files(Path(self.config.follow), pattern)]
+        root = Path(self.config.follow)
+        paths = [p for pattern in PATTERNS for p in _log_files(root, pattern)]
+        traces = self._traces(sorted({p for pattern in WHOLE_FILE_PATTERNS
+                                      for p in _log_files(root, pattern)}))
+        archives = [p for p in traces if self._is_archive(p)]
         followed = self._follow_rotated(paths)
         limit = max(_MIN_CHUNK, _MAX_CHUNK // max(1, len(followed)))
         for path in followed:
@@ -1061,21 +1077,31 @@ class Agent:
             read = self._read_file(path, limit)
             if read is not None:
                 reads.append(read)
+        for path in archives:
+            self._files.setdefault(path, _FileState(kind=_ARCHIVE))
+            read = self._read_file(path)
+            if read is not None:
+                reads.append(read)
         # a log read on up to its limit has more: read on at once (no pause between polls)
         self.behind = any(r.state.offset < r.trial.offset < r.stamp[0]
                           and (r.state.kind or r.path.suffix) in _FOLLOWED for r in reads)
+        archived = 0  # rows of archives and other traces read whole: copies, maybe
         for read, checked in zip(reads, _validate_together(reads), strict=True):
-            n += self._accept(read, checked)
-        whole = self._read_whole_files(whatif)
+            kept = self._accept(read, checked)
+            n += kept
+            archived += kept if read.state.kind == _ARCHIVE else 0
+        whole = self._read_whole_files(
+            sorted(set(traces) - set(archives) | set(self._traces(whatif))))
         n += whole
+        archived += whole
         self._say_if_empty()
         for gone in [p for p in self.bad_files if not p.exists()]:
             del self.bad_files[gone]  # a bad file removed is no longer a problem to report
         if self._buffer:
-            self._followed_held = self._followed_held or n > whole
+            self._followed_held = self._followed_held or n > archived
             self._ops = concat_ops([self._ops, *self._buffer])
             self._buffer.clear()
-            if whole and self._followed_held:
+            if archived:
                 n -= self._drop_copies()
         self.stats.ops_read += n
         return n
@@ -1091,31 +1117,38 @@ class Agent:
         return n
 
     def _drop_copies(self) -> int:
-        """Drop the rows of whole-file traces that are operators read already from the logs
-        followed (the same rank, communicator, sequence number and start): a rotated log
-        compressed under a name the traces match (``rank0-20261204.jsonl.gz``, logrotate's
-        ``dateext``, ``extension`` and ``compress``) holds rows read as they were written,
-        which were otherwise shipped twice. Returns the number dropped.
+        """Drop the rows of archives and other whole-file traces that are operators read
+        already from the logs followed (the same rank, communicator, sequence number and
+        start), or from another archive: a rotated log compressed under a name the traces
+        match (``rank0-20261204.jsonl.gz``, logrotate's ``dateext``, ``extension`` and
+        ``compress``) holds rows read as they were written, which were otherwise shipped
+        twice. Rows older than the context the next batches need (what :meth:`_trim` keeps),
+        which were queued already, are dropped too. Returns the number dropped.
 
-        Run when whole-file traces were read (again): rows the logs followed hold were read as
-        they were written, before any archive of them.
+        Run when archives or whole-file traces were read (again): rows the logs followed hold
+        were read as they were written, before any archive of them.
         """
         ops = self._ops
-        whole = (ops["_file"] == _WHOLE).to_numpy()
+        archives = [_WHOLE, *(str(p) for p, s in self._files.items() if s.kind == _ARCHIVE)]
+        whole = ops["_file"].isin(archives).to_numpy()
         order = np.argsort(whole, kind="stable")  # a followed row first, whichever came first
         seen = ops[["rank", "group", "seq", "start_ns"]].iloc[order].duplicated().to_numpy()
         copy = np.empty(len(ops), dtype=bool)
         copy[order] = seen
         copy &= whole
         n = int(copy.sum())
-        if n:
+        marks = self.outbox.watermarks()
+        if marks:
+            keep_from = pd.Series(marks).reindex(ops["rank"].to_numpy()).fillna(-1).to_numpy()
+            copy |= whole & (ops["iteration"].to_numpy() <= keep_from - self.config.history)
+        if copy.any():
             self._ops = ops[~copy]
-            if not self._copies_said:
-                self._copies_said = True
-                logger.warning("agent: %d operator(s) of the whole-file traces (%s) were read "
-                               "already from the logs followed: archives of rotated logs? "
-                               "Each is shipped once", n, ", ".join(WHOLE_FILE_PATTERNS))
-        return n
+        if n and not self._copies_said:
+            self._copies_said = True
+            logger.warning("agent: %d operator(s) of the whole-file traces (%s) were read "
+                           "already from the logs followed: archives of rotated logs? "
+                           "Each is shipped once", n, ", ".join(WHOLE_FILE_PATTERNS))
+        return int(copy.sum())
 
     def _follow_rotated(self, paths: list[Path]) -> list[Path]:
         """``paths`` (the logs found) and the rotated logs still to follow; each log rotated
@@ -1204,7 +1237,7 @@ class Agent:
         which is reported)."""
         state = self._files.setdefault(path, _FileState(kind=path.suffix))
         if state.ignored or (state.offset == 0 and state.header is None
-                             and self._not_a_log(path, state)):
+                             and state.kind != _ARCHIVE and self._not_a_log(path, state)):
             return None
         try:
             st = path.stat()
@@ -1286,7 +1319,7 @@ class Agent:
             self._aside_last[path] = aside[-1]
         if df is None or df.empty:
             return 0
-        if path.suffix in _REREAD_SUFFIXES:
+        if (state.kind or path.suffix) in _REREAD_KINDS:
             # A re-read file's rows replace those read from it before.
             df["_file"] = str(path)
             if len(self._ops) and "_file" in self._ops.columns:
@@ -1306,18 +1339,16 @@ class Agent:
         self._buffer.append(df)
         return len(df)
 
-    def _read_whole_files(self, whatif: list[Path]) -> int:
-        """Re-read every non-incremental trace when any of them changed (ranks of a Kineto or
-        Flight Recorder job are matched across files, so they are read together); ``whatif``:
-        the Parquet files :meth:`read_new` found to be what-if traces.
+    def _read_whole_files(self, paths: list[Path]) -> int:
+        """Re-read every non-incremental trace (``paths``: those in a known format, archives
+        of CommOps logs aside, and the what-if traces) when any of them changed (ranks of a
+        Kineto or Flight Recorder job are matched across files, so they are read together).
 
         A trace that cannot be read (cut short, malformed) is reported naming it and set aside
         until it changes; the others are read together without it."""
         from holmes_ml.io import read_ops
 
         root = Path(self.config.follow)
-        paths = self._traces(sorted({p for pat in WHOLE_FILE_PATTERNS
-                                     for p in _log_files(root, pat)} | set(whatif)))
         for gone in [p for p in self._bad_traces if p not in paths]:
             del self._bad_traces[gone]  # removed, or no longer a trace: not set aside
         if not paths:
@@ -1379,6 +1410,14 @@ class Agent:
             seen = self._whatif[path] = (stamp, looks_like_bytedance(path))
         return seen[1]
 
+    def _is_archive(self, path: Path) -> bool:
+        """Whether the trace ``path`` is a compressed CommOps log (``*.jsonl.gz``,
+        ``*.csv.gz``: an archive of a rotated log, most often), read on its own; one whose
+        gzip stream is cut short (still being compressed) too, set aside alone."""
+        seen = self._sniffed.get(path)
+        return (seen is not None and seen[1] in ("native", "?")
+                and path.name.lower().endswith(_ARCHIVE_SUFFIXES))
+
     def _traces(self, paths: list[Path]) -> list[Path]:
         """``paths`` less the files whose format cannot be told (another tool's JSON beside
         the traces, such as the config.json of a ``holmes simulate`` directory): skipped with
@@ -1397,18 +1436,18 @@ class Agent:
                 continue
             seen = self._sniffed.get(path)
             if seen is None or seen[0] != stamp:  # a file's head is read once per version
+                known: str | None
                 try:
-                    detect_format(path)
-                    known = True
+                    known = detect_format(path)
                 except UnknownFormatError:
                     if seen is None or seen[1]:
                         logger.warning("agent: %s is in none of the trace formats (%s): "
                                        "ignored until it changes%s", path, ", ".join(FORMATS),
                                        "; a job's topology is given with --topology"
                                        if path.name == "topology.json" else "")
-                    known = False
+                    known = None
                 except SchemaError:
-                    known = True  # a corrupt gzip stream: reading it says so, naming the file
+                    known = "?"  # a corrupt gzip stream: reading it says so, naming the file
                 seen = self._sniffed[path] = (stamp, known)
             if seen[1]:
                 out.append(path)
