@@ -256,3 +256,59 @@ def test_a_following_agent_catches_up_without_pausing_between_chunks(tmp_path, m
         assert agent.stats.ops_read == len(ops)
     finally:
         agent.close()
+
+
+def test_a_restarted_agent_does_not_read_again_the_archives_whose_rows_were_all_queued(
+        tmp_path, monkeypatch):
+    """Logs rotated and compressed at once every 4 iterations (``rank0-0001.jsonl.gz``): a
+    restarted agent reads again only the archives holding rows of the context the next batches
+    need, not every archive kept (which cost it a read of each, and the memory of all of
+    them at once), and builds the batches an agent that never stopped builds."""
+    from pathlib import Path
+
+    from holmes_ml.io import readers
+
+    read: list[str] = []
+    native = readers.read_native
+    monkeypatch.setattr(readers, "read_native", lambda p: read.append(Path(p).name) or native(p))
+    ops = make_ops(seed=47, ranks=2, iterations=20).assign(job="")
+    runs = {}
+    for name in ("never stopped", "restarted"):
+        logs = tmp_path / name / "logs"
+        logs.mkdir(parents=True)
+        outbox = tmp_path / name / "outbox.db"
+        agent = _agent_at(logs, outbox)
+        for i in range(20):  # a live job: one iteration a poll
+            if i and i % 4 == 0:
+                for r in (0, 1):
+                    log = logs / f"rank{r}.jsonl"
+                    (logs / f"rank{r}-{i // 4:04d}.jsonl.gz").write_bytes(
+                        gzip.compress(log.read_bytes()))
+                    log.unlink()
+            for r in (0, 1):
+                with (logs / f"rank{r}.jsonl").open("a") as fh:
+                    fh.write(ops[(ops["rank"] == r) & (ops["iteration"] == i)].to_json(
+                        orient="records", lines=True))
+            if i == 14 and name == "restarted":
+                agent.close()
+                read.clear()
+                agent = _agent_at(logs, outbox)
+                _step(agent)
+                # the watermark is 12 after iteration 13's poll, and the next batch needs the
+                # HISTORY iterations before it: archives 1 and 2 (iterations 0-3 and 4-7) are
+                # not read again, archive 3 (8-11) is
+                assert sorted(read) == ["rank0-0003.jsonl.gz", "rank1-0003.jsonl.gz"]
+                continue
+            _step(agent)
+        kept = {rel for rel, _ in agent.outbox.read_points()}
+        assert {f"rank{r}-{k:04d}.jsonl.gz" for r in (0, 1) for k in (1, 2, 3)} <= kept
+        for r in (0, 1):  # removed (logrotate's rotate count): its point is no longer kept
+            (logs / f"rank{r}-0001.jsonl.gz").unlink()
+        agent.read_new()
+        agent.queue_ready(flush=True)
+        kept = {rel for rel, _ in agent.outbox.read_points()}
+        assert not any("-0001" in rel for rel in kept) and "rank0-0002.jsonl.gz" in kept
+        agent.close()
+        runs[name] = _batches(outbox)
+    assert runs["restarted"] == runs["never stopped"]
+    assert {i for b in runs["restarted"] for i in b["iterations"]["iteration"]} == set(range(20))

@@ -21,10 +21,12 @@ would be reading them all again.
 
 Then, once every format was followed (``peak_rss_mb_following``), each agent stops and a new
 one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
-hold nothing new for it): first reading each log on from the point the outbox kept, then, the
-points deleted, from each log's start, as agents did before they kept points (a chunk at a
-time, as an agent catching up reads); the peak resident memory is taken after each kind of
-restart, in every format.
+hold nothing new for it): first reading each log on from the point the outbox kept (and, of
+the rotated logs' archives, only those holding rows of the context the next batches need),
+then, the points deleted, from each log's start, as agents did before they kept points (a chunk
+at a time, as an agent catching up reads; every archive whole, its rows dropped as queued
+already and not counted); the peak resident memory is taken after each kind of restart, in
+every format.
 Neither may queue anything: every complete iteration was queued before.
 
 The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
@@ -169,7 +171,7 @@ def _rotating(steps: int, rows: int, every: int, root: Path) -> dict[str, Any]:
             sink.close()
         agent.close()
     return {"read_s": read_s, "rotated_s": rotated_s, "rows": read_rows, "archives": archives,
-            "watermarks": queued}
+            "watermarks": queued, "config": cfg}
 
 
 def _restart(cfg, keep_points: bool) -> dict[str, float]:
@@ -241,7 +243,7 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                               "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
             details[fmt] = got
         every = max(2, steps // 15)
-        got = rotation = _rotating(steps, rows, every, Path(tmp))
+        got = details["rotated"] = _rotating(steps, rows, every, Path(tmp))
         if got["watermarks"] != {r: steps - 2 for r in range(RANKS)}:
             raise RuntimeError(f"bench follow: the agent of the rotated logs queued up to "
                                f"{got['watermarks']}, expected iteration {steps - 2} of "
@@ -274,7 +276,6 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
             figures[f"peak_rss_mb_after_restarts_{peak}"] = round(peak_rss_mb(), 1)
         for got in details.values():
             del got["config"]
-        details["rotated"] = rotation
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return BenchResult(
         name="follow", figures=figures,

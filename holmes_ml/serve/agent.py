@@ -474,6 +474,9 @@ class _ReadPoint:
     #: the latest iteration, and the ranks, of the rows before the point
     top: int
     ranks: frozenset[int]
+    #: an archive read whole (:data:`_ARCHIVE`): (size, mtime) of the file as read (None: a log
+    #: followed)
+    stamp: tuple[int, int] | None = None
 
     def dumps(self, kind: str, rotated: bool, history: int) -> str:
         """The point as JSON text (bytes in base64), with the log's format (``kind``),
@@ -487,7 +490,7 @@ class _ReadPoint:
             "version": 1, "kind": kind, "rotated": rotated, "history": history,
             "offset": self.offset, "lines": self.lines, "header": self.header,
             "mark": b64(self.mark), "inode": self.inode, "top": self.top,
-            "ranks": sorted(self.ranks),
+            "ranks": sorted(self.ranks), "stamp": self.stamp,
             "arrow": None if a is None else {
                 "offset": a.offset, "head": b64(a.head), "ended": a.ended, "rows": a.rows,
                 "mark": b64(a.mark),
@@ -512,7 +515,9 @@ class _ReadPoint:
             header=None if d["header"] is None else tuple(map(str, d["header"])),
             mark=base64.b64decode(d["mark"]), arrow=arrow,
             inode=None if d["inode"] is None else int(d["inode"]), top=int(d["top"]),
-            ranks=frozenset(int(r) for r in d["ranks"]))
+            ranks=frozenset(int(r) for r in d["ranks"]),
+            stamp=None if d.get("stamp") is None else (int(d["stamp"][0]),
+                                                       int(d["stamp"][1])))
         return point, str(d["kind"]), bool(d["rotated"]), int(d["history"])
 
 
@@ -557,7 +562,8 @@ class _FileState:
         """Where reading stands now, as a point to read on from."""
         return _ReadPoint(self.offset, self.lines,
                           None if self.header is None else tuple(self.header), self.mark,
-                          self.arrow, self.inode, self.top, self.ranks)
+                          self.arrow, self.inode, self.top, self.ranks,
+                          self.stamp if self.kind == _ARCHIVE else None)
 
     @classmethod
     def at(cls, point: _ReadPoint, kind: str) -> _FileState:
@@ -565,7 +571,7 @@ class _FileState:
         return cls(offset=point.offset, lines=point.lines,
                    header=None if point.header is None else list(point.header),
                    mark=point.mark, arrow=point.arrow, inode=point.inode, kind=kind,
-                   top=point.top, ranks=point.ranks, kept=point)
+                   top=point.top, ranks=point.ranks, kept=point, stamp=point.stamp)
 
 
 def _written_anew(path: Path, state: _FileState) -> bool:
@@ -1077,8 +1083,13 @@ class Agent:
             read = self._read_file(path, limit)
             if read is not None:
                 reads.append(read)
+        found = set(archives)
+        for gone in [path for path, state in self._files.items()
+                     if state.kind == _ARCHIVE and path not in found]:
+            del self._files[gone]  # (removed: its point is no longer kept either)
         for path in archives:
-            self._files.setdefault(path, _FileState(kind=_ARCHIVE))
+            if self._files.setdefault(path, _FileState(kind=_ARCHIVE)).kind != _ARCHIVE:
+                continue  # a log followed under that name (rotated to it uncompressed)
             read = self._read_file(path)
             if read is not None:
                 reads.append(read)
@@ -1325,6 +1336,11 @@ class Agent:
             if len(self._ops) and "_file" in self._ops.columns:
                 self._ops = self._ops[self._ops["_file"] != str(path)]
             self.stats.raw_bytes += path.stat().st_size
+            if state.kind == _ARCHIVE:
+                # a point once all its rows were queued: a restarted agent does not read it again
+                state.top = int(df["iteration"].max())
+                state.ranks = frozenset(pd.unique(df["rank"]).tolist())
+                state.points, state.kept = (state.point(),), None
         else:
             df["_file"] = str(path)
             # (a file read again from its start: all it holds now is new; ``read.state`` is
@@ -1687,7 +1703,8 @@ class Agent:
             self._files[path] = _FileState.at(point, kind)
             if rotated:
                 self._rotated.add(path)
-        return len(self._files)
+        # (an archive whose rows were all queued is not read again while it is unchanged)
+        return sum(state.kind != _ARCHIVE for state in self._files.values())
 
     def _trim(self, mark: pd.Series) -> None:
         # Keep only the rows later batches may still need (history context and unshipped).
