@@ -1087,20 +1087,24 @@ class Agent:
         for gone in [path for path, state in self._files.items()
                      if state.kind == _ARCHIVE and path not in found]:
             del self._files[gone]  # (removed: its point is no longer kept either)
+        # a log read on up to its limit has more: read on at once (no pause between polls)
+        self.behind = any(r.state.offset < r.trial.offset < r.stamp[0]
+                          and (r.state.kind or r.path.suffix) in _FOLLOWED for r in reads)
+        for read, checked in zip(reads, _validate_together(reads), strict=True):
+            n += self._accept(read, checked)
+        archived = 0  # rows of archives and other traces read whole: copies, maybe
+        marks: pd.Series | None = None
         for path in archives:
             if self._files.setdefault(path, _FileState(kind=_ARCHIVE)).kind != _ARCHIVE:
                 continue  # a log followed under that name (rotated to it uncompressed)
             read = self._read_file(path)
             if read is not None:
-                reads.append(read)
-        # a log read on up to its limit has more: read on at once (no pause between polls)
-        self.behind = any(r.state.offset < r.trial.offset < r.stamp[0]
-                          and (r.state.kind or r.path.suffix) in _FOLLOWED for r in reads)
-        archived = 0  # rows of archives and other traces read whole: copies, maybe
-        for read, checked in zip(reads, _validate_together(reads), strict=True):
-            kept = self._accept(read, checked)
-            n += kept
-            archived += kept if read.state.kind == _ARCHIVE else 0
+                # each alone, its rows queued already dropped before the next is read: an
+                # agent started on many archives does not hold them all at once
+                if marks is None:
+                    marks = pd.Series(self.outbox.watermarks(), dtype=np.int64)
+                archived += self._accept(read, None, marks)
+        n += archived
         whole = self._read_whole_files(
             sorted(set(traces) - set(archives) | set(self._traces(whatif))))
         n += whole
@@ -1150,8 +1154,7 @@ class Agent:
         n = int(copy.sum())
         marks = self.outbox.watermarks()
         if marks:
-            keep_from = pd.Series(marks).reindex(ops["rank"].to_numpy()).fillna(-1).to_numpy()
-            copy |= whole & (ops["iteration"].to_numpy() <= keep_from - self.config.history)
+            copy |= whole & self._past_context(ops, pd.Series(marks))
         if copy.any():
             self._ops = ops[~copy]
         if n and not self._copies_said:
@@ -1281,11 +1284,13 @@ class Agent:
             return None
         return _Read(path, state, trial, st.st_ino, stamp, df)
 
-    def _accept(self, read: _Read, checked: tuple[pd.DataFrame, dict] | None) -> int:
+    def _accept(self, read: _Read, checked: tuple[pd.DataFrame, dict] | None,
+                marks: pd.Series | None = None) -> int:
         """Check ``read``'s rows against the schema (``checked``: its rows as checked together
         with the other files', and the facts they hold) and what earlier rows said; keep
         them, advancing its file's state, or set the file aside naming why. Returns the
-        number of rows kept."""
+        number of rows kept (of an archive, less those the watermarks ``marks`` say no later
+        batch needs)."""
         path, state, trial, df = read.path, read.state, read.trial, read.df
         lines: np.ndarray | None = None  # the file line of each row kept
         try:
@@ -1341,6 +1346,8 @@ class Agent:
                 state.top = int(df["iteration"].max())
                 state.ranks = frozenset(pd.unique(df["rank"]).tolist())
                 state.points, state.kept = (state.point(),), None
+                if marks is not None and len(marks):
+                    df = df[~self._past_context(df, marks)]
         else:
             df["_file"] = str(path)
             # (a file read again from its start: all it holds now is new; ``read.state`` is
@@ -1352,7 +1359,8 @@ class Agent:
             state.points = (*state.points, state.point())
             if len(state.points) > _MAX_POINTS:  # (its ranks' watermarks stand still)
                 state.points = state.points[::2]  # the earliest kept: the first to qualify
-        self._buffer.append(df)
+        if len(df):
+            self._buffer.append(df)
         return len(df)
 
     def _read_whole_files(self, paths: list[Path]) -> int:
@@ -1710,8 +1718,14 @@ class Agent:
         # Keep only the rows later batches may still need (history context and unshipped).
         if self._ops.empty or not len(mark):
             return
-        keep_from = mark.reindex(self._ops["rank"].to_numpy()).fillna(-1).to_numpy()
-        self._ops = self._ops[self._ops["iteration"].to_numpy() > keep_from - self.config.history]
+        self._ops = self._ops[~self._past_context(self._ops, mark)]
+
+    def _past_context(self, df: pd.DataFrame, mark: pd.Series) -> np.ndarray:
+        """Which rows of ``df`` no later batch needs, given the watermarks ``mark`` (rank ->
+        the last iteration queued): queued already, and older than the ``history`` iterations
+        of context before their rank's watermark."""
+        keep_from = mark.reindex(df["rank"].to_numpy()).fillna(-1).to_numpy()
+        return df["iteration"].to_numpy() <= keep_from - self.config.history
 
     def _batch(self, sub: pd.DataFrame, is_new: np.ndarray, summary: Any,
                new_pairs: pd.MultiIndex) -> dict:
