@@ -76,11 +76,15 @@ def git_commit(cwd: str | Path | None = None) -> str:
 
 
 def machine_info() -> dict[str, Any]:
+    from holmes_ml._malloc import setting
+
     return {
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        # (the kernel's page faults of fresh memory are part of every CPU figure)
+        "malloc": setting(),
     }
 
 

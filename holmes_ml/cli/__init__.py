@@ -56,8 +56,13 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+#: Commands that run for long beside a job or as a service: malloc gives back what they free.
+_LONG_RUNNING = ("agent", "serve")
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     verbose: bool = typer.Option(
         False, "--verbose", "-v",
         help="Log progress details to stderr, and show the traceback behind an `error:` line. "
@@ -73,6 +78,10 @@ def _root(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if ctx.invoked_subcommand not in _LONG_RUNNING:
+        from holmes_ml._malloc import keep_freed_memory
+
+        keep_freed_memory()  # a batch command: freed arrays' memory is kept for the next ones
 
 
 #: Whether ``-v`` was given (the root logger's level says so only when the CLI configured it).
