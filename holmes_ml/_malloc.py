@@ -3,11 +3,12 @@
 Feature extraction and localization allocate and free many arrays of one float per operator
 (16 MB each for 2 M operators). glibc's malloc hands such blocks back to the kernel when they
 are freed (it maps them on their own, or trims the top of its heap), so the next call maps and
-zero-fills the same memory again: on this project's 2-core machine the kernel's page faults
-were 0.1-1.1 s of system time per 2 M operators beside 1.5 s of the work itself, and the
-figure swung with them from run to run. :func:`keep_freed_memory` raises both thresholds, so
-that freed blocks stay in the heap for reuse: the resident memory then stays near the peak
-already reached instead of falling back between calls.
+zero-fills the same memory again: in ``HOLMES_MALLOC=default holmes bench features`` the
+kernel takes 5-9 % of the CPU time of each repeated call, and the figure swings with it from
+run to run. :func:`keep_freed_memory` raises both thresholds, so that freed blocks stay in the
+heap for reuse: the resident memory then stays near the peak already reached instead of
+falling back between calls. A command that does its big work once gains nothing (its memory
+is mapped fresh either way; the bench's first call was slower, ``ops_per_s_first_call``).
 
 That is right for a command that runs and exits (``holmes localize``, ``detect``, ``train``,
 ``bench``), not for the long-running agent beside a training job, which should give back what
