@@ -312,3 +312,30 @@ def test_a_restarted_agent_does_not_read_again_the_archives_whose_rows_were_all_
         runs[name] = _batches(outbox)
     assert runs["restarted"] == runs["never stopped"]
     assert {i for b in runs["restarted"] for i in b["iterations"]["iteration"]} == set(range(20))
+
+
+def test_the_outbox_writes_only_the_read_points_that_changed_and_keeps_them_all(tmp_path):
+    """``enqueue`` replaces the read points as a whole (what is not given is dropped), writing
+    only those that changed (thousands of archives' points are rewritten at no batch); a
+    batch that fails to queue changes none, and the next one writes what it must."""
+    outbox = Outbox(tmp_path / "outbox.db")
+    try:
+        outbox.enqueue("n1", {"b": 1}, {0: 1}, [], [], None, {"a": "1", "b": "2", "c": "3"})
+        outbox.enqueue("n1", {"b": 2}, {0: 2}, [], [], None, {"a": "1", "b": "9", "d": "4"})
+        assert outbox.read_points() == [("a", "1"), ("b", "9"), ("d", "4")]
+        with pytest.raises(TypeError):  # (not JSON: the transaction is rolled back)
+            outbox.enqueue("n1", {"b": object()}, {0: 3}, [], [], None, {"a": "5"})
+        assert outbox.read_points() == [("a", "1"), ("b", "9"), ("d", "4")]
+        outbox.enqueue("n1", {"b": 3}, {0: 3}, [], [], None, {"a": "1", "d": "4"})
+        assert outbox.read_points() == [("a", "1"), ("d", "4")]
+        outbox.enqueue("n1", {"b": 4}, {0: 4}, [], [], None)  # none given: kept as they are
+        assert outbox.read_points() == [("a", "1"), ("d", "4")]
+    finally:
+        outbox.close()
+    reopened = Outbox(tmp_path / "outbox.db")
+    try:
+        assert reopened.read_points() == [("a", "1"), ("d", "4")]
+        reopened.enqueue("n1", {"b": 5}, {0: 5}, [], [], None, {"d": "4", "e": "6"})
+        assert reopened.read_points() == [("d", "4"), ("e", "6")]
+    finally:
+        reopened.close()

@@ -48,4 +48,6 @@ def test_follow_bench_reads_every_row_of_every_format():
     # that hold them and the logs begun since): an archive's rows queued already and older
     # than that are dropped, not counted, whether it was read again or not
     assert f["rotated_restart_rows"] == f["rotated_restart_from_start_rows"] == 11 * 40 * 8
+    assert f["read_points_5760_archives_ms_first"] > 0
+    assert f["read_points_5760_archives_ms_next"] > 0
     assert result.config["polls"] == 14 and result.config["rows_per_rank_per_poll"] == 40

@@ -17,7 +17,9 @@ logrotate does with ``dateext``, ``extension .jsonl`` and ``compress``: each ran
 compressed at once to ``rank0-0001.jsonl.gz``, a new one begun. ``rotated_rotation_*`` times the
 polls that find new archives (each read once, on its own, its rows read already as the log grew
 dropped), ``rotated_read_*`` the others; a rotation poll whose cost grows with the archives kept
-would be reading them all again.
+would be reading them all again. ``read_points_5760_archives_ms_*`` is the CPU a batch spends
+keeping the read points of 5,760 archives read already (hourly rotations of 8 ranks' logs for 30
+days): the first batch writes them all, the next only those that changed (none).
 
 Then, once every format was followed (``peak_rss_mb_following``), each agent stops and a new
 one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
@@ -174,6 +176,37 @@ def _rotating(steps: int, rows: int, every: int, root: Path) -> dict[str, Any]:
             "watermarks": queued, "config": cfg}
 
 
+def _many_points(root: Path, archives: int) -> dict[str, float]:
+    """CPU milliseconds an agent spends per batch keeping the read points of ``archives``
+    archives read already (a long run's hourly rotations: 8 ranks x 30 days is 5,760): the
+    first batch, which writes them all, and the next, where none changed. The archives' states
+    are made up (reading thousands of files is not what is timed); the points are what
+    :meth:`~holmes_ml.serve.agent.Agent.queue_ready` keeps and queues with each batch."""
+    from holmes_ml.serve.agent import _ARCHIVE, Agent, AgentConfig, _FileState
+
+    logs = root / "points"
+    logs.mkdir(parents=True)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench"),
+                  model="rule")
+    try:
+        for i in range(archives):
+            state = _FileState(kind=_ARCHIVE, stamp=(1 << 20, i), top=i,
+                               ranks=frozenset({i % RANKS}))
+            state.points = (state.point(),)
+            agent._files[logs / f"rank{i % RANKS}-{i:05d}.jsonl.gz"] = state
+        marks = {r: archives + agent.config.history for r in range(RANKS)}
+        out = {}
+        for which in ("first", "next"):
+            t0 = time.process_time()
+            agent.outbox.enqueue("node0000", {}, marks, [], [], None, agent._keep_points(marks))
+            out[which] = (time.process_time() - t0) * 1e3
+        if len(agent.outbox.read_points()) != archives:
+            raise RuntimeError("bench follow: the outbox does not hold every archive's point")
+    finally:
+        agent.close()
+    return out
+
+
 def _restart(cfg, keep_points: bool) -> dict[str, float]:
     """A new agent on ``cfg``'s outbox reads until the logs hold nothing new for it: CPU
     seconds and rows (with the outbox's read points, or with them deleted)."""
@@ -261,6 +294,9 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                           "growth": round(last / first, 2), "µs per row": None,
                           "MB at the end": None})
         figures["rotated_archives"] = got["archives"] * RANKS
+        points = _many_points(Path(tmp), 5760)
+        figures.update({"read_points_5760_archives_ms_first": round(points["first"], 2),
+                        "read_points_5760_archives_ms_next": round(points["next"], 2)})
         # (after every format was followed: the peak of following is told apart)
         figures["peak_rss_mb_following"] = round(peak_rss_mb(), 1)
         for how, key, peak in (("from its point", "restart", "from_points"),

@@ -202,6 +202,8 @@ class Outbox:
             raise
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        #: the read points as :meth:`enqueue` last wrote them (None: not read yet)
+        self._points: dict[str, str] | None = None
         self.db.executescript(
             """
             CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, batch_id TEXT NOT NULL,
@@ -353,13 +355,20 @@ class Outbox:
             self.db.execute("DELETE FROM flushed WHERE iteration <= (SELECT w.iteration FROM "
                             "watermark w WHERE w.rank = flushed.rank)")
             if read_points is not None:
-                self.db.execute("DELETE FROM read_point")
-                self.db.executemany("INSERT INTO read_point VALUES (?,?)",
-                                    list(read_points.items()))
+                # only the points that changed: a long run's archives may hold thousands
+                if self._points is None:
+                    self._points = dict(self.read_points())
+                self.db.executemany("DELETE FROM read_point WHERE path = ?",
+                                    [(k,) for k in self._points.keys() - read_points.keys()])
+                self.db.executemany("INSERT OR REPLACE INTO read_point VALUES (?,?)",
+                                    [(k, v) for k, v in read_points.items()
+                                     if self._points.get(k) != v])
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+        if read_points is not None:
+            self._points = dict(read_points)
         return seq
 
     def pending(self) -> list[tuple[int, str, bytes]]:
@@ -997,6 +1006,8 @@ class Agent:
         #: followed there while they exist: their writer may append to them until it opens
         #: the new file
         self._rotated: set[Path] = set()
+        #: each kept point as text, with what it was made of (:meth:`_keep_points`)
+        self._point_texts: dict[Path, tuple[_ReadPoint, bool, str, str]] = {}
         #: logs read on from where an earlier run stopped (the outbox's read points)
         self.resumed = self._restore_points()
         #: whether the last poll left rows unread in a log (read up to its limit)
@@ -1680,6 +1691,7 @@ class Agent:
         history = self.config.history
         kept: dict[str, str] = {}
         root = Path(self.config.follow)
+        texts: dict[Path, tuple[_ReadPoint, bool, str, str]] = {}
         for path, state in self._files.items():
             n = 0
             for point in state.points:
@@ -1688,9 +1700,19 @@ class Agent:
                 n += 1
             if n:
                 state.kept, state.points = state.points[n - 1], state.points[n:]
-            if state.kept is not None and path.is_relative_to(root):
-                kept[str(path.relative_to(root))] = state.kept.dumps(
-                    state.kind, path in self._rotated, history)
+            if state.kept is None:
+                continue
+            rotated = path in self._rotated
+            # (a point as text is made once: the archives of a long run may hold thousands)
+            text = self._point_texts.get(path)
+            if text is None or text[0] is not state.kept or text[1] != rotated:
+                if not path.is_relative_to(root):
+                    continue
+                text = (state.kept, rotated, str(path.relative_to(root)),
+                        state.kept.dumps(state.kind, rotated, history))
+            texts[path] = text
+            kept[text[2]] = text[3]
+        self._point_texts = texts
         return kept
 
     def _restore_points(self) -> int:
