@@ -165,11 +165,11 @@ def register(app: typer.Typer) -> None:
         naming the file) and skipped until it changes; the others keep being shipped. A log
         rotated by logrotate (renamed, or copytruncate) is read on in the rotated file beside it
         until that is gone, and the new one from its start; compressed archives of rotated logs
-        (*.jsonl.gz, *.csv.gz) are each read once and ship no operator twice. SIGTERM or Ctrl-C queues what was read
-        (each rank's last iteration too) and tries once more to send it before exiting; a
-        second one exits at once (nothing queued is lost). Started again on its outbox, the
-        agent reads each log on from a point the outbox kept, not from its start (a log rotated
-        meanwhile is found beside its name).
+        (*.jsonl.gz, *.csv.gz) are each read once and ship no operator twice. SIGTERM or Ctrl-C
+        queues what was read (each rank's last iteration too) and tries once more to send it
+        before exiting; a second one exits at once (nothing queued is lost). Started again on
+        its outbox, the agent reads each log on from a point the outbox kept, not from its start
+        (a log rotated meanwhile is found beside its name).
 
         Example: `holmes agent --follow /logs/job7 --server http://svc:8787 --job job7 --token $T`
         """
