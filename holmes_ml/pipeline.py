@@ -248,8 +248,7 @@ def _transfer_scores(
     # the shortest copies and their median absolute deviation from it.
     n_inst = int(inst.max()) + 1
     copies = np.bincount(inst, minlength=n_inst)
-    shortest = np.full(n_inst, np.inf)
-    np.minimum.at(shortest, inst, dur)
+    shortest = seg.reduce_at(np.minimum, inst, dur, n_inst, np.inf)
     inst_cls = np.empty(n_inst, dtype=np.int64)
     inst_cls[inst] = cls  # an instance's copies share their class
     by = pd.Series(shortest).groupby(inst_cls)
@@ -319,8 +318,8 @@ def _op_classes(o: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     group = _codes(o["group"])
     seq = o["seq"].to_numpy(dtype=np.int64)
     where = _combine(it, group, rank)  # dense: each row's (iteration, group, rank)
-    low = np.full(int(where.max()) + 1 if len(where) else 0, np.iinfo(np.int64).max)
-    np.minimum.at(low, where, seq)
+    low = seg.reduce_at(np.minimum, where, seq, int(where.max()) + 1 if len(where) else 0,
+                        np.iinfo(np.int64).max)
     pos = seq - low[where]
     gk = _codes(o["group_kind"]) if "group_kind" in o.columns else np.zeros(len(o), np.int64)
     return pos, _combine(_codes(o["op"]), gk, _codes(o["nbytes"]), pos)
@@ -363,18 +362,15 @@ def _rank_spans(ops: pd.DataFrame) -> pd.DataFrame:
     end = start + (ops["duration_us"].to_numpy(dtype=np.float64) * 1e3).astype(np.int64)
     pair, (it_u, rank_u) = _pair_codes(it, rank)
     k = len(it_u)
-    start_u = np.full(k, np.iinfo(np.int64).max)
-    np.minimum.at(start_u, pair, start)
-    end_u = np.full(k, np.iinfo(np.int64).min)
-    np.maximum.at(end_u, pair, end)
-    out = {"iteration": it_u, "rank": rank_u, "start_ns": start_u, "end_ns": end_u,
+    out = {"iteration": it_u, "rank": rank_u,
+           "start_ns": seg.reduce_at(np.minimum, pair, start, k, np.iinfo(np.int64).max),
+           "end_ns": seg.reduce_at(np.maximum, pair, end, k, np.iinfo(np.int64).min),
            "comm_us": ops["duration_us"].groupby(pair).sum().to_numpy(dtype=np.float64),
            "n_ops": np.bincount(pair, minlength=k).astype(np.int64)}
     if "step_compute_us" in ops.columns:
         # the largest compute time logged in the step, NaN where none is (as pandas' max)
-        compute = np.full(k, np.nan)
-        np.fmax.at(compute, pair, ops["step_compute_us"].to_numpy(dtype=np.float64))
-        out["compute_us"] = compute
+        out["compute_us"] = seg.reduce_at(
+            np.fmax, pair, ops["step_compute_us"].to_numpy(dtype=np.float64), k, np.nan)
     return pd.DataFrame(out)
 
 

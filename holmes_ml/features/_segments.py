@@ -71,6 +71,17 @@ def combine(*cols: np.ndarray) -> np.ndarray:
     return key
 
 
+def reduce_at(ufunc: np.ufunc, code: np.ndarray, values: np.ndarray, size: int,
+              initial: float) -> np.ndarray:
+    """Per code ``0 .. size - 1`` of a dense ``code``, ``ufunc`` (``np.minimum``,
+    ``np.maximum``, ``np.fmax``) over the ``values`` of its elements, ``initial`` where it has
+    none: a group-by's min or max in one pass over the rows, without a sort or its fixed cost.
+    The result has ``initial``'s type (an int64 bound for int64 values)."""
+    out = np.full(size, initial)
+    ufunc.at(out, code, values)
+    return out
+
+
 def rank_of(values: np.ndarray) -> np.ndarray:
     """Position of each value in an ascending sort (ties broken by position)."""
     order = np.argsort(values, kind="stable")

@@ -68,7 +68,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import duration
-from holmes_ml.features._segments import unique_inverse
+from holmes_ml.features._segments import reduce_at, unique_inverse
 from holmes_ml.features.iterations import IrregularityConfig, span_times
 from holmes_ml.io.schema import P2P_OPS
 from holmes_ml.localize.config import LocalizeConfig
@@ -110,14 +110,11 @@ def iteration_spans_of(iterations: pd.DataFrame) -> pd.DataFrame:
     # int64 throughout (a node's own table, or merged ones): reductions over the iterations'
     # codes, the group-by's table without its fixed cost, which a node pays every window
     iteration, code = unique_inverse(cols["iteration"].to_numpy())
-    start = cols["start_ns"].to_numpy()
-    first = np.full(len(iteration), np.iinfo(np.int64).max)
-    np.minimum.at(first, code, start)
-    last = np.full(len(iteration), np.iinfo(np.int64).min)
-    np.maximum.at(last, code, start)
-    end = np.full(len(iteration), np.iinfo(np.int64).min)
-    np.maximum.at(end, code, cols["end_ns"].to_numpy())
-    return pd.DataFrame({"start": first, "end": end, "last": last},
+    start, k = cols["start_ns"].to_numpy(), len(iteration)
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    return pd.DataFrame({"start": reduce_at(np.minimum, code, start, k, high),
+                         "end": reduce_at(np.maximum, code, cols["end_ns"].to_numpy(), k, low),
+                         "last": reduce_at(np.maximum, code, start, k, low)},
                         index=pd.Index(iteration, name="iteration"))
 
 
