@@ -82,27 +82,56 @@ def _append(path: Path, fmt: str, df: pd.DataFrame, sinks: dict) -> None:
     sinks[path].write({c: df[c].to_numpy() for c in COLUMNS})
 
 
-def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[str, Any]:
-    """Grow a host's logs in ``fmt`` for ``steps`` iterations; CPU seconds of each poll."""
+def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool = False,
+            every: int = 0, name: str | None = None) -> dict[str, Any]:
+    """Grow a host's logs in ``fmt`` for ``steps`` iterations; CPU seconds of each poll. With
+    ``every``, rotate them every ``every`` polls as logrotate does with ``dateext``,
+    ``extension .jsonl`` and ``compress`` (renamed to ``rank0-0001.jsonl``, compressed to
+    ``rank0-0001.jsonl.gz`` at once, a new ``rank0.jsonl`` begun): the polls that found new
+    archives are timed apart (``rotated_s``)."""
+    import gzip
+
     from holmes_ml.io.readers import read_arrow_stream
     from holmes_ml.serve.agent import Agent, AgentConfig
 
-    logs = root / fmt / "logs"
+    logs = root / (name or fmt) / "logs"
     logs.mkdir(parents=True)
     cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench", source="node0000",
-                      outbox=root / fmt / "outbox.db")
+                      outbox=root / (name or fmt) / "outbox.db")
     agent = Agent(cfg, model="rule")
     sinks: dict = {}
     rng = np.random.default_rng(0)
-    read_s, reread_s, read_rows, sizes = [], [], [], []
+    read_s: list[float] = []
+    rotated_s: list[float] = []
+    reread_s: list[float] = []
+    read_rows: list[int] = []
+    sizes: list[int] = []
+    archives = 0
+    # (each rotation is warned of, rank by rank: the rows a log compressed at once gained
+    # since the last poll are lost unless its archive holds them, as here)
+    quiet = logging.getLogger("holmes_ml.serve.agent")
+    level = quiet.level
+    if every:
+        quiet.setLevel(logging.ERROR)
     try:
-        for it in tqdm(range(steps), desc=f"follow {fmt}", unit="poll", leave=False):
+        for it in tqdm(range(steps), desc=f"follow {name or fmt}", unit="poll", leave=False):
             paths = [logs / f"rank{r}{_SUFFIX[fmt]}" for r in range(RANKS)]
+            rotated = every > 0 and it > 0 and it % every == 0
+            if rotated:
+                archives += 1
+                for sink in sinks.values():
+                    sink.close()
+                sinks.clear()
+                for path in paths:
+                    moved = path.rename(logs / f"{path.stem}-{archives:04d}{path.suffix}")
+                    with gzip.open(f"{moved}.gz", "wb", compresslevel=6) as fh:
+                        fh.write(moved.read_bytes())
+                    moved.unlink()
             for r, df in _iteration(it, rows, rng).items():
                 _append(paths[r], fmt, df, sinks)
             t0 = time.process_time()
             n = agent.read_new()
-            read_s.append(time.process_time() - t0)
+            (rotated_s if rotated else read_s).append(time.process_time() - t0)
             read_rows.append(n)
             agent.queue_ready()
             if reread:
@@ -111,69 +140,14 @@ def _follow(fmt: str, steps: int, rows: int, root: Path, reread: bool) -> dict[s
                     read_arrow_stream(p).to_pandas()
                 reread_s.append(time.process_time() - t0)
             sizes.append(sum(p.stat().st_size for p in paths))
-    finally:
-        for sink in sinks.values():
-            sink.close()
-        agent.close()
-    return {"read_s": read_s, "reread_s": reread_s, "rows": read_rows, "bytes": sizes,
-            "config": cfg}
-
-
-def _rotating(steps: int, rows: int, every: int, root: Path) -> dict[str, Any]:
-    """Grow a host's JSON-lines logs for ``steps`` iterations, rotating them every ``every``
-    polls as logrotate does with ``dateext``, ``extension .jsonl`` and ``compress`` (renamed to
-    ``rank0-0001.jsonl``, compressed to ``rank0-0001.jsonl.gz`` at once, a new ``rank0.jsonl``
-    begun); CPU seconds of each poll, and of those that found new archives."""
-    import gzip
-
-    from holmes_ml.serve.agent import Agent, AgentConfig
-
-    logs = root / "rotated" / "logs"
-    logs.mkdir(parents=True)
-    cfg = AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench", source="node0000",
-                      outbox=root / "rotated" / "outbox.db")
-    agent = Agent(cfg, model="rule")
-    rng = np.random.default_rng(0)
-    read_s: list[float] = []
-    rotated_s: list[float] = []
-    read_rows: list[int] = []
-    archives = 0
-    sinks: dict = {}
-    # (each rotation is warned of, rank by rank: the rows a log compressed at once gained
-    # since the last poll are lost unless its archive holds them, as here)
-    quiet = logging.getLogger("holmes_ml.serve.agent")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        for it in tqdm(range(steps), desc="follow rotated jsonl", unit="poll", leave=False):
-            rotated = it > 0 and it % every == 0
-            if rotated:
-                archives += 1
-                for sink in sinks.values():
-                    sink.close()
-                sinks.clear()
-                for r in range(RANKS):
-                    log = logs / f"rank{r}.jsonl"
-                    moved = log.rename(logs / f"rank{r}-{archives:04d}.jsonl")
-                    with gzip.open(f"{moved}.gz", "wb", compresslevel=6) as fh:
-                        fh.write(moved.read_bytes())
-                    moved.unlink()
-            for r, df in _iteration(it, rows, rng).items():
-                _append(logs / f"rank{r}.jsonl", "jsonl", df, sinks)
-            t0 = time.process_time()
-            n = agent.read_new()
-            seconds = time.process_time() - t0
-            (rotated_s if rotated else read_s).append(seconds)
-            read_rows.append(n)
-            agent.queue_ready()
         queued = agent.outbox.watermarks()
     finally:
         quiet.setLevel(level)
         for sink in sinks.values():
             sink.close()
         agent.close()
-    return {"read_s": read_s, "rotated_s": rotated_s, "rows": read_rows, "archives": archives,
-            "watermarks": queued, "config": cfg}
+    return {"read_s": read_s, "rotated_s": rotated_s, "reread_s": reread_s, "rows": read_rows,
+            "bytes": sizes, "archives": archives, "watermarks": queued, "config": cfg}
 
 
 def _many_points(root: Path, archives: int) -> dict[str, float]:
@@ -276,7 +250,8 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                               "MB at the end": round(got["bytes"][-1] / 2**20, 1)})
             details[fmt] = got
         every = max(2, steps // 15)
-        got = details["rotated"] = _rotating(steps, rows, every, Path(tmp))
+        got = details["rotated"] = _follow("jsonl", steps, rows, Path(tmp), every=every,
+                                           name="rotated")
         if got["watermarks"] != {r: steps - 2 for r in range(RANKS)}:
             raise RuntimeError(f"bench follow: the agent of the rotated logs queued up to "
                                f"{got['watermarks']}, expected iteration {steps - 2} of "
