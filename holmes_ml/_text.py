@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
+
+#: Seconds in each unit :func:`seconds_of` reads.
+_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 def spans(values: Iterable[int]) -> str:
@@ -50,6 +54,32 @@ def duration(us: float) -> str:
             value = us / scale
             return f"{value:.1f} {unit}" if abs(value) < 10 else f"{value:.0f} {unit}"
     return f"{us:.0f} us"
+
+
+def seconds_of(text: str) -> float:
+    """A duration as a person types it, in seconds: a number of seconds, or one with a unit
+    (``s``, ``m`` or ``min``, ``h``, ``d``); ``ValueError`` saying what was expected otherwise.
+
+    >>> seconds_of("90"), seconds_of("30m"), seconds_of("1.5h"), seconds_of("2d")
+    (90.0, 1800.0, 5400.0, 172800.0)
+    """
+    m = re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*(s|m|min|h|d)?\s*", text.lower())
+    if m is None:
+        raise ValueError(f"{text!r}: expected a duration like 90s, 30m, 6h or 2d")
+    return float(m[1]) * _UNITS[m[2] or "s"]
+
+
+def span(seconds: float) -> str:
+    """Seconds as :func:`seconds_of` reads them, in the largest unit they are a whole number of.
+
+    >>> span(21600), span(5400), span(90), span(2.5)
+    ('6h', '90m', '90s', '2.5s')
+    """
+    for unit in ("d", "h", "m"):
+        n = seconds / _UNITS[unit]
+        if n >= 1 and n == int(n):
+            return f"{int(n)}{unit}"
+    return f"{seconds:g}s"
 
 
 def shown(value: Any) -> Any:

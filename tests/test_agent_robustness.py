@@ -158,6 +158,8 @@ def test_a_bad_topology_is_one_line_naming_the_file(tmp_path, content):
     (["--job", "train/run 1"], "--job 'train/run 1': expected a name of letters, digits"),
     (["--job", ""], "--job '': expected a name"),
     (["--source", "node 7"], "--source 'node 7': expected a name"),
+    (["--since", "6x"], "--since '6x': expected a duration like 90s, 30m, 6h or 2d"),
+    (["--since", "0"], "--since 0: expected a finite number of seconds > 0"),
 ])
 def test_agent_rejects_impossible_numbers_naming_option_and_value(tmp_path, args, expected):
     logs = tmp_path / "logs"
@@ -1265,3 +1267,82 @@ def test_archives_of_rotated_logs_are_each_read_once_on_their_own(tmp_path, monk
     finally:
         agent.close()
         srv.stop()
+
+
+def _age(path: Path, days: float) -> None:
+    """Make ``path`` look last written ``days`` ago."""
+    then = time.time() - days * 86400
+    os.utime(path, (then, then))
+
+
+def test_since_leaves_out_the_files_last_written_before_it(tmp_path, monkeypatch):
+    """An agent started with --since beside a job that has run for days: the archives of its
+    rotated logs written before then are not read (nor held), the live logs are, and the agent
+    says what it left out. An archive written again is read, and its rows already shipped are
+    not shipped twice."""
+    from holmes_ml.io import readers
+
+    read: list[str] = []
+    native = readers.read_native
+    monkeypatch.setattr(readers, "read_native", lambda p: read.append(Path(p).name) or native(p))
+    ops = make_ops(seed=23, ranks=2, iterations=12).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    recent = ops[ops["iteration"] >= 6]
+    for r, sub in ops.groupby("rank"):
+        for k, days in ((1, 3), (2, 2)):  # archives of iterations 0-2, then 3-5
+            first = 3 * (k - 1)
+            gz = logs / f"rank{r}-{k:04d}.jsonl.gz"
+            sub[sub["iteration"].between(first, first + 2)].to_json(
+                gz, orient="records", lines=True, compression="gzip")
+            _age(gz, days)
+        sub[sub["iteration"] >= 6].to_json(logs / f"rank{r}.jsonl", orient="records",
+                                           lines=True)
+    srv = start_server(tmp_path)
+    said: list[str] = []
+    cfg = AgentConfig(follow=logs, server=srv.url, job="since", token=TOKEN, source="n1",
+                      backoff_s=0.05, timeout_s=5, since_s=6 * 3600)
+    agent = Agent(cfg, summarize=fallback_summarize, say=said.append)
+    try:
+        agent.run(once=True)
+        assert read == []  # (the archives are read by read_native: none was)
+        archives = sorted(logs.glob("*.gz"))
+        assert sorted(agent.too_old) == archives
+        assert agent.stats.ops_read == len(recent)
+        _all_shipped_once(agent, srv, "since", recent)
+        left_out = [line for line in said if line.startswith("--since 6h: 4 file(s) last "
+                                                               "written before ")]
+        assert len(left_out) == 1, said
+        assert left_out[0].endswith(" UTC not read (rank0-0001.jsonl.gz, rank0-0002.jsonl.gz, "
+                                    "rank1-0001.jsonl.gz and 1 more); each is read from its "
+                                    "start if written again"), left_out
+        agent.run(once=True)
+        assert read == [] and sum(line.startswith("--since") for line in said) == 1  # (once)
+        # written again (recompressed, say): read, its rows shipped already not again
+        os.utime(archives[1])
+        agent.run(once=True)
+        assert read == ["rank0-0002.jsonl.gz"]
+        assert sorted(agent.too_old) == [archives[0], archives[2], archives[3]]
+        _all_shipped_once(agent, srv, "since", recent)
+        archives[0].unlink()  # (one left out removed: no longer counted)
+        agent.read_new()
+        assert sorted(agent.too_old) == [archives[2], archives[3]]
+    finally:
+        agent.close()
+        srv.stop()
+
+
+def test_once_with_since_on_only_older_logs_says_so_and_is_no_error(tmp_path):
+    logs = tmp_path / "logs"
+    _write_good(logs, make_ops(seed=24, ranks=2, iterations=4))
+    for log in logs.iterdir():
+        _age(log, 2)
+    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
+                     "--once", "--retry-for", "0.2", "--since", "1d")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 2 and lines[1].startswith(
+        "holmes agent: --since 1d: 2 file(s) last written before "), lines
+    assert lines[1].endswith(" UTC not read (rank0.jsonl, rank1.jsonl); each is read from "
+                             "its start if written again"), lines
+    assert proc.stdout.startswith("read 0 ops (0 B), sent 0 batches"), proc.stdout

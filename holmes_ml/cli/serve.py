@@ -157,6 +157,14 @@ def register(app: typer.Typer) -> None:
                                              "runs (kept in the outbox, named at start), "
                                              "once the cause is fixed on the service's side, "
                                              "e.g. a job that held raw records deleted."),
+        since: str = typer.Option(None, "--since", help="Read only the files written in this "
+                                  "last while before the agent started: 90s, 30m, 6h, 2d "
+                                  "(default: every file). For an agent started beside a job "
+                                  "that has run for days: it ships the recent iterations, not "
+                                  "every archive of rotated logs kept beside them. A file left "
+                                  "out (the agent says how many) is read from its start once "
+                                  "written again; logs an earlier run of this outbox read are "
+                                  "read on whatever their age."),
     ) -> None:
         """Follow a node's CommOps logs and ship summaries to `holmes serve`.
 
@@ -169,7 +177,8 @@ def register(app: typer.Typer) -> None:
         queues what was read (each rank's last iteration too) and tries once more to send it
         before exiting; a second one exits at once (nothing queued is lost). Started again on
         its outbox, the agent reads each log on from a point the outbox kept, not from its start
-        (a log rotated meanwhile is found beside its name).
+        (a log rotated meanwhile is found beside its name). Started beside a job that has run
+        for days, --since 6h leaves out the files not written in the last six hours.
 
         Example: `holmes agent --follow /logs/job7 --server http://svc:8787 --job job7 --token $T`
         """
@@ -185,7 +194,8 @@ def register(app: typer.Typer) -> None:
         cfg = AgentConfig(follow=follow, server=server, job=job, token=_token(token),
                           source=source or os.environ.get("HOLMES_AGENT_SOURCE") or None,
                           outbox=outbox, poll_s=poll, once_retry_s=retry_for,
-                          flush_after_s=flush_after, resend_rejected=resend_rejected)
+                          flush_after_s=flush_after, resend_rejected=resend_rejected,
+                          since_s=None if since is None else _seconds("--since", since))
         cfg.check()  # before the model is loaded: a typo fails at once, in one `error:` line
         topo = None
         if topology is not None:
@@ -233,7 +243,7 @@ def register(app: typer.Typer) -> None:
                             fg=typer.colors.YELLOW)
             return
         status = 0
-        if not agent.n_log_files and not agent.bad_files:
+        if not agent.n_log_files and not agent.bad_files and not agent.too_old:
             typer.secho(f"error: {agent.no_logs_message}", err=True,
                         fg=typer.colors.RED)
             status = 2
@@ -271,6 +281,17 @@ def register(app: typer.Typer) -> None:
             status = max(status, 1)
         if status:
             raise typer.Exit(status)
+
+
+def _seconds(option: str, text: str) -> float:
+    """``text``, a duration (:func:`holmes_ml._text.seconds_of`), in seconds; ``ValueError``
+    naming ``option`` and the value otherwise."""
+    from holmes_ml._text import seconds_of
+
+    try:
+        return seconds_of(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} {exc}") from None
 
 
 def _token(token: str | None) -> str | None:

@@ -28,6 +28,10 @@ job's, or one whose writer was killed; a chunk half of whose rows are bad, a mis
 logged as an ERROR naming the file and set aside until it changes; the other files keep being
 shipped (the other traces read together with a bad one too). A line
 still being written (no newline yet) is simply not read yet.
+
+Given ``since_s`` (``holmes agent --since``), the agent leaves out the files last written before
+that many seconds before it started (each is read from its start once written again), so an
+agent started beside a long-running job does not read every archive kept beside its logs.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from holmes_ml._text import few
+from holmes_ml._text import few, span
 from holmes_ml.io.readers import ArrowStreamTail, json_lines_frame, read_arrow_stream_tail
 from holmes_ml.io.schema import (
     FACTS,
@@ -129,6 +133,13 @@ class AgentConfig:
         Queue the batches the service refused in earlier runs again before sending (once the
         cause is fixed on the service's side, e.g. a job that held raw records deleted), as
         ``source`` (:meth:`Outbox.requeue_rejected`).
+    since_s:
+        Read only the files last written in the ``since_s`` seconds before the agent started
+        (``None``: every file). An agent started beside a job that has run for days ships its
+        recent iterations, not every archive of rotated logs kept beside them (which it would
+        otherwise read, summarize and hold until queued). A file left out is read, from its
+        start, once it is written again; the logs the outbox kept read points for are read on
+        whatever their age.
     """
 
     follow: Path
@@ -145,6 +156,7 @@ class AgentConfig:
     once_retry_s: float = 30.0
     flush_after_s: float = 30.0
     resend_rejected: bool = False
+    since_s: float | None = None
 
     def check(self) -> None:
         """Refuse impossible numbers (raises ``ValueError`` naming the option and the value)."""
@@ -171,6 +183,8 @@ class AgentConfig:
         positive("backoff_max_s", self.backoff_max_s)
         positive("timeout_s", self.timeout_s)
         positive("--flush-after", self.flush_after_s)
+        if self.since_s is not None:
+            positive("--since", self.since_s)
         if not (math.isfinite(self.once_retry_s) and self.once_retry_s >= 0):
             raise ValueError(f"--retry-for {self.once_retry_s:g}: expected a finite number of "
                              "seconds >= 0")
@@ -1002,6 +1016,13 @@ class Agent:
             self.outbox.close()
             raise
         self._files: dict[Path, _FileState] = {}
+        since = self.config.since_s
+        #: files last written before this (ns since the epoch) are not read (None: all are)
+        self.since_ns = None if since is None else time.time_ns() - int(since * 1e9)
+        #: files left out for it: path -> when last written (ns since the epoch)
+        self.too_old: dict[Path, int] = {}
+        self._old_said = 0  # (how many of them the agent said it left out)
+        self._recent: set[Path] = set()  # files found written since then: read from now on
         #: logs rotated to another name (``rank0.jsonl.1``, one the logs may not match),
         #: followed there while they exist: their writer may append to them until it opens
         #: the new file
@@ -1082,8 +1103,13 @@ class Agent:
         reads: list[_Read] = []
         root = Path(self.config.follow)
         paths = [p for pattern in PATTERNS for p in _log_files(root, pattern)]
-        traces = self._traces(sorted({p for pattern in WHOLE_FILE_PATTERNS
-                                      for p in _log_files(root, pattern)}))
+        read_whole = sorted({p for pattern in WHOLE_FILE_PATTERNS
+                             for p in _log_files(root, pattern)})
+        if self.since_ns is not None:
+            old = self._too_old([*paths, *read_whole])
+            paths = [p for p in paths if p not in old]
+            read_whole = [p for p in read_whole if p not in old]
+        traces = self._traces(read_whole)
         archives = [p for p in traces if self._is_archive(p)]
         followed = self._follow_rotated(paths)
         limit = max(_MIN_CHUNK, _MAX_CHUNK // max(1, len(followed)))
@@ -1174,6 +1200,39 @@ class Agent:
                            "already from the logs followed: archives of rotated logs? "
                            "Each is shipped once", n, ", ".join(WHOLE_FILE_PATTERNS))
         return int(copy.sum())
+
+    def _too_old(self, found: list[Path]) -> set[Path]:
+        """The files of ``found`` not to read: last written before :attr:`since_ns` and not
+        read (nor given a read point) since the agent started. Said when there are more of
+        them than were said before."""
+        assert self.since_ns is not None
+        listed = set(found)
+        for path in [p for p in self.too_old if p not in listed]:
+            del self.too_old[path]  # gone
+        self._recent &= listed
+        for path in found:
+            if path in self._recent or path in self._files:
+                continue
+            try:
+                written = path.stat().st_mtime_ns
+            except OSError:
+                continue  # gone since the listing, or unreadable: reading it says which
+            if written >= self.since_ns:
+                self._recent.add(path)  # (written again since: read from its start)
+                self.too_old.pop(path, None)
+            else:
+                self.too_old[path] = written
+        if len(self.too_old) > self._old_said:
+            from datetime import datetime, timezone
+
+            at = datetime.fromtimestamp(self.since_ns / 1e9, tz=timezone.utc)
+            line = (f"--since {span(self.config.since_s or 0)}: {len(self.too_old)} file(s) "
+                    f"last written before {at:%Y-%m-%d %H:%M:%S} UTC not read ("
+                    + few(sorted(p.name for p in self.too_old), 3, ", ")
+                    + "); each is read from its start if written again")
+            (self._say if not self._old_said else logger.info)(line)
+        self._old_said = len(self.too_old)
+        return set(self.too_old)
 
     def _follow_rotated(self, paths: list[Path]) -> list[Path]:
         """``paths`` (the logs found) and the rotated logs still to follow; each log rotated
@@ -1580,7 +1639,7 @@ class Agent:
 
     def _say_if_empty(self) -> None:
         # A --follow typo or a job that has not started yet looks the same: say it once.
-        if self.n_log_files or self.bad_files:
+        if self.n_log_files or self.bad_files or self.too_old:
             self._empty_said = False
             return
         if not self._empty_said:
