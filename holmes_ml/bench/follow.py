@@ -29,7 +29,11 @@ then, the points deleted, from each log's start, as agents did before they kept 
 at a time, as an agent catching up reads; every archive whole, its rows dropped as queued
 already and not counted); the peak resident memory is taken after each kind of restart, in
 every format.
-Neither may queue anything: every complete iteration was queued before.
+Neither may queue anything: every complete iteration was queued before. Last, the rotated logs'
+archives are made to look two days old and a new agent with its own outbox is started on them
+with ``--since 1h`` (``rotated_since_*``: CPU seconds until it queued what it read, its rows, the
+files it left out): it reads the live logs only, where one without ``--since`` reads every archive
+as well (``rotated_restart_from_start_*`` reads them all too).
 
 The rows are synthetic but shaped like a tensor-parallel group's: three collective types over
 one 8-rank communicator, seeded sizes, starts and durations.
@@ -204,6 +208,31 @@ def _restart(cfg, keep_points: bool) -> dict[str, float]:
     return {"seconds": seconds, "rows": rows, "logs_resumed": resumed}
 
 
+def _since(cfg, root: Path) -> dict[str, float]:
+    """A new agent (its own outbox) started with ``--since 1h`` on the rotated logs, their
+    archives made to look two days old: CPU seconds until it queued what it read, its rows,
+    and the files it left out."""
+    import os
+    from dataclasses import replace
+
+    from holmes_ml.serve.agent import Agent
+
+    then = time.time() - 2 * 86400
+    for archive in Path(cfg.follow).glob("*.gz"):
+        os.utime(archive, (then, then))
+    t0 = time.process_time()
+    agent = Agent(replace(cfg, outbox=root / "since.db", since_s=3600.0), model="rule",
+                  say=lambda line: None)
+    try:
+        rows = agent.read_all()
+        agent.queue_ready(flush=True)
+        seconds = time.process_time() - t0
+        left_out = len(agent.too_old)
+    finally:
+        agent.close()
+    return {"s": round(seconds, 3), "rows": rows, "files_left_out": left_out}
+
+
 def _tenths(seconds: list[float], least: int = 3) -> tuple[float, float]:
     """Median of the first and of the last tenth of ``seconds`` (at least ``least`` polls
     each)."""
@@ -285,6 +314,8 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
                                  "logs read on from a point": r["logs_resumed"],
                                  "rows read": r["rows"], "CPU s": round(r["seconds"], 3)})
             figures[f"peak_rss_mb_after_restarts_{peak}"] = round(peak_rss_mb(), 1)
+        r = details["rotated"]["since"] = _since(details["rotated"]["config"], Path(tmp))
+        figures.update({f"rotated_since_{k}": v for k, v in r.items()})
         for got in details.values():
             del got["config"]
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
