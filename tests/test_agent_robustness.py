@@ -370,6 +370,36 @@ def test_a_bad_value_is_named_by_its_file_line_and_the_file_once(tmp_path, suffi
     assert "1 batch kept in the outbox" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".jsonl.gz", ".csv.gz"])
+def test_a_bad_row_after_blank_lines_is_named_by_its_line_of_the_file(tmp_path, suffix):
+    """Blank lines give no row: the bad row after them is named by its line of the file (as
+    an editor or ``sed -n Np`` counts), in a followed log and in an archive read whole (which
+    named it by its row)."""
+    ops = make_ops(seed=27, ranks=1, iterations=2).astype({"nbytes": object})
+    ops.loc[5, "nbytes"] = "lots"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    csv = suffix.startswith(".csv")
+    text = ops.to_csv(index=False) if csv else ops.to_json(orient="records", lines=True)
+    lines = text.splitlines(keepends=True)
+    head = 1 if csv else 0
+    # a blank line after the second record, two (one of spaces) after the fourth
+    lines[head + 2:head + 2] = ["\n"]
+    lines[head + 5:head + 5] = ["\n", "  \n"]
+    data = "".join(lines).encode()
+    path = logs / f"rank0{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    line = head + 6 + 3  # the sixth record, three blank lines before it
+    assert data.splitlines()[line - 1].count(b"lots") == 1
+    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
+                     "--once", "--retry-for", "0.2", "--model", "rule")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    error = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"error: {path}")]
+    assert error == [f"error: {path}: 1 row(s) set aside, the rest shipped: column 'nbytes', "
+                     f"line {line}: not a number (got 'lots'; expected a finite int)"], \
+        proc.stderr
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_a_bad_row_in_a_followed_log_is_set_aside_and_the_rows_after_it_ship(
         tmp_path, caplog, suffix):
@@ -1219,7 +1249,7 @@ def test_archives_of_rotated_logs_are_each_read_once_on_their_own(tmp_path, monk
     (``rank0-0003.jsonl.gz``) is read once, on its own, not again with the others at every
     rotation (which cost a poll time and memory in proportion to every archive kept). An
     archive from before the agent started ships its rows; one cut short (still being
-    compressed) is set aside until it changes; a bad row of one is set aside naming its row."""
+    compressed) is set aside until it changes; a bad row of one is set aside naming its line."""
     from holmes_ml.io import readers
 
     read: list[str] = []
@@ -1257,9 +1287,9 @@ def test_archives_of_rotated_logs_are_each_read_once_on_their_own(tmp_path, monk
         assert sorted(read) == sorted(
             [f"rank{r}-{k:04d}.jsonl.gz" for r in (0, 1) for k in (1, 2, 3, 4)]
             + ["rank0-0000.csv.gz", "rank1-0000.csv.gz", "rank0-0002.jsonl.gz"])  # (cut short)
-        # (an archive's rows are named by their row, from 0: blank lines give none)
+        # (the fourth record of a CSV: line 5 of the archive, once unpacked)
         assert agent.rows_set_aside == {logs / "rank0-0000.csv.gz": [
-            "column 'op', row 3: unknown op type (got 'gossip'; expected one of all_reduce, "
+            "column 'op', line 5: unknown op type (got 'gossip'; expected one of all_reduce, "
             "all_gather, reduce_scatter, all_to_all, broadcast, reduce, barrier, send, "
             "recv)"]}, agent.rows_set_aside
         good = ops.drop(index=old.index[3])

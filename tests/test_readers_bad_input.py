@@ -437,14 +437,15 @@ def test_csv_error_names_the_file_line(tmp_path):
     df = _ops().astype({"duration_us": object})
     df.loc[3, "duration_us"] = "slow"
     text = df.to_csv(index=False).splitlines()
-    # A blank line (pandas skips it) before the bad row shifts its line by one more.
+    # A blank line and one of spaces (pandas skips both) before the bad row shift its line by
+    # two more.
     p = tmp_path / "bad.csv.gz"
-    p.write_bytes(gzip.compress(("\n".join(text[:2] + [""] + text[2:]) + "\n").encode()))
+    p.write_bytes(gzip.compress(("\n".join(text[:2] + ["", "  "] + text[2:]) + "\n").encode()))
     with pytest.raises(SchemaError) as err:
         read_ops(p)
-    assert "bad.csv.gz" in str(err.value) and "line 6:" in str(err.value)
-    assert "row" not in str(err.value) and err.value.row == 3 and err.value.line == 6
-    assert "slow" in gzip.decompress(p.read_bytes()).decode().splitlines()[5]
+    assert "bad.csv.gz" in str(err.value) and "line 7:" in str(err.value)
+    assert "row" not in str(err.value) and err.value.row == 3 and err.value.line == 7
+    assert "slow" in gzip.decompress(p.read_bytes()).decode().splitlines()[6]
 
 
 def test_a_bad_value_beyond_the_first_parsing_chunk_is_named_without_a_pandas_warning(

@@ -906,39 +906,42 @@ def _rename(exc: SchemaError, shown: dict[str, str]) -> None:
             setattr(exc, attr, _display(v, shown))
 
 
-def _line_of(path: Path, row: int) -> int | None:
-    """File line of data row ``row`` of a native CSV or JSON Lines file (None for Parquet).
+def file_lines(path: Path) -> list[int] | None:
+    """File line of each data row of a native CSV or JSON Lines file, gzipped or not (None for
+    Parquet, Arrow and a JSON array, whose records are not lines).
 
-    Only called on the error path, so it re-reads the file rather than tracking lines always.
+    Only called on the error path, so it reads the file again rather than tracking lines always.
     """
-    if head_bytes(path, 4)[:4] == b"PAR1":
+    head = head_bytes(path, 4)[:4]
+    name = _strip_gz(path.name.lower())
+    if head == b"PAR1" or _is_arrow_stream(name, head):
         return None
     text = open_bytes(path).decode("utf-8-sig", errors="replace")
     if text.lstrip()[:1] == "[":
         return None  # a JSON array: its records are not lines (the error says records[i])
-    name = _strip_gz(path.name.lower())
     if name.endswith((".jsonl", ".ndjson", ".json")) or text[:1] == "{":
-        # iter_jsonl skips blank lines.
-        n = -1
-        for lineno, line in enumerate(io.StringIO(text), start=1):
-            n += bool(line.strip())
-            if n == row and line.strip():
-                return lineno
-        return None
+        # the readers skip blank lines
+        return [n for n, line in enumerate(io.StringIO(text), start=1) if line.strip()]
     # pandas skips blank lines and the first record is the header; the csv module counts
     # physical lines, so quoted fields spanning lines are counted right too.
     reader = csv.reader(io.StringIO(text, newline=None))  # \r line ends count as lines too
-    n, before = -2, 0
+    lines: list[int] = []
+    before = 0
     try:
         for record in reader:
-            if record:
-                n += 1
-                if n == row:
-                    return before + 1
+            if record and (len(record) > 1 or record[0].strip()):  # (pandas skips "  " too)
+                lines.append(before + 1)
             before = reader.line_num
     except csv.Error:
-        pass  # a quote never closed: the row keeps its number
-    return None
+        pass  # a quote never closed: the rows after it keep their numbers
+    return lines[1:]
+
+
+def file_line_of(path: Path, row: int) -> int | None:
+    """File line of data row ``row`` of a native CSV or JSON Lines file (:func:`file_lines`;
+    None for Parquet, or a row it does not reach)."""
+    lines = file_lines(path)
+    return lines[row] if lines is not None and 0 <= row < len(lines) else None
 
 
 def _read_native(f: Path, table: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -950,7 +953,7 @@ def _read_native(f: Path, table: pd.DataFrame | None = None) -> pd.DataFrame:
     except SchemaError as exc:
         if exc.row is None or exc.line is not None:
             raise
-        line = _line_of(f, exc.row)
+        line = file_line_of(f, exc.row)
         if line is None:
             raise
         short = _short_csv_line(f, table, line)
@@ -1039,7 +1042,7 @@ def _in_file(
     def where(row: int) -> str:
         k = int(origin[row])
         local = row - int(np.searchsorted(origin, k))
-        line = _line_of(files[k], local)
+        line = file_line_of(files[k], local)
         return f"{names[k]} row {local}" if line is None else f"{names[k]} line {line}"
 
     return _located(exc, where)

@@ -706,6 +706,20 @@ def _read_increment(path: Path, state: _FileState, limit: int = 0) -> pd.DataFra
         return _csv_skipping_ragged(path, data, state.header, first_line, state.chunk_skipped)
 
 
+def _blank_lines(path: Path, start: int, end: int, first_line: int) -> list[int]:
+    """The file lines of ``path``'s bytes ``start`` to ``end`` (complete lines, the first being
+    ``first_line``) that hold no text: the readers skip them, so the rows after them sit that
+    many lines further. Read again on the error path only (a bad row to name), as finding them
+    in every chunk read would cost a tenth of its parse."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(end - start)
+    except OSError:
+        return []  # gone since: the rows keep the lines counted without blank ones
+    return [n for n, line in enumerate(data.split(b"\n")[:-1], first_line) if not line.strip()]
+
+
 def _csv_skipping_ragged(path: Path, data: bytes, header: list[str], first_line: int,
                          skipped: list[int]) -> pd.DataFrame:
     """The rows of CSV lines ``data`` without the lines holding more fields than ``header``
@@ -772,6 +786,23 @@ class _Read:
     stamp: tuple[int, int]
     df: pd.DataFrame | None
 
+    def file_lines(self) -> np.ndarray | None:
+        """The file line of each row read (None: a binary file's, by row), blank lines
+        counted: read again from the file, for the error path only."""
+        trial = self.trial
+        if trial.kind == _ARCHIVE:
+            from holmes_ml.io.readers import file_lines
+
+            try:
+                lines = file_lines(self.path)
+            except (OSError, SchemaError):
+                return None  # gone, or changed since: its rows keep their numbers
+            return None if lines is None else np.asarray(lines)
+        if trial.chunk_line is None or self.df is None:
+            return None
+        blank = _blank_lines(self.path, self.state.offset, trial.offset, self.state.lines + 1)
+        return _file_lines(len(self.df), trial.chunk_line, [*trial.chunk_skipped, *blank])
+
 
 def _validate_together(reads: Sequence[_Read]) -> list[tuple[pd.DataFrame, dict] | None]:
     """Each read's rows checked against the schema (:func:`~holmes_ml.io.schema.validate`)
@@ -826,19 +857,23 @@ def _file_lines(n: int, first_line: int, skipped: Sequence[int] = ()) -> np.ndar
 
 
 def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
-                skipped: Sequence[int] = (), first_row: int = 0
-                ) -> tuple[pd.DataFrame, list[str], np.ndarray]:
+                skipped: Sequence[int] = (), first_row: int = 0,
+                file_lines: Callable[[], np.ndarray | None] | None = None
+                ) -> tuple[pd.DataFrame, list[str], np.ndarray | None]:
     """``df`` validated; why each of its few bad rows (an unknown op, a torn line's missing
     fields, a value of the wrong type) was set aside, naming it by its line of the file; and
-    the file line (the row, for Parquet and Arrow) of each row kept (``first_line``: the file
+    the file line (None for Parquet and Arrow: by row) of each row kept (``first_line``: the file
     line of the chunk's first row, ``skipped`` the chunk's lines that gave no row;
     ``first_line`` None: a binary file, by row, the chunk's first being ``first_row``).
+    ``file_lines`` gives the file line of each row exactly (blank lines counted, an archive's
+    rows by line), reading the file again: called once, at the first bad row.
 
     Left in, one bad row would keep the file unread from it on, whatever its writer adds.
     Raises the first error when it is no row's (a missing column) or when more than
     :data:`_MAX_SET_ASIDE` rows, or half a chunk of more than two rows, are bad.
     """
     lines = _file_lines(len(df), first_line if first_line is not None else first_row, skipped)
+    by_line = first_line is not None
     aside: list[str] = []
     first: SchemaError | None = None
     while True:
@@ -846,8 +881,12 @@ def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
             out = validate(df, source=str(path))
             break
         except SchemaError as exc:
+            if first is None and file_lines is not None:  # (no row dropped yet)
+                exact = file_lines()
+                if exact is not None and len(exact) == len(lines):
+                    lines, by_line = exact, True
             if first is None:
-                first = exc if first_line is None or exc.row is None or exc.line is not None \
+                first = exc if not by_line or exc.row is None or exc.line is not None \
                     or not 0 <= exc.row < len(lines) else exc.at(line=int(lines[exc.row]))
             rows = len(lines) + len(aside)  # of the chunk as read
             # (a chunk of a row or two - a live writer's - may lose them all; a longer one
@@ -857,13 +896,13 @@ def _valid_rows(df: pd.DataFrame, path: Path, first_line: int | None,
                 raise first from None
             aside.append(str(SchemaError(
                 exc.message, column=exc.column, value=exc.value, expected=exc.expected,
-                line=int(lines[exc.row]) if first_line is not None else None,
-                row=None if first_line is not None else int(lines[exc.row]))))
+                line=int(lines[exc.row]) if by_line else None,
+                row=None if by_line else int(lines[exc.row]))))
             keep = np.ones(len(df), dtype=bool)
             keep[exc.row] = False
             df = df[keep].reset_index(drop=True)
             lines = lines[keep]
-    return out, aside, lines
+    return out, aside, lines if by_line else None
 
 
 def _json_lines_skipping_torn(path: Path, data: bytes, first_line: int, skipped: list[int]
@@ -1363,23 +1402,25 @@ class Agent:
         batch needs)."""
         path, state, trial, df = read.path, read.state, read.trial, read.df
         lines: np.ndarray | None = None  # the file line of each row kept
+        aside: list[str] = []
         try:
             facts: dict[str, dict[str, str]] = {}
-            aside: list[str] = []
             if checked is not None:
                 df, new = checked
                 facts = self._new_facts(df, path, new)
             elif df is not None and not df.empty:
                 df, aside, lines = _valid_rows(df, path, trial.chunk_line,
-                                               trial.chunk_skipped, trial.chunk_row)
+                                               trial.chunk_skipped, trial.chunk_row,
+                                               read.file_lines)
                 facts = self._new_facts(df, path)
         except SchemaError as exc:
-            if checked is not None and df is not None:
-                lines = _file_lines(len(df), trial.chunk_line if trial.chunk_line is not None
-                                    else trial.chunk_row, trial.chunk_skipped)
-            if (exc.row is not None and trial.chunk_line is not None and exc.line is None
-                    and lines is not None and 0 <= exc.row < len(lines)):
-                exc = exc.at(line=int(lines[exc.row]))  # the file's line
+            if exc.row is not None and exc.line is None and df is not None:
+                # a row of the rows as read (checked together, or none of them set aside):
+                # its line read again, blank lines counted
+                if not aside or lines is None:
+                    lines = read.file_lines()
+                if lines is not None and len(lines) == len(df) and 0 <= exc.row < len(df):
+                    exc = exc.at(line=int(lines[exc.row]))  # the file's line
             self._set_bad(path, _describe(exc))
             state.bad = read.stamp
             return 0
