@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import httpx
 import pyarrow as pa
 import pytest
-from test_serve_cli import holmes, one_line_error
+from test_serve_cli import HOLMES, holmes, one_line_error
 from test_serve_support import TOKEN, auth, free_port, make_ops, raw_body, start_server
 
 from holmes_ml.io import without_labels
@@ -220,3 +224,111 @@ def test_a_verdict_from_a_service_without_state_is_read_from_its_version():
     assert verdict_state({"version": 0, "error": "localization failed: X"}) == "failed"
     assert verdict_state({"version": 3, "irregular": False}) == "analysed"
     assert verdict_state({"state": "no_data", "version": 0}) == "no_data"
+
+
+def _watching(*args: str) -> subprocess.Popen:
+    """``holmes jobs ARGS --watch 0.5`` running, its output piped (no terminal: each view
+    printed again when the answer changes)."""
+    return subprocess.Popen([sys.executable, "-c", HOLMES, "jobs", *args, "--watch", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stopped(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM ``proc``: it exits 0; its output."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, (out, err)
+    return out, err
+
+
+def _post_job(srv, job: str, ops) -> None:
+    r = httpx.post(srv.url + f"/v1/jobs/{job}/raw", json=raw_body(ops, f"{job}-b0"),
+                   headers=auth())
+    assert r.status_code == 200, r.text
+
+
+def test_watch_prints_the_job_list_again_when_it_changes_until_stopped(tmp_path):
+    srv = start_server(tmp_path)
+    try:
+        _post_job(srv, "first", make_ops(seed=1, ranks=4, iterations=4))
+        proc = _watching("--json", "--server", srv.url)
+        first = json.loads(proc.stdout.readline())
+        assert [j["job"] for j in first] == ["first"]
+        time.sleep(1.6)  # three calls more, the answer unchanged: nothing printed
+        _post_job(srv, "second", make_ops(seed=2, ranks=4, iterations=4))
+        second = json.loads(proc.stdout.readline())
+        assert sorted(j["job"] for j in second) == ["first", "second"]
+        out, err = _stopped(proc)
+        assert out == "" and err == "", (out, err)
+    finally:
+        srv.stop()
+
+
+def test_watch_says_once_that_the_service_stopped_answering_and_when_it_is_back(tmp_path):
+    port = free_port()
+    proc = _watching("--server", f"http://127.0.0.1:{port}")
+    try:
+        line = proc.stdout.readline()
+        assert f"GET http://127.0.0.1:{port}/v1/jobs: no answer" in line, line
+        time.sleep(1.1)
+        srv = start_server(tmp_path, port=port)
+    except BaseException:
+        proc.kill()
+        raise
+    try:
+        _post_job(srv, "back", make_ops(seed=3, ranks=4, iterations=4))
+        deadline = time.monotonic() + 20
+        shown = ""
+        while "back" not in shown and time.monotonic() < deadline:
+            shown += proc.stdout.readline()
+        out, err = _stopped(proc)
+        said = shown + out
+        # the outage said once, however many calls failed; then the list, once
+        assert said.count("no answer") == 0 and "answering again" in said, said
+        assert said.count(f"jobs at http://127.0.0.1:{port}") == 1, said
+        assert err == "", err
+    finally:
+        srv.stop()
+
+
+def test_watch_refuses_what_a_watch_cannot_do_and_a_wrong_job_at_once(service):
+    srv, _ = service
+    line = one_line_error(holmes("jobs", "job7", "--watch", "1", "--delete", "--server",
+                                 srv.url))
+    assert line.startswith("error: --watch and --delete: expected one of them"), line
+    assert one_line_error(holmes("jobs", "nope", "--watch", "1", "--server", srv.url)
+                          ).startswith(f"error: GET {srv.url}/v1/jobs/nope/verdict: HTTP 404")
+
+
+def test_watch_on_a_terminal_redraws_one_view_in_place(service):
+    """On a terminal (a pseudo-terminal here) the view is redrawn where it stands, each time
+    with the time it was asked at, rather than printed below the last."""
+    import os
+    import pty
+    import select
+
+    srv, _ = service
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "jobs", "job7", "--watch", "0.5",
+                             "--server", srv.url], stdout=child, stderr=child,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    os.close(child)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 20
+        while seen.count(b"(Ctrl-C to stop)") < 3 and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.5)[0]:
+                seen += os.read(main, 65536)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    text = seen.decode(errors="replace")
+    views = text.count("(Ctrl-C to stop)")
+    # each redraw after the first moves the cursor up over the view before drawing it again
+    redraws = text.count("\r\x1b[2K\x1b[1A")
+    assert views >= 3 and redraws >= 2, text
+    # and shows it once: one header and one verdict a redraw (not the earlier views again)
+    assert views <= redraws + 2 and text.count("job job7: ") == views, (views, redraws, text)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
@@ -60,6 +63,12 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="Seconds to wait for "
                                       "the service's answer (--analyze waits for the "
                                       "localization)."),
+        watch: float = typer.Option(None, "--watch", min=0.5, show_default=False,
+                                    help="Ask again every this many seconds until Ctrl-C, "
+                                    "redrawing the view in place on a terminal (elsewhere, and "
+                                    "with --json, printing it again each time the answer "
+                                    "changes: with --json one line each); a service that "
+                                    "stops answering is said in the view, and watched on."),
     ) -> None:
         """What a running `holmes serve` knows: its jobs, or one job's verdict.
 
@@ -72,19 +81,26 @@ def register(app: typer.Typer) -> None:
 
         * `holmes jobs job7 --analyze --token $T` — localize job7 now, then show it;
 
-        * `holmes jobs job7 --delete --token $T` — forget a finished job.
+        * `holmes jobs job7 --delete --token $T` — forget a finished job;
+
+        * `holmes jobs job7 --watch 10` — its verdict, asked for again every 10 s.
 
         Exit status: 0 answered; 1 no service answered, or it failed (5xx), or JOB has no
         verdict yet (no data yet, not localized yet, or its localization failed: a line
         says which, on stderr with --json): try again; 2 what was given is wrong (an
         unknown job, a refused token, a --server that is no holmes serve). The list shows
-        such a job's suspect as "no verdict yet" rather than none.
+        such a job's suspect as "no verdict yet" rather than none. With --watch: 0 once
+        stopped, 2 as above at the first call.
         """
         if (analyze or delete) and job is None:
             raise ValueError(f"--{'analyze' if analyze else 'delete'}: expected a JOB "
                              "argument (which job?)")
         if analyze and delete:
             raise ValueError("--analyze and --delete: expected one of them, not both")
+        if watch is not None and (analyze or delete):
+            raise ValueError(f"--watch and --{'analyze' if analyze else 'delete'}: expected "
+                             "one of them, not both (the service localizes a watched job as "
+                             "its data arrives)")
         if job is not None:
             from holmes_ml.serve import check_name
 
@@ -97,28 +113,101 @@ def register(app: typer.Typer) -> None:
             rows = ", ".join(f"{t} {n:,}" for t, n in sorted(answer["deleted"].items()))
             typer.echo(json.dumps(answer) if as_json else f"deleted job {job} ({rows} rows)")
             return
-        if job is None:
-            listed = client.call("GET", "/v1/jobs")
-            if as_json:
-                typer.echo(json.dumps(listed))
-            else:
-                _print_jobs(listed, server, console)
-            return
         if analyze:
             client.call("POST", f"{path}/analyze")
-        verdict = client.call("GET", f"{path}/verdict")
-        none = _no_verdict(verdict)
+        if watch is not None:
+            _watch(lambda: _view(client, job, path, server), watch, as_json, console)
+            return
+        answer, render, none = _view(client, job, path, server)
         if as_json:
-            typer.echo(json.dumps(verdict))
+            typer.echo(json.dumps(answer))
             if none is not None:
                 # stdout stays the service's answer alone; the status says "no verdict yet"
                 typer.echo(none, err=True)
                 raise typer.Exit(1)
             return
-        _print_job_verdict(verdict, console)
-        _print_sources(client.call("GET", path).get("sources") or [], console)
+        render(console)
         if none is not None:
             raise typer.Exit(1)  # not known yet: try again, as for a service that failed
+
+
+def _view(client: _Client, job: str | None, path: str, server: str
+          ) -> tuple[Any, Callable[[Console], None], str | None]:
+    """What ``holmes jobs [JOB]`` shows: the service's answer (what ``--json`` prints), how to
+    print it as tables, and the line saying JOB has no verdict yet (None: it has one, or no JOB
+    was given)."""
+    if job is None:
+        listed = client.call("GET", "/v1/jobs")
+        return listed, lambda console: _print_jobs(listed, server, console), None
+    verdict = client.call("GET", f"{path}/verdict")
+    sources = client.call("GET", path).get("sources") or []
+
+    def render(console: Console) -> None:
+        _print_job_verdict(verdict, console)
+        _print_sources(sources, console)
+
+    return verdict, render, _no_verdict(verdict)
+
+
+def _watch(view: Callable[[], tuple[Any, Callable[[Console], None], str | None]],
+           every: float, as_json: bool, console: Console) -> None:
+    """Show ``view()`` every ``every`` seconds until Ctrl-C (or SIGTERM): redrawn in place on
+    a terminal, else printed again when the answer changed (with ``as_json``, one JSON line
+    each; what went wrong on stderr). What was given wrong (exit 2: an unknown job, a refused
+    token) ends it at the first call; a later failure, or a service that stops answering, is
+    said once and watched on."""
+    import signal
+
+    from rich.live import Live
+    from rich.text import Text
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    shown: Any = None  # the last answer shown
+    render: Callable[[Console], None] | None = None
+    failing: str | None = None  # what went wrong at the last call
+    calls = 0
+    live = Live(console=console, auto_refresh=False) if console.is_terminal and not as_json \
+        else None
+    try:
+        with live if live is not None else contextlib.nullcontext():
+            while True:
+                at = datetime.now().isoformat(sep=" ", timespec="seconds")
+                try:
+                    answer, render, _ = view()
+                    failed = None
+                except ServiceError as exc:
+                    if not calls and not isinstance(exc, Unavailable):
+                        raise  # a wrong job, token or --server: fix the command
+                    answer, failed = shown, str(exc)
+                calls += 1
+                if live is not None:
+                    head = f"holmes jobs, every {every:g} s: {at} (Ctrl-C to stop)"
+                    # (printed apart: what the live console prints is the live view's)
+                    text = io.StringIO()
+                    if render is not None:
+                        render(Console(file=text, width=console.width, force_terminal=True))
+                    live.update(Group(
+                        *([Text(failed, style="red")] if failed else []), Text(head),
+                        Text.from_ansi(text.getvalue())), refresh=True)
+                elif failed != failing:  # (with --json stdout is the answers', this stderr)
+                    (Console(stderr=True) if as_json else console).print(
+                        f"{at}: " + (f"[red]{escape(failed)}[/red]" if failed
+                                     else "answering again"))
+                if live is None and failed is None and answer != shown and render:
+                    if as_json:
+                        typer.echo(json.dumps(answer))
+                    else:
+                        console.rule(at)
+                        render(console)
+                shown, failing = answer, failed
+                time.sleep(every)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Client:
