@@ -1376,3 +1376,38 @@ def test_once_with_since_on_only_older_logs_says_so_and_is_no_error(tmp_path):
     assert lines[1].endswith(" UTC not read (rank0.jsonl, rank1.jsonl); each is read from "
                              "its start if written again"), lines
     assert proc.stdout.startswith("read 0 ops (0 B), sent 0 batches"), proc.stdout
+
+
+def test_one_walk_finds_the_files_each_pattern_matched_as_rglob_did(tmp_path):
+    """A poll walks the directory once for every pattern (each pattern's rglob was a walk of its
+    own): the same files in the same order, hidden ones and those under hidden or symlinked
+    directories left out as before, and no directory whose name looks like a log."""
+    from holmes_ml.serve.agent import PATTERNS, WHOLE_FILE_PATTERNS, _Tree
+
+    root = tmp_path / "logs"
+    for rel in ("rank0.jsonl", "rank1.csv", "a/rank2.arrows", "a/b/rank3.parquet",
+                "a-1/rank4.jsonl", "a/rank5-0001.jsonl.gz", "rank6.csv.gz", "k/trace.json",
+                "k/trace.json.gz", "fr/dump.pkl", "fr/dump.pickle", ".hidden.jsonl",
+                ".cache/rank7.jsonl", "a/.x/rank8.csv", "notes.txt", "rank9.jsonl.1"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x\n")
+    (root / "dir.jsonl").mkdir()  # (rglob gave it: reading it failed)
+    (root / "linked").symlink_to(root / "a", target_is_directory=True)
+    (root / "rank10.jsonl").symlink_to(root / "rank0.jsonl")
+    tree = _Tree(root)
+
+    def rglob(pattern: str) -> list[Path]:  # what the agent listed before
+        return sorted(p for p in root.rglob(pattern)
+                      if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+    for pattern in (*PATTERNS, *WHOLE_FILE_PATTERNS):
+        expected = [p for p in rglob(pattern) if not p.is_dir()]
+        assert tree.found[pattern] == expected, pattern
+    assert root / "dir.jsonl" in rglob("*.jsonl")
+    assert tree.whole == sorted({p for pattern in WHOLE_FILE_PATTERNS for p in rglob(pattern)})
+    assert [p.relative_to(root).as_posix() for p in tree.found["*.jsonl"]] == [
+        "a-1/rank4.jsonl", "rank0.jsonl", "rank10.jsonl"]
+    assert tree.stat(root / "rank10.jsonl").st_size == 2  # (a symlinked file: its target's)
+    assert _Tree(tmp_path / "not-there").found["*.jsonl"] == []
+    again = _Tree(root, tree)  # (the paths of the last walk reused)
+    assert all(a is b for a, b in zip(again.found["*.csv"], tree.found["*.csv"], strict=True))

@@ -615,14 +615,16 @@ def _holds_what_was_read(path: Path, state: _FileState) -> bool | None:
         return None  # gone, or unreadable: reading it says which
 
 
-def _read_increment(path: Path, state: _FileState, limit: int = 0) -> pd.DataFrame | None:
+def _read_increment(path: Path, state: _FileState, limit: int = 0,
+                    st: os.stat_result | None = None) -> pd.DataFrame | None:
     """New rows of ``path`` since ``state`` (``None`` when nothing new); advances ``state``.
     At most ``limit`` bytes are read (0: :data:`_MAX_CHUNK`); the rest waits for the next read.
+    ``st``: the file's status, taken already this poll.
 
     The caller passes a copy and keeps it only when the rows were accepted, so a chunk that
     fails to parse is read again (from the same offset) once the file changes.
     """
-    st = path.stat()
+    st = st or path.stat()
     suffix = state.kind or path.suffix
     if suffix in _REREAD_KINDS:
         stamp = (st.st_size, st.st_mtime_ns)
@@ -1055,6 +1057,8 @@ class Agent:
             self.outbox.close()
             raise
         self._files: dict[Path, _FileState] = {}
+        #: the files found by the last poll's walk of the directory followed
+        self._tree = _Tree(None)
         since = self.config.since_s
         #: files last written before this (ns since the epoch) are not read (None: all are)
         self.since_ns = None if since is None else time.time_ns() - int(since * 1e9)
@@ -1141,9 +1145,9 @@ class Agent:
         whatif: list[Path] = []  # what-if traces: read whole, with the other traces
         reads: list[_Read] = []
         root = Path(self.config.follow)
-        paths = [p for pattern in PATTERNS for p in _log_files(root, pattern)]
-        read_whole = sorted({p for pattern in WHOLE_FILE_PATTERNS
-                             for p in _log_files(root, pattern)})
+        tree = self._tree = _Tree(root, self._tree)
+        paths = [p for pattern in PATTERNS for p in tree.found[pattern]]
+        read_whole = tree.whole
         if self.since_ns is not None:
             old = self._too_old([*paths, *read_whole])
             paths = [p for p in paths if p not in old]
@@ -1240,6 +1244,10 @@ class Agent:
                            "Each is shipped once", n, ", ".join(WHOLE_FILE_PATTERNS))
         return int(copy.sum())
 
+    def _stat(self, path: Path) -> os.stat_result:
+        """``path``'s status, taken once a poll for the files the poll's walk found."""
+        return self._tree.stat(path)
+
     def _too_old(self, found: list[Path]) -> set[Path]:
         """The files of ``found`` not to read: last written before :attr:`since_ns` and not
         read (nor given a read point) since the agent started. Said when there are more of
@@ -1253,7 +1261,7 @@ class Agent:
             if path in self._recent or path in self._files:
                 continue
             try:
-                written = path.stat().st_mtime_ns
+                written = self._stat(path).st_mtime_ns
             except OSError:
                 continue  # gone since the listing, or unreadable: reading it says which
             if written >= self.since_ns:
@@ -1363,9 +1371,11 @@ class Agent:
                              and state.kind != _ARCHIVE and self._not_a_log(path, state)):
             return None
         try:
-            st = path.stat()
+            st = self._stat(path)
         except FileNotFoundError:
             return None  # removed since the glob
+        if state.kind in _REREAD_KINDS and state.stamp == (st.st_size, st.st_mtime_ns):
+            return None  # read whole already, and unchanged
         if state.offset and (st.st_ino != state.inode or st.st_size < state.offset
                              or _written_anew(path, state)):
             # rotated (another file under the name), truncated (copytruncate) or
@@ -1386,7 +1396,7 @@ class Agent:
             return None  # could not be read and has not changed since
         trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
         try:
-            df = _read_increment(path, trial, limit)
+            df = _read_increment(path, trial, limit, st)
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
             self._set_bad(path, _describe(exc))
             state.bad = stamp
@@ -1563,7 +1573,7 @@ class Agent:
         out = []
         for path in paths:
             try:
-                st = path.stat()
+                st = self._stat(path)
             except FileNotFoundError:
                 continue  # removed since the glob
             stamp = (st.st_size, st.st_mtime_ns)
@@ -2336,10 +2346,56 @@ class _Listing:
         return self._files[directory]
 
 
-def _log_files(root: Path, pattern: str) -> list[Path]:
-    """Files under ``root`` (subdirectories included, hidden ones not) matching ``pattern``."""
-    return sorted(p for p in root.rglob(pattern)
-                  if not any(part.startswith(".") for part in p.relative_to(root).parts))
+class _Tree:
+    """The files under a followed directory (subdirectories included, hidden ones not) that
+    the logs' and traces' patterns match, found in one walk a poll (not one per pattern), each
+    file's status taken at most once in it."""
+
+    def __init__(self, root: Path | None, before: _Tree | None = None) -> None:
+        #: each pattern's files (of PATTERNS and WHOLE_FILE_PATTERNS), each list sorted
+        self.found: dict[str, list[Path]] = {p: [] for p in (*PATTERNS, *WHOLE_FILE_PATTERNS)}
+        self._entries: dict[Path, os.DirEntry] = {}
+        #: the path of each file found, by its name: those ``before`` found are reused (made
+        #: once, a path keeps its hash: a poll over thousands of archives looks each up a few
+        #: times)
+        self.paths: dict[str, Path] = {}
+        known = before.paths if before is not None else {}
+        suffixes = [(pattern, pattern.removeprefix("*")) for pattern in self.found]
+        assert all(pattern == "*" + suffix for pattern, suffix in suffixes)
+        found: dict[str, list[tuple[list[str], Path]]] = {p: [] for p in self.found}
+        todo = [] if root is None else [root]
+        while todo:
+            try:
+                listing = os.scandir(todo.pop())
+            except OSError:
+                continue  # gone, or unreadable: nothing there to follow
+            with listing:
+                for entry in listing:
+                    if entry.name.startswith("."):
+                        continue
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(Path(entry.path))
+                            continue
+                    except OSError:
+                        continue
+                    for pattern, suffix in suffixes:
+                        if entry.name.endswith(suffix):
+                            path = self.paths[entry.path] = (known.get(entry.path)
+                                                             or Path(entry.path))
+                            found[pattern].append((entry.path.split(os.sep), path))
+                            self._entries[path] = entry
+        for pattern, items in found.items():  # (sorted as paths are: by their parts)
+            self.found[pattern] = [path for _, path in sorted(items, key=lambda i: i[0])]
+        #: the files of WHOLE_FILE_PATTERNS, sorted
+        self.whole = [path for _, path in sorted(
+            (item for pattern in WHOLE_FILE_PATTERNS for item in found[pattern]),
+            key=lambda i: i[0])]
+
+    def stat(self, path: Path) -> os.stat_result:
+        """``path``'s status: taken once for a file the walk found, each time for another."""
+        entry = self._entries.get(path)
+        return entry.stat() if entry is not None else path.stat()
 
 
 #: Files a set-aside report names at most (those with the most rows set aside first).
