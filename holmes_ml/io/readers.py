@@ -133,7 +133,12 @@ def read_arrow_stream(path: str | Path) -> pa.Table:
     to its last whole batch, with a warning naming the file when a batch is cut short.
     Raises :class:`SchemaError` when not even the stream's schema can be read.
     """
-    p = Path(path)
+    return _canonical_arrow(_stream_table(Path(path)))
+
+
+def _stream_table(p: Path) -> pa.Table:
+    """The Arrow IPC stream ``p`` as it is written (:func:`read_arrow_stream` without decoding
+    its strings: many files' tables are decoded once, joined, by :func:`_as_frames`)."""
     batches = []
     try:
         with pa.OSFile(str(p), "rb") as fh:
@@ -148,7 +153,7 @@ def read_arrow_stream(path: str | Path) -> pa.Table:
                                p, sum(len(b) for b in batches), exc)
     except (pa.ArrowInvalid, OSError) as exc:
         raise _not_an_arrow_stream(p, exc) from None
-    return _canonical_arrow(pa.Table.from_batches(batches, schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 def _not_an_arrow_stream(p: Path, exc: BaseException) -> SchemaError:
@@ -1009,7 +1014,7 @@ def _plain_parquet(f: Path) -> pa.Table | None:
     cannot)."""
     if f.name.lower().endswith(".arrows"):
         try:
-            return read_arrow_stream(f)
+            return _stream_table(f)  # (its strings decoded with the other files': _as_frames)
         except SchemaError:
             return None  # read_native says why
     if not f.name.lower().endswith(".parquet"):
@@ -1038,7 +1043,7 @@ def _as_frames(read: Sequence[pd.DataFrame | pa.Table]) -> list[pd.DataFrame]:
                 joined = [pa.concat_tables(run, promote_options="default")]
             except (pa.ArrowInvalid, pa.ArrowTypeError):  # columns of other types
                 joined = run
-            out += [_lists_once(t.to_pandas()) for t in joined]
+            out += [_lists_once(_canonical_arrow(t).to_pandas()) for t in joined]
             run = []
         if item is not None:
             out.append(item)
