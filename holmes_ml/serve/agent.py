@@ -2346,6 +2346,11 @@ class _Listing:
         return self._files[directory]
 
 
+#: Each pattern of the logs and traces with the end of the names it matches (each is "*END").
+_SUFFIXES = tuple((p, p[1:]) for p in (*PATTERNS, *WHOLE_FILE_PATTERNS))
+assert all(p == "*" + end for p, end in _SUFFIXES)
+
+
 class _Tree:
     """The files under a followed directory (subdirectories included, hidden ones not) that
     the logs' and traces' patterns match, found in one walk a poll (not one per pattern), each
@@ -2360,8 +2365,6 @@ class _Tree:
         #: times)
         self.paths: dict[str, Path] = {}
         known = before.paths if before is not None else {}
-        suffixes = [(pattern, pattern.removeprefix("*")) for pattern in self.found]
-        assert all(pattern == "*" + suffix for pattern, suffix in suffixes)
         found: dict[str, list[tuple[list[str], Path]]] = {p: [] for p in self.found}
         todo = [] if root is None else [root]
         while todo:
@@ -2379,7 +2382,7 @@ class _Tree:
                             continue
                     except OSError:
                         continue
-                    for pattern, suffix in suffixes:
+                    for pattern, suffix in _SUFFIXES:
                         if entry.name.endswith(suffix):
                             path = self.paths[entry.path] = (known.get(entry.path)
                                                              or Path(entry.path))
