@@ -116,9 +116,10 @@ def register(app: typer.Typer) -> None:
         if analyze:
             client.call("POST", f"{path}/analyze")
         if watch is not None:
-            _watch(lambda: _view(client, job, path, server), watch, as_json, console)
+            _watch(lambda: _view(client, job, path, server, not as_json), watch, as_json,
+                   console)
             return
-        answer, render, none = _view(client, job, path, server)
+        answer, render, none = _view(client, job, path, server, not as_json)
         if as_json:
             typer.echo(json.dumps(answer))
             if none is not None:
@@ -131,16 +132,17 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)  # not known yet: try again, as for a service that failed
 
 
-def _view(client: _Client, job: str | None, path: str, server: str
+def _view(client: _Client, job: str | None, path: str, server: str, tables: bool = True
           ) -> tuple[Any, Callable[[Console], None], str | None]:
     """What ``holmes jobs [JOB]`` shows: the service's answer (what ``--json`` prints), how to
-    print it as tables, and the line saying JOB has no verdict yet (None: it has one, or no JOB
-    was given)."""
+    print it as tables (with what else they show: JOB's sources, asked for only with
+    ``tables``), and the line saying JOB has no verdict yet (None: it has one, or no JOB was
+    given)."""
     if job is None:
         listed = client.call("GET", "/v1/jobs")
         return listed, lambda console: _print_jobs(listed, server, console), None
     verdict = client.call("GET", f"{path}/verdict")
-    sources = client.call("GET", path).get("sources") or []
+    sources = (client.call("GET", path).get("sources") or []) if tables else []
 
     def render(console: Console) -> None:
         _print_job_verdict(verdict, console)
