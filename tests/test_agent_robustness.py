@@ -359,11 +359,16 @@ def test_a_bad_value_is_named_by_its_file_line_and_the_file_once(tmp_path, suffi
         ops.to_csv(path, index=False)
     else:
         ops.to_json(path, orient="records", lines=True)
-    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
+    _lots_set_aside_at(path, line)
+
+
+def _lots_set_aside_at(path: Path, line: int) -> None:
+    """``holmes agent --once`` on ``path``'s directory sets its row of nbytes 'lots' aside,
+    naming ``line``, and queues the others (the service is down)."""
+    proc = agent_cli("--follow", path.parent, "--server", "http://127.0.0.1:9", "--job", "j",
                      "--once", "--retry-for", "0.2", "--model", "rule")
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     error = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"error: {path}")]
-    # the row is set aside, the file's other rows read (and queued: the service is down)
     assert error == [f"error: {path}: 1 row(s) set aside, the rest shipped: column 'nbytes', "
                      f"line {line}: not a number (got 'lots'; expected a finite int)"], \
         proc.stderr
@@ -391,13 +396,7 @@ def test_a_bad_row_after_blank_lines_is_named_by_its_line_of_the_file(tmp_path, 
     path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
     line = head + 6 + 3  # the sixth record, three blank lines before it
     assert data.splitlines()[line - 1].count(b"lots") == 1
-    proc = agent_cli("--follow", logs, "--server", "http://127.0.0.1:9", "--job", "j",
-                     "--once", "--retry-for", "0.2", "--model", "rule")
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    error = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"error: {path}")]
-    assert error == [f"error: {path}: 1 row(s) set aside, the rest shipped: column 'nbytes', "
-                     f"line {line}: not a number (got 'lots'; expected a finite int)"], \
-        proc.stderr
+    _lots_set_aside_at(path, line)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
@@ -1243,6 +1242,17 @@ def test_a_rotated_log_compressed_under_a_name_the_traces_match_ships_each_row_o
         _all_shipped_once(agent, srv, "archived", ops)
 
 
+def _archives_read(monkeypatch) -> list[str]:
+    """The names of the archives the agent reads from now on (each read whole with
+    ``read_native``), in the order it reads them."""
+    from holmes_ml.io import readers
+
+    read: list[str] = []
+    native = readers.read_native
+    monkeypatch.setattr(readers, "read_native", lambda p: read.append(Path(p).name) or native(p))
+    return read
+
+
 def test_archives_of_rotated_logs_are_each_read_once_on_their_own(tmp_path, monkeypatch,
                                                                    caplog):
     """logrotate with dateext and compress, rotating every few iterations: each new archive
@@ -1250,11 +1260,7 @@ def test_archives_of_rotated_logs_are_each_read_once_on_their_own(tmp_path, monk
     rotation (which cost a poll time and memory in proportion to every archive kept). An
     archive from before the agent started ships its rows; one cut short (still being
     compressed) is set aside until it changes; a bad row of one is set aside naming its line."""
-    from holmes_ml.io import readers
-
-    read: list[str] = []
-    native = readers.read_native
-    monkeypatch.setattr(readers, "read_native", lambda p: read.append(Path(p).name) or native(p))
+    read = _archives_read(monkeypatch)
     ops = make_ops(seed=21, ranks=2, iterations=14).assign(job="")
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -1310,11 +1316,7 @@ def test_since_leaves_out_the_files_last_written_before_it(tmp_path, monkeypatch
     rotated logs written before then are not read (nor held), the live logs are, and the agent
     says what it left out. An archive written again is read, and its rows already shipped are
     not shipped twice."""
-    from holmes_ml.io import readers
-
-    read: list[str] = []
-    native = readers.read_native
-    monkeypatch.setattr(readers, "read_native", lambda p: read.append(Path(p).name) or native(p))
+    read = _archives_read(monkeypatch)
     ops = make_ops(seed=23, ranks=2, iterations=12).assign(job="")
     logs = tmp_path / "logs"
     logs.mkdir()
