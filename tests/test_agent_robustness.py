@@ -1413,3 +1413,38 @@ def test_one_walk_finds_the_files_each_pattern_matched_as_rglob_did(tmp_path):
     assert _Tree(tmp_path / "not-there").found["*.jsonl"] == []
     again = _Tree(root, tree)  # (the paths of the last walk reused)
     assert all(a is b for a, b in zip(again.found["*.csv"], tree.found["*.csv"], strict=True))
+
+
+def test_many_archives_are_checked_a_group_at_a_time_and_kept_as_each_alone_gives_them(
+        tmp_path, monkeypatch):
+    """Archives of rotated logs from before the agent started, a few rows each: their checks
+    against the schema (a fixed cost each, most of what a small archive cost) are made a
+    group at a time, and what is kept is what each archive checked alone gives."""
+    from holmes_ml.io.readers import read_native
+    from holmes_ml.io.schema import validate
+    from holmes_ml.serve import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "_ARCHIVES_AT_ONCE", 8)
+    ops = make_ops(seed=43, ranks=2, iterations=10).assign(job="")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for (r, it), sub in ops.groupby(["rank", "iteration"]):  # an archive an iteration
+        sub.to_json(logs / f"rank{r}-{it:04d}.jsonl.gz", orient="records", lines=True,
+                    compression="gzip")
+    calls = _counting_validate(monkeypatch)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="j", source="n1"),
+                  summarize=fallback_summarize)
+    try:
+        assert agent.read_new() == len(ops)
+        per_archive = len(ops) // 20
+        assert calls == [8 * per_archive, 8 * per_archive, 4 * per_archive], calls  # (20)
+        alone = pd.concat([validate(read_native(p)) for p in sorted(logs.glob("*.gz"))])
+        kept = agent._ops.drop(columns="_file")
+        key = ["rank", "iteration", "seq"]
+        pd.testing.assert_frame_equal(
+            kept.astype({"group_ranks": str}).sort_values(key).reset_index(drop=True),
+            alone.astype({"group_ranks": str}).sort_values(key)[kept.columns]
+            .reset_index(drop=True))
+        assert agent.bad_files == {} and agent.rows_set_aside == {}
+    finally:
+        agent.close()

@@ -763,6 +763,11 @@ _MIN_CHUNK = 4 << 20
 #: logger's zstd streams: about 20 times, `holmes bench follow`'s ``*_mb``): its chunks are
 #: this much smaller, for as many rows.
 _ARROW_DENSITY = 16
+#: Archives of rotated logs read, then checked together (a check has a fixed cost of its own,
+#: which small archives' rows cost many times over one by one), at most: so many files, or
+#: about so many rows.
+_ARCHIVES_AT_ONCE = 64
+_ARCHIVE_ROWS_AT_ONCE = 1 << 18
 #: Read points held per log at most (one per chunk kept, until one qualifies): beyond, every
 #: other one is dropped.
 _MAX_POINTS = 1024
@@ -1174,16 +1179,24 @@ class Agent:
             n += self._accept(read, checked)
         archived = 0  # rows of archives and other traces read whole: copies, maybe
         marks: pd.Series | None = None
-        for path in archives:
-            if self._files.setdefault(path, _FileState(kind=_ARCHIVE)).kind != _ARCHIVE:
-                continue  # a log followed under that name (rotated to it uncompressed)
-            read = self._read_file(path)
-            if read is not None:
-                # each alone, its rows queued already dropped before the next is read: an
-                # agent started on many archives does not hold them all at once
+        group: list[_Read] = []  # archives read, to be checked together
+        rows = 0  # (theirs)
+        for k, path in enumerate(archives):
+            if self._files.setdefault(path, _FileState(kind=_ARCHIVE)).kind == _ARCHIVE:
+                # (not: a log followed under that name, rotated to it uncompressed)
+                read = self._read_file(path)
+                if read is not None:
+                    group.append(read)
+                    rows += 0 if read.df is None else len(read.df)
+            if group and (k == len(archives) - 1 or len(group) == _ARCHIVES_AT_ONCE
+                          or rows >= _ARCHIVE_ROWS_AT_ONCE):
+                # a few at a time, their rows queued already dropped before the next are
+                # read: an agent started on many archives does not hold them all at once
                 if marks is None:
                     marks = pd.Series(self.outbox.watermarks(), dtype=np.int64)
-                archived += self._accept(read, None, marks)
+                for read, checked in zip(group, _validate_together(group), strict=True):
+                    archived += self._accept(read, checked, marks)
+                group, rows = [], 0
         n += archived
         whole = self._read_whole_files(
             sorted(set(traces) - set(archives) | set(self._traces(whatif))))
