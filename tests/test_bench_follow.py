@@ -50,7 +50,7 @@ def test_follow_bench_reads_every_row_of_every_format():
     assert f["rotated_restart_rows"] == f["rotated_restart_from_start_rows"] == 11 * 40 * 8
     assert f["read_points_5760_archives_ms_first"] > 0
     assert f["read_points_5760_archives_ms_next"] > 0
-    assert f["idle_poll_5760_archives_ms"] > 0
+    assert f["idle_poll_5760_archives_ms"] > 0 and f["first_read_960_archives_s"] > 0
     assert result.config["polls"] == 14 and result.config["rows_per_rank_per_poll"] == 40
     # a new agent with --since on the rotated logs, their archives two days old: it reads the
     # live logs (the last 2 iterations) and leaves every archive out

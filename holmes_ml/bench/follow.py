@@ -20,7 +20,8 @@ dropped), ``rotated_read_*`` the others; a rotation poll whose cost grows with t
 would be reading them all again. ``read_points_5760_archives_ms_*`` is the CPU a batch spends
 keeping the read points of 5,760 archives read already (hourly rotations of 8 ranks' logs for 30
 days): the first batch writes them all, the next only those that changed (none);
-``idle_poll_5760_archives_ms`` the CPU of a poll that finds nothing new beside them.
+``idle_poll_5760_archives_ms`` the CPU of a poll that finds nothing new beside them, and
+``first_read_960_archives_s`` that of a new agent reading 960 such small archives.
 
 Then, once every format was followed (``peak_rss_mb_following``), each agent stops and a new
 one on its outbox catches up (``*_restart_*``: CPU time and rows of its reads until the logs
@@ -186,30 +187,38 @@ def _many_points(root: Path, archives: int) -> dict[str, float]:
     return out
 
 
+def _archives(root: Path, archives: int) -> Path:
+    """A directory of ``archives`` archives of rotated logs (a few rows each: hourly rotations
+    of 8 ranks' logs, ``rank0-00001.jsonl.gz``) beside 8 live logs."""
+    import gzip
+
+    logs = root / f"archives-{archives}"
+    logs.mkdir(parents=True)
+    rows = _iteration(0, 4, np.random.default_rng(0))
+    texts = {r: df.to_json(orient="records", lines=True).encode() for r, df in rows.items()}
+    for i in range(archives):
+        path = logs / f"rank{i % RANKS}-{i // RANKS:05d}.jsonl.gz"
+        path.write_bytes(gzip.compress(texts[i % RANKS], mtime=0))
+    for r, text in texts.items():
+        (logs / f"rank{r}.jsonl").write_bytes(text)
+    return logs
+
+
 def _idle_polls(root: Path, archives: int, polls: int = 7) -> float:
     """Median CPU milliseconds of a poll that finds nothing new, with ``archives`` archives of
     rotated logs read already beside 8 live logs (hourly rotations of 8 ranks for 30 days is
     5,760): what an agent costs its host between iterations. The archives are real files (a
     few rows each); their states are made up as those of archives read (reading them all is
     not what is timed), and a first poll looks at each file's format once."""
-    import gzip
-
     from holmes_ml.serve.agent import _ARCHIVE, Agent, AgentConfig, _FileState
 
-    logs = root / "idle"
-    logs.mkdir(parents=True)
-    rows = _iteration(0, 4, np.random.default_rng(0))
-    texts = {r: df.to_json(orient="records", lines=True).encode() for r, df in rows.items()}
-    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench"),
-                  model="rule")
+    logs = _archives(root, archives)
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench",
+                              outbox=root / f"idle-{archives}.db"), model="rule")
     try:
-        for i in range(archives):
-            path = logs / f"rank{i % RANKS}-{i // RANKS:05d}.jsonl.gz"
-            path.write_bytes(gzip.compress(texts[i % RANKS], mtime=0))
+        for path in logs.glob("*.gz"):
             st = path.stat()
             agent._files[path] = _FileState(kind=_ARCHIVE, stamp=(st.st_size, st.st_mtime_ns))
-        for r, text in texts.items():
-            (logs / f"rank{r}.jsonl").write_bytes(text)
         agent.read_new()  # (each archive's format looked at, the live logs read)
         seconds = []
         for _ in range(polls):
@@ -220,6 +229,23 @@ def _idle_polls(root: Path, archives: int, polls: int = 7) -> float:
     finally:
         agent.close()
     return float(np.median(seconds)) * 1e3
+
+
+def _first_read(root: Path, archives: int) -> float:
+    """CPU seconds of a new agent (no outbox) reading ``archives`` archives of rotated logs
+    and 8 live logs until it has read them all (queueing nothing: not timed)."""
+    from holmes_ml.serve.agent import Agent, AgentConfig
+
+    logs = _archives(root, archives)
+    t0 = time.process_time()
+    agent = Agent(AgentConfig(follow=logs, server="http://127.0.0.1:9", job="bench",
+                              outbox=root / f"first-{archives}.db"), model="rule")
+    try:
+        agent.read_all()
+        seconds = time.process_time() - t0
+    finally:
+        agent.close()
+    return seconds
 
 
 def _restart(cfg, keep_points: bool) -> dict[str, float]:
@@ -338,7 +364,8 @@ def run(quick: bool = False, polls: int | None = None, rows: int | None = None
         points = _many_points(Path(tmp), 5760)
         figures.update({"read_points_5760_archives_ms_first": round(points["first"], 2),
                         "read_points_5760_archives_ms_next": round(points["next"], 2),
-                        "idle_poll_5760_archives_ms": round(_idle_polls(Path(tmp), 5760), 2)})
+                        "idle_poll_5760_archives_ms": round(_idle_polls(Path(tmp), 5760), 2),
+                        "first_read_960_archives_s": round(_first_read(Path(tmp), 960), 3)})
         # (after every format was followed: the peak of following is told apart)
         figures["peak_rss_mb_following"] = round(peak_rss_mb(), 1)
         for how, key, peak in (("from its point", "restart", "from_points"),
