@@ -6,7 +6,7 @@ a JSON file in none of the trace formats (a config), is ignored with a warning �
 and ``*.csv`` are
 read incrementally, and so are ``*.arrows`` (Arrow IPC streams: the batches written whole
 since the last poll); ``*.parquet`` files (once closed) and compressed logs (``*.jsonl.gz``,
-``*.csv.gz``: archives of rotated logs) are read whole, each on its own, again when it changes;
+``*.csv.gz``: archives of rotated logs) are read whole, a few at a time, again when changed;
 traces in the other supported formats — Kineto, Flight Recorder, NCCL Inspector, ByteDance
 what-if Parquet — are re-read together through
 :func:`holmes_ml.io.read_ops` whenever one of them changes), (2) takes the iterations that are
@@ -84,8 +84,8 @@ _FOLLOWED = tuple(p[1:] for p in PATTERNS if p[1:] not in _REREAD_SUFFIXES)
 WHOLE_FILE_PATTERNS = ("*.json", "*.json.gz", "*.jsonl.gz", "*.csv.gz", "*.pkl", "*.pickle")
 _WHOLE = "<whole-file traces>"
 #: The kind of a compressed CommOps log (an archive of a rotated log, ``rank0-20261204.jsonl.gz``):
-#: read whole, on its own, once per version (not with the other traces, which would read every
-#: archive again each time a log is rotated).
+#: read whole, apart from the other traces, once per version (read with them, every archive was
+#: read again each time a log was rotated).
 _ARCHIVE = "archive"
 _ARCHIVE_SUFFIXES = (".jsonl.gz", ".csv.gz")
 #: Kinds of the files re-read whole when they change (their rows replace those read before).
@@ -1570,8 +1570,9 @@ class Agent:
 
     def _is_archive(self, path: Path) -> bool:
         """Whether the trace ``path`` is a compressed CommOps log (``*.jsonl.gz``,
-        ``*.csv.gz``: an archive of a rotated log, most often), read on its own; one whose
-        gzip stream is cut short (still being compressed) too, set aside alone."""
+        ``*.csv.gz``: an archive of a rotated log, most often), read apart from the other
+        traces; one whose gzip stream is cut short (still being compressed) too, set aside
+        alone."""
         seen = self._sniffed.get(path)
         return (seen is not None and seen[1] in ("native", "?")
                 and path.name.lower().endswith(_ARCHIVE_SUFFIXES))
