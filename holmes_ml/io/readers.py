@@ -1007,9 +1007,10 @@ def _lists_once(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _plain_parquet(f: Path) -> pa.Table | None:
-    """``f`` as an Arrow table (member lists dictionary-encoded) when it is a Parquet file
-    without pandas metadata or an Arrow IPC stream, as the logger writes them: turning each
-    such file into a pandas table on its own costs more than reading it. None for any other
+    """``f`` as an Arrow table (member lists dictionary-encoded; an Arrow stream's other
+    strings too, decoded by :func:`_as_frames` with the other files') when it is a Parquet
+    file without pandas metadata or an Arrow IPC stream, as the logger writes them: turning
+    each such file into a pandas table on its own costs more than reading it. None for any other
     file, or one that does not read so (:func:`read_native` then reads it, or says why it
     cannot)."""
     if f.name.lower().endswith(".arrows"):
