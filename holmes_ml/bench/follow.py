@@ -233,7 +233,8 @@ def _idle_polls(root: Path, archives: int, polls: int = 7) -> float:
 
 def _first_read(root: Path, archives: int) -> float:
     """CPU seconds of a new agent (no outbox) reading ``archives`` archives of rotated logs
-    and 8 live logs until it has read them all (queueing nothing: not timed)."""
+    and 8 live logs until it has read them all (:meth:`~holmes_ml.serve.agent.Agent.read_all`;
+    what it read is not summarized)."""
     from holmes_ml.serve.agent import Agent, AgentConfig
 
     logs = _archives(root, archives)
