@@ -2,9 +2,10 @@
 
 Simulates a LLaMA2-70B job (tp8 pp8, 4 iterations, one slowed GPU) and writes each rank's
 operators to a file of its own as :class:`holmes_ml.collect.writer.RowSink` does (``--fmt
-arrow``, the logger's default: a zstd-compressed Arrow IPC stream; or ``parquet``), each with
-only the values its rank logged, then times :func:`holmes_ml.pipeline.read_paths` on the
-directory (read, check, one table), best of ``--repeats``.
+arrow``, the logger's default: a zstd-compressed Arrow IPC stream, each with only the values
+its rank logged; or ``parquet``, as ``holmes bench latency`` writes them), then times
+:func:`holmes_ml.pipeline.read_paths` on the directory (read, check, one table), best of
+``--repeats``.
 
 Usage: ``.venv/bin/python scripts/rank_logs_read.py --gpus 8192`` (about 2 minutes on 2 cores;
 ``PYTHONPATH=<checkout>`` times another checkout on the same files with ``--logs DIR``).
@@ -17,25 +18,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from holmes_ml import pipeline
 
 
 def write_logs(gpus: int, fmt: str, out: Path) -> int:
-    """The simulated job's rank logs under ``out``; returns the operators written."""
-    from holmes_ml.collect.writer import COLUMNS, FORMATS, Coded, RowSink
+    """The simulated job's rank logs under ``out``
+    (:func:`holmes_ml.bench.latency._logger_files`); returns the operators written."""
+    from holmes_ml.bench.latency import _logger_files
     from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
     sim = simulate(SimConfig(gpus=gpus, model="llama2-70b", iterations=4, seed=0, faults=(
         FaultSpec.parse("gpu_slow:rank=77,severity=0.5,start=2"),)))
-    text = [c for c in COLUMNS if isinstance(sim.ops[c].dtype, pd.CategoricalDtype)]
-    for rank, part in sim.ops.groupby("rank", sort=True):
-        part = part.assign(**{c: part[c].cat.remove_unused_categories() for c in text})
-        sink = RowSink(out / f"rank-{int(rank):05d}{FORMATS[fmt]}", fmt)
-        sink.write({c: Coded(part[c].cat.codes.to_numpy(), list(part[c].cat.categories))
-                    if c in text else part[c].to_numpy() for c in COLUMNS})
-        sink.close()
+    _logger_files(sim.ops, out, fmt)
     return len(sim.ops)
 
 
