@@ -615,22 +615,19 @@ def _holds_what_was_read(path: Path, state: _FileState) -> bool | None:
         return None  # gone, or unreadable: reading it says which
 
 
-def _read_increment(path: Path, state: _FileState, limit: int = 0,
-                    st: os.stat_result | None = None) -> pd.DataFrame | None:
-    """New rows of ``path`` since ``state`` (``None`` when nothing new); advances ``state``.
-    At most ``limit`` bytes are read (0: :data:`_MAX_CHUNK`); the rest waits for the next read.
-    ``st``: the file's status, taken already this poll.
+def _read_increment(path: Path, state: _FileState, st: os.stat_result, limit: int = 0
+                    ) -> pd.DataFrame | None:
+    """New rows of ``path`` (whose status this poll is ``st``) since ``state`` (``None`` when
+    nothing new); advances ``state``. At most ``limit`` bytes are read (0: :data:`_MAX_CHUNK`);
+    the rest waits for the next read. A file read whole is read again only when it changed
+    (its caller passes it over otherwise).
 
     The caller passes a copy and keeps it only when the rows were accepted, so a chunk that
     fails to parse is read again (from the same offset) once the file changes.
     """
-    st = st or path.stat()
     suffix = state.kind or path.suffix
     if suffix in _REREAD_KINDS:
-        stamp = (st.st_size, st.st_mtime_ns)
-        if stamp == state.stamp:
-            return None
-        state.stamp = stamp
+        state.stamp = (st.st_size, st.st_mtime_ns)
         from holmes_ml.io.readers import read_native, unfinished_parquet
 
         if suffix == _ARCHIVE:  # (its rows named by row: blank lines are no rows)
@@ -1387,7 +1384,8 @@ class Agent:
             st = self._stat(path)
         except FileNotFoundError:
             return None  # removed since the glob
-        if state.kind in _REREAD_KINDS and state.stamp == (st.st_size, st.st_mtime_ns):
+        if ((state.kind or path.suffix) in _REREAD_KINDS
+                and state.stamp == (st.st_size, st.st_mtime_ns)):
             return None  # read whole already, and unchanged
         if state.offset and (st.st_ino != state.inode or st.st_size < state.offset
                              or _written_anew(path, state)):
@@ -1409,7 +1407,7 @@ class Agent:
             return None  # could not be read and has not changed since
         trial = replace(state, bad=None, chunk_line=None, chunk_skipped=[])
         try:
-            df = _read_increment(path, trial, limit, st)
+            df = _read_increment(path, trial, st, limit)
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
             self._set_bad(path, _describe(exc))
             state.bad = stamp
