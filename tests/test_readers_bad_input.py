@@ -518,10 +518,15 @@ def test_nccl_inspector_error_says_line_once(tmp_path):
     assert "line 1:" in msg and msg.count("line 1") == 1 and "row" not in msg
 
 
-def test_files_that_disagree_name_both_files_and_lines(tmp_path):
+@pytest.mark.parametrize("at_once", [256, 2])
+def test_files_that_disagree_name_both_files_and_lines(tmp_path, monkeypatch, at_once):
     """Each file is consistent alone; read together, rank 2's file lists other members for
     dp-0 than rank 0's did, and a later run put rank 1 on another host: the error names the
-    file and line of the contradiction and of what it contradicts."""
+    file and line of the contradiction and of what it contradicts (files read two at a
+    time too: the contradiction then lies between two parts, checked once all are read)."""
+    from holmes_ml.io import readers
+
+    monkeypatch.setattr(readers, "_FILES_AT_ONCE", at_once)
     df = _ops()
     d = tmp_path / "d"
     d.mkdir()

@@ -12,6 +12,7 @@ from holmes_ml.io.schema import (
     SchemaError,
     ValidationOptions,
     concat_ops,
+    concat_validated,
     validate,
 )
 
@@ -266,6 +267,29 @@ def test_files_listing_different_communicators_read_to_one_categorical_column(tm
     joined = concat_ops([a, b])
     assert isinstance(joined["group_ranks"].dtype, pd.CategoricalDtype)
     assert joined["group_ranks"].tolist() == [*a["group_ranks"], *b["group_ranks"]]
+
+
+def test_validated_tables_join_as_validating_the_join_gives():
+    """concat_validated checks again only what rows of different tables say against each
+    other, and gives what validate of the join gives: categories and all."""
+    members = {"dp-0": "0 1", "pp-0-1": "0 1"}
+    a = validate(_table(group_ranks=[members[g] for g in _table()["group"]]))
+    b = validate(_table(iteration=[1] * 4, group=["tp-0"] * 4, op=["all_gather"] * 4,
+                        seq=[0, 0, 1, 1], group_ranks=["1 0"] * 4))
+    b_other = validate(_table(iteration=[1] * 4, group_ranks=["0 1 2"] * 4))
+    joined = concat_validated([a, b], source="x")
+    whole = validate(concat_ops([a, b]), source="x")
+    assert joined.equals(whole) and list(joined.dtypes) == list(whole.dtypes)
+    assert joined["group_ranks"].cat.categories.equals(whole["group_ranks"].cat.categories)
+    # dp-0 listed with other members in the second table: the row of the join is named
+    with pytest.raises(SchemaError, match="participants of group 'dp-0' disagree") as err:
+        concat_validated([a, b_other], source="x")
+    assert err.value.row == 4
+    # a table without a column the other has: validated again whole, as the join is
+    hosts = validate(_table(host=["h0", "h1", "h0", "h1"]))
+    mixed = concat_validated([hosts, validate(_table(iteration=[1] * 4))], source="x")
+    assert mixed.equals(validate(concat_ops([hosts, validate(_table(iteration=[1] * 4))])))
+    assert mixed["host"].tolist() == ["h0", "h1", "h0", "h1", "", "", "", ""]
 
 
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])

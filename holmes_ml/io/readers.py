@@ -51,7 +51,9 @@ from holmes_ml.io.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
     SchemaError,
+    ValidationOptions,
     concat_ops,
+    concat_validated,
     validate,
 )
 
@@ -1177,14 +1179,16 @@ _SCHEMA_ORDER = [*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS]
 _FILES_AT_ONCE = 256
 
 
-def _validated_together(files: list[Path], read: list[pd.DataFrame | pa.Table], source: str
-                        ) -> tuple[pd.DataFrame, bool]:
+def _validated_together(files: list[Path], read: list[pd.DataFrame | pa.Table], source: str,
+                        alone: bool = True) -> tuple[pd.DataFrame, bool]:
     """The native files ``files`` (as read: ``read``) as one validated table, and whether
     it was validated as a whole. When that fails, each file is validated on its own, so that
     an error names the file and its line; what files say against each other is then left to
-    the caller (``False``)."""
+    the caller (``False``), as it is when the files are not all there are (not ``alone``:
+    the caller checks that once, on all of them)."""
     try:
-        ops = validate(concat_ops(_as_frames(read)), source=source)
+        ops = validate(concat_ops(_as_frames(read)), source=source,
+                       options=None if alone else ValidationOptions(check_groups=False))
     except Exception:  # any error: found and named below
         return concat_ops([_read_native(f, _as_frames([t])[0])
                            for f, t in zip(files, read, strict=True)]), False
@@ -1323,7 +1327,8 @@ def _read_native_files(files: list[Path], source: str, shown: dict[str, str]) ->
         some.append(f)
         counts.append(len(read[-1]))
         if len(some) == _FILES_AT_ONCE or i == len(files) - 1:
-            part, whole = _validated_together(some, read, source)
+            part, whole = _validated_together(some, read, source,
+                                              alone=len(files) <= _FILES_AT_ONCE)
             parts.append(part)
             checked &= whole
             some, read = [], []
@@ -1331,8 +1336,11 @@ def _read_native_files(files: list[Path], source: str, shown: dict[str, str]) ->
     ops = parts[0]
     if len(parts) > 1 or not checked:
         try:
-            # what files say against each other
-            ops = validate(concat_ops(parts), source=source)
+            # what files say against each other, checked once for all parts; each row's own
+            # values were checked with its part, unless a part holds files validated one by
+            # one (perhaps of other columns)
+            ops = concat_validated(parts, source=source) if checked \
+                else validate(concat_ops(parts), source=source)
         except SchemaError as exc:
             # name the file of the row
             raise _in_file(exc, files, names, origin) from None

@@ -556,7 +556,29 @@ def concat_ops(frames: list[pd.DataFrame]) -> pd.DataFrame:
             and not isinstance(out["group_ranks"].dtype, pd.CategoricalDtype)):
         # one dtype of categories, as union_categoricals asks
         lists = [c.cat.rename_categories(c.cat.categories.astype(object)) for c in lists]
-        out["group_ranks"] = union_categoricals(lists, ignore_order=True)
+        joined = union_categoricals(lists, ignore_order=True)
+        # object categories, as validate makes them (the union infers str)
+        out["group_ranks"] = joined.rename_categories(pd.Index(joined.categories, dtype=object))
+    return out
+
+
+def concat_validated(frames: list[pd.DataFrame], source: str | None = None) -> pd.DataFrame:
+    """Tables each as :func:`validate` gave it, joined as ``validate(concat_ops(frames))``
+    would join them, but that only what rows of different tables may say against each other
+    is checked again (a communicator's members and kind, a rank's host, a collective's op):
+    each row's own values were checked with its table. Tables of different columns are
+    validated again whole (a column one of them lacked is missing values in the join).
+
+    Raises
+    ------
+    SchemaError
+        As :func:`validate`, naming the row of the joined table.
+    """
+    out = concat_ops(frames)
+    if any(list(f.columns) != list(frames[0].columns) for f in frames[1:]):
+        return validate(out, source=source)
+    if len(out):
+        _check_agreement(out, source)
     return out
 
 
