@@ -281,6 +281,8 @@ def test_validated_tables_join_as_validating_the_join_gives():
     whole = validate(concat_ops([a, b]), source="x")
     assert joined.equals(whole) and list(joined.dtypes) == list(whole.dtypes)
     assert joined["group_ranks"].cat.categories.equals(whole["group_ranks"].cat.categories)
+    # each text column in one piece, not one Arrow chunk per table joined
+    assert all(joined[c].array.__arrow_array__().num_chunks == 1 for c in ("op", "group"))
     # dp-0 listed with other members in the second table: the row of the join is named
     with pytest.raises(SchemaError, match="participants of group 'dp-0' disagree") as err:
         concat_validated([a, b_other], source="x")

@@ -559,6 +559,13 @@ def concat_ops(frames: list[pd.DataFrame]) -> pd.DataFrame:
         joined = union_categoricals(lists, ignore_order=True)
         # object categories, as validate makes them (the union infers str)
         out["group_ranks"] = joined.rename_categories(pd.Index(joined.categories, dtype=object))
+    for c in out.columns:
+        if isinstance(out[c].array, pd.arrays.ArrowStringArray):
+            # one Arrow chunk per table joined (8,192 for a job's rank logs) would make every
+            # later group-by and factorize walk them all
+            chunks = out[c].array.__arrow_array__()
+            if chunks.num_chunks > 1:
+                out[c] = pd.array(chunks.combine_chunks(), dtype=out[c].dtype)
     return out
 
 
