@@ -125,3 +125,75 @@ def test_no_widening_is_asked_for_when_the_slice_cut_nothing_before_it(sim):
         assert out.exit_code == 0, out.output
         assert "irregular iterations: none" in out.stdout
         assert "to judge against" not in out.stdout, out.stdout
+
+
+def _run_on_a_terminal(args: list[str], timeout: float = 120) -> tuple[int, str]:
+    """``holmes ARGS`` with stdout and stderr on a pseudo-terminal (100 columns); its exit
+    status and all it wrote there."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import time
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", "from holmes_ml.cli import main; main()",
+                             *args], stdin=subprocess.DEVNULL, stdout=child, stderr=child,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    os.close(child)
+    seen = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if select.select([main], [], [], 0.5)[0]:
+                try:
+                    data = os.read(main, 65536)
+                except OSError:  # the child's end closed: it exited
+                    break
+                if not data:
+                    break
+                seen += data
+            elif proc.poll() is not None:
+                break
+        status = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    return status, seen.decode(errors="replace")
+
+
+def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_path):
+    """After the files' progress bar, a job of thousands of rank logs left a terminal silent
+    for seconds (checking the files together, scoring, localizing): each stage now shows what
+    runs on a line of its own, cleared before the verdict is printed; piped, nothing of it."""
+    import pandas as pd
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ops = pd.read_parquet(sim / "ops.parquet")
+    for r, sub in ops.groupby("rank"):
+        sub.to_csv(logs / f"rank-{r}.csv", index=False)
+    status, raw = _run_on_a_terminal(["localize", str(logs), "--top-k", "1"])
+    assert status == 0, raw
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", raw)  # (the terminal's codes left out)
+    stages = [f"checking {ops['rank'].nunique()} files against each other",
+              f"scoring {len(ops):,} operators", "localizing"]
+    at = [text.find(s) for s in stages]
+    assert all(a >= 0 for a in at) and at == sorted(at), (at, text)
+    verdict = text.find("suspects (best first)")
+    assert verdict > at[-1], text
+    # cleared: the last stage's line is erased (ESC [2K) before the verdict is printed
+    last = raw.rfind("localizing")
+    assert "\x1b[2K" in raw[last:raw.find("suspects (best first)")], raw[last:]
+    assert "gpu" in text[verdict:], text
+    # holmes detect likewise, while it scores
+    status, raw = _run_on_a_terminal(["detect", str(logs), "--out", str(tmp_path / "s.parquet")])
+    assert status == 0 and f"scoring {len(ops):,} operators" in raw, raw
+    piped = CliRunner().invoke(app, ["localize", str(logs), "--top-k", "1"])
+    assert piped.exit_code == 0 and not any(s.split()[0] in piped.stderr for s in stages), \
+        piped.stderr

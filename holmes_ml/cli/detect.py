@@ -18,6 +18,7 @@ from holmes_ml.cli._checks import (
     format_option,
     op_named,
 )
+from holmes_ml.io._common import stage
 from holmes_ml.io.schema import SchemaError
 
 
@@ -97,7 +98,8 @@ def register(app: typer.Typer) -> None:
         ops = pipeline.read_paths(files, format, progress=sys.stderr.isatty(),
                                   trust_pickle=trust_pickle)
         labels = _read_labels(ops, ", ".join(map(str, paths)))
-        scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
+        with stage(f"scoring {len(ops):,} operators", show=sys.stderr.isatty()):
+            scores = pipeline.rule_scores(ops) if rule else score_ops(ops, model=det)
         cut = threshold if threshold is not None else float(getattr(det, "threshold_", 0.5))
         table = ops.assign(score=scores, predicted=scores >= cut)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from holmes_ml.cli._checks import (
     iteration_range,
 )
 from holmes_ml.cli._verdict import print_verdict, slice_note
+from holmes_ml.io._common import stage
 
 #: The irregularity monitor's reference: the regular iterations before each one it judges
 #: (``holmes_ml.features.IrregularityConfig.window``; not imported, --help needs no pandas).
@@ -151,8 +152,11 @@ def register(app: typer.Typer) -> None:
                 held = np.unique(ops["iteration"].to_numpy(dtype=np.int64))
                 held_before = held[held < span[0]].tolist()
             ops = pipeline.only_iterations(ops, *span)
-        summary = pipeline.summarize(ops, mdl, cfg)
-        verdict = pipeline.note_input(pipeline.localize_summaries([summary], topo, cfg), ops)
+        tty = sys.stderr.isatty()
+        with stage(f"scoring {len(ops):,} operators", show=tty):
+            summary = pipeline.summarize(ops, mdl, cfg)
+        with stage("localizing", show=tty):
+            verdict = pipeline.note_input(pipeline.localize_summaries([summary], topo, cfg), ops)
         evidence = None
         if graph is not None or plot is not None:
             from holmes_ml.localize.graph import evidence_graph

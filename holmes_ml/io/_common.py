@@ -52,6 +52,34 @@ def showing_progress(show: bool) -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
+@contextmanager
+def stage(text: str, show: bool | None = None) -> Iterator[None]:
+    """While inside, a spinner on stderr saying ``text`` (what runs now, when it is long enough
+    to leave the user wondering: the check of many files after their progress bar, a job's
+    scoring), cleared on the way out; only inside ``showing_progress(True)`` unless ``show``
+    says otherwise. Warnings logged meanwhile are printed above it, not into its line."""
+    if not (_PROGRESS.get() if show is None else show):
+        yield
+        return
+    import logging
+    import sys
+
+    from rich.console import Console
+
+    with Console(stderr=True).status(text):
+        # the root logger's handlers write to the stderr they were given; rich's own (which
+        # it has now) prints their lines above the spinner
+        moved = [h for h in logging.getLogger().handlers
+                 if type(h) is logging.StreamHandler and h.stream is sys.__stderr__]
+        for handler in moved:
+            handler.setStream(sys.stderr)
+        try:
+            yield
+        finally:
+            for handler in moved:
+                handler.setStream(sys.__stderr__)
+
+
 def each_file(paths: Sequence[_T]) -> Iterable[_T]:
     """``paths`` to read one by one: with a progress bar on stderr inside
     ``showing_progress(True)`` when there are several, once reading takes over a second."""

@@ -46,6 +46,7 @@ from holmes_ml.io._common import (
     load_json,
     open_bytes,
     showing_progress,
+    stage,
 )
 from holmes_ml.io.schema import (
     OPTIONAL_COLUMNS,
@@ -1334,17 +1335,18 @@ def _read_native_files(files: list[Path], source: str, shown: dict[str, str]) ->
             some, read = [], []
     origin = np.repeat(np.arange(len(files)), counts)
     ops = parts[0]
-    if len(parts) > 1 or not checked:
-        try:
-            # what files say against each other, checked once for all parts; each row's own
-            # values were checked with its part, unless a part holds files validated one by
-            # one (perhaps of other columns)
-            ops = concat_validated(parts, source=source) if checked \
-                else validate(concat_ops(parts), source=source)
-        except SchemaError as exc:
-            # name the file of the row
-            raise _in_file(exc, files, names, origin) from None
-    return _drop_duplicate_rows(ops, source, names, origin)
+    with stage(f"checking {len(files):,} files against each other"):
+        if len(parts) > 1 or not checked:
+            try:
+                # what files say against each other, checked once for all parts; each row's
+                # own values were checked with its part, unless a part holds files validated
+                # one by one (perhaps of other columns)
+                ops = concat_validated(parts, source=source) if checked \
+                    else validate(concat_ops(parts), source=source)
+            except SchemaError as exc:
+                # name the file of the row
+                raise _in_file(exc, files, names, origin) from None
+        return _drop_duplicate_rows(ops, source, names, origin)
 
 
 #: What a converter may raise on input its own checks let through (a field of an unexpected
