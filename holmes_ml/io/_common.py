@@ -13,6 +13,7 @@ import logging
 import math
 import re
 import stat
+import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,9 +62,6 @@ def stage(text: str, show: bool | None = None) -> Iterator[None]:
     if not (_PROGRESS.get() if show is None else show):
         yield
         return
-    import logging
-    import sys
-
     from rich.console import Console
 
     with Console(stderr=True).status(text):
