@@ -559,14 +559,20 @@ def concat_ops(frames: list[pd.DataFrame]) -> pd.DataFrame:
         joined = union_categoricals(lists, ignore_order=True)
         # object categories, as validate makes them (the union infers str)
         out["group_ranks"] = joined.rename_categories(pd.Index(joined.categories, dtype=object))
-    for c in out.columns:
-        if isinstance(out[c].array, pd.arrays.ArrowStringArray):
-            # one Arrow chunk per table joined (8,192 for a job's rank logs) would make every
-            # later group-by and factorize walk them all
-            chunks = out[c].array.__arrow_array__()
-            if chunks.num_chunks > 1:
-                out[c] = pd.array(chunks.combine_chunks(), dtype=out[c].dtype)
     return out
+
+
+def _in_one_chunk(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each Arrow text column in one chunk: pandas chains the chunks of the tables
+    it joins (8,192 for a job's rank logs, which every later group-by and factorize would
+    walk). Not done by :func:`concat_ops` itself: an agent joins its rows at every poll, and
+    copying all it holds each time made its polls slower as its logs grew."""
+    for c in df.columns:
+        if isinstance(df[c].array, pd.arrays.ArrowStringArray):
+            chunks = df[c].array.__arrow_array__()
+            if chunks.num_chunks > 1:
+                df[c] = pd.array(chunks.combine_chunks(), dtype=df[c].dtype)
+    return df
 
 
 def concat_validated(frames: list[pd.DataFrame], source: str | None = None) -> pd.DataFrame:
@@ -581,7 +587,7 @@ def concat_validated(frames: list[pd.DataFrame], source: str | None = None) -> p
     SchemaError
         As :func:`validate`, naming the row of the joined table.
     """
-    out = concat_ops(frames)
+    out = _in_one_chunk(concat_ops(frames))
     if any(list(f.columns) != list(frames[0].columns) for f in frames[1:]):
         return validate(out, source=source)
     if len(out):
