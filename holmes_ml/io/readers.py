@@ -1188,7 +1188,7 @@ def _validated_together(files: list[Path], read: list[pd.DataFrame | pa.Table], 
     the caller (``False``), as it is when the files are not all there are (not ``alone``:
     the caller checks that once, on all of them)."""
     try:
-        ops = validate(concat_ops(_as_frames(read)), source=source,
+        ops = validate(concat_ops(_as_frames(read), one_chunk=True), source=source,
                        options=None if alone else ValidationOptions(check_groups=False))
     except Exception:  # any error: found and named below
         return concat_ops([_read_native(f, _as_frames([t])[0])

@@ -544,11 +544,14 @@ def validate(
     return result
 
 
-def concat_ops(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def concat_ops(frames: list[pd.DataFrame], one_chunk: bool = False) -> pd.DataFrame:
     """``pd.concat`` of CommOps tables that keeps ``group_ranks`` categorical when every
     table has it so: pandas makes an object column of categoricals whose categories differ
     (two files that list different communicators), whose 40 kB member lists would then be
-    hashed row by row."""
+    hashed row by row. ``one_chunk``: each Arrow text column in one chunk, where pandas
+    chains the tables' chunks (8,192 for a job's rank logs, which every later group-by and
+    factorize would walk); not by default: an agent joins what it holds at every poll, and
+    copying it all each time made its polls slower as its logs grew."""
     out = pd.concat(frames, ignore_index=True)
     lists = [f["group_ranks"] for f in frames if "group_ranks" in f.columns]
     if (len(frames) > 1 and len(lists) == len(frames)
@@ -559,20 +562,12 @@ def concat_ops(frames: list[pd.DataFrame]) -> pd.DataFrame:
         joined = union_categoricals(lists, ignore_order=True)
         # object categories, as validate makes them (the union infers str)
         out["group_ranks"] = joined.rename_categories(pd.Index(joined.categories, dtype=object))
-    return out
-
-
-def _in_one_chunk(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with each Arrow text column in one chunk: pandas chains the chunks of the tables
-    it joins (8,192 for a job's rank logs, which every later group-by and factorize would
-    walk). Not done by :func:`concat_ops` itself: an agent joins its rows at every poll, and
-    copying all it holds each time made its polls slower as its logs grew."""
-    for c in df.columns:
-        if isinstance(df[c].array, pd.arrays.ArrowStringArray):
-            chunks = df[c].array.__arrow_array__()
+    for c in out.columns if one_chunk else ():
+        if isinstance(out[c].array, pd.arrays.ArrowStringArray):
+            chunks = out[c].array.__arrow_array__()
             if chunks.num_chunks > 1:
-                df[c] = pd.array(chunks.combine_chunks(), dtype=df[c].dtype)
-    return df
+                out[c] = pd.array(chunks.combine_chunks(), dtype=out[c].dtype)
+    return out
 
 
 def concat_validated(frames: list[pd.DataFrame], source: str | None = None) -> pd.DataFrame:
@@ -587,7 +582,7 @@ def concat_validated(frames: list[pd.DataFrame], source: str | None = None) -> p
     SchemaError
         As :func:`validate`, naming the row of the joined table.
     """
-    out = _in_one_chunk(concat_ops(frames))
+    out = concat_ops(frames, one_chunk=True)
     if any(list(f.columns) != list(frames[0].columns) for f in frames[1:]):
         return validate(out, source=source)
     if len(out):
