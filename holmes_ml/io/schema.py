@@ -562,11 +562,12 @@ def concat_ops(frames: list[pd.DataFrame], one_chunk: bool = False) -> pd.DataFr
         joined = union_categoricals(lists, ignore_order=True)
         # object categories, as validate makes them (the union infers str)
         out["group_ranks"] = joined.rename_categories(pd.Index(joined.categories, dtype=object))
-    for c in out.columns if one_chunk else ():
-        if isinstance(out[c].array, pd.arrays.ArrowStringArray):
-            chunks = out[c].array.__arrow_array__()
-            if chunks.num_chunks > 1:
-                out[c] = pd.array(chunks.combine_chunks(), dtype=out[c].dtype)
+    if one_chunk:
+        for c in out.columns:
+            if isinstance(out[c].array, pd.arrays.ArrowStringArray):
+                chunks = out[c].array.__arrow_array__()
+                if chunks.num_chunks > 1:
+                    out[c] = pd.array(chunks.combine_chunks(), dtype=out[c].dtype)
     return out
 
 
