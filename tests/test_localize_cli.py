@@ -169,8 +169,9 @@ def _run_on_a_terminal(args: list[str], timeout: float = 120) -> tuple[int, str]
 
 def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_path):
     """After the files' progress bar, a job of thousands of rank logs left a terminal silent
-    for seconds (checking the files together, scoring, localizing): each stage now shows what
-    runs on a line of its own, cleared before the verdict is printed; piped, nothing of it."""
+    for seconds (checking the files together, scoring, localizing, taking stock): each stage
+    now shows what runs on a line of its own, cleared before the verdict is printed; piped,
+    nothing of it."""
     import pandas as pd
 
     logs = tmp_path / "logs"
@@ -194,6 +195,12 @@ def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_pa
     # holmes detect likewise, while it scores
     status, raw = _run_on_a_terminal(["detect", str(logs), "--out", str(tmp_path / "s.parquet")])
     assert status == 0 and f"scoring {len(ops):,} operators" in raw, raw
+    # holmes check while it takes stock of what it read, erased before its report
+    status, raw = _run_on_a_terminal(["check", str(logs)])
+    assert status == 0, raw
+    said = raw.find(f"taking stock of {len(ops):,} operators")
+    report = raw.find("read ", said)  # (its figures are coloured: codes between the words)
+    assert 0 <= said < report and "\x1b[2K" in raw[said:report], raw
     piped = CliRunner().invoke(app, ["localize", str(logs), "--top-k", "1"])
     assert piped.exit_code == 0 and not any(s.split()[0] in piped.stderr for s in stages), \
         piped.stderr

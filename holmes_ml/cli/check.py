@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from holmes_ml.cli._checks import TRUST_PICKLE_HELP, format_help, format_option
+from holmes_ml.io._common import stage
 
 
 def register(app: typer.Typer) -> None:
@@ -55,7 +56,8 @@ def register(app: typer.Typer) -> None:
                                   trust_pickle=trust_pickle, warn=False)  # (a check below)
         if topo is not None:
             pipeline.check_topology(topo, ops)  # one localize would refuse is no help here
-        report = inventory(ops, topo)
+        with stage(f"taking stock of {len(ops):,} operators", show=sys.stderr.isatty()):
+            report = inventory(ops, topo)
         if as_json:
             typer.echo(json.dumps(report))
             return
