@@ -6,15 +6,16 @@ made late, several hops before, by a persistent slow NIC, link or switch. The de
 ``late_prev_*`` columns look one hop back: the op the instance's last arrival ran just before
 it. This script follows that step again and again within the iteration (the op waits for its
 instance's last arrival; that rank ran some op before; that op waited for its own instance's
-last arrival; ...), up to 16 hops, and gives each operator the largest value met on the way of
-a few of the detector's own columns (a slow transfer, a copy far outside its stage, a
-transfer slower than its own history) and of an out-of-fold first pass's score. It trains the
-shipped detector's trees (``scale_free_estimator``) on the default training mix with and
-without those columns and prints the bench's per-scale F1 on the bench's held-out rows, and
-each variant's per-run table.
+last arrival; ...), up to each of ``--depths`` hops, and gives each operator the largest value
+met on the way of a few of the detector's own columns (a slow transfer, a copy far outside its
+stage, a transfer slower than its own history; ``--first-pass``: also an out-of-fold first
+pass's score). It trains the shipped detector's trees (``scale_free_estimator``) on the default
+training mix with and without those columns, once per ``--seeds`` random state, and prints the
+bench's per-scale F1 on the bench's held-out rows and each variant's per-run table.
 
-Usage: ``.venv/bin/python scripts/chain_context.py`` (about 20 minutes on 2 cores; ``--quick``:
-the tiny preset and two small held-out jobs, a smoke test).
+Usage: ``.venv/bin/python scripts/chain_context.py`` (6-10 minutes on 2 cores; ``--depths 8 16
+32 --seeds 0 1 2``; ``--depths 16 --first-pass``; ``--quick``: the tiny preset and two small
+held-out jobs, a smoke test).
 """
 import argparse
 import time
