@@ -204,3 +204,5 @@ def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_pa
     piped = CliRunner().invoke(app, ["localize", str(logs), "--top-k", "1"])
     assert piped.exit_code == 0 and not any(s.split()[0] in piped.stderr for s in stages), \
         piped.stderr
+    piped = CliRunner().invoke(app, ["check", str(logs)])
+    assert piped.exit_code == 0 and "taking stock" not in piped.stderr, piped.stderr
