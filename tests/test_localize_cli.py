@@ -8,6 +8,7 @@ import os
 import re
 
 import pytest
+from test_serve_cli import on_a_terminal
 from typer.testing import CliRunner
 
 from holmes_ml.cli import app
@@ -127,46 +128,6 @@ def test_no_widening_is_asked_for_when_the_slice_cut_nothing_before_it(sim):
         assert "to judge against" not in out.stdout, out.stdout
 
 
-def _run_on_a_terminal(args: list[str], timeout: float = 120) -> tuple[int, str]:
-    """``holmes ARGS`` with stdout and stderr on a pseudo-terminal (100 columns); its exit
-    status and all it wrote there."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import subprocess
-    import sys
-    import termios
-    import time
-
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-c", "from holmes_ml.cli import main; main()",
-                             *args], stdin=subprocess.DEVNULL, stdout=child, stderr=child,
-                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
-    os.close(child)
-    seen = b""
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if select.select([main], [], [], 0.5)[0]:
-                try:
-                    data = os.read(main, 65536)
-                except OSError:  # the child's end closed: it exited
-                    break
-                if not data:
-                    break
-                seen += data
-            elif proc.poll() is not None:
-                break
-        status = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(main)
-    return status, seen.decode(errors="replace")
-
-
 def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_path):
     """After the files' progress bar, a job of thousands of rank logs left a terminal silent
     for seconds (checking the files together, scoring, localizing, taking stock): each stage
@@ -179,7 +140,7 @@ def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_pa
     ops = pd.read_parquet(sim / "ops.parquet")
     for r, sub in ops.groupby("rank"):
         sub.to_csv(logs / f"rank-{r}.csv", index=False)
-    status, raw = _run_on_a_terminal(["localize", str(logs), "--top-k", "1"])
+    status, raw = on_a_terminal("localize", logs, "--top-k", "1")
     assert status == 0, raw
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", raw)  # (the terminal's codes left out)
     stages = [f"checking {ops['rank'].nunique()} files against each other",
@@ -193,10 +154,10 @@ def test_on_a_terminal_each_long_stage_says_what_runs_and_is_cleared(sim, tmp_pa
     assert "\x1b[2K" in raw[last:raw.find("suspects (best first)")], raw[last:]
     assert "gpu" in text[verdict:], text
     # holmes detect likewise, while it scores
-    status, raw = _run_on_a_terminal(["detect", str(logs), "--out", str(tmp_path / "s.parquet")])
+    status, raw = on_a_terminal("detect", logs, "--out", tmp_path / "s.parquet")
     assert status == 0 and f"scoring {len(ops):,} operators" in raw, raw
     # holmes check while it takes stock of what it read, erased before its report
-    status, raw = _run_on_a_terminal(["check", str(logs)])
+    status, raw = on_a_terminal("check", logs)
     assert status == 0, raw
     said = raw.find(f"taking stock of {len(ops):,} operators")
     report = raw.find("read ", said)  # (its figures are coloured: codes between the words)

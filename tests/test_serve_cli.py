@@ -18,6 +18,51 @@ def holmes(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def on_a_terminal(*args: str, until=None, timeout: float = 120) -> tuple[int, str]:
+    """``holmes ARGS`` with stdout and stderr on a pseudo-terminal (40 rows of 100 columns);
+    with ``until``, stopped by SIGTERM once what it wrote (as text) satisfies it, or at the
+    timeout. Its exit status and all it wrote there."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import signal
+    import struct
+    import termios
+    import time
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", HOLMES, *map(str, args)],
+                            stdin=subprocess.DEVNULL, stdout=child, stderr=child,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    os.close(child)
+    seen = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if until is not None and until(seen.decode(errors="replace")):
+                break
+            if select.select([main], [], [], 0.5)[0]:
+                try:
+                    data = os.read(main, 65536)
+                except OSError:  # the child's end closed: it exited
+                    break
+                if not data:
+                    break
+                seen += data
+            elif proc.poll() is not None:
+                break
+        if until is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    return status, seen.decode(errors="replace")
+
+
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr

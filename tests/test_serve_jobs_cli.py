@@ -12,7 +12,7 @@ import time
 import httpx
 import pyarrow as pa
 import pytest
-from test_serve_cli import HOLMES, holmes, one_line_error
+from test_serve_cli import HOLMES, holmes, on_a_terminal, one_line_error
 from test_serve_support import TOKEN, auth, free_port, make_ops, raw_body, start_server
 
 from holmes_ml.io import without_labels
@@ -310,29 +310,11 @@ def test_watch_refuses_what_a_watch_cannot_do_and_a_wrong_job_at_once(service):
 def test_watch_on_a_terminal_redraws_one_view_in_place(service):
     """On a terminal (a pseudo-terminal here) the view is redrawn where it stands, each time
     with the time it was asked at, rather than printed below the last."""
-    import os
-    import pty
-    import select
-
     srv, _ = service
-    main, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", HOLMES, "jobs", "job7", "--watch", "0.5",
-                             "--server", srv.url], stdout=child, stderr=child,
-                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
-    os.close(child)
-    seen = b""
-    try:
-        deadline = time.monotonic() + 20
-        while seen.count(b"(Ctrl-C to stop)") < 3 and time.monotonic() < deadline:
-            if select.select([main], [], [], 0.5)[0]:
-                seen += os.read(main, 65536)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(main)
-    text = seen.decode(errors="replace")
+    status, text = on_a_terminal("jobs", "job7", "--watch", "0.5", "--server", srv.url,
+                                 until=lambda said: said.count("(Ctrl-C to stop)") >= 3,
+                                 timeout=20)
+    assert status == 0
     views = text.count("(Ctrl-C to stop)")
     # each redraw after the first moves the cursor up over the view before drawing it again
     redraws = text.count("\r\x1b[2K\x1b[1A")
