@@ -87,6 +87,7 @@ def test_accuracy_scores_methods_and_breaks_down_every_axis():
     summary, breakdown, trials = _accuracy(scs, {"device plug-in": as_device}, workers=1)
     by = {r["method"]: r for r in summary}
     assert by["holmes"]["trials"] == 2 and by["holmes"]["top1"] == 1.0
+    assert by["holmes"]["top1_bound"] == by["holmes"]["top2_bound"] == 1.0  # no twin of a GPU
     assert by["holmes"]["healthy_trials"] == 1 and by["holmes"]["healthy_flagged"] == 0.0
     # the deployed path (each host summarized on its own) is scored on the same trials
     assert by["holmes, per node"]["trials"] == 2 and by["holmes, per node"]["top1"] == 1.0
@@ -273,6 +274,22 @@ def test_a_first_suspect_tied_with_the_faulty_device_counts_for_device_top1_ties
     assert row["top1"]  # the NIC's rank sends over the link
     assert row["device_top1"] is False
     assert row["device_top1_ties"] is True
+
+
+def test_a_ring_nic_sets_the_bounds_of_one_and_of_two_guesses_among_its_ring():
+    # A slow NIC of a 2-D job's data-parallel ring slows every copy of the ring as each of the
+    # ring's other seven NICs would: a perfect log-only method names it first in one job of
+    # eight, among its first two in one of four. A slow GPU has no such twin.
+    ring = _sc(32, "2-D (tp,dp)", "nic_slow", "persistent", 11, iterations=8,
+               layout={"tp": 2, "pp": 1}, fault="nic_slow:severity=2,start=2")
+    gpu = _sc(32, "2-D (tp,dp)", "gpu_slow", "persistent", 11, iterations=8,
+              layout={"tp": 2, "pp": 1}, fault="gpu_slow:severity=2,start=2")
+    rows, _ = _trials([ring, gpu], None, only=("holmes",), model="rule")
+    by_kind = {r["kind"]: r for r in rows}
+    assert by_kind["nic_slow"]["tied_ranks"] == 7
+    assert by_kind["nic_slow"]["top1_bound"] == pytest.approx(1 / 8)
+    assert by_kind["nic_slow"]["top2_bound"] == pytest.approx(1 / 4)
+    assert by_kind["gpu_slow"]["top1_bound"] == by_kind["gpu_slow"]["top2_bound"] == 1.0
 
 
 def test_plugins_are_scored_on_what_they_name_and_their_failures_are_counted(tmp_path):
