@@ -13,8 +13,8 @@ stage in the same iteration (``inside_step``: such a copy looks like one of its 
 ordinary waits, however much longer the fault made it).
 
 The twin's durations are internal to the engine; the script wraps ``Engine._frame`` to keep
-them as ``clean_duration_us`` and ``clean_step_max_us`` columns (an analysis hook, not part of
-the simulator's output).
+them as ``clean_duration_us``, ``clean_step_max_us`` and ``clean_step_usual_us`` (the label's
+ceiling) columns (an analysis hook, not part of the simulator's output).
 
 Usage: ``.venv/bin/python scripts/label_reach.py`` (about 20 s on 2 cores); prints, per fault
 kind and per communicator kind, each label's positives and the shares inside either range.
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
-from holmes_ml.simulator.engine import Engine
+from holmes_ml.simulator.engine import Engine, _usual_ceiling
 
 KINDS = ("gpu_slow", "nic_slow", "link_slow", "switch_congested", "host_stall")
 _frame = Engine._frame
@@ -38,6 +38,9 @@ def _frame_with_twin(self, it, out):
     # one chunk = one op step on one pipeline stage (every rank of the stage)
     frame["clean_step_max_us"] = np.repeat([float(np.max(c.dur0)) for c in out],
                                            [len(c.ranks) for c in out])
+    # how long those copies usually are: the label's ceiling
+    frame["clean_step_usual_us"] = np.repeat([_usual_ceiling(c.dur0) for c in out],
+                                             [len(c.ranks) for c in out])
     return frame
 
 

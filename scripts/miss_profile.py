@@ -7,8 +7,15 @@ copies, the share caught (recall) and the false alarms; then, for the op with th
 the median features of its caught and missed abnormal copies beside its normal copies and beside
 the normal copies as far out against their stage's same step (``stage_step_z``) as the median
 missed one: when those look like the missed ones, the features cannot tell them apart; and how
-many of each fall before the fault's start (far-out normal copies there are jitter's). Read it
-to see which waits the features do not tell apart, not as a figure of merit: that is the bench.
+many of each fall before the fault's start (far-out normal copies there are jitter's). Last,
+every copy by how much the fault prolonged it (its duration over the same copy's in the job's
+fault-free twin, kept by ``label_reach``'s hook on the engine): the label calls a copy the fault
+prolonged ``abnormal`` only when it is also longer than the twin's copies of its op step usually
+are, so copies prolonged alike fall on both sides of the label; the table shows how many of each
+there are in each band and how many the detector flags, then how many copies were outside their
+op step's usual range in the twin already (jitter's waits the fault lengthened), and the median
+features of the abnormal and normal copies of the band with the most misses. Read it to see
+which waits the features do not tell apart, not as a figure of merit: that is the bench.
 
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
 link; a few seconds).
@@ -20,11 +27,16 @@ import argparse
 
 import numpy as np
 import pandas as pd
+from label_reach import _frame_with_twin
 
 from holmes_ml.bench.detector import heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, build_features
 from holmes_ml.models import default_model
 from holmes_ml.simulator import simulate
+from holmes_ml.simulator.engine import Engine
+
+#: bands of the fault's prolongation (duration over the twin's)
+BANDS = (0.0, 1.05, 1.15, 1.3, 1.5, 2.0, 4.0, np.inf)
 
 SHOWN = ("duration_us", "wait_us", "xfer_us", "arrived_last", "hist_ratio", "step_ratio",
          "stage_step_ratio", "stage_step_z", "step_xfer_ratio", "late_prev_stage_ratio",
@@ -43,6 +55,7 @@ def main() -> None:
     cfg = cfgs[args.run]
     fault = cfg.faults[0]
     print(f"job {args.run}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}")
+    Engine._frame = _frame_with_twin
     ops = simulate(cfg).ops
     feats = build_features(ops)
     model = default_model()
@@ -89,6 +102,41 @@ def main() -> None:
         mask = groups[name].to_numpy()
         print(f"{name} by iteration: {int((mask & (it < start)).sum())} before the fault's "
               f"start (iteration {start}), {int((mask & (it >= start)).sum())} from it on")
+    _by_prolongation(ops, feats, frame)
+
+
+def _by_prolongation(ops: pd.DataFrame, feats: pd.DataFrame, frame: pd.DataFrame) -> None:
+    """Every copy by how much the fault prolonged it: abnormal and normal copies, how many of
+    each the detector flags, and the features of both in the band with the most misses."""
+    ratio = (ops["duration_us"] / ops["clean_duration_us"].clip(lower=1e-9)).to_numpy()
+    band = pd.cut(ratio, BANDS)
+    caught, false_alarm = frame["caught"].to_numpy(), frame["false_alarm"].to_numpy()
+    abnormal = frame["abnormal"].to_numpy()
+    table = pd.DataFrame({"band": band, "copies": 1, "abnormal": abnormal, "caught": caught,
+                          "normal": ~abnormal, "normal_flagged": false_alarm}).groupby(
+        "band", observed=True).sum()
+    table["recall"] = (table["caught"] / table["abnormal"].where(table["abnormal"] > 0)).round(3)
+    print("\nevery copy by the fault's prolongation (duration over the fault-free twin's)")
+    print(table.to_string())
+    # copies outside their step's usual range without the fault already (jitter's waits),
+    # which the fault lengthened: the log shows a wait like the job's other ones
+    already = (ops["clean_duration_us"] > ops["clean_step_usual_us"]).to_numpy()
+    print(f"outside their op step's usual range in the twin already: {int((abnormal & already).sum())}"
+          f" abnormal copies (caught {int((caught & already).sum())}, missed "
+          f"{int((abnormal & ~caught & already).sum())} of the {int((abnormal & ~caught).sum())}"
+          f" missed), {int((~abnormal & already).sum())} normal ones (flagged "
+          f"{int((false_alarm & already).sum())})")
+    missed = abnormal & ~caught
+    if not missed.any():
+        return
+    worst = pd.Series(missed).groupby(band, observed=True).sum().idxmax()
+    inside = np.asarray(band == worst)
+    groups = {"abnormal, caught": inside & caught, "abnormal, missed": inside & missed,
+              "normal": inside & ~abnormal}
+    medians = pd.DataFrame({name: feats.loc[mask, list(SHOWN)].median()
+                            for name, mask in groups.items()})
+    print(f"\nmedian features of the copies the fault prolonged {worst}x")
+    print(medians.round(3).to_string())
 
 
 if __name__ == "__main__":
