@@ -9,9 +9,14 @@ instance's last arrival; that rank ran some op before; that op waited for its ow
 last arrival; ...), up to each of ``--depths`` hops, and gives each operator the largest value
 met on the way of a few of the detector's own columns (a slow transfer, a copy far outside its
 stage, a transfer slower than its own history; ``--first-pass``: also an out-of-fold first
-pass's score). It trains the shipped detector's trees (``scale_free_estimator``) on the default
-training mix with and without those columns, once per ``--seeds`` random state, and prints the
-bench's per-scale F1 on the bench's held-out rows and each variant's per-run table.
+pass's score), and the same chain columns over their median on the same op step of the
+operator's pipeline stage (``stage-relative``: a chain as long as its stage's others is 1
+however noisy the cluster). Beside the chains, one more kind of context: each copy against its
+op step on its stage at the step's best iteration so far (``stage_baseline``), which a
+persistent fault cannot fill as it fills the copy's history. It trains the shipped detector's
+trees (``scale_free_estimator``) on the default training mix with and without those columns,
+once per ``--seeds`` random state, and prints the bench's per-scale F1 on the bench's held-out
+rows and each variant's per-run table.
 
 Usage: ``.venv/bin/python scripts/chain_context.py`` (6-10 minutes on 2 cores; ``--depths 8 16
 32 --seeds 0 1 2``; ``--depths 16 --first-pass``; ``--quick``: the tiny preset and two small
@@ -84,6 +89,56 @@ def chain_max(hop: np.ndarray, values: dict[str, np.ndarray], depths) -> pd.Data
     return pd.DataFrame(out).astype(np.float32)
 
 
+def stage_relative(ops: pd.DataFrame, F: pd.DataFrame, C: pd.DataFrame) -> pd.DataFrame:
+    """Each chain column over its median on the same op step at the same place of the rank's
+    iteration (``build_features``' stage-step key: the ranks of one pipeline stage): a chain
+    as long as its stage's others is 1 however noisy the cluster."""
+    o = ops.reset_index(drop=True)
+    place = o.groupby(["iteration", "rank"], sort=False)["start_ns"].rank(method="first")
+    key = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
+                        "op": F["op_code"].to_numpy(), "seq": o["seq"].to_numpy(),
+                        "bytes": F["log2_bytes"].to_numpy(), "place": place.to_numpy()})
+    sid = key.groupby(list(key.columns), sort=False).ngroup().to_numpy()
+    med = C.groupby(sid).transform("median")
+    out = C / med.where(med > 0, 1.0)
+    out.columns = [f"{c}_rel" for c in C.columns]
+    return out.astype(np.float32)
+
+
+BASELINE = ("base_stage_ratio", "base_stage_z", "base_med_ratio")
+
+
+def stage_baseline(ops: pd.DataFrame, F: pd.DataFrame) -> pd.DataFrame:
+    """Each copy against its op step on its stage (the op, size and place in the rank's
+    iteration; no sequence number, so the same step across iterations) at the step's best
+    iteration so far, the one with the lowest median: a persistent fault prolongs a step's
+    copies on every rank of the stage alike, which the stage's own median then absorbs, and
+    the copies' history absorbs it after a window; the best iteration remembers the step
+    without it. ``base_stage_ratio``: duration over that median; ``base_stage_z``: robust
+    z-score against it (1.4826 x that iteration's median absolute deviation, floored at 5 %
+    of the median); ``base_med_ratio``: this iteration's median over it."""
+    o = ops.reset_index(drop=True)
+    place = o.groupby(["iteration", "rank"], sort=False)["start_ns"].rank(method="first")
+    d = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
+                      "op": F["op_code"].to_numpy(), "b": F["log2_bytes"].to_numpy(),
+                      "place": place.to_numpy(), "dur": o["duration_us"].to_numpy(float)})
+    d["step"] = d.groupby(["kind", "op", "b", "place"], sort=False).ngroup()
+    by = [d["step"], d["it"]]
+    med_row = d.groupby(by)["dur"].transform("median")
+    st = pd.DataFrame({"med": d.groupby(by)["dur"].median(),
+                       "mad": (d["dur"] - med_row).abs().groupby(by).median()})
+    st = st.reset_index().sort_values(["step", "it"])
+    st["best_med"] = st.groupby("step")["med"].cummin()
+    st["best_mad"] = st["mad"].where(st["med"] == st["best_med"]).groupby(st["step"]).ffill()
+    st = st.set_index(["step", "it"]).reindex(pd.MultiIndex.from_arrays(by))
+    best, dur = st["best_med"].to_numpy(), d["dur"].to_numpy()
+    sd = np.maximum(np.maximum(1.4826 * st["best_mad"].to_numpy(), 0.05 * best), 1.0)
+    return pd.DataFrame({"base_stage_ratio": dur / np.maximum(best, 1.0),
+                         "base_stage_z": (dur - best) / sd,
+                         "base_med_ratio": st["med"].to_numpy() / np.maximum(best, 1.0)}
+                        ).astype(np.float32)
+
+
 def rows(cfgs, first_pass, depths, max_normal, seed):
     """Simulate cfgs, add the chain columns (``first_pass(i, F)``: run i's first-pass scores,
     or None), and subsample the other ops like ``make_dataset``."""
@@ -98,6 +153,7 @@ def rows(cfgs, first_pass, depths, max_normal, seed):
         if s1 is not None:
             values["s1"] = s1
         C = chain_max(wait_chain(res.ops), values, depths)
+        C = pd.concat([C, stage_relative(res.ops, F, C), stage_baseline(res.ops, F)], axis=1)
         y = res.ops["abnormal"].to_numpy(dtype=bool)
         sure = y | res.ops["affected"].to_numpy(dtype=bool)
         keep = np.ones(len(y), dtype=bool)
@@ -160,6 +216,12 @@ def main():
     variants = {"detector's columns": []}
     variants.update({f"+ chain {d} hops": [f"chain{d}_{k}" for k in CHAINED] for d in depths})
     variants[f"+ chain {deep} hops, more columns"] = [f"chain{deep}_{k}" for k in CHAINED + MORE]
+    variants.update({f"+ chain {d} hops, stage-relative": [f"chain{d}_{k}_rel" for k in CHAINED]
+                     for d in depths})
+    variants[f"+ chain {deep} hops, transfer ratio and its stage-relative"] = [
+        f"chain{deep}_step_xfer_ratio", f"chain{deep}_step_xfer_ratio_rel"]
+    variants["+ the stage's best iteration (no chain)"] = list(BASELINE)
+    variants["+ base_stage_z alone (no chain)"] = ["base_stage_z"]
     if args.first_pass:
         variants[f"+ chain {deep} hops, first pass"] = [f"chain{deep}_{k}"
                                                         for k in (*CHAINED, "s1")]
