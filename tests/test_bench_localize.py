@@ -278,8 +278,8 @@ def test_a_first_suspect_tied_with_the_faulty_device_counts_for_device_top1_ties
 
 def test_a_ring_nic_sets_the_bounds_of_one_and_of_two_guesses_among_its_ring():
     # A slow NIC of a 2-D job's data-parallel ring slows every copy of the ring as each of the
-    # ring's other seven NICs would: a perfect log-only method names it first in one job of
-    # eight, among its first two in one of four. A slow GPU has no such twin.
+    # seven other NICs its flows cross would: a perfect log-only method names it first in one
+    # job of eight, among its first two in one of four. A slow GPU has no such twin.
     ring = _sc(32, "2-D (tp,dp)", "nic_slow", "persistent", 11, iterations=8,
                layout={"tp": 2, "pp": 1}, fault="nic_slow:severity=2,start=2")
     gpu = _sc(32, "2-D (tp,dp)", "gpu_slow", "persistent", 11, iterations=8,
