@@ -3,22 +3,23 @@
 Re-simulates one of the bench's ten held-out jobs (``--run`` 0-9, in the order of the bench's
 per-run table: 64, 256, 1,024, 4,096, 8,192 GPUs, a persistent fault then a spike at each),
 scores every op with the bundled model and prints, per communicator kind and op, the abnormal
-copies, the share caught (recall) and the false alarms; then, for the op with the most misses (or ``--op``),
-the median features of its caught and missed abnormal copies beside its normal copies and beside
-the normal copies as far out against their stage's same step (``stage_step_z``) as the median
-missed one: when those look like the missed ones, the features cannot tell them apart; and how
-many of each fall before the fault's start (far-out normal copies there are jitter's). Last,
-every copy by how much the fault prolonged it (its duration over the same copy's in the job's
-fault-free twin, kept by ``label_reach``'s hook on the engine): the label calls a copy the fault
-prolonged ``abnormal`` only when it is also longer than the twin's copies of its op step usually
-are, so copies prolonged alike fall on both sides of the label; the table shows how many of each
-there are in each band and how many the detector flags, then how many copies were outside their
-op step's usual range in the twin already (jitter's waits the fault lengthened), and the median
-features of the abnormal and normal copies of the band with the most misses. Read it to see
-which waits the features do not tell apart, not as a figure of merit: that is the bench.
+copies, the share caught (recall) and the false alarms; then, for the op with the most misses
+(or ``--op``), the median features of its caught and missed abnormal copies beside its normal
+copies and beside the normal copies as far out against their stage's same step
+(``stage_step_z``) as the median missed one: when those look like the missed ones, the features
+cannot tell them apart; and how many of each fall before the fault's start (far-out normal
+copies there are jitter's). Last, every copy by how much the fault prolonged it (its duration
+over the same copy's in the job's fault-free twin, kept by ``label_reach``'s hook on the
+engine): the label calls a copy the fault prolonged ``abnormal`` only when it is also longer
+than the twin's copies of its op step usually are, so copies prolonged alike fall on both sides
+of the label; the table shows how many of each there are in each band and how many the detector
+flags, then how many copies were outside their op step's usual range in the twin already
+(jitter's waits the fault lengthened), and the median features of the abnormal and normal copies
+of the band with the most misses. Read it to see which waits the features do not tell apart, not
+as a figure of merit: that is the bench.
 
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
-link; a few seconds).
+link; about 10 seconds).
 """
 
 from __future__ import annotations
@@ -121,11 +122,11 @@ def _by_prolongation(ops: pd.DataFrame, feats: pd.DataFrame, frame: pd.DataFrame
     # copies outside their step's usual range without the fault already (jitter's waits),
     # which the fault lengthened: the log shows a wait like the job's other ones
     already = (ops["clean_duration_us"] > ops["clean_step_usual_us"]).to_numpy()
-    print(f"outside their op step's usual range in the twin already: {int((abnormal & already).sum())}"
-          f" abnormal copies (caught {int((caught & already).sum())}, missed "
-          f"{int((abnormal & ~caught & already).sum())} of the {int((abnormal & ~caught).sum())}"
-          f" missed), {int((~abnormal & already).sum())} normal ones (flagged "
-          f"{int((false_alarm & already).sum())})")
+    print("outside their op step's usual range in the twin already: "
+          f"{int((abnormal & already).sum())} abnormal copies (caught "
+          f"{int((caught & already).sum())}, missed {int((abnormal & ~caught & already).sum())} "
+          f"of the {int((abnormal & ~caught).sum())} missed), {int((~abnormal & already).sum())} "
+          f"normal ones (flagged {int((false_alarm & already).sum())})")
     missed = abnormal & ~caught
     if not missed.any():
         return
