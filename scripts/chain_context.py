@@ -89,15 +89,20 @@ def chain_max(hop: np.ndarray, values: dict[str, np.ndarray], depths) -> pd.Data
     return pd.DataFrame(out).astype(np.float32)
 
 
+def _place(ops: pd.DataFrame) -> np.ndarray:
+    """Each row's place among its rank's ops of the iteration, in start order (from 1)."""
+    return ops.groupby(["iteration", "rank"], sort=False)["start_ns"].rank(
+        method="first").to_numpy()
+
+
 def stage_relative(ops: pd.DataFrame, F: pd.DataFrame, C: pd.DataFrame) -> pd.DataFrame:
     """Each chain column over its median on the same op step at the same place of the rank's
     iteration (``build_features``' stage-step key: the ranks of one pipeline stage): a chain
     as long as its stage's others is 1 however noisy the cluster."""
     o = ops.reset_index(drop=True)
-    place = o.groupby(["iteration", "rank"], sort=False)["start_ns"].rank(method="first")
     key = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
                         "op": F["op_code"].to_numpy(), "seq": o["seq"].to_numpy(),
-                        "bytes": F["log2_bytes"].to_numpy(), "place": place.to_numpy()})
+                        "bytes": F["log2_bytes"].to_numpy(), "place": _place(o)})
     sid = key.groupby(list(key.columns), sort=False).ngroup().to_numpy()
     med = C.groupby(sid).transform("median")
     out = C / med.where(med > 0, 1.0)
@@ -109,8 +114,8 @@ BASELINE = ("base_stage_ratio", "base_stage_z", "base_med_ratio")
 
 
 def stage_baseline(ops: pd.DataFrame, F: pd.DataFrame) -> pd.DataFrame:
-    """Each copy against its op step on its stage (the op, size and place in the rank's
-    iteration; no sequence number, so the same step across iterations) at the step's best
+    """Each copy against its op step on its stage (communicator kind, op, size and place in the
+    rank's iteration; no sequence number, so the same step across iterations) at the step's best
     iteration so far, the one with the lowest median: a persistent fault prolongs a step's
     copies on every rank of the stage alike, which the stage's own median then absorbs, and
     the copies' history absorbs it after a window; the best iteration remembers the step
@@ -118,10 +123,9 @@ def stage_baseline(ops: pd.DataFrame, F: pd.DataFrame) -> pd.DataFrame:
     z-score against it (1.4826 x that iteration's median absolute deviation, floored at 5 %
     of the median); ``base_med_ratio``: this iteration's median over it."""
     o = ops.reset_index(drop=True)
-    place = o.groupby(["iteration", "rank"], sort=False)["start_ns"].rank(method="first")
     d = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
                       "op": F["op_code"].to_numpy(), "b": F["log2_bytes"].to_numpy(),
-                      "place": place.to_numpy(), "dur": o["duration_us"].to_numpy(float)})
+                      "place": _place(o), "dur": o["duration_us"].to_numpy(float)})
     d["step"] = d.groupby(["kind", "op", "b", "place"], sort=False).ngroup()
     by = [d["step"], d["it"]]
     med_row = d.groupby(by)["dur"].transform("median")
