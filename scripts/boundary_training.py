@@ -9,7 +9,7 @@ fault's prolongation itself. This script trains the shipped detector's trees
 and none, and prints the bench's per-scale F1 on the bench's held-out rows (its first row
 reproduces the bench's shipped row) and each variant's per-run table.
 
-Usage: ``.venv/bin/python scripts/boundary_training.py`` (about 8 minutes on 2 cores;
+Usage: ``.venv/bin/python scripts/boundary_training.py`` (about 4 minutes on 2 cores;
 ``--quick``: the tiny preset and the bench's quick held-out jobs, a smoke test).
 """
 

@@ -18,7 +18,7 @@ trees (``scale_free_estimator``) on the default training mix with and without th
 once per ``--seeds`` random state, and prints the bench's per-scale F1 on the bench's held-out
 rows and each variant's per-run table.
 
-Usage: ``.venv/bin/python scripts/chain_context.py`` (6-10 minutes on 2 cores; ``--depths 8 16
+Usage: ``.venv/bin/python scripts/chain_context.py`` (13 minutes on 2 cores; ``--depths 8 16
 32 --seeds 0 1 2``; ``--depths 16 --first-pass``; ``--quick``: the tiny preset and two small
 held-out jobs, a smoke test).
 """
