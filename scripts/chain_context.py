@@ -95,14 +95,16 @@ def _place(ops: pd.DataFrame) -> np.ndarray:
         method="first").to_numpy()
 
 
-def stage_relative(ops: pd.DataFrame, F: pd.DataFrame, C: pd.DataFrame) -> pd.DataFrame:
+def stage_relative(ops: pd.DataFrame, F: pd.DataFrame, C: pd.DataFrame, place: np.ndarray
+                   ) -> pd.DataFrame:
     """Each chain column over its median on the same op step at the same place of the rank's
-    iteration (``build_features``' stage-step key: the ranks of one pipeline stage): a chain
-    as long as its stage's others is 1 however noisy the cluster."""
+    iteration (``build_features``' stage-step key: the ranks of one pipeline stage; ``place``
+    from :func:`_place`): a chain as long as its stage's others is 1 however noisy the
+    cluster."""
     o = ops.reset_index(drop=True)
     key = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
                         "op": F["op_code"].to_numpy(), "seq": o["seq"].to_numpy(),
-                        "bytes": F["log2_bytes"].to_numpy(), "place": _place(o)})
+                        "bytes": F["log2_bytes"].to_numpy(), "place": place})
     sid = key.groupby(list(key.columns), sort=False).ngroup().to_numpy()
     med = C.groupby(sid).transform("median")
     out = C / med.where(med > 0, 1.0)
@@ -113,7 +115,7 @@ def stage_relative(ops: pd.DataFrame, F: pd.DataFrame, C: pd.DataFrame) -> pd.Da
 BASELINE = ("base_stage_ratio", "base_stage_z", "base_med_ratio")
 
 
-def stage_baseline(ops: pd.DataFrame, F: pd.DataFrame) -> pd.DataFrame:
+def stage_baseline(ops: pd.DataFrame, F: pd.DataFrame, place: np.ndarray) -> pd.DataFrame:
     """Each copy against its op step on its stage (communicator kind, op, size and place in the
     rank's iteration; no sequence number, so the same step across iterations) at the step's best
     iteration so far, the one with the lowest median: a persistent fault prolongs a step's
@@ -125,7 +127,7 @@ def stage_baseline(ops: pd.DataFrame, F: pd.DataFrame) -> pd.DataFrame:
     o = ops.reset_index(drop=True)
     d = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
                       "op": F["op_code"].to_numpy(), "b": F["log2_bytes"].to_numpy(),
-                      "place": _place(o), "dur": o["duration_us"].to_numpy(float)})
+                      "place": place, "dur": o["duration_us"].to_numpy(float)})
     d["step"] = d.groupby(["kind", "op", "b", "place"], sort=False).ngroup()
     by = [d["step"], d["it"]]
     med_row = d.groupby(by)["dur"].transform("median")
@@ -157,7 +159,9 @@ def rows(cfgs, first_pass, depths, max_normal, seed):
         if s1 is not None:
             values["s1"] = s1
         C = chain_max(wait_chain(res.ops), values, depths)
-        C = pd.concat([C, stage_relative(res.ops, F, C), stage_baseline(res.ops, F)], axis=1)
+        place = _place(res.ops.reset_index(drop=True))
+        C = pd.concat([C, stage_relative(res.ops, F, C, place),
+                       stage_baseline(res.ops, F, place)], axis=1)
         y = res.ops["abnormal"].to_numpy(dtype=bool)
         sure = y | res.ops["affected"].to_numpy(dtype=bool)
         keep = np.ones(len(y), dtype=bool)

@@ -12,11 +12,12 @@ copies there are jitter's). Last, every copy by how much the fault prolonged it 
 over the same copy's in the job's fault-free twin, kept by ``label_reach``'s hook on the
 engine): the label calls a copy the fault prolonged ``abnormal`` only when it is also longer
 than the twin's copies of its op step usually are, so copies prolonged alike fall on both sides
-of the label; the table shows how many of each there are in each band and how many the detector
-flags, then how many copies were outside their op step's usual range in the twin already
-(jitter's waits the fault lengthened), and the median features of the abnormal and normal copies
-of the band with the most misses. Read it to see which waits the features do not tell apart, not
-as a figure of merit: that is the bench.
+of the label; the table shows how many of each there are in each band, how many the detector
+flags and how many of its misses were inside their step's usual range in the twin, then how many
+copies were outside their op step's usual range in the twin already (jitter's waits the fault
+lengthened), and the median features of the abnormal and normal copies of the band with the most
+misses. Read it to see which waits the features do not tell apart, not as a figure of merit:
+that is the bench.
 
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
 link; about 10 seconds).
@@ -113,15 +114,17 @@ def _by_prolongation(ops: pd.DataFrame, feats: pd.DataFrame, frame: pd.DataFrame
     band = pd.cut(ratio, BANDS)
     caught, false_alarm = frame["caught"].to_numpy(), frame["false_alarm"].to_numpy()
     abnormal = frame["abnormal"].to_numpy()
-    table = pd.DataFrame({"band": band, "copies": 1, "abnormal": abnormal, "caught": caught,
-                          "normal": ~abnormal, "normal_flagged": false_alarm}).groupby(
-        "band", observed=True).sum()
-    table["recall"] = (table["caught"] / table["abnormal"].where(table["abnormal"] > 0)).round(3)
-    print("\nevery copy by the fault's prolongation (duration over the fault-free twin's)")
-    print(table.to_string())
     # copies outside their step's usual range without the fault already (jitter's waits),
     # which the fault lengthened: the log shows a wait like the job's other ones
     already = (ops["clean_duration_us"] > ops["clean_step_usual_us"]).to_numpy()
+    table = pd.DataFrame({"band": band, "copies": 1, "abnormal": abnormal, "caught": caught,
+                          "missed_not_already": abnormal & ~caught & ~already,
+                          "normal": ~abnormal, "normal_flagged": false_alarm}).groupby(
+        "band", observed=True).sum()
+    table["recall"] = (table["caught"] / table["abnormal"].where(table["abnormal"] > 0)).round(3)
+    print("\nevery copy by the fault's prolongation (duration over the fault-free twin's; "
+          "missed_not_already: missed copies inside their step's usual range in the twin)")
+    print(table.to_string())
     print("outside their op step's usual range in the twin already: "
           f"{int((abnormal & already).sum())} abnormal copies (caught "
           f"{int((caught & already).sum())}, missed {int((abnormal & ~caught & already).sum())} "
