@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -237,9 +238,16 @@ def test_a_drifting_job_is_not_measured_against_its_first_steps() -> None:
                                  "nic_slow:severity=2.0,pattern=persistent,start=3"),)))
     verdict = analyze(res.ops, res.topology)
     assert verdict.candidates[0].device == res.faults[0].devices[0]
-    # the job does exercise it: with early steps as every class's reference the NIC is lost
-    early = analyze(res.ops, res.topology, config=LocalizeConfig(reference_shift=1.0))
-    assert early.candidates[0].device != res.faults[0].devices[0]
+    # the job does exercise it: with early steps as every class's reference the drifted
+    # transfers of other flows look slow, and once those light ones count too (every slow flow,
+    # ``min_flow_share=0``) the NIC is lost; either guard alone keeps it
+    early = LocalizeConfig(reference_shift=1.0)
+    every = LocalizeConfig(min_flow_share=0.0)
+    for config in (early, every):
+        assert analyze(res.ops, res.topology, config=config).candidates[0].device \
+            == res.faults[0].devices[0]
+    both = analyze(res.ops, res.topology, config=replace(early, min_flow_share=0.0))
+    assert both.candidates[0].device != res.faults[0].devices[0]
 
 
 def test_ranks_whose_logs_are_missing_are_named_in_the_note(tmp_path, caplog) -> None:

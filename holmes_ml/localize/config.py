@@ -73,6 +73,15 @@ class LocalizeConfig:
         ``holmes bench localize`` it reaches 0.54-0.7 of the bar, while transfers that jitter
         slowed in a healthy job mostly reach 0.25-0.35 (of the bench's 327 healthy jobs, one
         reaches 0.6: a ring 19 % slower than its peers in the last step of a drifting job).
+    min_flow_share:
+        Network rules: a flow (a ring, or the traffic between two ranks) whose slow transfers
+        add up to less than this share of the heaviest slow flow's excess is not counted as
+        slow: jitter stretches a transfer of some flow here and there by a few hundred
+        microseconds, and counted as slow such a flow would be one more flow a device on its
+        path explains (parsimony) and one healthy witness fewer. A faulty device's own lightest
+        flows carry percents of its heaviest (a slow NIC's pipeline pair beside its
+        data-parallel ring: 1.6-1.8 % in ``tests/test_localize_kinds.py``'s jobs). 0: every
+        slow flow counts.
     max_step_hosts:
         A step in which ranks on more than this many hosts each held their partners back by
         the GPU/host floor (``min_step_share``) was slowed by a cause those ranks shared (a
@@ -167,6 +176,7 @@ class LocalizeConfig:
     min_share: float = 0.05
     min_step_share: float = 1.0
     min_device_step_share: float = 0.4
+    min_flow_share: float = 0.001
     max_step_hosts: int = 2
     step_peer_share: float = 0.5
     together_fraction: float = 0.01
@@ -190,7 +200,8 @@ class LocalizeConfig:
         for name in ("follow_fraction", "late_fraction", "min_share", "host_concentration",
                      "min_weight_fraction", "workload_persistence", "quiet_persistence",
                      "min_step_share",
-                     "min_device_step_share", "step_peer_share", "together_fraction"):
+                     "min_device_step_share", "min_flow_share", "step_peer_share",
+                     "together_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LocalizeConfig.{name}: got {value!r}; expected 0 <= value <= 1")

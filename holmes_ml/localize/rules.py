@@ -1586,6 +1586,14 @@ def _device_candidates(
     heaviest = by_flow.loc[by_flow.groupby("flow")["lag"].idxmax()].set_index("flow")
     per_flow = per_flow.assign(it=heaviest["iteration"], seq=heaviest["seq"],
                                one=heaviest["lag"])
+    net_total = float(per_flow["w"].sum())
+    # A flow jitter stretched by a trifle is not a slow flow: it would be one more flow for a
+    # device on its path to explain, and one healthy witness fewer (``min_flow_share``).
+    light = per_flow["w"] < cfg.min_flow_share * float(per_flow["w"].max())
+    if light.any():
+        logger.debug("flows below %g of the heaviest slow flow's excess, counted as healthy: %s",
+                     cfg.min_flow_share, per_flow.loc[light, "w"].round().to_dict())
+        per_flow = per_flow[~light]
 
     weight: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
@@ -1613,7 +1621,6 @@ def _device_candidates(
                 int(row["it"]), str(row["group"]), int(row["seq"]), str(row["op"]),
                 "communication", _slow_flow_detail(row), float(row["lag"]),
             ))
-    net_total = float(per_flow["w"].sum())
     # Parsimony: one faulty device explains every slow flow. A link crossed by the slow ring
     # alone explains less than the NIC that the ring *and* its pipeline pair cross.
     # Counted over the window, a noisy job lets a spine crossed by hundreds of flows collect
