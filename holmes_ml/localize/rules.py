@@ -1591,8 +1591,10 @@ def _device_candidates(
     # device on its path to explain, and one healthy witness fewer (``min_flow_share``).
     light = per_flow["w"] < cfg.min_flow_share * float(per_flow["w"].max())
     if light.any():
-        logger.debug("flows below %g of the heaviest slow flow's excess, counted as healthy: %s",
-                     cfg.min_flow_share, per_flow.loc[light, "w"].round().to_dict())
+        logger.debug("%d flows below %g of the heaviest slow flow's excess (%.0f), counted as "
+                     "healthy; the heaviest of them: %s", int(light.sum()), cfg.min_flow_share,
+                     float(per_flow["w"].max()),
+                     per_flow.loc[light, "w"].nlargest(5).round().to_dict())
         per_flow = per_flow[~light]
 
     weight: dict[str, float] = defaultdict(float)
