@@ -6,12 +6,12 @@ the bench scores them, and prints each method's top-1 (faulty jobs) or share fla
 jobs) and every job on which the methods disagree, with the truth and what each named.
 ``--debug`` logs the network rules' working (``holmes_ml.localize.rules`` at DEBUG: the slow
 flows too light to count (``min_flow_share``), each device's slow flows over the window, its
-excess and the floor it must reach, and the flows it had slow as a whole in each step). Run it with ``PYTHONPATH`` at another checkout to compare
-versions, or with ``--undo RULE`` to see what one localization rule changes on the same jobs
-(``hand-down``: a long send whose receiver had itself been waiting counts as a slow transfer
-again; ``released-together``: ranks let go at one instant are singled out again;
-``lone-pause``: a rank late in a single operator instance is dropped however long its partners
-waited).
+excess and the floor it must reach, and the flows it had slow as a whole in each step). Run it
+with ``PYTHONPATH`` at another checkout to compare versions, or with ``--undo RULE`` to see what
+one localization rule changes on the same jobs (``hand-down``: a long send whose receiver had
+itself been waiting counts as a slow transfer again; ``released-together``: ranks let go at one
+instant are singled out again; ``lone-pause``: a rank late in a single operator instance is
+dropped however long its partners waited).
 
 Usage:
 ``.venv/bin/python scripts/method_diff.py --sweep noisy`` (the noisy sweep, holmes_ml against
