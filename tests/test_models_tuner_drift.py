@@ -54,6 +54,24 @@ def test_a_study_used_again_for_other_data_chooses_among_this_datas_trials(tmp_p
     assert "2 trial(s) scored on other data" in caplog.text
 
 
+@pytest.mark.parametrize("kind", ["lgbm", "rf"])
+def test_no_trial_asks_a_leaf_for_more_rows_than_a_tenth_of_a_training_fold(tmp_path, kind):
+    """On 200 rows (133 a training fold), LightGBM asked for 70 rows a leaf or more cannot
+    split and scores every row alike: F1 0.667 on this easy data, a wasted trial."""
+    easy = make_classification(200, n_features=6, class_sep=3.0, flip_y=0, random_state=1)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    TunedDetector(kind, n_trials=30, storage=url, study_name="s", random_state=0).fit(*easy)
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    leaf = "min_child_samples" if kind == "lgbm" else "min_samples_leaf"
+    assert max(t.params[leaf] for t in trials) <= 13  # a tenth of 133
+    assert min(t.value for t in trials) > 0.9, sorted((t.value, t.params[leaf]) for t in trials)
+    # on 3,000 rows (2,000 a fold) the range is as before: up to 100 (rf: 20) rows a leaf
+    big = make_classification(3000, n_features=6, class_sep=3.0, flip_y=0, random_state=1)
+    TunedDetector(kind, n_trials=1, storage=url, study_name="b", random_state=0).fit(*big)
+    dist = optuna.load_study(study_name="b", storage=url).trials[0].distributions[leaf]
+    assert dist.high == (100 if kind == "lgbm" else 20)
+
+
 def test_tuner_folds_leave_whole_runs_out_when_given_them():
     """Rows of one run are near-copies: folds over rows score memorizing them, runs do not."""
     from holmes_ml.models.tuner import _folds

@@ -1,7 +1,9 @@
 """An optuna-tuned detector that is itself a scikit-learn estimator.
 
 :class:`TunedDetector` searches the hyper-parameters of a random-forest or LightGBM detector by
-maximizing out-of-fold F1, then refits the best configuration on all data. With ``storage`` set to
+maximizing out-of-fold F1, then refits the best configuration on all data (no trial asks a leaf for
+more than a tenth of a training fold's rows: on small data such trees cannot split). With
+``storage`` set to
 an optuna RDB URL (``sqlite:///study.db``) several processes can tune the same named study.
 
 A fitted detector keeps what the study found (best parameters and F1, the number of finished
@@ -46,19 +48,29 @@ def storage_label(storage: Any) -> str:
         return type(storage).__name__
 
 
-def _suggest(trial: Any, kind: str) -> dict[str, Any]:
+#: The most rows a leaf may be asked to hold, as a share of the smallest training fold.
+_LEAF_SHARE = 0.1
+
+
+def _suggest(trial: Any, kind: str, rows: int) -> dict[str, Any]:
+    """One trial's configuration. ``rows`` (the smallest training fold) bounds the rows a leaf
+    must hold to a tenth of it: on a few hundred rows, LightGBM asked for 70 or more a leaf
+    cannot split at all and scores every row alike (a wasted trial)."""
+    most = int(rows * _LEAF_SHARE)
     if kind == "rf":
         return {
             "n_estimators": trial.suggest_int("n_estimators", 20, 120, step=20),
             "max_depth": trial.suggest_int("max_depth", 6, 20),
-            "min_samples_leaf": trial.suggest_int("min_samples_leaf", 1, 20, log=True),
+            "min_samples_leaf": trial.suggest_int("min_samples_leaf", 1,
+                                                  max(1, min(20, most)), log=True),
             "max_features": trial.suggest_float("max_features", 0.2, 0.8),
         }
     return {
         "n_estimators": trial.suggest_int("n_estimators", 50, 300, step=50),
         "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
         "num_leaves": trial.suggest_int("num_leaves", 8, 63, log=True),
-        "min_child_samples": trial.suggest_int("min_child_samples", 5, 100, log=True),
+        "min_child_samples": trial.suggest_int("min_child_samples", 5, max(5, min(100, most)),
+                                               log=True),
         "colsample_bytree": trial.suggest_float("colsample_bytree", 0.4, 1.0),
         "reg_lambda": trial.suggest_float("reg_lambda", 1e-3, 10.0, log=True),
     }
@@ -78,9 +90,11 @@ class _Objective:
         self.kind, self.X, self.y, self.cv, self.random_state = kind, X, y, cv, random_state
         self.data = data
         self.w = np.ones(len(y)) if weights is None else weights
+        splits = cv if isinstance(cv, list) else list(cv.split(X, y))
+        self.rows = min(len(train) for train, _ in splits)
 
     def __call__(self, trial: Any) -> float:
-        det = _base(self.kind, self.random_state, _suggest(trial, self.kind))
+        det = _base(self.kind, self.random_state, _suggest(trial, self.kind, self.rows))
         est = det._make_estimator()
         oof = cross_val_predict(est, self.X, self.y, cv=self.cv, method="predict_proba")[:, 1]
         cut = best_f1_threshold(self.y, oof, self.w)
