@@ -3,8 +3,8 @@
 :class:`TunedDetector` searches the hyper-parameters of a random-forest or LightGBM detector by
 maximizing out-of-fold F1, then refits the best configuration on all data (no trial asks a leaf for
 more than a tenth of a training fold's rows: on small data such trees cannot split). With
-``storage`` set to
-an optuna RDB URL (``sqlite:///study.db``) several processes can tune the same named study.
+``storage`` set to an optuna RDB URL (``sqlite:///study.db``) several processes can tune the same
+named study.
 
 A fitted detector keeps what the study found (best parameters and F1, the number of finished
 trials, the study's name), not the study itself: a pickled or saved one needs no storage and opens
