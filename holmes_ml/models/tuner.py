@@ -87,11 +87,12 @@ class _Objective:
 
     def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: Any, random_state: Any,
                  data: str, weights: np.ndarray | None = None):
-        self.kind, self.X, self.y, self.cv, self.random_state = kind, X, y, cv, random_state
+        # the folds drawn once: every trial scores on them, and their size bounds its leaves
+        self.cv = cv if isinstance(cv, list) else list(cv.split(X, y))
+        self.kind, self.X, self.y, self.random_state = kind, X, y, random_state
         self.data = data
         self.w = np.ones(len(y)) if weights is None else weights
-        splits = cv if isinstance(cv, list) else list(cv.split(X, y))
-        self.rows = min(len(train) for train, _ in splits)
+        self.rows = min(len(train) for train, _ in self.cv)
 
     def __call__(self, trial: Any) -> float:
         det = _base(self.kind, self.random_state, _suggest(trial, self.kind, self.rows))
