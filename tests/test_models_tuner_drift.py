@@ -86,9 +86,12 @@ def test_tuner_folds_leave_whole_runs_out_when_given_them():
     rows = TunedDetector("rf", n_trials=2, random_state=0).fit(X, y)
     left_out = TunedDetector("rf", n_trials=2, random_state=0).fit(X, y, groups=runs)
     assert rows.best_score_ > 0.8 and left_out.best_score_ < rows.best_score_ - 0.3
-    # fewer than 5 runs (or a fold without an abnormal op to train on): folds over rows
-    assert not isinstance(_folds(y.astype(int), runs % 4, 3), list)
-    assert isinstance(_folds(y.astype(int), runs, 3), list)
+    # every run on one side of each fold; with fewer than 5 runs (or a fold without an
+    # abnormal op to train on) folds over rows, which split each run
+    for train, test in _folds(y.astype(int), runs, 3):
+        assert not set(runs[train]) & set(runs[test])
+    for train, test in _folds(y.astype(int), runs % 4, 3):
+        assert set(runs[test] % 4) <= set(runs[train] % 4) == {0, 1, 2, 3}
     with pytest.raises(ValueError, match="groups: got 3 values; expected one per row"):
         TunedDetector("rf", n_trials=1).fit(X, y, groups=[1, 2, 3])
 

@@ -85,10 +85,11 @@ class _Objective:
     """Out-of-fold F1 of one trial's configuration (at its own best threshold), recorded with
     the fingerprint of the data it was scored on (``data``)."""
 
-    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray, cv: Any, random_state: Any,
-                 data: str, weights: np.ndarray | None = None):
-        # the folds drawn once: every trial scores on them, and their size bounds its leaves
-        self.cv = cv if isinstance(cv, list) else list(cv.split(X, y))
+    def __init__(self, kind: str, X: np.ndarray, y: np.ndarray,
+                 cv: list[tuple[np.ndarray, np.ndarray]], random_state: Any, data: str,
+                 weights: np.ndarray | None = None):
+        # every trial scores on the same folds (_folds), and their size bounds its leaves
+        self.cv = cv
         self.kind, self.X, self.y, self.random_state = kind, X, y, random_state
         self.data = data
         self.w = np.ones(len(y)) if weights is None else weights
@@ -119,15 +120,18 @@ def _per_row(values: Any, y: np.ndarray, name: str = "groups") -> np.ndarray:
     return g
 
 
-def _folds(y01: np.ndarray, groups: np.ndarray | None, cv: int) -> Any:
-    """The trials' folds: whole runs left out when ``groups`` names enough runs and every
-    training fold keeps an abnormal and a normal op; otherwise stratified over rows."""
+def _folds(y01: np.ndarray, groups: np.ndarray | None, cv: int
+           ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The trials' folds, drawn once as (train, test) row indices: whole runs left out when
+    ``groups`` names enough runs and every training fold keeps an abnormal and a normal op;
+    otherwise stratified over rows."""
+    rows = np.zeros(len(y01))
     if groups is not None and len(np.unique(groups)) >= _MIN_GROUPS:
         grouped = list(StratifiedGroupKFold(cv, shuffle=True, random_state=0).split(
-            np.zeros(len(y01)), y01, groups))
+            rows, y01, groups))
         if all(len(np.unique(y01[train])) == 2 for train, _ in grouped):
             return grouped
-    return StratifiedKFold(cv, shuffle=True, random_state=0)
+    return list(StratifiedKFold(cv, shuffle=True, random_state=0).split(rows, y01))
 
 
 class TunedDetector(BinaryDetectorMixin, BaseEstimator):
