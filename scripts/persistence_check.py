@@ -5,14 +5,18 @@ persistent fault fills within ``window`` iterations. This script asks whether a 
 remembers further back would separate the copies the bundled model misses on one held-out job
 of ``holmes bench detector`` from the normal copies that look like them (as far out against
 the same step on their pipeline stage, ``stage_step_z``, as the median missed one: the
-look-alikes of ``scripts/miss_profile.py``). Three candidates, each per op signature (rank,
+look-alikes of ``scripts/miss_profile.py``). Four candidates, each per op signature (rank,
 communicator, op, position in the iteration, size) and from earlier iterations only:
 
 * ``stage_z_mean``: the mean of the signature's last 10 ``stage_step_z`` (clipped to +-5): a
   copy the fault keeps prolonging stands out against its stage iteration after iteration;
 * ``vs_lowest``: log of the duration over the lowest rolling median (of 10) the signature has
   had so far: a fault raises the level the signature had before it began;
-* ``vs_first``: log of the duration over the signature's median in its first 10 iterations.
+* ``vs_first``: log of the duration over the signature's median in its first 10 iterations;
+* ``shift_frac``: the rise of the signature's recent level (median of its last 5 copies) over
+  its lowest rolling median so far, over the copy's duration: a persistent fault adds about the
+  same delay to each copy, and the label calls it abnormal when that delay is over 15 % of the
+  copy's fault-free duration (``scripts/level_shift.py`` trains the detector with it).
 
 For each op with 20 or more missed copies it prints the copies, then per candidate the area
 under the ROC curve of missed against look-alike copies (0.5: no separation) and both medians.
@@ -53,9 +57,12 @@ def _candidates(ops: pd.DataFrame, feats: pd.DataFrame) -> dict[str, np.ndarray]
     rolling = frame.groupby(key)["dur"].transform(
         lambda s: s.shift(1).rolling(WINDOW, min_periods=3).median())
     lowest = rolling.groupby(key).cummin()
+    recent = frame.groupby(key)["dur"].transform(
+        lambda s: s.shift(1).rolling(5, min_periods=3).median())
     first = frame.groupby(key)["dur"].transform(lambda s: s.iloc[:WINDOW].median())
     values = {"stage_z_mean": past_z, "vs_lowest": np.log(frame["dur"] / lowest),
-              "vs_first": np.log(frame["dur"] / first)}
+              "vs_first": np.log(frame["dur"] / first),
+              "shift_frac": (recent - lowest).clip(lower=0) / frame["dur"]}
     # back to the order of ops
     return {name: pd.Series(np.asarray(v), index=frame.index).sort_index().to_numpy()
             for name, v in values.items()}

@@ -1,0 +1,186 @@
+"""Would the rise of an op signature's level since its best iterations close the 256-4,096 GPU
+gap of ``holmes bench detector``?
+
+A persistent fault adds roughly the same delay ``d`` to a signature's copies (rank,
+communicator, op, position in the iteration, size) iteration after iteration, while jitter
+draws a new duration each time. The simulator calls a copy abnormal when ``d`` is over 15 % of
+its fault-free duration (and the copy is outside its step's usual range), so among copies
+prolonged by the same ``d`` the *shorter* ones are abnormal and the ones jitter had already
+made long are not: the label depends on ``d`` over the duration, which none of the detector's
+columns estimates. This script estimates it per copy from earlier iterations only: ``d`` as
+the signature's recent level (median of its last 5 copies) over its lowest level so far (the
+lowest rolling median of 10, which a fault that began after the log did not reach), and gives
+four columns: ``sig_shift_frac`` (that rise over the copy's duration), ``sig_now_frac`` (the
+copy's own excess over the lowest level, over its duration), ``sig_lowest_ratio`` (duration over
+the lowest level) and ``sig_recent_lowest`` (recent level over the lowest). It trains the
+shipped detector's trees (``scale_free_estimator``, seed 0) on the default training mix with
+and without them and prints the bench's per-scale F1 on the bench's held-out rows (its first
+row reproduces the bench's shipped row) and each variant's per-run table.
+``scripts/persistence_check.py`` gives the same rise's separation (``shift_frac``) of the
+missed copies from their normal look-alikes.
+
+``--delays`` looks at the estimate itself on the bench's three persistent network-fault jobs
+(held-out runs 2, 4 and 6): for the pipeline receives and tensor-parallel all_reduces the fault
+prolonged (``affected``) from iteration 8 on, the correlation of ``sig_shift_frac`` with the
+true delay over the duration (the duration less the fault-free twin's, which the simulator
+computes for its labels and this mode has it keep as a column), the median coefficient of
+variation of the true delay over a signature's iterations, and the true ratio's median for the
+abnormal copies and for the others.
+
+Usage: ``.venv/bin/python scripts/level_shift.py`` (6 minutes on 2 cores; ``--quick``: the
+tiny preset and two small held-out jobs, a smoke test; ``--delays``: 30 seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+
+from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
+from holmes_ml.features import FEATURE_COLUMNS, build_features
+from holmes_ml.models.training import scale_free_estimator, scenarios
+from holmes_ml.simulator import engine, simulate
+
+SHIFT = ("sig_shift_frac", "sig_now_frac", "sig_lowest_ratio", "sig_recent_lowest")
+VARIANTS = {"detector's columns": (), "+ the four level columns": SHIFT,
+            "+ sig_shift_frac, sig_now_frac": SHIFT[:2]}
+
+
+def signatures(ops: pd.DataFrame) -> np.ndarray:
+    """Each row's op signature, numbered: rank, communicator, op, position among the rank's
+    ops on that communicator in the iteration (by sequence number), size."""
+    o = ops.reset_index(drop=True)
+    key = pd.DataFrame({"rank": o["rank"].to_numpy(), "group": pd.factorize(o["group"])[0],
+                        "op": pd.factorize(o["op"])[0], "it": o["iteration"].to_numpy(),
+                        "seq": o["seq"].to_numpy(), "nbytes": o["nbytes"].to_numpy()}
+                       ).sort_values(["rank", "group", "it", "seq"])
+    key["pos"] = key.groupby(["rank", "group", "it"], sort=False).cumcount()
+    sig = np.empty(len(o), dtype=np.int64)
+    sig[key.index.to_numpy()] = key.groupby(["rank", "group", "op", "pos", "nbytes"],
+                                            sort=False).ngroup().to_numpy()
+    return sig
+
+
+def level_columns(ops: pd.DataFrame, recent: int = 5, level: int = 10) -> pd.DataFrame:
+    """The four columns of the module docstring per row of ``ops`` (0 before a signature has
+    three earlier copies). A signature's copies form one column of an iterations x signatures
+    matrix, so the rolling medians run over all signatures at once."""
+    o = ops.reset_index(drop=True)
+    it = o["iteration"].to_numpy(np.int64)
+    it = it - it.min()
+    sig = signatures(o)
+    dur = o["duration_us"].to_numpy(np.float64)
+    grid = np.full((int(it.max()) + 1, int(sig.max()) + 1), np.nan)
+    grid[it, sig] = dur
+    before = pd.DataFrame(grid).shift(1)  # earlier iterations only
+    lowest = before.rolling(level, min_periods=3).median().cummin().to_numpy()[it, sig]
+    now = before.rolling(recent, min_periods=3).median().to_numpy()[it, sig]
+    d = np.maximum(dur, 1.0)
+    low = np.maximum(lowest, 1.0)
+    return pd.DataFrame({
+        "sig_shift_frac": np.clip(now - lowest, 0, None) / d,
+        "sig_now_frac": np.clip(dur - lowest, 0, None) / d,
+        "sig_lowest_ratio": dur / low,
+        "sig_recent_lowest": now / low,
+    }).fillna(0.0).astype(np.float32)
+
+
+def rows(cfgs, max_normal: int, seed: int):
+    """Simulate ``cfgs``, add the level columns, and subsample the normal ops that no fault
+    touched as ``make_dataset`` does (weights: the ops each kept row stands for)."""
+    rng = np.random.default_rng(seed)
+    Xs, ys, ids, ws = [], [], [], []
+    for i, cfg in enumerate(cfgs):
+        res = simulate(cfg)
+        X = pd.concat([build_features(res.ops).reset_index(drop=True),
+                       level_columns(res.ops)], axis=1)
+        y = res.ops["abnormal"].to_numpy(dtype=bool)
+        sure = y | res.ops["affected"].to_numpy(dtype=bool)
+        keep = np.ones(len(y), dtype=bool)
+        other = np.flatnonzero(~sure)
+        if len(other) > max_normal:
+            keep[rng.choice(other, size=len(other) - max_normal, replace=False)] = False
+        Xs.append(X[keep].reset_index(drop=True))
+        ys.append(y[keep])
+        ids.append(np.full(int(keep.sum()), i))
+        ws.append(np.where(sure[keep], 1.0, len(other) / max(int((~sure & keep).sum()), 1)))
+        print(f"  run {i}: {len(y):,} ops, {int(y.sum()):,} abnormal", flush=True)
+    return (pd.concat(Xs, ignore_index=True), np.concatenate(ys), np.concatenate(ids),
+            np.concatenate(ws))
+
+
+@contextmanager
+def twin_durations() -> Iterator[None]:
+    """While inside, simulated ops carry ``twin_us``: each copy's duration in the fault-free
+    twin, which the engine computes for the labels and does not write."""
+    frame = engine.Engine._frame
+
+    def with_twin(self, it, out):
+        df = frame(self, it, out)
+        if self.S >= 2:
+            df["twin_us"] = np.concatenate([c.dur0 for c in out])
+        return df
+
+    engine.Engine._frame = with_twin  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        engine.Engine._frame = frame  # type: ignore[method-assign]
+
+
+def delays() -> None:
+    """``--delays``: the estimate against the true delay (module docstring)."""
+    cfgs = heldout_scenarios()
+    for run in (2, 4, 6):
+        with twin_durations():
+            ops = simulate(cfgs[run]).ops.reset_index(drop=True)
+        dur = ops["duration_us"].to_numpy(np.float64)
+        true = (dur - ops["twin_us"].to_numpy(np.float64)) / np.maximum(dur, 1.0)
+        est = level_columns(ops)["sig_shift_frac"].to_numpy()
+        sig = signatures(ops)
+        y = ops["abnormal"].to_numpy(dtype=bool)
+        prolonged = ops["affected"].to_numpy(dtype=bool) & (ops["iteration"].to_numpy() >= 8)
+        kind, op = ops["group_kind"].astype(str), ops["op"].astype(str)
+        print(f"job {run}: {cfgs[run].gpus} GPUs, {cfgs[run].faults[0].kind}")
+        for k, o in (("pp", "recv"), ("tp", "all_reduce")):
+            m = prolonged & (kind == k).to_numpy() & (op == o).to_numpy()
+            delay = pd.Series(dur[m] * true[m]).groupby(sig[m])
+            cv = (delay.std() / delay.mean())[delay.size() >= 5]
+            print(f"  {k} {o}: {int(m.sum())} prolonged copies ({int((m & y).sum())} abnormal); "
+                  f"corr(sig_shift_frac, true delay / duration) "
+                  f"{np.corrcoef(est[m], true[m])[0, 1]:.2f}; the delay's variation over a "
+                  f"signature's iterations (median CV) {cv.median():.2f}; true delay / duration "
+                  f"abnormal {np.median(true[m & y]):.3f}, the others {np.median(true[m & ~y]):.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke test in a minute")
+    parser.add_argument("--delays", action="store_true",
+                        help="the estimate against the true delay, on three held-out jobs")
+    args = parser.parse_args()
+    if args.delays:
+        delays()
+        return
+    print("training rows", flush=True)
+    X, y, run, w = rows(scenarios("tiny" if args.quick else "default", 0), 20_000, 0)
+    cfgs = heldout_scenarios(args.quick)[:2] if args.quick else heldout_scenarios()
+    print("held-out rows", flush=True)
+    Xh, yh, runh, wh = rows(cfgs, 100_000, 1)
+    scales = sorted({c.gpus for c in cfgs})
+    scale_of = np.array([cfgs[r].gpus for r in runh])
+    for name, extra in VARIANTS.items():
+        cols = [*FEATURE_COLUMNS, *extra]
+        model = scale_free_estimator(0).fit(X[cols], y, groups=run, threshold_weights=w)
+        pred = np.asarray(model.predict(Xh[cols])).astype(bool)
+        print(_scores_row(name, yh, pred, scale_of, scales, wh), flush=True)
+        for r in _per_run_rows(yh, pred, runh, cfgs, wh):
+            print("   ", r)
+
+
+if __name__ == "__main__":
+    main()
