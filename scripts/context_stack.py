@@ -10,10 +10,14 @@ the communicator in that iteration, of the whole iteration, the highest score of
 ops before and after, the highest score among the copies of the same collective instance, the
 rank's flagged share over its earlier iterations, and the op's own first-pass score. It prints
 the bench's per-scale F1 on the bench's held-out rows for the first pass and three context sets,
-and each set's per-run table.
+and each set's per-run table. ``--whole-log`` tries instead the rank's flagged share over the
+whole log read (its other operators, every iteration: a fault's abnormal copies sit on few
+signatures, each abnormal in a few of its iterations, and jitter's far-out copies on others;
+``scripts/level_shift.py --delays``), alone and beside the op's own score.
 
 Usage: ``.venv/bin/python scripts/context_stack.py`` (about 15 minutes on 2 cores;
-``--quick``: the tiny preset and two small held-out jobs, a smoke test).
+``--whole-log``: 7 minutes; ``--quick``: the tiny preset and two small held-out jobs, a smoke
+test).
 """
 import argparse
 import time
@@ -67,6 +71,9 @@ def context(ops: pd.DataFrame, s1: np.ndarray, thr: float) -> pd.DataFrame:
     ri["hist"] = np.where(cnt > 0, cs / np.maximum(cnt, 1), 0.0)
     out["c_rank_hist"] = d[["rank", "it"]].merge(ri[["rank", "it", "hist"]], on=["rank", "it"],
                                                   how="left")["hist"].to_numpy()
+    rank = d.groupby("rank")["f"]
+    out["c_rank_log"] = ((rank.transform("sum") - d["f"])
+                         / np.maximum(rank.transform("size") - 1, 1)).to_numpy()
     out["s1"] = s1
     return out.astype(np.float32)
 
@@ -103,7 +110,10 @@ def rows(cfgs, first_models, run_model, max_normal, seed, thr_of):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test in a minute or two")
-    quick = parser.parse_args().quick
+    parser.add_argument("--whole-log", action="store_true",
+                        help="the rank's flagged share over the whole log instead")
+    args = parser.parse_args()
+    quick = args.quick
     train_cfgs = scenarios("tiny" if quick else "default", 0)
     X, y, run, w = make_dataset(train_cfgs, seed=0, return_weights=True)
     print("first pass data", X.shape, flush=True)
@@ -129,8 +139,12 @@ def main():
     scale_of = np.array([hcfgs[r].gpus for r in runh])
     base = np.asarray(full.predict(Xh.loc[:, list(FEATURE_COLUMNS)])).astype(bool)
     print(_scores_row("first pass", yh, base, scale_of, scales, wh))
-    for name, cols in (("ctx all", CTX), ("ctx no s1", CTX[:-1]),
-                       ("ctx local", ["c_rank_iter", "c_prev", "c_next", "c_inst_max", "s1"])):
+    sets = {"ctx all": CTX, "ctx no s1": CTX[:-1],
+            "ctx local": ["c_rank_iter", "c_prev", "c_next", "c_inst_max", "s1"]}
+    if args.whole_log:
+        sets = {"rank's share over the log": ["c_rank_log"],
+                "rank's share over the log, with s1": ["c_rank_log", "s1"]}
+    for name, cols in sets.items():
         X2c = pd.concat([X2.loc[:, list(FEATURE_COLUMNS)], X2[cols]], axis=1)
         Xhc = pd.concat([Xh.loc[:, list(FEATURE_COLUMNS)], Xh[cols]], axis=1)
         m2 = scale_free_estimator(0).fit(X2c, y2, groups=run2, threshold_weights=w2)

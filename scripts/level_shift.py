@@ -25,7 +25,10 @@ prolonged (``affected``) from iteration 8 on, the correlation of ``sig_shift_fra
 true delay over the duration (the duration less the fault-free twin's, which the simulator
 computes for its labels and this mode has it keep as a column), the median coefficient of
 variation of the true delay over a signature's iterations, and the true ratio's median for the
-abnormal copies and for the others.
+abnormal copies and for the others; then where the abnormal copies sit from the fault's onset on:
+how many signatures hold one, what share of those signatures' copies are abnormal, and what share
+of the normal copies outside their step's usual range on the stage (``stage_step_z`` >= 3) sit
+on signatures that hold none.
 
 Usage: ``.venv/bin/python scripts/level_shift.py`` (6 minutes on 2 cores; ``--quick``: the
 tiny preset and two small held-out jobs, a smoke test; ``--delays``: 30 seconds).
@@ -145,8 +148,17 @@ def delays() -> None:
         y = ops["abnormal"].to_numpy(dtype=bool)
         prolonged = ops["affected"].to_numpy(dtype=bool) & (ops["iteration"].to_numpy() >= 8)
         kind, op = ops["group_kind"].astype(str), ops["op"].astype(str)
+        far = np.nan_to_num(build_features(ops)["stage_step_z"].to_numpy()) >= 3
+        onset = ops["iteration"].to_numpy() >= cfgs[run].faults[0].start_iteration
         print(f"job {run}: {cfgs[run].gpus} GPUs, {cfgs[run].faults[0].kind}")
         for k, o in (("pp", "recv"), ("tp", "all_reduce")):
+            m = onset & (kind == k).to_numpy() & (op == o).to_numpy()
+            share = pd.Series(y[m]).groupby(sig[m]).mean()
+            normal_far = share.reindex(sig[m & far & ~y]).to_numpy()
+            print(f"  {k} {o}: {int((share > 0).sum())} of its {len(share)} signatures hold an "
+                  f"abnormal copy, {np.median(share[share > 0]):.2f} of their copies (median); "
+                  f"{np.mean(normal_far == 0):.2f} of its {len(normal_far)} normal copies with "
+                  "stage_step_z >= 3 sit on signatures without one")
             m = prolonged & (kind == k).to_numpy() & (op == o).to_numpy()
             delay = pd.Series(dur[m] * true[m]).groupby(sig[m])
             cv = (delay.std() / delay.mean())[delay.size() >= 5]
