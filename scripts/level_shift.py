@@ -1,21 +1,21 @@
 """Would the rise of an op signature's level since its best iterations close the 256-4,096 GPU
 gap of ``holmes bench detector``?
 
-A persistent fault adds roughly the same delay ``d`` to a signature's copies (rank,
-communicator, op, position in the iteration, size) iteration after iteration, while jitter
-draws a new duration each time. The simulator calls a copy abnormal when ``d`` is over 15 % of
-its fault-free duration (and the copy is outside its step's usual range), so among copies
-prolonged by the same ``d`` the *shorter* ones are abnormal and the ones jitter had already
-made long are not: the label depends on ``d`` over the duration, which none of the detector's
-columns estimates. This script estimates it per copy from earlier iterations only: ``d`` as
-the signature's recent level (median of its last 5 copies) over its lowest level so far (the
-lowest rolling median of 10, which a fault that began after the log did not reach), and gives
-four columns: ``sig_shift_frac`` (that rise over the copy's duration), ``sig_now_frac`` (the
-copy's own excess over the lowest level, over its duration), ``sig_lowest_ratio`` (duration over
-the lowest level) and ``sig_recent_lowest`` (recent level over the lowest). It trains the
-shipped detector's trees (``scale_free_estimator``, seed 0) on the default training mix with
-and without them and prints the bench's per-scale F1 on the bench's held-out rows (its first
-row reproduces the bench's shipped row) and each variant's per-run table.
+The idea: if a persistent fault added about the same delay ``d`` to a signature's copies (rank,
+communicator, op, position in the iteration, size) iteration after iteration while jitter draws
+a new duration each time, then, since the simulator calls a copy abnormal only when ``d`` is
+over 15 % of its fault-free duration (and the copy is outside its step's usual range), among
+copies prolonged alike the *shorter* ones would be the abnormal ones: the label would turn on
+``d`` over the duration, which none of the detector's columns estimates. This script estimates
+``d`` per copy from earlier iterations only, as the signature's recent level (median of its last
+5 copies) less its lowest level so far (the lowest rolling median of 10: a fault that began
+after the log did has not reached it), and gives four columns: ``sig_shift_frac`` (that rise
+over the copy's duration), ``sig_now_frac`` (the copy's own excess over the lowest level, over
+its duration), ``sig_lowest_ratio`` (duration over the lowest level) and ``sig_recent_lowest``
+(recent level over the lowest). It trains the shipped detector's trees
+(``scale_free_estimator``, seed 0) on the default training mix with and without them and prints
+the bench's per-scale F1 on the bench's held-out rows (its first row reproduces the bench's
+shipped row) and each variant's per-run table.
 ``scripts/persistence_check.py`` gives the same rise's separation (``shift_frac``) of the
 missed copies from their normal look-alikes.
 
@@ -28,10 +28,11 @@ variation of the true delay over a signature's iterations, and the true ratio's 
 abnormal copies and for the others; then where the abnormal copies sit from the fault's onset on:
 how many signatures hold one, what share of those signatures' copies are abnormal, and what share
 of the normal copies outside their step's usual range on the stage (``stage_step_z`` >= 3) sit
-on signatures that hold none.
+on signatures that hold none. (What it finds: the delay varies from one iteration to the next,
+and a signature's copies are abnormal in a few of its iterations; ``docs/results.md``.)
 
 Usage: ``.venv/bin/python scripts/level_shift.py`` (6 minutes on 2 cores; ``--quick``: the
-tiny preset and two small held-out jobs, a smoke test; ``--delays``: 30 seconds).
+tiny preset and two small held-out jobs, a smoke test; ``--delays``: a minute or two).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ communicator, op, position in the iteration, size) and from earlier iterations o
   had so far: a fault raises the level the signature had before it began;
 * ``vs_first``: log of the duration over the signature's median in its first 10 iterations;
 * ``shift_frac``: the rise of the signature's recent level (median of its last 5 copies) over
-  its lowest rolling median so far, over the copy's duration: a persistent fault adds about the
-  same delay to each copy, and the label calls it abnormal when that delay is over 15 % of the
-  copy's fault-free duration (``scripts/level_shift.py`` trains the detector with it).
+  its lowest rolling median so far, over the copy's duration: an estimate of the delay the
+  fault adds, over the duration, the ratio the label's 15 % is a bar for
+  (``scripts/level_shift.py`` trains the detector with it).
 
 For each op with 20 or more missed copies it prints the copies, then per candidate the area
 under the ROC curve of missed against look-alike copies (0.5: no separation) and both medians.
