@@ -31,8 +31,13 @@ of the normal copies outside their step's usual range on the stage (``stage_step
 on signatures that hold none. (What it finds: the delay varies from one iteration to the next,
 and a signature's copies are abnormal in a few of its iterations; ``docs/results.md``.)
 
+``--oracle`` gives the trees, instead of the level columns, where each job's fault truly is
+(:func:`location_columns`): what a second pass driven by a perfect localizer could tell them
+about the copies its delay reaches.
+
 Usage: ``.venv/bin/python scripts/level_shift.py`` (6 minutes on 2 cores; ``--quick``: the
-tiny preset and two small held-out jobs, a smoke test; ``--delays``: a minute or two).
+tiny preset and two small held-out jobs, a smoke test; ``--delays``: a minute or two;
+``--oracle``: 3 minutes).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from holmes_ml.models.training import scale_free_estimator, scenarios
 from holmes_ml.simulator import engine, simulate
 
 SHIFT = ("sig_shift_frac", "sig_now_frac", "sig_lowest_ratio", "sig_recent_lowest")
+LOCATION = ("at_fault_group", "at_fault_hops")
 VARIANTS = {"detector's columns": (), "+ the four level columns": SHIFT,
             "+ sig_shift_frac, sig_now_frac": SHIFT[:2]}
 
@@ -93,15 +99,43 @@ def level_columns(ops: pd.DataFrame, recent: int = 5, level: int = 10) -> pd.Dat
     }).fillna(0.0).astype(np.float32)
 
 
-def rows(cfgs, max_normal: int, seed: int):
-    """Simulate ``cfgs``, add the level columns, and subsample the normal ops that no fault
-    touched as ``make_dataset`` does (weights: the ops each kept row stands for)."""
+def location_columns(ops: pd.DataFrame, faults) -> pd.DataFrame:
+    """``--oracle``: where the faults are, as the simulator resolved them (their ranks: a
+    faulty GPU's or host's, the ranks on a slow NIC, the ranks whose traffic crosses a slow link
+    or switch). ``at_fault_group``: the op's communicator holds one of them;
+    ``at_fault_hops``: how many communicators away the op's rank is from one (0 for one of
+    them, 9 beyond 4 hops or without a fault)."""
+    bad = {int(r) for f in faults for r in f.ranks}
+    members = [[int(r) for r in c.split()] for c in ops["group_ranks"].cat.categories]
+    world = int(ops["rank"].max()) + 1
+    near: list[set[int]] = [set() for _ in range(world)]
+    for m in members:
+        for r in m:
+            if r < world:
+                near[r].update(x for x in m if x < world)
+    hops = np.full(world, 9.0)
+    ring = [r for r in bad if r < world]
+    hops[ring] = 0
+    for step in range(1, 5):
+        ring = [x for r in ring for x in near[r] if hops[x] > step]
+        hops[ring] = step
+    holds = np.array([any(r in bad for r in m) for m in members], dtype=np.float32)
+    return pd.DataFrame({"at_fault_group": holds[ops["group_ranks"].cat.codes.to_numpy()],
+                         "at_fault_hops": hops[ops["rank"].to_numpy()]}).astype(np.float32)
+
+
+def rows(cfgs, max_normal: int, seed: int, oracle: bool = False):
+    """Simulate ``cfgs``, add the level columns (``oracle``: the location columns), and
+    subsample the normal ops that no fault touched as ``make_dataset`` does (weights: the ops
+    each kept row stands for)."""
     rng = np.random.default_rng(seed)
     Xs, ys, ids, ws = [], [], [], []
     for i, cfg in enumerate(cfgs):
         res = simulate(cfg)
-        X = pd.concat([build_features(res.ops).reset_index(drop=True),
-                       level_columns(res.ops)], axis=1)
+        ops = res.ops.reset_index(drop=True)
+        X = pd.concat([build_features(ops).reset_index(drop=True),
+                       location_columns(ops, res.faults) if oracle else level_columns(ops)],
+                      axis=1)
         y = res.ops["abnormal"].to_numpy(dtype=bool)
         sure = y | res.ops["affected"].to_numpy(dtype=bool)
         keep = np.ones(len(y), dtype=bool)
@@ -175,18 +209,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke test in a minute")
     parser.add_argument("--delays", action="store_true",
                         help="the estimate against the true delay, on three held-out jobs")
+    parser.add_argument("--oracle", action="store_true",
+                        help="the faults' true location as columns instead")
     args = parser.parse_args()
     if args.delays:
         delays()
         return
     print("training rows", flush=True)
-    X, y, run, w = rows(scenarios("tiny" if args.quick else "default", 0), 20_000, 0)
+    X, y, run, w = rows(scenarios("tiny" if args.quick else "default", 0), 20_000, 0,
+                        args.oracle)
     cfgs = heldout_scenarios(args.quick)[:2] if args.quick else heldout_scenarios()
     print("held-out rows", flush=True)
-    Xh, yh, runh, wh = rows(cfgs, 100_000, 1)
+    Xh, yh, runh, wh = rows(cfgs, 100_000, 1, args.oracle)
     scales = sorted({c.gpus for c in cfgs})
     scale_of = np.array([cfgs[r].gpus for r in runh])
-    for name, extra in VARIANTS.items():
+    variants = ({"detector's columns": (), "+ the faults' location": LOCATION} if args.oracle
+                else VARIANTS)
+    for name, extra in variants.items():
         cols = [*FEATURE_COLUMNS, *extra]
         model = scale_free_estimator(0).fit(X[cols], y, groups=run, threshold_weights=w)
         pred = np.asarray(model.predict(Xh[cols])).astype(bool)
