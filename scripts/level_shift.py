@@ -36,7 +36,7 @@ and a signature's copies are abnormal in a few of its iterations; ``docs/results
 about the copies its delay reaches.
 
 Usage: ``.venv/bin/python scripts/level_shift.py`` (6 minutes on 2 cores; ``--quick``: the
-tiny preset and two small held-out jobs, a smoke test; ``--delays``: a minute or two;
+tiny preset and the bench's quick held-out jobs, a smoke test; ``--delays``: a minute or two;
 ``--oracle``: 3 minutes).
 """
 
@@ -49,30 +49,21 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 
-from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
+from holmes_ml.bench.detector import (
+    _per_run_rows,
+    _scores_row,
+    heldout_dataset,
+    heldout_scenarios,
+)
 from holmes_ml.features import FEATURE_COLUMNS, build_features
-from holmes_ml.models.training import scale_free_estimator, scenarios
+from holmes_ml.features.build import signature_codes
+from holmes_ml.models.training import make_dataset, scale_free_estimator, scenarios
 from holmes_ml.simulator import engine, simulate
 
 SHIFT = ("sig_shift_frac", "sig_now_frac", "sig_lowest_ratio", "sig_recent_lowest")
 LOCATION = ("at_fault_group", "at_fault_hops")
 VARIANTS = {"detector's columns": (), "+ the four level columns": SHIFT,
             "+ sig_shift_frac, sig_now_frac": SHIFT[:2]}
-
-
-def signatures(ops: pd.DataFrame) -> np.ndarray:
-    """Each row's op signature, numbered: rank, communicator, op, position among the rank's
-    ops on that communicator in the iteration (by sequence number), size."""
-    o = ops.reset_index(drop=True)
-    key = pd.DataFrame({"rank": o["rank"].to_numpy(), "group": pd.factorize(o["group"])[0],
-                        "op": pd.factorize(o["op"])[0], "it": o["iteration"].to_numpy(),
-                        "seq": o["seq"].to_numpy(), "nbytes": o["nbytes"].to_numpy()}
-                       ).sort_values(["rank", "group", "it", "seq"])
-    key["pos"] = key.groupby(["rank", "group", "it"], sort=False).cumcount()
-    sig = np.empty(len(o), dtype=np.int64)
-    sig[key.index.to_numpy()] = key.groupby(["rank", "group", "op", "pos", "nbytes"],
-                                            sort=False).ngroup().to_numpy()
-    return sig
 
 
 def level_columns(ops: pd.DataFrame, recent: int = 5, level: int = 10) -> pd.DataFrame:
@@ -82,7 +73,7 @@ def level_columns(ops: pd.DataFrame, recent: int = 5, level: int = 10) -> pd.Dat
     o = ops.reset_index(drop=True)
     it = o["iteration"].to_numpy(np.int64)
     it = it - it.min()
-    sig = signatures(o)
+    sig = signature_codes(o)
     dur = o["duration_us"].to_numpy(np.float64)
     grid = np.full((int(it.max()) + 1, int(sig.max()) + 1), np.nan)
     grid[it, sig] = dur
@@ -124,33 +115,6 @@ def location_columns(ops: pd.DataFrame, faults) -> pd.DataFrame:
                          "at_fault_hops": hops[ops["rank"].to_numpy()]}).astype(np.float32)
 
 
-def rows(cfgs, max_normal: int, seed: int, oracle: bool = False):
-    """Simulate ``cfgs``, add the level columns (``oracle``: the location columns), and
-    subsample the normal ops that no fault touched as ``make_dataset`` does (weights: the ops
-    each kept row stands for)."""
-    rng = np.random.default_rng(seed)
-    Xs, ys, ids, ws = [], [], [], []
-    for i, cfg in enumerate(cfgs):
-        res = simulate(cfg)
-        ops = res.ops.reset_index(drop=True)
-        X = pd.concat([build_features(ops).reset_index(drop=True),
-                       location_columns(ops, res.faults) if oracle else level_columns(ops)],
-                      axis=1)
-        y = res.ops["abnormal"].to_numpy(dtype=bool)
-        sure = y | res.ops["affected"].to_numpy(dtype=bool)
-        keep = np.ones(len(y), dtype=bool)
-        other = np.flatnonzero(~sure)
-        if len(other) > max_normal:
-            keep[rng.choice(other, size=len(other) - max_normal, replace=False)] = False
-        Xs.append(X[keep].reset_index(drop=True))
-        ys.append(y[keep])
-        ids.append(np.full(int(keep.sum()), i))
-        ws.append(np.where(sure[keep], 1.0, len(other) / max(int((~sure & keep).sum()), 1)))
-        print(f"  run {i}: {len(y):,} ops, {int(y.sum()):,} abnormal", flush=True)
-    return (pd.concat(Xs, ignore_index=True), np.concatenate(ys), np.concatenate(ids),
-            np.concatenate(ws))
-
-
 @contextmanager
 def twin_durations() -> Iterator[None]:
     """While inside, simulated ops carry ``twin_us``: each copy's duration in the fault-free
@@ -179,7 +143,7 @@ def delays() -> None:
         dur = ops["duration_us"].to_numpy(np.float64)
         true = (dur - ops["twin_us"].to_numpy(np.float64)) / np.maximum(dur, 1.0)
         est = level_columns(ops)["sig_shift_frac"].to_numpy()
-        sig = signatures(ops)
+        sig = signature_codes(ops)
         y = ops["abnormal"].to_numpy(dtype=bool)
         prolonged = ops["affected"].to_numpy(dtype=bool) & (ops["iteration"].to_numpy() >= 8)
         kind, op = ops["group_kind"].astype(str), ops["op"].astype(str)
@@ -215,12 +179,14 @@ def main() -> None:
     if args.delays:
         delays()
         return
-    print("training rows", flush=True)
-    X, y, run, w = rows(scenarios("tiny" if args.quick else "default", 0), 20_000, 0,
-                        args.oracle)
-    cfgs = heldout_scenarios(args.quick)[:2] if args.quick else heldout_scenarios()
-    print("held-out rows", flush=True)
-    Xh, yh, runh, wh = rows(cfgs, 100_000, 1, args.oracle)
+    def columns(res) -> pd.DataFrame:
+        ops = res.ops.reset_index(drop=True)
+        return location_columns(ops, res.faults) if args.oracle else level_columns(ops)
+
+    X, y, run, w = make_dataset(scenarios("tiny" if args.quick else "default", 0),
+                                return_weights=True, progress=True, columns=columns)
+    cfgs = heldout_scenarios(args.quick)
+    Xh, yh, runh, wh = heldout_dataset(args.quick, columns=columns)
     scales = sorted({c.gpus for c in cfgs})
     scale_of = np.array([cfgs[r].gpus for r in runh])
     variants = ({"detector's columns": (), "+ the faults' location": LOCATION} if args.oracle

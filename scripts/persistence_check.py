@@ -35,6 +35,7 @@ from sklearn.metrics import roc_auc_score
 
 from holmes_ml.bench.detector import heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, build_features
+from holmes_ml.features.build import signature_codes
 from holmes_ml.models import default_model
 from holmes_ml.simulator import simulate
 
@@ -44,14 +45,11 @@ WINDOW = 10
 def _candidates(ops: pd.DataFrame, feats: pd.DataFrame) -> dict[str, np.ndarray]:
     """Each candidate's value per row of ``ops`` (NaN where a signature has no past yet)."""
     frame = pd.DataFrame({
-        "rank": ops["rank"].to_numpy(), "group": ops["group"].astype(str).to_numpy(),
-        "op": ops["op"].astype(str).to_numpy(), "it": ops["iteration"].to_numpy(),
-        "seq": ops["seq"].to_numpy(), "nbytes": ops["nbytes"].to_numpy(),
+        "sig": signature_codes(ops), "it": ops["iteration"].to_numpy(),
         "dur": ops["duration_us"].to_numpy(dtype=float),
         "z": np.clip(feats["stage_step_z"].to_numpy(dtype=float), -5, 5)})
-    frame["pos"] = frame.sort_values("seq").groupby(["rank", "group", "it"]).cumcount()
-    frame = frame.sort_values(["rank", "group", "op", "pos", "nbytes", "it"])
-    key = frame.groupby(["rank", "group", "op", "pos", "nbytes"], sort=False).ngroup()
+    frame = frame.sort_values(["sig", "it"], kind="stable")
+    key = frame["sig"]
     past_z = frame.groupby(key)["z"].transform(
         lambda s: s.shift(1).rolling(WINDOW, min_periods=1).mean())
     rolling = frame.groupby(key)["dur"].transform(

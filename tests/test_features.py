@@ -315,3 +315,22 @@ def test_first_text_reads_as_the_text_conversion(dtype):
     text = col.iloc[rows].astype(object).fillna("").astype(str)
     assert _first_text(col, rows) == text.tolist() == ["0 1 2 3", "", "TP", "4\t5", ""]
     assert [len(t.split()) for t in text] == text.str.count(r"\S+").tolist() == [4, 0, 1, 2, 0]
+
+
+def test_signature_codes_follow_an_op_from_iteration_to_iteration(ops):
+    """The same op of the same rank on the same communicator at the same place (by sequence
+    number) and of the same size is one signature in every iteration; shuffled rows keep it."""
+    from holmes_ml.features.build import signature_codes
+
+    sig = signature_codes(ops)
+    key = ops.assign(pos=ops.sort_values("seq").groupby(
+        ["iteration", "rank", "group"], observed=True).cumcount())
+    direct = key.groupby(["rank", "group", "op", "pos", "nbytes"], observed=True).ngroup()
+    assert set(sig) == set(range(sig.max() + 1))  # numbered densely
+    shuffled = ops.sample(frac=1.0, random_state=0)
+    again = pd.Series(signature_codes(shuffled), index=shuffled.index).loc[ops.index]
+    for other in (direct.to_numpy(), again.to_numpy()):  # the same partition of the rows
+        pairs = pd.crosstab(sig, other) > 0
+        assert (pairs.sum(axis=1) == 1).all() and (pairs.sum(axis=0) == 1).all()
+    assert sig.max() + 1 < len(ops) / 10  # ops recur: 20 iterations, one signature each
+    assert signature_codes(ops.iloc[:0]).shape == (0,)

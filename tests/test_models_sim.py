@@ -75,3 +75,21 @@ def test_wide_preset_adds_noisy_runs_to_default(seed):
 def test_unknown_preset_is_refused():
     with pytest.raises(ValueError, match="preset: got 'huge'"):
         scenarios("huge")
+
+
+def test_make_dataset_adds_columns_of_ones_own_to_the_rows_it_keeps():
+    """``columns`` sees each run's simulation result; its rows go with the ops they belong to,
+    through the same sampling as the detector's columns."""
+    import pandas as pd
+
+    from holmes_ml.simulator import FaultSpec, SimConfig
+
+    cfg = SimConfig(gpus=64, iterations=8, seed=3,
+                    faults=(FaultSpec.parse("gpu_slow:severity=0.6,start=4"),))
+    X, y, _ = make_dataset([cfg], max_normal_per_run=500, seed=0)
+    mine, y2, _ = make_dataset([cfg], max_normal_per_run=500, seed=0, columns=lambda res: (
+        pd.DataFrame({"dur": res.ops["duration_us"].to_numpy(), "ab": res.ops["abnormal"]})))
+    assert list(mine.columns) == [*X.columns, "dur", "ab"]
+    assert (mine["ab"].to_numpy() == y2).all() and (y2 == y).all() and y.any()
+    # the detector's own columns unchanged, row for row
+    pd.testing.assert_frame_equal(mine[list(X.columns)], X)

@@ -88,14 +88,15 @@ def heldout_scenarios(quick: bool = False) -> list:
 HELDOUT_OTHER_ROWS: tuple[int, int] = (100_000, 30_000)
 
 
-def heldout_dataset(quick: bool = False, also: tuple[str, ...] = ()):
+def heldout_dataset(quick: bool = False, also: tuple[str, ...] = (), columns=None):
     """The rows the bench scores: every abnormal or affected op of :func:`heldout_scenarios`
     plus a seeded sample of :data:`HELDOUT_OTHER_ROWS` others per job, as
-    :func:`~holmes_ml.models.training.make_dataset` returns them (with weights)."""
+    :func:`~holmes_ml.models.training.make_dataset` returns them (with weights; ``also`` and
+    ``columns`` as there)."""
     from holmes_ml.models.training import make_dataset
 
     return make_dataset(heldout_scenarios(quick), max_normal_per_run=HELDOUT_OTHER_ROWS[quick],
-                        seed=1, return_weights=True, also=also)
+                        seed=1, return_weights=True, also=also, columns=columns)
 
 
 def _weighted(metric, truth: np.ndarray, pred: np.ndarray, weight: np.ndarray) -> float:

@@ -763,6 +763,38 @@ def _rank_latency(
 
 
 # --------------------------------------------------------------------------- public
+def _signature(it0: np.ndarray, rank0: np.ndarray, gcode: np.ndarray, opcode: np.ndarray,
+               seq: np.ndarray, size_code: np.ndarray) -> np.ndarray:
+    """Each op's signature: the same op of the same rank on the same communicator, at the same
+    position among that rank's ops on it in the iteration (by sequence number), of the same
+    size, in every iteration. Only grouped and sorted on (never used as an array index), so the
+    packed key need not be dense unless it is too wide to pack with the iteration in one sort
+    key (:func:`signature_codes` numbers it densely)."""
+    irg = seg.combine(it0, rank0, gcode)  # only grouped on: need not be dense
+    order = seg.sort_by(irg, seq)
+    _, _, p = seg.segment_layout(irg[order])
+    pos = np.empty(len(seq), dtype=np.int64)
+    pos[order] = p
+    del irg, order, p
+    sig = seg.combine(rank0, gcode, opcode, pos, size_code)
+    if int(sig.min()) < 0 or int(sig.max()) >= 1 << 40:
+        sig = seg.dense(sig)
+    return sig
+
+
+def signature_codes(ops: pd.DataFrame) -> np.ndarray:
+    """Each row's op signature as :func:`build_features` keys its history (rank, communicator,
+    op, position among the rank's ops on that communicator in the iteration, size), numbered
+    0 .. signatures - 1: for analyses that follow an op from iteration to iteration."""
+    if not len(ops):
+        return np.zeros(0, dtype=np.int64)
+    iteration, rank = _int_col(ops, "iteration"), _int_col(ops, "rank")
+    gcode = pd.factorize(ops["group"], sort=False)[0].astype(np.int64)
+    return seg.dense(_signature(iteration - iteration.min(), rank - min(int(rank.min()), 0),
+                                gcode, _op_codes(ops["op"]), _int_col(ops, "seq"),
+                                seg.dense(_int_col(ops, "nbytes"))))
+
+
 def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.DataFrame:
     """Feature matrix of a canonical CommOps table, one row per operator.
 
@@ -828,21 +860,8 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     it0 = iteration - iteration.min()
     rank0 = rank - min(int(rank.min()), 0)
 
-    # Position of the op among this rank's ops on this group in this iteration (by seq).
-    irg = seg.combine(it0, rank0, gcode)  # only grouped on: need not be dense
-    order = seg.sort_by(irg, seq)
-    _, _, p = seg.segment_layout(irg[order])
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = p
-
-    # Signature: the same op of the same rank at the same place in every iteration.
-    # Only grouped and sorted on (never used as an array index), so the packed key need not
-    # be dense unless it is too wide to pack with the iteration in one sort key.
     size_code = seg.dense(nbytes)
-    sig = seg.combine(rank0, gcode, opcode, pos, size_code)
-    if int(sig.min()) < 0 or int(sig.max()) >= 1 << 40:
-        sig = seg.dense(sig)
-    del irg, order, p, pos
+    sig = _signature(it0, rank0, gcode, opcode, seq, size_code)
     time_cols = frozenset(TIME_FEATURES)
     written: set[str] = set()
 

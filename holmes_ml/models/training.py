@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,7 @@ def _mix(shape: tuple[tuple[int, ...], int, int], knobs: dict[str, tuple[float, 
 def make_dataset(
     configs: list[Any], max_normal_per_run: int | None = 20_000, seed: int = 0,
     return_weights: bool = False, also: tuple[str, ...] = (), progress: bool = False,
+    columns: Callable[[Any], pd.DataFrame] | None = None,
 ) -> Any:
     """Simulate ``configs`` and return ``(features, labels, run_id)``.
 
@@ -134,7 +136,9 @@ def make_dataset(
     the rows kept for sure, ``other normal ops / those kept`` for the sampled ones): the
     weights that turn F1 on these rows into F1 on the whole runs.
     ``also`` names other label columns (e.g. ``("affected",)``) returned, for the same rows, as a
-    last element: a dict of arrays. ``progress`` shows a bar over the scenarios.
+    last element: a dict of arrays. ``progress`` shows a bar over the scenarios. ``columns``
+    adds feature columns of one's own: called with each run's simulation result, it returns a
+    frame of them, one row per op in the result's order, placed after the detector's columns.
     """
     from tqdm.auto import tqdm
 
@@ -151,6 +155,9 @@ def make_dataset(
             logger.warning("skipping scenario %d (%s)", i, exc)
             continue
         F = build_features(res.ops)
+        if columns is not None:
+            F = pd.concat([F.reset_index(drop=True), columns(res).reset_index(drop=True)],
+                          axis=1)
         y = res.ops["abnormal"].to_numpy(dtype=bool)
         # kept for sure: abnormal, and affected (normal but prolonged by the fault)
         sure = (y | res.ops["affected"].to_numpy(dtype=bool)) if "affected" in res.ops else y
