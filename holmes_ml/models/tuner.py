@@ -2,9 +2,9 @@
 
 :class:`TunedDetector` searches the hyper-parameters of a random-forest or LightGBM detector by
 maximizing out-of-fold F1, then refits the best configuration on all data (no trial asks a leaf for
-more than a tenth of a training fold's rows: on small data such trees cannot split). With
-``storage`` set to an optuna RDB URL (``sqlite:///study.db``) several processes can tune the same
-named study.
+more than a tenth of a training fold's rows, or the range's lowest where that is more: on small
+data such trees cannot split). With ``storage`` set to an optuna RDB URL (``sqlite:///study.db``)
+several processes can tune the same named study.
 
 A fitted detector keeps what the study found (best parameters and F1, the number of finished
 trials, the study's name), not the study itself: a pickled or saved one needs no storage and opens
@@ -54,7 +54,8 @@ _LEAF_SHARE = 0.1
 
 def _suggest(trial: Any, kind: str, rows: int) -> dict[str, Any]:
     """One trial's configuration. ``rows`` (the smallest training fold) bounds the rows a leaf
-    must hold to a tenth of it: on a few hundred rows, LightGBM asked for 70 or more a leaf
+    must hold to a tenth of it (or the range's lowest, 5 for LightGBM and 1 for a forest, on
+    folds too small for that): on a few hundred rows, LightGBM asked for 70 or more a leaf
     cannot split at all and scores every row alike (a wasted trial)."""
     most = int(rows * _LEAF_SHARE)
     if kind == "rf":
