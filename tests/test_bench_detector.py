@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from holmes_ml.bench.detector import _heldout, _per_run_rows, _scores_row
+from holmes_ml.bench.detector import (
+    GRID_KINDS,
+    _grid_rows,
+    _heldout,
+    _per_run_rows,
+    _scores_row,
+    kind_grid_scenarios,
+)
+from holmes_ml.models.training import PRESETS, scenarios
 
 
 def test_scores_row_per_scale_and_overall():
@@ -62,3 +70,49 @@ def test_per_run_rows_name_each_run_and_split_precision_from_recall():
     assert rows[1]["recall"] == 1.0 and rows[1]["precision"] == 0.25
     assert rows[1]["f1"] == pytest.approx(0.4)
     assert rows[2]["abnormal"] == 1 and rows[2]["f1"] == 1.0
+
+
+def test_kind_grid_puts_every_kind_and_pattern_at_every_scale_on_seeds_of_its_own():
+    cfgs = kind_grid_scenarios((64, 256, 8192), repeats=2, iterations=8)
+    cells = [(c.gpus, c.faults[0].pattern, c.faults[0].kind) for c in cfgs]
+    assert len(cfgs) == 3 * 2 * len(GRID_KINDS) * 2
+    assert set(cells) == {(g, p, k) for g in (64, 256, 8192) for p in ("persistent", "spike")
+                          for k in GRID_KINDS}
+    assert all(cells.count(c) == 2 for c in set(cells))
+    seeds = {c.seed for c in cfgs}
+    assert len(seeds) == len(cfgs)
+    # no job the detector trains on (any preset at the bundled model's seed 0) or the ten
+    # held-out jobs use
+    trained = {c.seed for p in PRESETS for c in scenarios(p, seed=0)}
+    held = {c.seed for c in _heldout((64, 256, 1024, 4096, 8192), seed=500, iterations=8)}
+    assert not seeds & (trained | held)
+    assert {c.model for c in cfgs if c.gpus == 64} == {"llama2-13b"}
+    assert {c.model for c in cfgs if c.gpus >= 256} == {"llama2-70b"}
+
+
+def test_grid_rows_pool_each_cell_then_each_pattern_then_each_scale():
+    cfgs = kind_grid_scenarios((64, 256), patterns=("persistent",), iterations=8)
+    kinds = [c.faults[0].kind for c in cfgs]
+    # two rows per job: one abnormal, one normal; the detector catches the slow GPU at 64 GPUs
+    # only, and flags the normal row of the 256-GPU host stall (weight 3)
+    run_of = np.repeat(np.arange(len(cfgs)), 2)
+    truth = np.tile([True, False], len(cfgs))
+    pred = np.zeros(len(truth), dtype=bool)
+    pred[0] = True  # job 0: 64 GPUs, gpu_slow
+    j = next(i for i, c in enumerate(cfgs) if c.gpus == 256 and c.faults[0].kind == "host_stall")
+    pred[2 * j + 1] = True
+    w = np.ones(len(truth))
+    w[2 * j + 1] = 3.0
+    rows = _grid_rows(truth, pred, run_of, cfgs, w)
+    by = {(r["pattern"], r["fault"]): r for r in rows}
+    assert len(rows) == len(set(kinds)) + 2
+    assert by[("persistent", "gpu_slow")]["64"] == 1.0
+    assert by[("persistent", "gpu_slow")]["256"] == 0.0
+    # one of two abnormal rows caught over the scales: precision 1, recall 0.5
+    assert by[("persistent", "gpu_slow")]["all"] == pytest.approx(2 / 3, abs=1e-4)
+    assert by[("persistent", "host_stall")]["256"] == 0.0
+    # 64 GPUs: 1 tp of 5 abnormal -> 2 / (2 + 4); 256 GPUs: no tp, 3 fp -> 0
+    assert by[("persistent", "all")]["64"] == pytest.approx(2 / 6, abs=1e-4)
+    assert by[("all", "all")]["256"] == 0.0
+    # every row: tp 1, fp 3, fn 9 -> 2 / 14
+    assert by[("all", "all")]["all"] == pytest.approx(2 / 14, abs=1e-4)

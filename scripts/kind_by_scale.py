@@ -1,0 +1,86 @@
+"""The bundled detector on every fault kind at every scale, over several seeds per cell.
+
+``holmes bench detector``'s ten held-out jobs rotate the fault kinds over the scales, so each
+scale meets two kinds: the persistent network faults (slow NIC, slow link, congested switch)
+fall on 256, 1,024 and 4,096 GPUs, the scales that miss the 0.95 goal, while 64 and 8,192 GPUs
+get a slow GPU, a slow NIC's spike and a host stall. The bench therefore also scores its
+shipped method on a grid of every kind at every scale, one job per cell
+(:func:`~holmes_ml.bench.detector.kind_grid_scenarios`). This script scores the *bundled*
+model on the same grid, with ``--repeats`` jobs per cell on further seeds to show how much a
+cell moves from one job to the next, as the bench scores (every abnormal or affected op and a
+seeded sample of 100,000 others, weighted back to the job). It prints F1 per job, then per
+pattern a kind x scale table (each cell pooled over its jobs) and each scale pooled over its
+kinds.
+
+Usage: ``.venv/bin/python scripts/kind_by_scale.py`` (64-4,096 GPUs, persistent: about
+a minute and a half on 2 cores, 4,096 GPUs the most of it); ``--gpus 64 256 --patterns
+persistent spike --repeats 3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from sklearn.metrics import f1_score
+
+from holmes_ml.bench.detector import (
+    GRID_KINDS,
+    HELDOUT_OTHER_ROWS,
+    _per_run_rows,
+    _weighted,
+    kind_grid_scenarios,
+)
+from holmes_ml.models import default_model
+from holmes_ml.models.training import make_dataset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--patterns", nargs="+", default=["persistent"],
+                        choices=["persistent", "spike", "fluctuation"])
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="jobs per cell, each on its own seed (default 1)")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats: got {args.repeats}; expected 1 or more")
+    det = default_model()
+    cfgs = kind_grid_scenarios(args.gpus, args.patterns, args.repeats)
+    truth, pred, weight = [], [], []
+    print("gpus  pattern     fault              seed  abnormal  precision  recall  F1",
+          flush=True)
+    for cfg in cfgs:
+        t = time.perf_counter()
+        X, y, run, w = make_dataset([cfg], max_normal_per_run=HELDOUT_OTHER_ROWS[0], seed=1,
+                                    return_weights=True)
+        p = np.asarray(det.predict(X)).astype(bool)
+        y = np.asarray(y).astype(bool)
+        r = _per_run_rows(y, p, np.asarray(run), [cfg], np.asarray(w))[0]
+        f = cfg.faults[0]
+        print(f"{cfg.gpus:>5} {f.pattern:<11} {f.kind:<17} {cfg.seed:>5} {int(y.sum()):>9}  "
+              f"{r['precision']:>9.3f}  {r['recall']:>6.3f}  {r['f1']:.3f}  "
+              f"({time.perf_counter() - t:.0f} s)", flush=True)
+        truth.append(y)
+        pred.append(p)
+        weight.append(np.asarray(w))
+
+    def pooled(gpus: int, pattern: str, kind: str | None) -> float:
+        """F1 over the cell's jobs (every kind's when ``kind`` is None), rows pooled."""
+        idx = [j for j, c in enumerate(cfgs) if c.gpus == gpus
+               and c.faults[0].pattern == pattern and kind in (None, c.faults[0].kind)]
+        return _weighted(f1_score, np.concatenate([truth[j] for j in idx]),
+                         np.concatenate([pred[j] for j in idx]),
+                         np.concatenate([weight[j] for j in idx]))
+
+    for pattern in args.patterns:
+        print(f"\nF1, {pattern} faults (rows: kind; columns: GPUs)")
+        print(f"{'':<17}" + "".join(f"{g:>8}" for g in args.gpus))
+        for kind in (*GRID_KINDS, None):
+            cells = [pooled(g, pattern, kind) for g in args.gpus]
+            print(f"{kind or 'pooled over kinds':<17}" + "".join(f"{v:>8.3f}" for v in cells))
+
+
+if __name__ == "__main__":
+    main()
