@@ -116,3 +116,14 @@ def test_grid_rows_pool_each_cell_then_each_pattern_then_each_scale():
     assert by[("all", "all")]["256"] == 0.0
     # every row: tp 1, fp 3, fn 9 -> 2 / 14
     assert by[("all", "all")]["all"] == pytest.approx(2 / 14, abs=1e-4)
+
+
+def test_grid_rows_leave_a_cell_without_jobs_empty():
+    cfgs = (kind_grid_scenarios((64, 256), patterns=("persistent",), iterations=8)
+            + kind_grid_scenarios((64,), patterns=("spike",), iterations=8))
+    run_of = np.arange(len(cfgs))
+    truth = np.ones(len(cfgs), dtype=bool)
+    rows = _grid_rows(truth, truth, run_of, cfgs, np.ones(len(cfgs)))
+    spike = [r for r in rows if r["pattern"] == "spike"]
+    assert spike and all(r["256"] is None and r["64"] == 1.0 for r in spike)
+    assert all(r["256"] == 1.0 for r in rows if r["pattern"] == "persistent")

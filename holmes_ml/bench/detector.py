@@ -125,7 +125,8 @@ def _grid_rows(truth: np.ndarray, pred: np.ndarray, run_of: np.ndarray, cfgs,
                weight: np.ndarray) -> list[dict]:
     """F1 per (pattern, kind) at each scale of ``cfgs`` (a cell's jobs' rows pooled), then per
     pattern every kind pooled, then every job of a scale pooled (``pattern``/``fault``
-    ``all``); the ``all`` column pools a row's cells over the scales."""
+    ``all``); the ``all`` column pools a row's cells over the scales. A cell without a job
+    (a pattern drawn at some scales only) is None."""
     gpus = np.array([c.gpus for c in cfgs])[run_of]
     pattern = np.array([c.faults[0].pattern for c in cfgs])[run_of]
     kind = np.array([c.faults[0].kind for c in cfgs])[run_of]
@@ -137,7 +138,7 @@ def _grid_rows(truth: np.ndarray, pred: np.ndarray, run_of: np.ndarray, cfgs,
         out: dict = {"pattern": pat, "fault": k}
         for s in scales:
             m = keep & (gpus == s)
-            out[str(s)] = _weighted(f1_score, truth[m], pred[m], weight[m])
+            out[str(s)] = _weighted(f1_score, truth[m], pred[m], weight[m]) if m.any() else None
         out["all"] = _weighted(f1_score, truth[keep], pred[keep], weight[keep])
         return out
 
