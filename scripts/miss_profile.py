@@ -19,8 +19,14 @@ lengthened), and the median features of the abnormal and normal copies of the ba
 misses. Read it to see which waits the features do not tell apart, not as a figure of merit:
 that is the bench.
 
+``--grid GPUS PATTERN KIND`` profiles a job of the bench's kind grid instead (every fault kind at
+every scale, :func:`~holmes_ml.bench.detector.kind_grid_scenarios`). Between the two tables it
+prints, iteration by iteration from the fault's start, the profiled op's abnormal copies, how many
+are caught and the median ``hist_ratio`` (duration over the op's own recent history) of the caught
+and of the missed ones.
+
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
-link; about 10 seconds).
+link; about 10 seconds); ``--grid 1024 persistent gpu_slow`` (a minute).
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ import numpy as np
 import pandas as pd
 from label_reach import _frame_with_twin
 
-from holmes_ml.bench.detector import heldout_scenarios
+from holmes_ml.bench.detector import GRID_KINDS, heldout_scenarios, kind_grid_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, build_features
 from holmes_ml.models import default_model
 from holmes_ml.simulator import simulate
 from holmes_ml.simulator.engine import Engine
 
+#: the bench's scales: its kind grid's seeds follow a scale's place among them
+GRID_SCALES = (64, 256, 1024, 4096, 8192)
 #: bands of the fault's prolongation (duration over the twin's)
 BANDS = (0.0, 1.05, 1.15, 1.3, 1.5, 2.0, 4.0, np.inf)
 
@@ -50,13 +58,25 @@ def main() -> None:
     parser.add_argument("--run", type=int, default=4, help="held-out job 0-9 (default 4)")
     parser.add_argument("--op", help="KIND/OP to profile, e.g. tp/all_reduce (default: the op "
                         "with the most misses)")
+    parser.add_argument("--grid", nargs=3, metavar=("GPUS", "PATTERN", "KIND"),
+                        help="profile this job of the bench's kind grid instead, e.g. 1024 "
+                             "persistent gpu_slow")
     args = parser.parse_args()
-    cfgs = heldout_scenarios()
-    if not 0 <= args.run < len(cfgs):
-        parser.error(f"--run: got {args.run}; expected 0-{len(cfgs) - 1}")
-    cfg = cfgs[args.run]
+    if args.grid:
+        grid = kind_grid_scenarios(GRID_SCALES)
+        want = (args.grid[0], args.grid[1], args.grid[2])
+        found = [c for c in grid if (str(c.gpus), c.faults[0].pattern, c.faults[0].kind) == want]
+        if not found:
+            parser.error(f"--grid: got {' '.join(want)}; expected GPUS in {GRID_SCALES}, "
+                         f"PATTERN persistent or spike, KIND in {', '.join(GRID_KINDS)}")
+        cfg, name = found[0], "grid job"
+    else:
+        cfgs = heldout_scenarios()
+        if not 0 <= args.run < len(cfgs):
+            parser.error(f"--run: got {args.run}; expected 0-{len(cfgs) - 1}")
+        cfg, name = cfgs[args.run], f"job {args.run}"
     fault = cfg.faults[0]
-    print(f"job {args.run}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}")
+    print(f"{name}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}, seed {cfg.seed}")
     Engine._frame = _frame_with_twin
     ops = simulate(cfg).ops
     feats = build_features(ops)
@@ -104,6 +124,19 @@ def main() -> None:
         mask = groups[name].to_numpy()
         print(f"{name} by iteration: {int((mask & (it < start)).sum())} before the fault's "
               f"start (iteration {start}), {int((mask & (it >= start)).sum())} from it on")
+    # iteration by iteration: a persistent fault's copies against their own history, which
+    # takes the new level in within its window
+    hist = feats["hist_ratio"].to_numpy()
+    rows = {}
+    for i in range(start, int(it.max()) + 1):
+        at = same.to_numpy() & (it == i) & frame["abnormal"].to_numpy()
+        if at.any():
+            c, m = at & frame["flagged"].to_numpy(), at & ~frame["flagged"].to_numpy()
+            rows[i] = {"abnormal": int(at.sum()), "caught": int(c.sum()),
+                       "hist_ratio_caught": float(np.median(hist[c])) if c.any() else np.nan,
+                       "hist_ratio_missed": float(np.median(hist[m])) if m.any() else np.nan}
+    print(f"\nabnormal {kind} {op} copies by iteration, and their median hist_ratio")
+    print(pd.DataFrame(rows).T.round(3).to_string())
     _by_prolongation(ops, feats, frame)
 
 
