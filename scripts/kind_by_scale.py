@@ -3,14 +3,16 @@
 ``holmes bench detector``'s ten held-out jobs rotate the fault kinds over the scales, so each
 scale meets two kinds: the persistent network faults (slow NIC, slow link, congested switch)
 fall on 256, 1,024 and 4,096 GPUs, the scales that miss the 0.95 goal, while 64 and 8,192 GPUs
-get a slow GPU, a slow NIC's spike and a host stall. The bench therefore also scores its
-shipped method on a grid of every kind at every scale, one job per cell
+get a slow GPU, a slow NIC's spike, a host stall and a GPU spike. The bench therefore also
+scores its shipped method on a grid of every kind at every scale, one job per cell
 (:func:`~holmes_ml.bench.detector.kind_grid_scenarios`). This script scores the *bundled*
 model on the same grid, with ``--repeats`` jobs per cell on further seeds to show how much a
 cell moves from one job to the next, as the bench scores (every abnormal or affected op and a
 seeded sample of 100,000 others, weighted back to the job). It prints F1 per job, then per
 pattern a kind x scale table (each cell pooled over its jobs) and each scale pooled over its
-kinds.
+kinds. A job's seed follows its scale's place in ``--gpus`` (and its pattern's in
+``--patterns``): ``--gpus 64 256 1024 4096 8192 --patterns persistent spike`` draws the bench's
+own jobs, ``--gpus 8192`` alone others.
 
 Usage: ``.venv/bin/python scripts/kind_by_scale.py`` (64-4,096 GPUs, persistent: about
 a minute and a half on 2 cores, 4,096 GPUs the most of it); ``--gpus 64 256 --patterns

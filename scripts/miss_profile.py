@@ -26,7 +26,8 @@ are caught and the median ``hist_ratio`` (duration over the op's own recent hist
 and of the missed ones.
 
 Usage: ``.venv/bin/python scripts/miss_profile.py --run 4`` (the 1,024-GPU persistent slow
-link; about 10 seconds); ``--grid 1024 persistent gpu_slow`` (a minute).
+link; about 10 seconds); ``--grid 1024 persistent gpu_slow`` (as long; 4,096 GPUs about a
+minute).
 """
 
 from __future__ import annotations

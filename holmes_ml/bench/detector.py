@@ -104,7 +104,8 @@ def kind_grid_scenarios(scales, patterns=("persistent", "spike"), repeats: int =
     """``repeats`` jobs of every fault kind (:data:`GRID_KINDS`) in every pattern at every scale,
     each on its own seed and drawn like the ten held-out jobs' persistent ones: LLaMA2-70B from
     256 GPUs up, LLaMA2-13B below, severity 0.5 from iteration 5. Ordered by scale, then
-    pattern, then kind, then repeat."""
+    pattern, then kind, then repeat. A job's seed follows its scale's and pattern's places in
+    ``scales`` and ``patterns``: the bench's own cells are those of its whole scale list."""
     from holmes_ml.simulator import FaultSpec, SimConfig
 
     out = []
