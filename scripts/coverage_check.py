@@ -12,8 +12,8 @@ the five training scales. This script trains the shipped detector's trees
 (:func:`~holmes_ml.models.training.scale_free_estimator`, seed 0) on
 
 - ``default``: the bundled model's mix, and
-- ``full``: the same draw with 16 runs per scale (one healthy, every kind in every pattern:
-  80 runs, 1.8 M rows),
+- ``full``: drawn the same way (the same random stream and knob ranges) with 16 runs per scale
+  (one healthy, every kind in every pattern: 80 runs, 1.8 M rows),
 
 each with the detector's columns alone, and with ``scripts/level_shift.py``'s columns (the
 signature's recent level and the copy over its lowest level so far: ``+ level 2``, the first
@@ -61,7 +61,7 @@ VARIANTS = ("default:detector's columns", "full:detector's columns", "default:+ 
 
 
 def full_mix() -> list:
-    """The default mix's draw with 16 runs per scale: every kind in every pattern."""
+    """Runs drawn as the default mix draws them, 16 per scale: every kind in every pattern."""
     scales, _, iterations = PRESETS["default"]
     return _mix((scales, 16, iterations), MIXES["plain"], np.random.default_rng(0), 0, first=0)
 
