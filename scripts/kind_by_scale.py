@@ -8,7 +8,8 @@ scores its shipped method on a grid of every kind at every scale, one job per ce
 (:func:`~holmes_ml.bench.detector.kind_grid_scenarios`). This script scores the *bundled*
 model on the same grid, with ``--repeats`` jobs per cell on further seeds to show how much a
 cell moves from one job to the next, as the bench scores (every abnormal or affected op and a
-seeded sample of 100,000 others, weighted back to the job). It prints F1 per job, then per
+seeded sample of 100,000 others, weighted back to the job, drawn in one pass over the jobs as the
+bench draws them, so its own cells come out as in the bench). It prints F1 per job, then per
 pattern a kind x scale table (each cell pooled over its jobs) and each scale pooled over its
 kinds. A job's seed follows its scale's place in ``--gpus`` (and its pattern's in
 ``--patterns``): ``--gpus 64 256 1024 4096 8192 --patterns persistent spike`` draws the bench's
@@ -22,7 +23,7 @@ persistent spike --repeats 3``.
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 
 import numpy as np
 from sklearn.metrics import f1_score
@@ -50,31 +51,24 @@ def main() -> None:
         parser.error(f"--repeats: got {args.repeats}; expected 1 or more")
     det = default_model()
     cfgs = kind_grid_scenarios(args.gpus, args.patterns, args.repeats)
-    truth, pred, weight = [], [], []
-    print("gpus  pattern     fault              seed  abnormal  precision  recall  F1",
-          flush=True)
-    for cfg in cfgs:
-        t = time.perf_counter()
-        X, y, run, w = make_dataset([cfg], max_normal_per_run=HELDOUT_OTHER_ROWS[0], seed=1,
-                                    return_weights=True)
-        p = np.asarray(det.predict(X)).astype(bool)
-        y = np.asarray(y).astype(bool)
-        r = _per_run_rows(y, p, np.asarray(run), [cfg], np.asarray(w))[0]
+    # one pass over every job, as the bench draws its grid: each job's sample of normal ops
+    # follows from the same seeded stream, so the bench's own cells come out as it scores them
+    X, y, run, w = make_dataset(cfgs, max_normal_per_run=HELDOUT_OTHER_ROWS[0], seed=1,
+                                return_weights=True, progress=sys.stderr.isatty())
+    p = np.asarray(det.predict(X)).astype(bool)
+    y, run, w = np.asarray(y).astype(bool), np.asarray(run), np.asarray(w)
+    print("gpus  pattern     fault              seed  abnormal  precision  recall  F1")
+    for cfg, r in zip(cfgs, _per_run_rows(y, p, run, cfgs, w), strict=True):
         f = cfg.faults[0]
-        print(f"{cfg.gpus:>5} {f.pattern:<11} {f.kind:<17} {cfg.seed:>5} {int(y.sum()):>9}  "
-              f"{r['precision']:>9.3f}  {r['recall']:>6.3f}  {r['f1']:.3f}  "
-              f"({time.perf_counter() - t:.0f} s)", flush=True)
-        truth.append(y)
-        pred.append(p)
-        weight.append(np.asarray(w))
+        print(f"{cfg.gpus:>5} {f.pattern:<11} {f.kind:<17} {cfg.seed:>5} {r['abnormal']:>9}  "
+              f"{r['precision']:>9.3f}  {r['recall']:>6.3f}  {r['f1']:.3f}")
 
     def pooled(gpus: int, pattern: str, kind: str | None) -> float:
         """F1 over the cell's jobs (every kind's when ``kind`` is None), rows pooled."""
         idx = [j for j, c in enumerate(cfgs) if c.gpus == gpus
                and c.faults[0].pattern == pattern and kind in (None, c.faults[0].kind)]
-        return _weighted(f1_score, np.concatenate([truth[j] for j in idx]),
-                         np.concatenate([pred[j] for j in idx]),
-                         np.concatenate([weight[j] for j in idx]))
+        m = np.isin(run, idx)
+        return _weighted(f1_score, y[m], p[m], w[m])
 
     for pattern in args.patterns:
         print(f"\nF1, {pattern} faults (rows: kind; columns: GPUs)")
