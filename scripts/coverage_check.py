@@ -21,7 +21,7 @@ two; ``+ level 4``, all four), and scores each on the grid's persistent jobs at 
 and spikes at 64-1,024 (one job per cell, the bench's seeds for the persistent cells; the spike
 cells on the seeds the persistent ones use) and on the bench's own held-out rows.
 
-Usage: ``.venv/bin/python scripts/coverage_check.py`` (about 16 minutes on 2 cores);
+Usage: ``.venv/bin/python scripts/coverage_check.py`` (21 minutes on 2 cores beside a bench run);
 ``--variants "default:detector's columns" "full:+ level 4"`` for some of them; ``--cache FILE``
 keeps the rows (some 3 GB) for the next run.
 """

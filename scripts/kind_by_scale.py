@@ -26,13 +26,11 @@ import argparse
 import sys
 
 import numpy as np
-from sklearn.metrics import f1_score
 
 from holmes_ml.bench.detector import (
-    GRID_KINDS,
     HELDOUT_OTHER_ROWS,
+    _grid_rows,
     _per_run_rows,
-    _weighted,
     kind_grid_scenarios,
 )
 from holmes_ml.models import default_model
@@ -63,19 +61,14 @@ def main() -> None:
         print(f"{cfg.gpus:>5} {f.pattern:<11} {f.kind:<17} {cfg.seed:>5} {r['abnormal']:>9}  "
               f"{r['precision']:>9.3f}  {r['recall']:>6.3f}  {r['f1']:.3f}")
 
-    def pooled(gpus: int, pattern: str, kind: str | None) -> float:
-        """F1 over the cell's jobs (every kind's when ``kind`` is None), rows pooled."""
-        idx = [j for j, c in enumerate(cfgs) if c.gpus == gpus
-               and c.faults[0].pattern == pattern and kind in (None, c.faults[0].kind)]
-        m = np.isin(run, idx)
-        return _weighted(f1_score, y[m], p[m], w[m])
-
+    # the bench's table: each cell's jobs pooled, then each pattern's kinds
+    grid = _grid_rows(y, p, run, cfgs, w)
     for pattern in args.patterns:
         print(f"\nF1, {pattern} faults (rows: kind; columns: GPUs)")
         print(f"{'':<17}" + "".join(f"{g:>8}" for g in args.gpus))
-        for kind in (*GRID_KINDS, None):
-            cells = [pooled(g, pattern, kind) for g in args.gpus]
-            print(f"{kind or 'pooled over kinds':<17}" + "".join(f"{v:>8.3f}" for v in cells))
+        for r in (r for r in grid if r["pattern"] == pattern):
+            name = "pooled over kinds" if r["fault"] == "all" else r["fault"]
+            print(f"{name:<17}" + "".join(f"{r[str(g)]:>8.3f}" for g in args.gpus))
 
 
 if __name__ == "__main__":

@@ -38,14 +38,17 @@ import numpy as np
 import pandas as pd
 from label_reach import _frame_with_twin
 
-from holmes_ml.bench.detector import GRID_KINDS, heldout_scenarios, kind_grid_scenarios
+from holmes_ml.bench.detector import (
+    GRID_KINDS,
+    SCALES,
+    heldout_scenarios,
+    kind_grid_scenarios,
+)
 from holmes_ml.features import FEATURE_COLUMNS, build_features
 from holmes_ml.models import default_model
 from holmes_ml.simulator import simulate
 from holmes_ml.simulator.engine import Engine
 
-#: the bench's scales: its kind grid's seeds follow a scale's place among them
-GRID_SCALES = (64, 256, 1024, 4096, 8192)
 #: bands of the fault's prolongation (duration over the twin's)
 BANDS = (0.0, 1.05, 1.15, 1.3, 1.5, 2.0, 4.0, np.inf)
 
@@ -64,11 +67,11 @@ def main() -> None:
                              "persistent gpu_slow")
     args = parser.parse_args()
     if args.grid:
-        grid = kind_grid_scenarios(GRID_SCALES)
+        grid = kind_grid_scenarios(SCALES[0])
         want = (args.grid[0], args.grid[1], args.grid[2])
         found = [c for c in grid if (str(c.gpus), c.faults[0].pattern, c.faults[0].kind) == want]
         if not found:
-            parser.error(f"--grid: got {' '.join(want)}; expected GPUS in {GRID_SCALES}, "
+            parser.error(f"--grid: got {' '.join(want)}; expected GPUS in {SCALES[0]}, "
                          f"PATTERN persistent or spike, KIND in {', '.join(GRID_KINDS)}")
         cfg, name = found[0], "grid job"
     else:

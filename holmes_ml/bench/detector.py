@@ -67,6 +67,12 @@ def _methods(quick: bool) -> dict:
     }
 
 
+#: The scales the bench scores, full run / ``quick`` (the kind grid's seeds follow a scale's
+#: place among them)
+SCALES: tuple[tuple[int, ...], tuple[int, ...]] = ((64, 256, 1024, 4096, 8192),
+                                                   (64, 128, 256, 512, 1024))
+
+
 def _heldout(scales, seed: int, iterations: int):
     from holmes_ml.simulator import FaultSpec, SimConfig
 
@@ -87,7 +93,7 @@ def _heldout(scales, seed: int, iterations: int):
 def heldout_scenarios(quick: bool = False) -> list:
     """The held-out jobs the bench scores (two per scale, see :func:`_heldout`), for tools
     that look into one of them (``scripts/miss_profile.py``)."""
-    scales = (64, 128, 256, 512, 1024) if quick else (64, 256, 1024, 4096, 8192)
+    scales = SCALES[quick]
     return _heldout(scales, seed=500, iterations=16 if quick else 24)
 
 
