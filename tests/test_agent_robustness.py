@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -931,9 +932,23 @@ def test_an_agent_started_before_its_log_directory_waits_for_it(tmp_path):
     line = one_line_error(agent_cli(*common, "--once"))
     assert f"{logs}: no such directory" in line and "waits for it" in line, line
     following = subprocess.Popen([sys.executable, "-c", HOLMES, "agent", *map(str, common)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the directory must come after the agent has started waiting for it: on a loaded machine
+    # its start-up took longer than a fixed sleep, and it found the directory already there
+    said: list[str] = []
+    waiting = threading.Event()
+
+    def listen() -> None:
+        for said_line in following.stderr:
+            said.append(said_line)
+            if "to appear" in said_line:
+                waiting.set()
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
     try:
-        time.sleep(2)
+        waiting.wait(timeout=60)
+        time.sleep(1)
         assert following.poll() is None  # still waiting, not gone
         _write_good(logs, ops)
         deadline = time.monotonic() + 90
@@ -942,7 +957,9 @@ def test_an_agent_started_before_its_log_directory_waits_for_it(tmp_path):
             assert following.poll() is None and time.monotonic() < deadline
             time.sleep(0.3)
         following.terminate()
-        _, err = following.communicate(timeout=60)
+        following.wait(timeout=60)
+        listener.join(timeout=60)
+        err = "".join(said)
         assert following.returncode == 0, err
         assert err.count(f"waiting for {logs} to appear") == 1, err
     finally:
