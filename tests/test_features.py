@@ -297,6 +297,50 @@ def test_baseline_survives_a_persistent_fault_longer_than_the_window():
     np.testing.assert_array_equal(regular_only["base_ratio"], f["base_ratio"])
 
 
+@pytest.mark.parametrize("memory", [1, 4, 20])
+def test_level_columns_match_a_direct_computation(memory):
+    rng = np.random.default_rng(2)
+    ops = synthetic_ops(tp=2, pp=2, dp=2, iterations=30, seed=6, jitter=0.1, slow_rank=3,
+                        slow_factor=1.5, slow_iterations=(12, 30))
+    # gaps: a signature's copies, not its iterations, count
+    ops = ops.drop(index=rng.choice(len(ops), size=len(ops) // 10, replace=False))
+    cfg = FeatureConfig(window=5, level_memory=memory)
+    f = build_features(ops, cfg)
+    checked = 0
+    for (_, _), one in ops.groupby(["rank", "group"]):
+        one = one[one["seq"] == one.groupby("iteration")["seq"].transform("min")]
+        one = one.sort_values("iteration")
+        d = one["duration_us"].to_numpy()
+        # history median of each copy: over up to `window` earlier copies, a level from 3
+        med = [np.median(d[max(0, i - 5):i]) if i >= 3 else np.inf for i in range(len(d))]
+        for i in range(len(d)):
+            low = min(med[max(0, i - memory + 1): i + 1])
+            row = f.loc[one.index[i]]
+            rise = max(med[i] - low, 0) / d[i] if np.isfinite(low) else 0.0
+            excess = max(d[i] - low, 0) / d[i] if np.isfinite(low) else 0.0
+            assert row["level_rise_frac"] == pytest.approx(rise, rel=1e-5, abs=1e-6)
+            assert row["level_excess_frac"] == pytest.approx(excess, rel=1e-5, abs=1e-6)
+            checked += np.isfinite(low) and excess > 0
+    assert checked > 100
+
+
+def test_lowest_level_survives_a_persistent_fault_the_history_absorbs():
+    ops = synthetic_ops(tp=4, pp=2, dp=2, iterations=30, seed=4, slow_rank=5,
+                        slow_factor=1.6, slow_iterations=(8, 30))
+    late_ab = (ops["abnormal"] & (ops["iteration"] >= 20)).to_numpy()
+    assert late_ab.sum() > 50
+    f = build_features(ops)
+    assert np.median(f["hist_ratio"][late_ab]) < 1.1  # absorbed by the history
+    assert np.median(f["level_excess_frac"][late_ab]) > 0.3  # not by the lowest level
+    assert np.median(f["level_rise_frac"][late_ab]) > 0.3
+    # a memory shorter than the fault forgets it as the history does
+    short = build_features(ops, FeatureConfig(level_memory=3))
+    assert np.median(short["level_excess_frac"][late_ab]) < 0.1
+    # healthy copies sit near their level
+    normal = ~ops["abnormal"].to_numpy() & (ops["rank"] != 5).to_numpy()
+    assert np.median(f["level_excess_frac"][normal]) < 0.1
+
+
 def test_absurd_but_finite_durations_stay_finite(ops):
     wild = ops.head(200).copy()
     wild.loc[wild.index[7], "duration_us"] = 1e40  # overflows float32

@@ -51,25 +51,29 @@ def test_scale_free_estimator_heldout_floor(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 7])
-def test_wide_preset_adds_noisy_runs_to_default(seed):
-    """``wide`` = the default runs unchanged, then as many runs from the noisy mix, drawn
-    from their own stream (so adding a mix never moves the runs a preset already had)."""
-    from holmes_ml.models.training import MIXES, PRESETS
+def test_default_preset_is_the_plain_runs_then_as_many_noisy_ones(seed):
+    """``default`` = the ``plain`` runs unchanged, then as many runs from the noisy mix, drawn
+    from their own stream (so adding a mix never moves the runs a preset already had); every
+    fault kind meets every pattern at every scale in each mix."""
+    from holmes_ml.models.training import _KINDS, _PATTERNS, MIXES, PRESETS
 
-    default, wide = scenarios("default", seed), scenarios("wide", seed)
-    scales, runs, _ = PRESETS["default"]
-    assert len(default) == len(scales) * runs
-    assert wide[: len(default)] == default
-    noisy = wide[len(default):]
-    assert len(noisy) == len(default)
+    plain, default = scenarios("plain", seed), scenarios("default", seed)
+    scales, runs, _ = PRESETS["plain"]
+    assert len(plain) == len(scales) * runs
+    assert default[: len(plain)] == plain
+    noisy = default[len(plain):]
+    assert len(noisy) == len(plain)
     lo, hi = MIXES["noisy"]["jitter"]
     assert all(lo <= c.jitter <= hi for c in noisy)
     assert max(c.jitter for c in noisy) > MIXES["plain"]["jitter"][1]  # beyond the plain range
     assert {c.comm_drift for c in noisy} <= set(MIXES["noisy"]["comm_drift"])
     assert any(c.comm_drift > 0 for c in noisy)
-    assert all(c.comm_drift == 0 for c in default)
-    assert len({c.seed for c in wide}) == len(wide)  # every run its own simulator seed
-    assert sum(1 for c in noisy if not c.faults) == len(scales)  # one healthy run per scale
+    assert all(c.comm_drift == 0 for c in plain)
+    assert len({c.seed for c in default}) == len(default)  # every run its own simulator seed
+    for mix in (plain, noisy):
+        assert sum(1 for c in mix if not c.faults) == len(scales)  # one healthy run per scale
+        met = {(c.gpus, c.faults[0].kind, c.faults[0].pattern) for c in mix if c.faults}
+        assert met == {(g, k, p) for g in scales for k in _KINDS for p in _PATTERNS}
 
 
 def test_unknown_preset_is_refused():

@@ -54,9 +54,10 @@ def register(app: typer.Typer) -> None:
         preset: str | None = typer.Option(
             None, "--preset", show_default=False,
             help="Simulator scenario mix, when no PATH is given: default (the bundled model's: "
-            "30 runs of 64-1,024 GPUs at 1-6 % compute jitter), wide (default plus 30 runs at "
-            "up to 10 % jitter with transfer drift), quick (8 runs of 64-128 GPUs: to try the "
-            "command) or tiny (3 runs of 64 GPUs, seconds: for tests).  [default: default]"
+            "160 runs of 64-1,024 GPUs, every fault kind in every pattern at every scale, half "
+            "at 1-6 % compute jitter, half at up to 10 % with transfer drift), plain (its first "
+            "half alone), quick (8 runs of 64-128 GPUs: to try the command) or tiny (3 runs of "
+            "64 GPUs, seconds: for tests).  [default: default]"
         ),
         estimator: str = typer.Option(
             "lgbm", "--estimator",

@@ -23,7 +23,7 @@ from holmes_ml.features.iterations import (
     iteration_table,
     iteration_times,
 )
-from holmes_ml.features.stream import FeatureStream
+from holmes_ml.features.stream import FeatureStream, stream_context
 
 __all__ = [
     "FEATURE_COLUMNS",
@@ -38,4 +38,5 @@ __all__ = [
     "detect_irregular",
     "iteration_table",
     "iteration_times",
+    "stream_context",
 ]

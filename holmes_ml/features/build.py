@@ -118,6 +118,10 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "late_prev_stage_ratio",
     "late_prev_xfer_ratio",
     "late_prev_xfer_hist_ratio",
+    # the signature's level against its lowest level over its last ``level_memory`` copies
+    # (the lowest history median): a persistent fault's rise survives the history absorbing it
+    "level_rise_frac",
+    "level_excess_frac",
 )
 
 #: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
@@ -158,6 +162,15 @@ class FeatureConfig:
     chunk_rows:
         Rows processed at once by the history window (bounds the temporary
         ``chunk_rows x window`` matrix; memory, not results, depends on it).
+    level_memory:
+        Copies of a signature over which its *lowest level* is kept: the lowest history median
+        (of at least 3 earlier copies) among its last ``level_memory`` copies, this one
+        included. ``level_rise_frac`` is the history median's rise over that level and
+        ``level_excess_frac`` this copy's excess over it, each as a fraction of this copy's
+        duration. A persistent fault that lengthens every copy of an op alike is absorbed by
+        the history after ``window / 2`` iterations, and by the lowest level only after
+        ``level_memory + window / 2``. Streams need ``window + level_memory - 1`` iterations
+        of context (:class:`~holmes_ml.features.FeatureStream`).
     """
 
     window: int = 10
@@ -166,10 +179,15 @@ class FeatureConfig:
     history_regular_only: bool = False
     irregularity: IrregularityConfig = field(default_factory=IrregularityConfig)
     chunk_rows: int = 1 << 15
+    level_memory: int = 20
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, (int, np.integer)) or self.window < 1:
             raise ValueError(f"FeatureConfig.window: got {self.window!r}; expected an int >= 1")
+        if not isinstance(self.level_memory, (int, np.integer)) or self.level_memory < 1:
+            raise ValueError(
+                f"FeatureConfig.level_memory: got {self.level_memory!r}; expected an int >= 1"
+            )
         if not (self.min_spread >= 0 and np.isfinite(self.min_spread)):
             raise ValueError(
                 f"FeatureConfig.min_spread: got {self.min_spread!r}; expected a finite value >= 0"
@@ -289,8 +307,10 @@ def _sort_columns(m: np.ndarray) -> np.ndarray:
 _HISTORY_OUTPUTS = (
     "history_len", "hist_mean_us", "hist_std_us", "hist_q1_us", "hist_median_us", "hist_q3_us",
     "hist_iqr_us", "hist_z", "hist_iqr_score", "hist_ratio", "arrival_lag_rel", "wait_rel",
-    "xfer_hist_ratio", "base_ratio",
+    "xfer_hist_ratio", "base_ratio", "level_rise_frac", "level_excess_frac",
 )
+_LEVEL_MIN_COPIES = 3  # a history median of fewer earlier copies is no level yet
+_LEVEL_FLOOR_US = 1.0  # denominator floor of the level fractions: sub-us ops are noise
 
 
 def _history(
@@ -327,7 +347,7 @@ def _history(
     v = values[order]
     x = xfer[order]
     r = regular[order]
-    starts, seg_id, _ = seg.segment_layout(sig[order])
+    starts, seg_id, place = seg.segment_layout(sig[order])
 
     def window_of(use: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         # Usable rows strictly before each row (sorted order), globally and in its segment.
@@ -477,6 +497,7 @@ def _history(
                     matrix[rows_of[name], a:b] = vals
             else:
                 matrix[rows_of[name], a:b] = np.clip(vals, -clip, clip)
+    _levels(matrix, rows_of, v, count_h, place, int(cfg.level_memory), clip)
     # One gather per feature row (order[j] is the row of sorted position j) beats a scatter
     # per chunk and feature; the temporary is a single row.
     back = np.empty(n, dtype=np.int64)
@@ -484,6 +505,39 @@ def _history(
     for name in _HISTORY_OUTPUTS:
         row = matrix[rows_of[name]]
         row[:] = row.take(back)
+
+
+def _trailing_min(x: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """Minimum of ``x`` over each row's last ``width`` rows of its segment (itself included;
+    ``pos``: the row's place in its segment), by doubling spans: log2(width) passes."""
+    out = x.copy()
+    shifted = np.empty_like(out)
+    span = 1
+    while span * 2 <= width:
+        shifted[span:] = out[:-span]
+        np.minimum(out, shifted, out=out, where=pos >= span)
+        span *= 2
+    rest = width - span  # out covers [i - span + 1, i]; one more pass covers width rows
+    if rest > 0:
+        shifted[rest:] = out[:-rest]
+        np.minimum(out, shifted, out=out, where=pos >= rest)
+    return out
+
+
+def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, count: np.ndarray,
+            place: np.ndarray, memory: int, clip: float) -> None:
+    """``level_rise_frac`` and ``level_excess_frac`` (``FeatureConfig.level_memory``) from
+    the history medians already in ``matrix``, all in (signature, iteration) order; 0 until a
+    signature has a level (``place``: each row's among its signature's copies)."""
+    med = matrix[rows_of["hist_median_us"]]
+    inf = np.float32(np.inf)
+    lowest = _trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, inf), place, memory)
+    known = np.isfinite(lowest)
+    low = np.where(known, lowest, 0.0)
+    denom = np.maximum(d, _LEVEL_FLOOR_US)
+    for name, top in (("level_rise_frac", med), ("level_excess_frac", d)):
+        frac = np.where(known, np.maximum(top - low, 0.0) / denom, 0.0)
+        np.clip(frac, 0.0, clip, out=matrix[rows_of[name]], casting="same_kind")
 
 
 # --------------------------------------------------------------------------- peers

@@ -23,6 +23,14 @@ _REQUIRED = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "d
 _OPTIONAL = ("peer", "group_ranks", "group_kind")
 
 
+def stream_context(cfg: FeatureConfig | None = None) -> int:
+    """Earlier iterations a batch needs as context for the features ``cfg`` builds to be the
+    whole log's: the history window and the lowest level's memory, or the iteration-time
+    reference's window, and two more (see ``FeatureStream.context_iterations``)."""
+    cfg = cfg or FeatureConfig()
+    return max(int(cfg.window) + int(cfg.level_memory) - 1, int(cfg.irregularity.window)) + 2
+
+
 class FeatureStream:
     """Incremental :func:`~holmes_ml.features.build_features` over batches of CommOps rows.
 
@@ -32,8 +40,9 @@ class FeatureStream:
         Feature configuration; defaults to ``FeatureConfig()``.
     context_iterations:
         How many of the most recent iterations to keep as context. The default,
-        ``max(cfg.window, cfg.irregularity.window) + 2``, covers the op history and the
-        rank-latency window exactly, and the iteration-time reference as long as at most one
+        ``max(cfg.window + cfg.level_memory - 1, cfg.irregularity.window) + 2``, covers the
+        op history, the lowest level (``FeatureConfig.level_memory``) and the rank-latency
+        window exactly, and the iteration-time reference as long as at most one
         of those iterations was irregular (the oldest one kept lends the next its end, for
         iterations timed end to end: :func:`~holmes_ml.features.iteration_times`). Each batch
         costs feature extraction on context + batch, so batches of several iterations are
@@ -52,7 +61,7 @@ class FeatureStream:
     def __init__(self, cfg: FeatureConfig | None = None, context_iterations: int | None = None):
         self.cfg = cfg or FeatureConfig()
         if context_iterations is None:
-            context_iterations = max(int(self.cfg.window), int(self.cfg.irregularity.window)) + 2
+            context_iterations = stream_context(self.cfg)
         if not isinstance(context_iterations, (int, np.integer)) or context_iterations < 0:
             raise ValueError(
                 f"FeatureStream.context_iterations: got {context_iterations!r}; "

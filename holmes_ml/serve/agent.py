@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml._text import few, span
+from holmes_ml.features import stream_context
 from holmes_ml.io.readers import ArrowStreamTail, json_lines_frame, read_arrow_stream_tail
 from holmes_ml.io.schema import (
     FACTS,
@@ -115,7 +116,9 @@ class AgentConfig:
         one ``source``: started with another of either, the agent is refused
         (:meth:`Outbox.claim`).
     history:
-        Earlier iterations given to the feature builder as context.
+        Earlier iterations given to the feature builder as context (default: as many as the
+        default features read, :func:`~holmes_ml.features.stream_context`, so that a
+        batch's features are the whole log's).
     poll_s:
         Seconds between polls of the log directory.
     backoff_s, backoff_max_s:
@@ -148,7 +151,7 @@ class AgentConfig:
     token: str | None = None
     source: str | None = None
     outbox: Path | None = None
-    history: int = 10
+    history: int = stream_context()
     poll_s: float = 2.0
     backoff_s: float = 0.5
     backoff_max_s: float = 30.0
