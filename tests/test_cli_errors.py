@@ -267,18 +267,20 @@ def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
     listed = _one_error_line(CliRunner().invoke(app, ["localize", missing, "--set", "late=1"]))
     listed = listed.split("expected one of ", 1)[1].split(", ")
     assert "late_fraction" in listed and "delta" not in listed and "top_k" not in listed
-    # a real override changes the verdict: a healthy noisy ring read without a topology names
-    # a NIC once the quiet-window rule is off
+    # a real override changes the verdict: a healthy noisy ring read without a topology, its
+    # detector's threshold lowered to 0.3 (tests/test_localize_false_alarms.py), names a NIC
+    # once the quiet-window rule is off
     from holmes_ml.io.schema import without_labels
     from holmes_ml.simulator import SimConfig, simulate
 
     sim = simulate(SimConfig(gpus=256, model="mixtral-8x7b", tp=2, pp=2, ep=2, cp=2,
-                             iterations=10, seed=7323, jitter=0.06, drift=0.1, comm_drift=0.2))
+                             iterations=10, seed=7300, jitter=0.06, drift=0.1, comm_drift=0.2))
     log = tmp_path / "ops.parquet"
     without_labels(sim.ops).to_parquet(log)
-    plain = json.loads(CliRunner().invoke(app, ["localize", str(log), "--json"]).stdout)
+    more = ["--set", "score_threshold=0.3"]
+    plain = json.loads(CliRunner().invoke(app, ["localize", str(log), "--json", *more]).stdout)
     loose = json.loads(CliRunner().invoke(
-        app, ["localize", str(log), "--json", "--set", "quiet_persistence=0"]).stdout)
+        app, ["localize", str(log), "--json", *more, "--set", "quiet_persistence=0"]).stdout)
     assert plain["candidates"] == [] and loose["candidates"][0]["kind"] == "nic"
 
 

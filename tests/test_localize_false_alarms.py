@@ -213,19 +213,22 @@ def test_step_peer_share_is_checked():
 #: jitter makes a data-parallel ring crossing the same NICs slow in a step or two.
 NOISY_2D = SimConfig(gpus=128, model="llama2-7b", tp=2, pp=1, iterations=24, seed=2135,
                      jitter=0.1, drift=0.2, comm_drift=0.2)
-#: A healthy 5-D MoE job at 10 % jitter: in one step the expert all_to_all ties every
-#: replica's first pipeline stage to its slowest member, and ranks on several hosts each fall
-#: about 0.8 x (delta - 1) of a usual step behind (260 ms of 3.3 s).
+#: A healthy 5-D MoE job at 10 % jitter: the expert all_to_all ties every replica's first
+#: pipeline stage to its slowest member, and in a step ranks on several hosts fall behind.
 NOISY_5D = SimConfig(gpus=128, model="mixtral-8x7b", tp=2, pp=2, ep=2, cp=2, iterations=24,
-                     seed=5283, jitter=0.1, comm_drift=0.2)
+                     seed=5281, jitter=0.1, comm_drift=0.2)
 
 
 def test_noisy_transfers_name_no_network_device():
     res = simulate(NOISY_2D)
     ops = without_labels(res.ops)
     assert analyze(ops, res.topology).candidates == ()
-    # what the network step floor holds back: without it, NICs crossed by the noisy ring
-    loose = analyze(ops, res.topology, config=LocalizeConfig(min_device_step_share=0.0))
+    # what the network step floor holds back from a detector that flags more (the bundled
+    # one's threshold lowered to 0.3; at its own it flags too little here to name anything
+    # without the floor): without it, NICs crossed by the noisy ring
+    more = LocalizeConfig(score_threshold=0.3)
+    assert analyze(ops, res.topology, config=more).candidates == ()
+    loose = analyze(ops, res.topology, config=replace(more, min_device_step_share=0.0))
     assert any(c.kind.value == "nic" for c in loose.candidates)
 
 
@@ -280,23 +283,28 @@ def test_min_flow_share_is_checked():
 
 
 # A healthy MoE job on a noisy cluster (6 % jitter, transfers 20 % slower by the end): no step
-# is delta-irregular, and two steps slowed a data-parallel ring and the pairs beside it.
+# is delta-irregular, and jitter slowed a data-parallel ring and the pairs beside it in a few
+# steps.
 NOISY_RING = SimConfig(gpus=256, model="mixtral-8x7b", tp=2, pp=2, ep=2, cp=2, iterations=10,
-                       seed=7323, jitter=0.06, drift=0.1, comm_drift=0.2)
+                       seed=7300, jitter=0.06, drift=0.1, comm_drift=0.2)
 
 
 def test_a_noisy_ring_read_without_a_topology_names_no_nic():
     # With the switches known, the scattered slow flows go to the spines they cross, which
     # their healthy flows clear. Read without a topology the NICs are the only network
-    # devices: one of the ring's NICs came first (score 0.57) until a NIC had to slow flows
-    # in a quarter of the steps of a window with no irregular step (quiet_persistence).
+    # devices: a NIC must slow flows in a quarter of the steps of a window with no irregular
+    # step (quiet_persistence). The demonstration needs a detector that flags more than the
+    # bundled one does here: its threshold lowered to 0.3, the ring's NICs come first without
+    # the rule.
     res = simulate(NOISY_RING)
     ops = without_labels(res.ops)
     assert analyze(ops, res.topology).candidates == ()
-    verdict = analyze(ops)
+    assert analyze(ops).candidates == ()
+    more = LocalizeConfig(score_threshold=0.3)
+    verdict = analyze(ops, config=more)
     assert not verdict.irregular_iterations
     assert verdict.candidates == (), verdict.candidates[:1]
-    loose = analyze(ops, config=LocalizeConfig(quiet_persistence=0.0))
+    loose = analyze(ops, config=replace(more, quiet_persistence=0.0))
     assert loose.candidates and loose.candidates[0].kind.value == "nic"
 
 
