@@ -24,6 +24,11 @@ cells on the seeds the persistent ones use) and on the bench's own held-out rows
 Usage: ``.venv/bin/python scripts/coverage_check.py`` (21 minutes on 2 cores beside a bench run);
 ``--variants "default:detector's columns" "full:+ level 4"`` for some of them; ``--cache FILE``
 keeps the rows (some 3 GB) for the next run.
+
+The figures docs/results.md quotes from this script were made at ``828d6be``, before the
+detector's columns took in the lowest level (``level_rise_frac``, ``level_excess_frac``) and
+the default training mix every kind in every pattern from the plain and the noisy mix; run it
+in a checkout of that commit to reproduce them.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ then bisecting the severity, see :func:`sized_scenarios`): at the bench's fixed 
 the ten faults never slow an iteration (``scripts/heldout_slowdown.py``). A fault that still
 cannot slow an iteration delta times is named and left out.
 
-Usage: ``.venv/bin/python scripts/detector_ab.py --preset default --preset wide``
-(about 2 minutes for the held-out rows, then 1-3 minutes per preset on 2 cores; ``--cache
+Usage: ``.venv/bin/python scripts/detector_ab.py --preset default --preset plain``
+(about 2 minutes for the held-out rows, then 3-6 minutes per preset on 2 cores; ``--cache
 FILE`` keeps the held-out rows for the next run); ``--model bundled --sized 1.3``;
 ``--model bundled --thresholds 0.2 0.3 0.4 0.5 0.6`` for F1 at other decision thresholds.
 """

@@ -14,8 +14,8 @@ than ``7c3eecd`` (whose bench ``_trials`` takes no method subset or model) needs
 checkout's).
 
 Usage: ``.venv/bin/python scripts/healthy_holdout.py --jobs 200`` (about 10 minutes on 2 cores);
-``--faulty --draw 8001 --first-seed 8000 --jobs 60 --model wide.holmes`` for a model trained
-with ``holmes train --preset wide --out wide.holmes``; ``--faulty --kinds switch_congested
+``--faulty --draw 8001 --first-seed 8000 --jobs 60 --model plain.holmes`` for a model trained
+with ``holmes train --preset plain --out plain.holmes``; ``--faulty --kinds switch_congested
 --draw 8003 --first-seed 8200 --jobs 60`` for congested switches on noisy clusters (a kind the
 bench's noisy sweep does not draw).
 """

@@ -38,6 +38,11 @@ about the copies its delay reaches.
 Usage: ``.venv/bin/python scripts/level_shift.py`` (6 minutes on 2 cores; ``--quick``: the
 tiny preset and the bench's quick held-out jobs, a smoke test; ``--delays``: a minute or two;
 ``--oracle``: 3 minutes).
+
+The figures docs/results.md quotes from this script were made at ``828d6be``, before the
+detector's columns took in the lowest level (``level_rise_frac``, ``level_excess_frac``) and
+the default training mix every kind in every pattern from the plain and the noisy mix; run it
+in a checkout of that commit to reproduce them.
 """
 
 from __future__ import annotations
