@@ -507,23 +507,6 @@ def _history(
         row[:] = row.take(back)
 
 
-def _trailing_min(x: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """Minimum of ``x`` over each row's last ``width`` rows of its segment (itself included;
-    ``pos``: the row's place in its segment), by doubling spans: log2(width) passes."""
-    out = x.copy()
-    shifted = np.empty_like(out)
-    span = 1
-    while span * 2 <= width:
-        shifted[span:] = out[:-span]
-        np.minimum(out, shifted, out=out, where=pos >= span)
-        span *= 2
-    rest = width - span  # out covers [i - span + 1, i]; one more pass covers width rows
-    if rest > 0:
-        shifted[rest:] = out[:-rest]
-        np.minimum(out, shifted, out=out, where=pos >= rest)
-    return out
-
-
 def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, count: np.ndarray,
             place: np.ndarray, memory: int, clip: float) -> None:
     """``level_rise_frac`` and ``level_excess_frac`` (``FeatureConfig.level_memory``) from
@@ -531,7 +514,7 @@ def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, count: n
     signature has a level (``place``: each row's among its signature's copies)."""
     med = matrix[rows_of["hist_median_us"]]
     inf = np.float32(np.inf)
-    lowest = _trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, inf), place, memory)
+    lowest = seg.trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, inf), place, memory)
     known = np.isfinite(lowest)
     low = np.where(known, lowest, 0.0)
     denom = np.maximum(d, _LEVEL_FLOOR_US)
