@@ -17,6 +17,7 @@ from holmes_ml.features import (
     detect_irregular,
 )
 from holmes_ml.io.schema import OP_TYPES, SchemaError
+from holmes_ml.simulator import SimConfig, simulate
 
 
 @pytest.fixture(scope="module")
@@ -304,24 +305,37 @@ def test_level_columns_match_a_direct_computation(memory):
                         slow_factor=1.5, slow_iterations=(12, 30))
     # gaps: a signature's copies, not its iterations, count
     ops = ops.drop(index=rng.choice(len(ops), size=len(ops) // 10, replace=False))
+    # the slow iterations are irregular: the transfer's level still reads every earlier copy
     cfg = FeatureConfig(window=5, level_memory=memory)
     f = build_features(ops, cfg)
-    checked = 0
+    checked = waited = 0
+
+    def lowest_levels(v):
+        # history median of each copy: over up to `window` earlier copies, a level from 3;
+        # the lowest of them over the last `memory` copies
+        med = [np.median(v[max(0, i - 5):i]) if i >= 3 else np.inf for i in range(len(v))]
+        return med, [min(med[max(0, i - memory + 1): i + 1]) for i in range(len(v))]
+
     for (_, _), one in ops.groupby(["rank", "group"]):
         one = one[one["seq"] == one.groupby("iteration")["seq"].transform("min")]
         one = one.sort_values("iteration")
         d = one["duration_us"].to_numpy()
-        # history median of each copy: over up to `window` earlier copies, a level from 3
-        med = [np.median(d[max(0, i - 5):i]) if i >= 3 else np.inf for i in range(len(d))]
+        x = f.loc[one.index, "xfer_us"].to_numpy(np.float64)
+        med, lows = lowest_levels(d)
+        _, x_lows = lowest_levels(x)
         for i in range(len(d)):
-            low = min(med[max(0, i - memory + 1): i + 1])
+            low, x_low = lows[i], x_lows[i]
             row = f.loc[one.index[i]]
             rise = max(med[i] - low, 0) / d[i] if np.isfinite(low) else 0.0
             excess = max(d[i] - low, 0) / d[i] if np.isfinite(low) else 0.0
+            wait = (max(d[i] - low - max(x[i] - x_low, 0), 0) / d[i]
+                    if np.isfinite(low) and np.isfinite(x_low) else 0.0)
             assert row["level_rise_frac"] == pytest.approx(rise, rel=1e-5, abs=1e-6)
             assert row["level_excess_frac"] == pytest.approx(excess, rel=1e-5, abs=1e-6)
+            assert row["level_wait_excess_frac"] == pytest.approx(wait, rel=1e-4, abs=1e-5)
             checked += np.isfinite(low) and excess > 0
-    assert checked > 100
+            waited += wait > 0
+    assert checked > 100 and waited > 50
 
 
 def test_lowest_level_survives_a_persistent_fault_the_history_absorbs():
@@ -333,12 +347,28 @@ def test_lowest_level_survives_a_persistent_fault_the_history_absorbs():
     assert np.median(f["hist_ratio"][late_ab]) < 1.1  # absorbed by the history
     assert np.median(f["level_excess_frac"][late_ab]) > 0.3  # not by the lowest level
     assert np.median(f["level_rise_frac"][late_ab]) > 0.3
+    # the peers' copies are prolonged by waiting for rank 5, not in their transfer
+    assert np.median(f["level_wait_excess_frac"][late_ab]) > 0.3
     # a memory shorter than the fault forgets it as the history does
     short = build_features(ops, FeatureConfig(level_memory=3))
     assert np.median(short["level_excess_frac"][late_ab]) < 0.1
     # healthy copies sit near their level
     normal = ~ops["abnormal"].to_numpy() & (ops["rank"] != 5).to_numpy()
     assert np.median(f["level_excess_frac"][normal]) < 0.1
+    assert np.median(f["level_wait_excess_frac"][normal]) < 0.05
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_transfer_drift_raises_the_level_but_not_the_wait_over_it(seed):
+    # a healthy job whose transfers slow down by 30 % over its run: every copy rises over its
+    # lowest level, in its transfer; the wait part of that rise stays near nothing
+    ops = simulate(SimConfig(gpus=32, iterations=30, seed=seed, comm_drift=0.3,
+                             jitter=0.01)).ops
+    assert not ops["abnormal"].any()
+    f = build_features(ops)
+    late_dp = ((ops["iteration"] >= 20) & (ops["group_kind"] == "dp")).to_numpy()
+    assert np.median(f["level_excess_frac"][late_dp]) > 0.1
+    assert np.quantile(f["level_wait_excess_frac"][late_dp], 0.9) < 0.05
 
 
 def test_absurd_but_finite_durations_stay_finite(ops):

@@ -195,7 +195,7 @@ def _reference_history(
 
 
 # --------------------------------------------------------------------------- tests
-_LEVEL = ("level_rise_frac", "level_excess_frac")
+_LEVEL = ("level_rise_frac", "level_excess_frac", "level_wait_excess_frac", "level_wait_z")
 
 
 def _jobs():

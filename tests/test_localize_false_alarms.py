@@ -224,12 +224,12 @@ def test_noisy_transfers_name_no_network_device():
     ops = without_labels(res.ops)
     assert analyze(ops, res.topology).candidates == ()
     # what the network step floor holds back from a detector that flags more (the bundled
-    # one's threshold lowered to 0.3; at its own it flags too little here to name anything
-    # without the floor): without it, NICs crossed by the noisy ring
-    more = LocalizeConfig(score_threshold=0.3)
+    # one's threshold lowered to 0.2; at its own it flags too little here to name anything
+    # without the floor): without it, network devices the noisy rings cross
+    more = LocalizeConfig(score_threshold=0.2)
     assert analyze(ops, res.topology, config=more).candidates == ()
     loose = analyze(ops, res.topology, config=replace(more, min_device_step_share=0.0))
-    assert any(c.kind.value == "nic" for c in loose.candidates)
+    assert any(c.kind.value in ("nic", "link", "switch") for c in loose.candidates)
 
 
 def test_a_slow_nic_in_the_noisy_job_is_still_named():

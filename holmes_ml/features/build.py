@@ -122,6 +122,13 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     # (the lowest history median): a persistent fault's rise survives the history absorbing it
     "level_rise_frac",
     "level_excess_frac",
+    # the part of that excess not in the transfer (its own lowest level): the wait a slow
+    # peer's persistent fault adds, which transfer drift does not
+    "level_wait_excess_frac",
+    # that wait in the op's own history's standard deviations, and how widely the copies of
+    # this op step spread in its stage (robust std / median): how noisy the cluster is
+    "level_wait_z",
+    "stage_step_spread",
 )
 
 #: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
@@ -167,9 +174,11 @@ class FeatureConfig:
         (of at least 3 earlier copies) among its last ``level_memory`` copies, this one
         included. ``level_rise_frac`` is the history median's rise over that level and
         ``level_excess_frac`` this copy's excess over it, each as a fraction of this copy's
-        duration. A persistent fault that lengthens every copy of an op alike is absorbed by
-        the history after ``window / 2`` iterations, and by the lowest level only after
-        ``level_memory + window / 2``. Streams need ``window + level_memory - 1`` iterations
+        duration; ``level_wait_excess_frac`` is the part of that excess not in the copy's
+        transfer (which has its own lowest level, of its history medians alike): the wait a
+        slow peer adds, where transfer drift raises the transfer. A persistent fault that
+        lengthens every copy of an op alike is absorbed by the history after ``window / 2``
+        iterations, and by the lowest level only after ``level_memory + window / 2``. Streams need ``window + level_memory - 1`` iterations
         of context (:class:`~holmes_ml.features.FeatureStream`).
     """
 
@@ -308,6 +317,7 @@ _HISTORY_OUTPUTS = (
     "history_len", "hist_mean_us", "hist_std_us", "hist_q1_us", "hist_median_us", "hist_q3_us",
     "hist_iqr_us", "hist_z", "hist_iqr_score", "hist_ratio", "arrival_lag_rel", "wait_rel",
     "xfer_hist_ratio", "base_ratio", "level_rise_frac", "level_excess_frac",
+    "level_wait_excess_frac", "level_wait_z",
 )
 _LEVEL_MIN_COPIES = 3  # a history median of fewer earlier copies is no level yet
 _LEVEL_FLOOR_US = 1.0  # denominator floor of the level fractions: sub-us ops are noise
@@ -370,13 +380,18 @@ def _history(
     v32 = np.clip(v, -big, big).astype(np.float32)
     padded_h = np.concatenate([pad, v32[r] if cfg.history_regular_only else v32])
     padded_b = padded_h if cfg.history_regular_only else np.concatenate([pad, v32[r]])
-    padded_x = np.concatenate([pad, np.clip(x[r], -big, big).astype(np.float32)])
+    x32 = np.clip(x, -big, big).astype(np.float32)
+    padded_x = np.concatenate([pad, x32[r]])
+    # the transfer over the plain window, for its lowest level (as the duration's)
+    padded_xa = padded_x if same_window else np.concatenate([pad, x32])
+    del x32
     del r, v32
     chunk = int(min(cfg.chunk_rows, max(n, 1)))
     lag_idx = np.arange(w, dtype=np.int64)[:, None]
     mat = np.empty((w + 1, chunk), dtype=np.float32)  # the last row is the network's spare
     rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS}
     clip = cfg.clip
+    x_level = np.empty(n, dtype=np.float32)  # transfer history medians, sorted order
     fracs = (0.25, 0.5, 0.75)
     # numpy's default ("linear") percentile of a full window: fixed ranks and weights
     full_q = [((w - 1) * f, int(np.floor((w - 1) * f)), int(np.ceil((w - 1) * f)))
@@ -459,6 +474,7 @@ def _history(
         cb = count_b[a:b]
         hb = cb > 0
         base_med = med
+        sel = None
         if not same_window:
             assert irr_before is not None  # built whenever the windows differ
             # Only rows with an irregular row inside their plain window have another
@@ -473,6 +489,15 @@ def _history(
         # the transfer is steady), against its own baseline.
         (xm,), _, _ = sorted_stats(m, padded_x, before_b[a:b], cb, (0.5,), False)
         x_med = np.where(hb, xm, 1.0)
+        # the transfer's level is its median over the plain window, as the duration's (the
+        # lowest level survives a persistent fault anyway; a stream's context covers it)
+        x_plain = xm
+        if sel is not None and len(sel):
+            (xa,), _, _ = sorted_stats(m[:, : len(sel)], padded_xa, before_h[a:b][sel],
+                                       c[sel], (0.5,), False)
+            x_plain = xm.copy()
+            x_plain[sel] = xa
+        x_level[a:b] = np.where(c >= _LEVEL_MIN_COPIES, x_plain, np.inf)
 
         out = {
             "history_len": c,
@@ -497,7 +522,8 @@ def _history(
                     matrix[rows_of[name], a:b] = vals
             else:
                 matrix[rows_of[name], a:b] = np.clip(vals, -clip, clip)
-    _levels(matrix, rows_of, v, count_h, place, int(cfg.level_memory), clip)
+    _levels(matrix, rows_of, v, x, x_level, count_h, place, int(cfg.level_memory), clip,
+            cfg.min_spread)
     # One gather per feature row (order[j] is the row of sorted position j) beats a scatter
     # per chunk and feature; the temporary is a single row.
     back = np.empty(n, dtype=np.int64)
@@ -507,11 +533,14 @@ def _history(
         row[:] = row.take(back)
 
 
-def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, count: np.ndarray,
-            place: np.ndarray, memory: int, clip: float) -> None:
-    """``level_rise_frac`` and ``level_excess_frac`` (``FeatureConfig.level_memory``) from
-    the history medians already in ``matrix``, all in (signature, iteration) order; 0 until a
-    signature has a level (``place``: each row's among its signature's copies)."""
+def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, x: np.ndarray,
+            x_level: np.ndarray, count: np.ndarray, place: np.ndarray, memory: int,
+            clip: float, min_spread: float) -> None:
+    """``level_rise_frac``, ``level_excess_frac`` and ``level_wait_excess_frac``
+    (``FeatureConfig.level_memory``) from the history medians already in ``matrix`` and the
+    transfer's (``x_level``: inf where there are too few copies yet), all in (signature,
+    iteration) order; 0 until a signature has a level (``place``: each row's among its
+    signature's copies)."""
     med = matrix[rows_of["hist_median_us"]]
     inf = np.float32(np.inf)
     lowest = seg.trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, inf), place, memory)
@@ -521,6 +550,16 @@ def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, count: n
     for name, top in (("level_rise_frac", med), ("level_excess_frac", d)):
         frac = np.where(known, np.maximum(top - low, 0.0) / denom, 0.0)
         np.clip(frac, 0.0, clip, out=matrix[rows_of[name]], casting="same_kind")
+    # The excess over the lowest level less the transfer's own excess over its lowest level
+    x_low = seg.trailing_min(x_level, place, memory)
+    both = known & np.isfinite(x_low)
+    x_rise = np.maximum(x - np.where(both, x_low, 0.0), 0.0)
+    wait = np.where(both, np.maximum(d - low - x_rise, 0.0), 0.0)
+    np.clip(wait / denom, 0.0, clip, out=matrix[rows_of["level_wait_excess_frac"]],
+            casting="same_kind")
+    spread = np.maximum(np.maximum(matrix[rows_of["hist_std_us"]], min_spread * np.abs(med)),
+                        _EPS_US)
+    np.clip(wait / spread, 0.0, clip, out=matrix[rows_of["level_wait_z"]], casting="same_kind")
 
 
 # --------------------------------------------------------------------------- peers
@@ -685,6 +724,7 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     dev /= sd[sid]
     put("stage_step_z", dev[back])
     del dev
+    put("stage_step_spread", (sd / np.maximum(np.abs(med), _EPS_US))[sid[back]])
     put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[sid[back]])
 
 
