@@ -536,30 +536,44 @@ def _history(
 def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, x: np.ndarray,
             x_level: np.ndarray, count: np.ndarray, place: np.ndarray, memory: int,
             clip: float, min_spread: float) -> None:
-    """``level_rise_frac``, ``level_excess_frac`` and ``level_wait_excess_frac``
-    (``FeatureConfig.level_memory``) from the history medians already in ``matrix`` and the
-    transfer's (``x_level``: inf where there are too few copies yet), all in (signature,
-    iteration) order; 0 until a signature has a level (``place``: each row's among its
-    signature's copies)."""
+    """``level_rise_frac``, ``level_excess_frac``, ``level_wait_excess_frac`` and
+    ``level_wait_z`` (``FeatureConfig.level_memory``) from the history medians already in
+    ``matrix`` and the transfer's (``x_level``: inf where there are too few copies yet), all in
+    (signature, iteration) order; 0 until a signature has a level (``place``: each row's among
+    its signature's copies). Row-sized temporaries are reused: this runs on every op."""
     med = matrix[rows_of["hist_median_us"]]
-    inf = np.float32(np.inf)
-    lowest = seg.trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, inf), place, memory)
-    known = np.isfinite(lowest)
-    low = np.where(known, lowest, 0.0)
+    lowest = seg.trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, np.float32(np.inf)),
+                              place, memory)
+    unknown = ~np.isfinite(lowest)
+    lowest[unknown] = 0.0
     denom = np.maximum(d, _LEVEL_FLOOR_US)
-    for name, top in (("level_rise_frac", med), ("level_excess_frac", d)):
-        frac = np.where(known, np.maximum(top - low, 0.0) / denom, 0.0)
+    frac = np.empty(len(d), dtype=np.float64)
+
+    def put(name: str, num: np.ndarray, by: np.ndarray, none: np.ndarray) -> None:
+        np.divide(num, by, out=frac)
+        frac[none] = 0.0
         np.clip(frac, 0.0, clip, out=matrix[rows_of[name]], casting="same_kind")
+
+    rise = np.subtract(med, lowest)  # float32, as the medians
+    put("level_rise_frac", np.maximum(rise, 0.0, out=rise), denom, unknown)
+    del rise
+    excess = np.subtract(d, lowest)  # kept for the wait below
+    put("level_excess_frac", np.maximum(excess, 0.0), denom, unknown)
     # The excess over the lowest level less the transfer's own excess over its lowest level
     x_low = seg.trailing_min(x_level, place, memory)
-    both = known & np.isfinite(x_low)
-    x_rise = np.maximum(x - np.where(both, x_low, 0.0), 0.0)
-    wait = np.where(both, np.maximum(d - low - x_rise, 0.0), 0.0)
-    np.clip(wait / denom, 0.0, clip, out=matrix[rows_of["level_wait_excess_frac"]],
-            casting="same_kind")
-    spread = np.maximum(np.maximum(matrix[rows_of["hist_std_us"]], min_spread * np.abs(med)),
-                        _EPS_US)
-    np.clip(wait / spread, 0.0, clip, out=matrix[rows_of["level_wait_z"]], casting="same_kind")
+    neither = unknown | ~np.isfinite(x_low)
+    x_low[neither] = 0.0
+    wait = np.subtract(x, x_low)
+    np.maximum(wait, 0.0, out=wait)
+    np.subtract(excess, wait, out=wait)
+    np.maximum(wait, 0.0, out=wait)
+    del excess, x_low
+    put("level_wait_excess_frac", wait, denom, neither)
+    spread = np.abs(med)
+    spread *= min_spread
+    np.maximum(spread, matrix[rows_of["hist_std_us"]], out=spread)
+    np.maximum(spread, _EPS_US, out=spread)
+    put("level_wait_z", wait, spread, neither)
 
 
 # --------------------------------------------------------------------------- peers
