@@ -176,10 +176,12 @@ class FeatureConfig:
         ``level_excess_frac`` this copy's excess over it, each as a fraction of this copy's
         duration; ``level_wait_excess_frac`` is the part of that excess not in the copy's
         transfer (which has its own lowest level, of its history medians alike): the wait a
-        slow peer adds, where transfer drift raises the transfer. A persistent fault that
-        lengthens every copy of an op alike is absorbed by the history after ``window / 2``
-        iterations, and by the lowest level only after ``level_memory + window / 2``. Streams need ``window + level_memory - 1`` iterations
-        of context (:class:`~holmes_ml.features.FeatureStream`).
+        slow peer adds, where transfer drift raises the transfer; ``level_wait_z`` is that
+        wait in the history's standard deviations. A persistent fault that lengthens every
+        copy of an op alike is absorbed by the history after ``window / 2`` iterations, and
+        by the lowest level only after ``level_memory + window / 2``. Streams need
+        ``window + level_memory - 1`` iterations of context
+        (:class:`~holmes_ml.features.FeatureStream`).
     """
 
     window: int = 10
