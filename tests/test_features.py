@@ -17,7 +17,7 @@ from holmes_ml.features import (
     detect_irregular,
 )
 from holmes_ml.io.schema import OP_TYPES, SchemaError
-from holmes_ml.simulator import SimConfig, simulate
+from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +202,52 @@ def test_stage_step_and_late_cause_known_answer():
     np.testing.assert_allclose(f["late_prev_xfer_hist_ratio"], 1.0)  # no history yet
     # a receive is its own last arrival with no earlier op: neutral
     np.testing.assert_allclose(f["late_prev_xfer_ratio"][:4], 1.0)
+    # the chain behind each all-reduce is that one receive (it waited on nobody before it);
+    # an op with no op behind it has 0 there, not the neutral 1
+    np.testing.assert_allclose(f["chain_xfer_ratio"], [0] * 4 + [1, 1, 3, 3] + [0] * 4,
+                               rtol=1e-6)
+    np.testing.assert_allclose(f["chain_stage_ratio"], [0] * 4 + [1, 1, 3, 3] + [0] * 4,
+                               rtol=1e-6)
+
+
+def _waits_one_hop_back(ops: pd.DataFrame) -> np.ndarray:
+    """Per row (positions), the row of the op its instance's last arrival ran just before it
+    in the iteration (-1: none), by pandas groupbys."""
+    o = ops.reset_index(drop=True)
+    send, known = o["op"].eq("send"), o["op"].isin(["send", "recv"]) & o["peer"].ge(0)
+    key = pd.DataFrame({
+        "iteration": o["iteration"], "group": o["group"], "seq": o["seq"],
+        "src": np.where(known, np.where(send, o["rank"], o["peer"]), -1),
+        "dst": np.where(known, np.where(send, o["peer"], o["rank"]), -1)})
+    last = o["start_ns"].groupby([key[c] for c in key]).transform("idxmax").to_numpy()
+    by_rank = o.sort_values(["iteration", "rank", "start_ns"])
+    prev = pd.Series(by_rank.index, index=by_rank.index).groupby(
+        [by_rank["iteration"], by_rank["rank"]]).shift(1)
+    return prev.reindex(o.index).fillna(-1).astype(np.int64).to_numpy()[last]
+
+
+@pytest.mark.parametrize("hops", [1, 5, 16])
+def test_chain_columns_follow_the_waits_hop_by_hop(hops):
+    # a simulated pipeline job whose slow NIC delays receives several stages downstream
+    fault = FaultSpec(kind="nic_slow", ranks=(3,), start_iteration=6, severity=2.0)
+    ops = simulate(SimConfig(seed=7, iterations=14, faults=(fault,))).ops
+    assert not ops.duplicated(["iteration", "group", "seq", "rank", "start_ns"]).any()
+    f = build_features(ops, FeatureConfig(chain_hops=hops)).reset_index(drop=True)
+    one = _waits_one_hop_back(ops)
+    n = len(one)
+    at = np.arange(n)
+    best = {c: np.full(n, -np.inf) for c in ("stage_step_z", "step_xfer_ratio")}
+    first = {}
+    for _ in range(hops):  # one hop at a time, where the features double the hops
+        at = np.where(at >= 0, one[np.maximum(at, 0)], -1)
+        for c, b in best.items():
+            np.maximum(b, np.where(at >= 0, f[c].to_numpy()[np.maximum(at, 0)], -np.inf), out=b)
+        first = first or {c: b.copy() for c, b in best.items()}
+    for c, got in (("stage_step_z", "chain_stage_z"), ("step_xfer_ratio", "chain_xfer_ratio")):
+        want = np.where(np.isfinite(best[c]), best[c], 0.0)
+        np.testing.assert_array_equal(f[got].to_numpy(), want.astype(np.float32))
+        # the job has chains longer than one hop whose farther ops are worse
+        assert hops == 1 or (best[c] > first[c]).mean() > 0.01
 
 
 def test_p2p_without_peer_pairs_by_group_and_seq():
@@ -244,6 +290,8 @@ def test_input_errors_name_the_column(ops):
         build_features([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window"):
         FeatureConfig(window=0)
+    with pytest.raises(ValueError, match="chain_hops"):
+        FeatureConfig(chain_hops=0)
     empty = build_features(ops.head(0))
     assert empty.shape == (0, len(FEATURE_COLUMNS))
 

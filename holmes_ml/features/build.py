@@ -15,7 +15,8 @@ Six families, all computed with sorted-array arithmetic (no Python per row):
   and the same step on the ranks that reach it at the same place of their iteration (one
   pipeline stage), whose copies wait alike unless a fault passes a delay on;
 * **the late arrival's cause**: the op the instance's last arrival ran just before it, which
-  tells a wait passed on by a slow transfer from a wait on jitter;
+  tells a wait passed on by a slow transfer from a wait on jitter, and the worst of the ops
+  along the chain of such waits behind the copy (a fault several hops upstream);
 * **fixed** facts: op type, message size, group size and kind;
 * **context**: how slow the whole iteration is, and the rank's recent average latency.
 
@@ -129,6 +130,14 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     # this op step spread in its stage (robust std / median): how noisy the cluster is
     "level_wait_z",
     "stage_step_spread",
+    # the largest of a few columns over the chain of waits behind this copy: its instance's
+    # last arrival's previous op, that op's instance's last arrival's previous op, and so on
+    # (``FeatureConfig.chain_hops`` hops, within the iteration): a persistent fault several
+    # pipeline or ring hops upstream, which the one-hop ``late_prev_*`` columns miss
+    "chain_stage_ratio",
+    "chain_stage_z",
+    "chain_xfer_ratio",
+    "chain_xfer_hist_ratio",
 )
 
 #: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
@@ -182,6 +191,12 @@ class FeatureConfig:
         by the lowest level only after ``level_memory + window / 2``. Streams need
         ``window + level_memory - 1`` iterations of context
         (:class:`~holmes_ml.features.FeatureStream`).
+    chain_hops:
+        How far the ``chain_*`` columns follow the waits behind a copy: the copy waited for
+        its instance's last arrival, which came from that rank's previous op in the
+        iteration, which waited for its own instance's last arrival, and so on; each column
+        is the largest value of its source column over the first ``chain_hops`` such ops (0
+        when the first has none). The bundled model learnt them at 16.
     """
 
     window: int = 10
@@ -191,6 +206,7 @@ class FeatureConfig:
     irregularity: IrregularityConfig = field(default_factory=IrregularityConfig)
     chunk_rows: int = 1 << 15
     level_memory: int = 20
+    chain_hops: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, (int, np.integer)) or self.window < 1:
@@ -198,6 +214,10 @@ class FeatureConfig:
         if not isinstance(self.level_memory, (int, np.integer)) or self.level_memory < 1:
             raise ValueError(
                 f"FeatureConfig.level_memory: got {self.level_memory!r}; expected an int >= 1"
+            )
+        if not isinstance(self.chain_hops, (int, np.integer)) or self.chain_hops < 1:
+            raise ValueError(
+                f"FeatureConfig.chain_hops: got {self.chain_hops!r}; expected an int >= 1"
             )
         if not (self.min_spread >= 0 and np.isfinite(self.min_spread)):
             raise ValueError(
@@ -771,6 +791,56 @@ def _late_cause(
     written.update(_LATE_CAUSE_SOURCES)
 
 
+#: chain_* column <- the column whose largest value along the chain of waits it holds
+_CHAIN_SOURCES = {"chain_stage_ratio": "stage_step_ratio",
+                  "chain_stage_z": "stage_step_z",
+                  "chain_xfer_ratio": "step_xfer_ratio",
+                  "chain_xfer_hist_ratio": "xfer_hist_ratio"}
+
+
+def _wait_chain(
+    last: np.ndarray, prev: np.ndarray, matrix: np.ndarray, hops: int, written: set[str]
+) -> None:
+    """Largest value of each source column over the first ``hops`` ops of the chain of waits
+    behind every row (:data:`_CHAIN_SOURCES`, ``FeatureConfig.chain_hops``).
+
+    One hop goes from a row to the op its instance's last arrival ran just before it (the
+    source of the ``late_prev_*`` columns). A persistent slow NIC or link makes a pipeline
+    receive or a ring's all-reduce late several hops before the copy that waits, and its
+    wait then looks like any other; the chain reaches back to the slow transfer. Hops stay
+    within the iteration. Binary lifting: the largest value over 2^k hops and the row 2^k
+    hops away are doubled k times, and the set bits of ``hops`` are joined, so the work is
+    log2(hops) gathers per column.
+    """
+    n = len(last)
+    # row n is a sentinel that hops to itself and holds -inf: it ends every chain
+    step = np.append(prev.take(last), -1)
+    step[step < 0] = n
+    span = []  # per column: largest value over the next 2^k hops of each row
+    for source in _CHAIN_SOURCES.values():
+        values = np.append(matrix[_COL[source]], np.float32(-np.inf))
+        span.append(values.take(step))
+    best = [np.full(n + 1, -np.inf, dtype=np.float32) for _ in span]
+    at = np.arange(n + 1, dtype=np.int64)  # the row reached after the hops joined so far
+    k = int(hops)
+    while True:
+        if k & 1:
+            for b, s in zip(best, span, strict=True):
+                np.maximum(b, s.take(at), out=b)
+            at = step.take(at)
+        k >>= 1
+        if not k:
+            break
+        for s in span:
+            np.maximum(s, s.take(step), out=s)
+        step = step.take(step)
+    for name, b in zip(_CHAIN_SOURCES, best, strict=True):
+        row = matrix[_COL[name]]
+        row[:] = b[:n]
+        row[~np.isfinite(row)] = 0.0  # no op behind this copy: 0
+    written.update(_CHAIN_SOURCES)
+
+
 # --------------------------------------------------------------------------- fixed facts
 def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: np.ndarray):
     """Group size and kind code per row, computed once per distinct group."""
@@ -1010,6 +1080,7 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
     _late_cause(last, prev_op, matrix, written)
+    _wait_chain(last, prev_op, matrix, int(cfg.chain_hops), written)
     del last, prev_op
     if len(written) != len(FEATURE_COLUMNS):  # a programming error, not bad input
         raise RuntimeError(f"features not computed: {set(FEATURE_COLUMNS) - written}")
