@@ -18,9 +18,14 @@ trees (``scale_free_estimator``) on the default training mix with and without th
 once per ``--seeds`` random state, and prints the bench's per-scale F1 on the bench's held-out
 rows and each variant's per-run table.
 
+Since ``6aea201`` the detector has the 16-hop chains of those four columns itself
+(``chain_*``); the script's baseline, "detector's columns", leaves them out, so that each
+variant adds its own chain to the columns the detector had before.
+
 Usage: ``.venv/bin/python scripts/chain_context.py`` (13 minutes on 2 cores; ``--depths 8 16
-32 --seeds 0 1 2``; ``--depths 16 --first-pass``; ``--quick``: the tiny preset and two small
-held-out jobs, a smoke test).
+32 --seeds 0 1 2``; ``--depths 16 --first-pass``; ``--depths 16 --plain``: the baseline and
+the plain chains only, the comparison behind the shipped columns; ``--quick``: the tiny preset
+and two small held-out jobs, a smoke test).
 """
 import argparse
 import time
@@ -187,6 +192,9 @@ def main():
     parser.add_argument("--first-pass", action="store_true",
                         help="also chain an out-of-fold first pass's scores (simulates the "
                         "training runs twice)")
+    parser.add_argument("--plain", action="store_true",
+                        help="only the baseline and the plain chains (no stage-relative, "
+                        "stage-baseline or longer-column variants)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="random states of the trees (each variant trained once per seed)")
     args = parser.parse_args()
@@ -196,7 +204,8 @@ def main():
     train_cfgs = scenarios("tiny" if args.quick else "default", 0)
     print("training rows", flush=True)
     X, y, run, w = rows(train_cfgs, lambda i, F: None, depths, 20_000, 0)
-    cols = list(FEATURE_COLUMNS)
+    # the detector's columns before it had its own chains (the same values as chain16_*)
+    cols = [c for c in FEATURE_COLUMNS if not c.startswith("chain_")]
     if args.first_pass:
         full = scale_free_estimator(0).fit(X[cols], y, groups=run, threshold_weights=w)
         # out-of-fold: each training run scored by trees that never saw it
@@ -223,13 +232,16 @@ def main():
     deep = depths[-1]
     variants = {"detector's columns": []}
     variants.update({f"+ chain {d} hops": [f"chain{d}_{k}" for k in CHAINED] for d in depths})
-    variants[f"+ chain {deep} hops, more columns"] = [f"chain{deep}_{k}" for k in CHAINED + MORE]
-    variants.update({f"+ chain {d} hops, stage-relative": [f"chain{d}_{k}_rel" for k in CHAINED]
-                     for d in depths})
-    variants[f"+ chain {deep} hops, transfer ratio and its stage-relative"] = [
-        f"chain{deep}_step_xfer_ratio", f"chain{deep}_step_xfer_ratio_rel"]
-    variants["+ the stage's best iteration (no chain)"] = list(BASELINE)
-    variants["+ base_stage_z alone (no chain)"] = ["base_stage_z"]
+    if not args.plain:
+        variants[f"+ chain {deep} hops, more columns"] = [f"chain{deep}_{k}"
+                                                          for k in CHAINED + MORE]
+        variants.update({f"+ chain {d} hops, stage-relative": [f"chain{d}_{k}_rel"
+                                                               for k in CHAINED]
+                         for d in depths})
+        variants[f"+ chain {deep} hops, transfer ratio and its stage-relative"] = [
+            f"chain{deep}_step_xfer_ratio", f"chain{deep}_step_xfer_ratio_rel"]
+        variants["+ the stage's best iteration (no chain)"] = list(BASELINE)
+        variants["+ base_stage_z alone (no chain)"] = ["base_stage_z"]
     if args.first_pass:
         variants[f"+ chain {deep} hops, first pass"] = [f"chain{deep}_{k}"
                                                         for k in (*CHAINED, "s1")]

@@ -7,10 +7,13 @@ import pytest
 
 from holmes_ml.bench.detector import (
     GRID_KINDS,
+    METHODS,
     _grid_rows,
     _heldout,
+    _methods,
     _per_run_rows,
     _scores_row,
+    choose_methods,
     class_sample,
     kind_grid_scenarios,
 )
@@ -140,3 +143,12 @@ def test_grid_rows_leave_a_cell_without_jobs_empty():
     spike = [r for r in rows if r["pattern"] == "spike"]
     assert spike and all(r["256"] is None and r["64"] == 1.0 for r in spike)
     assert all(r["256"] == 1.0 for r in rows if r["pattern"] == "persistent")
+
+
+def test_choose_methods_keeps_bench_order_and_always_the_shipped_method():
+    assert list(_methods(quick=True)) == list(METHODS)  # the names cover what runs
+    assert choose_methods() == METHODS
+    assert choose_methods(("knn", "rf")) == ("lgbm", "rf", "knn")
+    assert choose_methods(("lgbm",)) == ("lgbm",)
+    with pytest.raises(ValueError, match="'forest'.*lgbm, lgbm-absolute.*iforest"):
+        choose_methods(("rf", "forest"))

@@ -313,6 +313,14 @@ def test_demo_refuses_an_empty_job_and_gives_one_host_a_fault_it_can_show(tmp_pa
      "error: Invalid value for --localizer: 'no_such_mod_here:fn': cannot import it (No module "
      "named 'no_such_mod_here'); a module of your own must be importable: put its directory on "
      "PYTHONPATH (PYTHONPATH=. holmes bench ...) or install it (see 'holmes bench -h')"),
+    # before the hour of training, and not ignored by a bench it does not apply to
+    (["bench", "detector", "--method", "forest"],
+     "error: Invalid value for --method: 'forest': not a method of bench detector; expected "
+     "one or more of lgbm, lgbm-absolute, lgbm-small, rf, tuned-lgbm, 3sigma, knn, svm, "
+     "iforest (repeat the option) (see 'holmes bench -h')"),
+    (["bench", "localize", "--method", "rf"],
+     "error: Invalid value for --method: --method does not apply to bench localize; it "
+     "applies to detector"),
 ])
 def test_a_usage_error_is_one_line_from_the_console_script(args, expected):
     """What click reports itself (an option out of range, an unknown option) is one error

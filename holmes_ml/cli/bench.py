@@ -31,7 +31,7 @@ def _accepts(name: str, param: str) -> bool:
 
 def _run_one(
     name: str, quick: bool, out: Path, console: Console, localizers: dict, model: object = None,
-    awake: bool = False, log_format: str | None = None,
+    awake: bool = False, log_format: str | None = None, methods: tuple[str, ...] = (),
 ) -> str:
     run = _runner(name)
     kwargs: dict = {"quick": quick}
@@ -46,6 +46,8 @@ def _run_one(
         kwargs["keep_cores_awake"] = True
     if log_format is not None and "fmt" in params:
         kwargs["fmt"] = log_format
+    if methods and "methods" in params:
+        kwargs["methods"] = methods
     commit = git_commit()  # of the start: a commit made while it runs is not what it measured
     result = run(**kwargs)
     path = write_result(result, out, commit)
@@ -100,6 +102,13 @@ def register(app: typer.Typer) -> None:
             "default a user gets: an Arrow IPC stream, readable while written), parquet or "
             "jsonl. The JSON records it.",
         ),
+        method: list[str] = typer.Option(
+            [], "--method",
+            help="detector: score only this method beside the shipped one (lgbm, always run: "
+            "the per-run table and the kind grid are of it), e.g. --method rf to compare the "
+            "forest without the hour of every baseline. Repeatable; default every method: "
+            "lgbm, lgbm-absolute, lgbm-small, rf, tuned-lgbm, 3sigma, knn, svm, iforest.",
+        ),
     ) -> None:
         """Measure speed, memory or accuracy.
 
@@ -108,7 +117,8 @@ def register(app: typer.Typer) -> None:
         plots; `all` also writes OUT/index.md.
 
         Examples: `holmes bench simulator`, `holmes bench all --quick --out /tmp/b`,
-        `holmes bench localize --localizer mypkg.loc:my_localizer`.
+        `holmes bench localize --localizer mypkg.loc:my_localizer`,
+        `holmes bench detector --method knn` (the shipped detector and KNN only).
         """
         console = Console()
         try:
@@ -136,7 +146,8 @@ def register(app: typer.Typer) -> None:
                                      (model is not None, "--model", "model"),
                                      (keep_cores_awake, "--keep-cores-awake",
                                       "keep_cores_awake"),
-                                     (log_format is not None, "--log-format", "fmt")):
+                                     (log_format is not None, "--log-format", "fmt"),
+                                     (method, "--method", "methods")):
             if not given:
                 continue
             users = [n for n in BENCHMARKS if _accepts(n, param)]
@@ -149,10 +160,18 @@ def register(app: typer.Typer) -> None:
         if log_format is not None and log_format not in LOG_FORMATS:
             raise typer.BadParameter(f"{log_format!r} is not a log format; expected one of "
                                      f"{', '.join(LOG_FORMATS)}", param_hint="--log-format")
+        if method:
+            from holmes_ml.bench.detector import choose_methods
+
+            try:
+                choose_methods(tuple(method))
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc).removeprefix("--method "),
+                                         param_hint="--method") from exc
         check_writable(out, "--out", directory=True)
         out.mkdir(parents=True, exist_ok=True)  # now: not after an hour of work
         reports = [_run_one(n, quick, out, console, plugins, detector, keep_cores_awake,
-                            log_format) for n in names]
+                            log_format, tuple(method)) for n in names]
         if name == "all":
             index = out / "index.md"
             index.write_text(
