@@ -37,6 +37,7 @@ from sklearn.model_selection import GroupKFold
 from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, build_features
 from holmes_ml.features import _segments as seg
+from holmes_ml.features.build import _chain_max
 from holmes_ml.models.training import scale_free_estimator, scenarios
 from holmes_ml.simulator import simulate
 
@@ -77,20 +78,11 @@ def wait_chain(ops: pd.DataFrame) -> np.ndarray:
 
 def chain_max(hop: np.ndarray, values: dict[str, np.ndarray], depths) -> pd.DataFrame:
     """Largest value of each of ``values`` over the first 1 .. d hops of the chain, for each d
-    of ``depths`` (powers of two: the hops are composed by doubling, log2(d) steps)."""
-    n = len(hop)
-    # a sentinel row n that hops to itself and holds -inf ends every chain
-    h = np.append(np.where(hop >= 0, hop, n), n)
-    best = {k: np.append(v, -np.inf)[h] for k, v in values.items()}  # over hop 1
+    of ``depths`` (``build_features``' own chain columns are d = 16 of four of them)."""
     out = {}
-    reach = 1
-    while reach <= max(depths):
-        if reach in depths:
-            for k, b in best.items():
-                out[f"chain{reach}_{k}"] = np.where(np.isfinite(b[:n]), b[:n], 0.0)
-        best = {k: np.maximum(b, b[h]) for k, b in best.items()}
-        h = h[h]
-        reach *= 2
+    for d in depths:
+        for k, best in zip(values, _chain_max(hop, list(values.values()), d), strict=True):
+            out[f"chain{d}_{k}"] = best
     return pd.DataFrame(out).astype(np.float32)
 
 

@@ -770,10 +770,9 @@ _LATE_CAUSE_SOURCES = {"late_prev_stage_ratio": "stage_step_ratio",
                        "late_prev_xfer_hist_ratio": "xfer_hist_ratio"}
 
 
-def _late_cause(
-    last: np.ndarray, prev: np.ndarray, matrix: np.ndarray, written: set[str]
-) -> None:
-    """Features of the op that the instance's last arrival ran just before it.
+def _late_cause(hop: np.ndarray, matrix: np.ndarray, written: set[str]) -> None:
+    """Features of the op that the instance's last arrival ran just before it (``hop``: its
+    row, -1 for none).
 
     A copy waits for its instance's last arrival. Whether that rank came late by chance or
     because its own previous op was slow (a slow transfer, a receive that waited on a stage
@@ -781,9 +780,8 @@ def _late_cause(
     localizer's backtracking, one hop deep, as features. A rank with no earlier op in the
     iteration gets neutral values (1).
     """
-    src = prev.take(last)
-    none = src < 0
-    src[none] = 0
+    none = hop < 0
+    src = np.where(none, 0, hop)
     for name, source in _LATE_CAUSE_SOURCES.items():
         row = matrix[_COL[name]]  # the sources are clipped already: copied as they are
         matrix[_COL[source]].take(src, out=row)
@@ -798,29 +796,22 @@ _CHAIN_SOURCES = {"chain_stage_ratio": "stage_step_ratio",
                   "chain_xfer_hist_ratio": "xfer_hist_ratio"}
 
 
-def _wait_chain(
-    last: np.ndarray, prev: np.ndarray, matrix: np.ndarray, hops: int, written: set[str]
-) -> None:
-    """Largest value of each source column over the first ``hops`` ops of the chain of waits
-    behind every row (:data:`_CHAIN_SOURCES`, ``FeatureConfig.chain_hops``).
+def _chain_max(hop: np.ndarray, columns: list[np.ndarray], hops: int) -> list[np.ndarray]:
+    """Per row and column, the largest value over the first ``hops`` rows of the chain
+    ``row -> hop[row] -> hop[hop[row]] -> ...`` (``hop`` -1 ends a chain; 0 where the first
+    hop already does), each in its column's dtype.
 
-    One hop goes from a row to the op its instance's last arrival ran just before it (the
-    source of the ``late_prev_*`` columns). A persistent slow NIC or link makes a pipeline
-    receive or a ring's all-reduce late several hops before the copy that waits, and its
-    wait then looks like any other; the chain reaches back to the slow transfer. Hops stay
-    within the iteration. Binary lifting: the largest value over 2^k hops and the row 2^k
-    hops away are doubled k times, and the set bits of ``hops`` are joined, so the work is
-    log2(hops) gathers per column.
+    Binary lifting: the largest value over 2^k hops and the row 2^k hops away are doubled k
+    times, and the set bits of ``hops`` are joined, so the work is log2(hops) gathers per
+    column, however long the chains.
     """
-    n = len(last)
+    n = len(hop)
     # row n is a sentinel that hops to itself and holds -inf: it ends every chain
-    step = np.append(prev.take(last), -1)
+    step = np.append(hop, -1)
     step[step < 0] = n
-    span = []  # per column: largest value over the next 2^k hops of each row
-    for source in _CHAIN_SOURCES.values():
-        values = np.append(matrix[_COL[source]], np.float32(-np.inf))
-        span.append(values.take(step))
-    best = [np.full(n + 1, -np.inf, dtype=np.float32) for _ in span]
+    # per column: the largest value over the next 2^k hops of each row
+    span = [np.append(c, -np.inf).astype(c.dtype, copy=False).take(step) for c in columns]
+    best = [np.full(n + 1, -np.inf, dtype=s.dtype) for s in span]
     at = np.arange(n + 1, dtype=np.int64)  # the row reached after the hops joined so far
     k = int(hops)
     while True:
@@ -834,10 +825,25 @@ def _wait_chain(
         for s in span:
             np.maximum(s, s.take(step), out=s)
         step = step.take(step)
-    for name, b in zip(_CHAIN_SOURCES, best, strict=True):
-        row = matrix[_COL[name]]
-        row[:] = b[:n]
-        row[~np.isfinite(row)] = 0.0  # no op behind this copy: 0
+    out = [b[:n] for b in best]
+    for b in out:
+        b[~np.isfinite(b)] = 0.0
+    return out
+
+
+def _wait_chain(hop: np.ndarray, matrix: np.ndarray, hops: int, written: set[str]) -> None:
+    """Largest value of each source column over the first ``hops`` ops of the chain of waits
+    behind every row (:data:`_CHAIN_SOURCES`, ``FeatureConfig.chain_hops``; 0 for none).
+
+    One hop goes from a row to the op its instance's last arrival ran just before it
+    (``hop``, the source of the ``late_prev_*`` columns). A persistent slow NIC or link makes
+    a pipeline receive or a ring's all-reduce late several hops before the copy that waits,
+    and its wait then looks like any other; the chain reaches back to the slow transfer.
+    Hops stay within the iteration.
+    """
+    sources = [matrix[_COL[source]] for source in _CHAIN_SOURCES.values()]
+    for name, values in zip(_CHAIN_SOURCES, _chain_max(hop, sources, hops), strict=True):
+        matrix[_COL[name]] = values
     written.update(_CHAIN_SOURCES)
 
 
@@ -1079,9 +1085,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
-    _late_cause(last, prev_op, matrix, written)
-    _wait_chain(last, prev_op, matrix, int(cfg.chain_hops), written)
+    hop = prev_op.take(last)  # the op each copy's wait goes back to (-1: none)
     del last, prev_op
+    _late_cause(hop, matrix, written)
+    _wait_chain(hop, matrix, int(cfg.chain_hops), written)
+    del hop
     if len(written) != len(FEATURE_COLUMNS):  # a programming error, not bad input
         raise RuntimeError(f"features not computed: {set(FEATURE_COLUMNS) - written}")
     # Belt and braces: a float32 overflow of an absurd raw time must not leak inf downstream.
