@@ -95,9 +95,9 @@ def _place(ops: pd.DataFrame) -> np.ndarray:
 def stage_relative(ops: pd.DataFrame, F: pd.DataFrame, C: pd.DataFrame, place: np.ndarray
                    ) -> pd.DataFrame:
     """Each chain column over its median on the same op step at the same place of the rank's
-    iteration (``build_features``' stage-step key: the ranks of one pipeline stage; ``place``
-    from :func:`_place`): a chain as long as its stage's others is 1 however noisy the
-    cluster."""
+    iteration (``build_features``' stage-step key before it took the stage from the
+    communicators too; ``place`` from :func:`_place`): a chain as long as its stage's others is 1
+    however noisy the cluster."""
     o = ops.reset_index(drop=True)
     key = pd.DataFrame({"it": o["iteration"].to_numpy(), "kind": F["group_kind_code"].to_numpy(),
                         "op": F["op_code"].to_numpy(), "seq": o["seq"].to_numpy(),

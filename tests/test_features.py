@@ -16,8 +16,10 @@ from holmes_ml.features import (
     build_features,
     detect_irregular,
 )
+from holmes_ml.features.build import _stage_of
 from holmes_ml.io.schema import OP_TYPES, SchemaError
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
+from holmes_ml.simulator.cluster import Cluster
 
 
 @pytest.fixture(scope="module")
@@ -173,19 +175,22 @@ def test_stage_step_and_late_cause_known_answer():
     # Stage A (ranks 0-3) receives from an earlier stage, then runs tensor-parallel all-reduce
     # seq 0; stage B (ranks 4-7) runs the same all-reduce step first thing. Rank 3's receive is
     # 3x slower than the other receives, so rank 3 reaches its all-reduce late and rank 2, its
-    # partner, waits: 30 us where the stage's copies take 10.
+    # partner, waits: 30 us where the stage's copies take 10. A data-parallel all-reduce ends
+    # each stage's iteration (its groups join a stage's tensor-parallel groups into one stage).
     recv_dur = [5.0, 5.0, 5.0, 15.0]
     rows = {
-        "iteration": [0] * 12,
-        "rank": [0, 1, 2, 3] + [0, 1, 2, 3] + [4, 5, 6, 7],
-        "op": ["recv"] * 4 + ["all_reduce"] * 8,
+        "iteration": [0] * 20,
+        "rank": [0, 1, 2, 3] + [0, 1, 2, 3] + [4, 5, 6, 7] + list(range(8)),
+        "op": ["recv"] * 4 + ["all_reduce"] * 16,
         "group": ["pp-0", "pp-1", "pp-2", "pp-3", "tp-0", "tp-0", "tp-1", "tp-1",
-                  "tp-2", "tp-2", "tp-3", "tp-3"],
-        "seq": [0] * 12, "nbytes": [64] * 4 + [4096] * 8, "peer": [8, 9, 10, 11] + [-1] * 8,
-        "start_ns": [0, 0, 0, 0, 6000, 7000, 6000, 16_000, 0, 0, 0, 0],
-        "duration_us": recv_dur + [10.0, 10.0, 30.0, 10.0] + [100.0] * 4,
+                  "tp-2", "tp-2", "tp-3", "tp-3",
+                  "dp-0", "dp-1", "dp-0", "dp-1", "dp-2", "dp-3", "dp-2", "dp-3"],
+        "seq": [0] * 20, "nbytes": [64] * 4 + [4096] * 8 + [512] * 8,
+        "peer": [8, 9, 10, 11] + [-1] * 16,
+        "start_ns": [0, 0, 0, 0, 6000, 7000, 6000, 16_000, 0, 0, 0, 0] + [50_000] * 8,
+        "duration_us": recv_dur + [10.0, 10.0, 30.0, 10.0] + [100.0] * 4 + [5.0] * 8,
     }
-    f = build_features(pd.DataFrame(rows))
+    f = build_features(pd.DataFrame(rows)).iloc[:12]
     # stage A's copies: median 10, median absolute deviation 0 -> the spread floor, 1 % of the
     # median; stage B's copies are a crowd of their own (mixing the stages would put the
     # median at 65)
@@ -208,6 +213,65 @@ def test_stage_step_and_late_cause_known_answer():
                                rtol=1e-6)
     np.testing.assert_allclose(f["chain_stage_ratio"], [0] * 4 + [1, 1, 3, 3] + [0] * 4,
                                rtol=1e-6)
+
+
+def test_stage_step_keeps_stages_apart_by_their_communicators():
+    # Two pipeline stages, ranks 0-3 and 4-7, each open their iteration with a tensor-parallel
+    # all-reduce of the same seq and bytes: one op step at one place, which only the
+    # communicators tell apart (tensor- and data-parallel groups stay within a stage; the
+    # data-parallel all-reduce at the end joins the stage's two tensor-parallel groups).
+    # Stage B's copies take 10x stage A's, and rank 3's copy is 20 % longer than its stage's.
+    rows = {
+        "iteration": [0] * 16, "rank": list(range(8)) * 2,
+        "op": ["all_reduce"] * 16,
+        "group": ["tp-0", "tp-0", "tp-1", "tp-1", "tp-2", "tp-2", "tp-3", "tp-3",
+                  "dp-0", "dp-1", "dp-0", "dp-1", "dp-2", "dp-3", "dp-2", "dp-3"],
+        "seq": [0] * 16, "nbytes": [4096] * 16, "start_ns": [0] * 8 + [10**6] * 8,
+        "duration_us": [10.0, 10.0, 10.0, 12.0] + [100.0] * 4 + [50.0] * 8,
+    }
+    # two instances per stage are a crowd once stage_min_instances allows it
+    f = build_features(pd.DataFrame(rows), FeatureConfig(stage_min_instances=2))
+    # each stage its own crowd: stage A's median 10 (MAD 0: the floor, 1 % of it), stage B's 100
+    np.testing.assert_allclose(f["stage_step_ratio"][:8], [1, 1, 1, 1.2, 1, 1, 1, 1], rtol=1e-6)
+    np.testing.assert_allclose(f["stage_step_z"][:8], [0, 0, 0, 2 / 0.1, 0, 0, 0, 0], rtol=1e-5)
+    np.testing.assert_allclose(f["stage_step_ratio"][8:], 1.0)
+    # groups of no known kind say nothing of stages, and two instances are too few by default:
+    # either way one crowd by place, median (12 + 100) / 2
+    merged = [10 / 56] * 3 + [12 / 56] + [100 / 56] * 4
+    unknown = pd.DataFrame({**rows, "group": [f"g{g}" for g in rows["group"]]})
+    for f in (build_features(unknown, FeatureConfig(stage_min_instances=2)),
+              build_features(pd.DataFrame(rows))):
+        np.testing.assert_allclose(f["stage_step_ratio"][:8], merged, rtol=1e-6)
+    # three instances in stage A, two in stage B: only stage A keeps its own crowd
+    more = pd.DataFrame(rows).iloc[:8]
+    more = pd.concat([more, pd.DataFrame({**{k: v[:2] for k, v in rows.items()},
+                                          "rank": [8, 9], "group": ["tp-4", "tp-4"]}),
+                      pd.DataFrame({**{k: v[:2] for k, v in rows.items()},
+                                    "rank": [8, 9], "group": ["dp-0", "dp-1"],
+                                    "start_ns": [10**6] * 2, "duration_us": [50.0] * 2}),
+                      pd.DataFrame(rows).iloc[8:]], ignore_index=True)
+    f = build_features(more, FeatureConfig(stage_min_instances=3))
+    np.testing.assert_allclose(f["stage_step_ratio"][:4], [1, 1, 1, 1.2], rtol=1e-6)
+    np.testing.assert_allclose(f["stage_step_ratio"][4:8], 1.0)  # stage B alone, by place
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(gpus=64, model="mixtral-8x7b", ep=2, pp=2),
+                                    dict(gpus=32, tp=2, cp=2, pp=2), dict(gpus=64, pp=1)])
+def test_stages_read_off_the_communicators_are_the_pipeline_stages(layout):
+    cfg = SimConfig(seed=3, iterations=2, **layout)
+    ops = simulate(cfg).ops
+    rank = ops["rank"].to_numpy()
+    gcode = pd.factorize(ops["group"])[0].astype(np.int64)
+    kind = ops["group_kind"].astype(str).map(GROUP_KIND_CODES).to_numpy(dtype=np.int64)
+    got = _stage_of(rank, gcode, kind)
+    grid = Cluster(cfg.layout, cfg.pod_hosts, cfg.spines).rank_grid
+    want = np.empty(cfg.gpus, dtype=np.int64)
+    for s in range(cfg.layout.pp):
+        want[grid[s].ravel()] = s
+    # one code per stage and one stage per code (the codes' own numbering is arbitrary)
+    pairs = pd.DataFrame({"got": got, "want": want[rank]}).drop_duplicates()
+    assert len(pairs) == cfg.layout.pp == pairs["got"].nunique() == pairs["want"].nunique()
+    assert (got > 0).all()  # every rank is in some tensor- or data-parallel group
 
 
 def _waits_one_hop_back(ops: pd.DataFrame) -> np.ndarray:

@@ -12,8 +12,9 @@ Six families, all computed with sorted-array arithmetic (no Python per row):
 * **same step** in the other groups of the same kind (iteration, group kind, op, seq, bytes):
   a slow link prolongs every copy of the groups crossing it, so their peers and, once it
   persists, their history look alike - the groups that do not cross it still set the norm;
-  and the same step on the ranks that reach it at the same place of their iteration (one
-  pipeline stage), whose copies wait alike unless a fault passes a delay on;
+  and the same step on the ranks of its pipeline stage (read off the communicators) that reach
+  it at the same place of their iteration, whose copies wait alike unless a fault passes a delay
+  on;
 * **the late arrival's cause**: the op the instance's last arrival ran just before it, which
   tells a wait passed on by a slow transfer from a wait on jitter, and the worst of the ops
   along the chain of such waits behind the copy (a fault several hops upstream);
@@ -110,8 +111,9 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "step_ratio",
     "step_xfer_ratio",
     "step_peer_ratio",
-    # the same op step on the ranks that reach it at the same place of their iteration (one
-    # pipeline stage): this copy over the copies' median, and in robust standard deviations
+    # the same op step on the ranks of one pipeline stage (the ranks its tensor-, data-, expert-
+    # and context-parallel groups join) that reach it at the same place of their iteration:
+    # this copy over the copies' median, and in robust standard deviations
     "stage_step_ratio",
     "stage_step_z",
     # the op the instance's last arrival ran just before it: was that rank late because its
@@ -197,6 +199,13 @@ class FeatureConfig:
         iteration, which waited for its own instance's last arrival, and so on; each column
         is the largest value of its source column over the first ``chain_hops`` such ops (0
         when the first has none). The bundled model learnt them at 16.
+    stage_min_instances:
+        The ``stage_step_*`` columns compare a copy with its op step on the ranks of its own
+        pipeline stage when that stage holds at least this many instances of the step
+        (collectives, or send/recv pairs); with fewer (two data-parallel replicas of eight
+        tensor-parallel ranks: two all-reduces whose copies wait alike) a median and its
+        absolute deviation say nothing, and the step is compared across every stage that
+        reaches it at the same place, as before the stage was read off the communicators.
     """
 
     window: int = 10
@@ -207,18 +216,13 @@ class FeatureConfig:
     chunk_rows: int = 1 << 15
     level_memory: int = 20
     chain_hops: int = 16
+    stage_min_instances: int = 4
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window, (int, np.integer)) or self.window < 1:
-            raise ValueError(f"FeatureConfig.window: got {self.window!r}; expected an int >= 1")
-        if not isinstance(self.level_memory, (int, np.integer)) or self.level_memory < 1:
-            raise ValueError(
-                f"FeatureConfig.level_memory: got {self.level_memory!r}; expected an int >= 1"
-            )
-        if not isinstance(self.chain_hops, (int, np.integer)) or self.chain_hops < 1:
-            raise ValueError(
-                f"FeatureConfig.chain_hops: got {self.chain_hops!r}; expected an int >= 1"
-            )
+        for name in ("window", "level_memory", "chain_hops", "stage_min_instances"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"FeatureConfig.{name}: got {value!r}; expected an int >= 1")
         if not (self.min_spread >= 0 and np.isfinite(self.min_spread)):
             raise ValueError(
                 f"FeatureConfig.min_spread: got {self.min_spread!r}; expected a finite value >= 0"
@@ -727,17 +731,59 @@ def _rank_timeline(
     return pos, prev
 
 
-def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
-    """This copy against every copy of the same op step on the ranks that reach it at the
-    same place of their iteration.
+#: Group kinds whose members all run one pipeline stage's program (:func:`_stage_of`).
+_STAGE_KINDS = np.array([GROUP_KIND_CODES[k] for k in ("tp", "dp", "ep", "cp")], dtype=np.int64)
 
-    ``key`` is (op step, place in the rank's iteration). Ranks that run the same program - the
-    ranks of one pipeline stage - hold an op step at the same place, while the stages before and
-    after it hold it at other places (1F1B warm-up, different sends and receives), so the key
-    separates the stages without knowing the layout. Their copies wait alike except where a
-    fault passes a delay on; the ratio to the median and the robust z-score (1.4826 x the
-    median absolute deviation as the standard deviation, floored at ``min_spread`` of the
-    median) show how far outside that crowd a copy lies.
+
+def _stage_of(rank0: np.ndarray, gcode: np.ndarray, kind_code: np.ndarray) -> np.ndarray:
+    """Per row, a code of its rank's pipeline stage, read off the communicators.
+
+    Tensor-, data-, expert- and context-parallel groups never cross a pipeline stage (only the
+    pipeline's sends and receives do), so the ranks they join, group by group, are one stage:
+    the connected components of the rank-group graph over those groups. Ranks in no such group
+    (a log without group kinds, or one rank per stage) share code 0, where only the place in
+    the iteration separates stages. A job without pipeline parallelism is one component.
+    """
+    inner = np.isin(kind_code, _STAGE_KINDS)
+    stage = np.zeros(len(rank0), dtype=np.int64)
+    if not inner.any():
+        return stage
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n_ranks = int(rank0.max()) + 1
+    n_groups = int(gcode.max()) + 1
+    pairs = pd.unique(rank0[inner] * n_groups + gcode[inner])  # one edge per (rank, group)
+    nodes = n_ranks + n_groups
+    graph = coo_matrix((np.ones(len(pairs), dtype=np.int8),
+                        (pairs // n_groups, n_ranks + pairs % n_groups)), shape=(nodes, nodes))
+    _, label = connected_components(graph, directed=False)
+    member = np.zeros(n_ranks, dtype=bool)
+    member[pairs // n_groups] = True
+    per_rank = np.where(member, label[:n_ranks] + 1, 0)
+    return per_rank[rank0]
+
+
+def _crowded(key: np.ndarray, stage: np.ndarray, copies: np.ndarray, least: int) -> np.ndarray:
+    """``stage``, 0 where the row's stage-step segment (``key``) holds fewer than ``least``
+    instances: its rows over the copies one instance has there (``copies``: the group size of
+    a collective, whose group lies within the stage; 1 for a send or receive)."""
+    code = seg.dense(key)
+    rows = np.bincount(code)[code]
+    return np.where(rows >= least * np.maximum(copies, 1.0), stage, 0)
+
+
+def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
+    """This copy against every copy of the same op step on the ranks of its pipeline stage.
+
+    ``key`` is (op step, place in the rank's iteration, stage from :func:`_stage_of`). Ranks
+    that run the same program - the ranks of one pipeline stage - hold an op step at the same
+    place; other stages mostly hold it at other places (1F1B warm-up, different sends and
+    receives), but not always (two middle stages can reach a tensor-parallel all-reduce at the
+    same place), so the stage the communicators show is part of the key too. Their copies wait
+    alike except where a fault passes a delay on; the ratio to the median and the robust
+    z-score (1.4826 x the median absolute deviation as the standard deviation, floored at
+    ``min_spread`` of the median) show how far outside that crowd a copy lies.
     """
     n = len(dur)
     code = seg.dense(key)
@@ -1080,8 +1126,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     step = seg.combine(it0, kind_code, opcode, seq - seq.min(), size_code)
     _same_step(put, step, inst, dur, xfer_us, peer_med, peer_min)
     del inst, peer_min
-    _stage_step(put, seg.combine(step, place), dur, cfg.min_spread)
-    del step, place, size_code
+    stage = _stage_of(rank0, gcode, kind_code)
+    copies = np.where(is_p2p, 1.0, matrix[_COL["group_size"]])  # per instance, on one stage
+    stage = _crowded(seg.combine(step, place, stage), stage, copies, cfg.stage_min_instances)
+    _stage_step(put, seg.combine(step, place, stage), dur, cfg.min_spread)
+    del step, place, size_code, stage, copies
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
