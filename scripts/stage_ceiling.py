@@ -1,0 +1,115 @@
+"""Does the stage-step crowd hold the copies the label's ceiling is set on?
+
+The ``abnormal`` label calls a copy abnormal only above its op step's fault-free copies on its
+pipeline stage (median + 3 robust standard deviations, in the job's fault-free twin). For each of
+the bench's held-out jobs named (``--run``, 0-9), this re-simulates the job with the twin's
+durations kept (``label_reach``'s hook on the engine), groups every copy by the op step and its
+place in the rank's iteration, with and without the stage ``build_features`` reads off the
+communicators (:func:`holmes_ml.features.build._stage_of`), and prints for each grouping:
+
+* ``ceiling``: the share of copies whose grouping, applied to the twin, gives the label's own
+  ceiling (within 0.1 %);
+* ``label_f1``: F1 of "affected and more than 3 robust standard deviations above the faulty job's
+  median of its grouping" against the label (what a log can reach with that crowd);
+* per communicator kind and op, the area under the ROC curve of that z-score between the abnormal
+  copies a detector misses (``--model``, default the bundled one) and the normal copies as far
+  out as them by the place-only z-score, ``stage_step_z`` as it was before the stage (0.5: no
+  separation).
+
+Usage: ``.venv/bin/python scripts/stage_ceiling.py --run 2 4 6`` (the persistent NIC, link and
+switch jobs; about 10 seconds each, 4,096 GPUs a minute). The misses of the model before the
+stage, on the columns it knew: ``git show d6c0881:holmes_ml/data/default-model.holmes >
+/tmp/old.holmes`` and ``--model /tmp/old.holmes --place-only``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+from label_reach import _frame_with_twin
+from sklearn.metrics import roc_auc_score
+
+from holmes_ml.bench.detector import heldout_scenarios
+from holmes_ml.features import FEATURE_COLUMNS, GROUP_KIND_CODES, build_features
+from holmes_ml.features.build import _stage_of
+from holmes_ml.models import default_model, load_model
+from holmes_ml.simulator import simulate
+from holmes_ml.simulator.engine import Engine
+
+
+def robust_z(df: pd.DataFrame, key: list[str], col: str) -> tuple[pd.Series, pd.Series]:
+    """Per row, the median and robust standard deviation of ``col`` over its ``key`` group
+    (1.4826 x MAD, floored at 1 % of the median, as the label and ``build_features`` do)."""
+    by = [df[k] for k in key]
+    med = df[col].groupby(by).transform("median")
+    mad = (df[col] - med).abs().groupby(by).transform("median")
+    return med, np.maximum(1.4826 * mad, 0.01 * med)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=int, nargs="+", default=[2, 4, 6],
+                        help="held-out jobs 0-9 (default 2 4 6)")
+    parser.add_argument("--model", help="model envelope whose misses are profiled (default: "
+                        "the bundled model)")
+    parser.add_argument("--place-only", action="store_true",
+                        help="give that model the stage_step_* columns as they were before the "
+                             "stage was read off the communicators (every rank in stage 0)")
+    args = parser.parse_args()
+    cfgs = heldout_scenarios()
+    bad = [r for r in args.run if not 0 <= r < len(cfgs)]
+    if bad:
+        parser.error(f"--run: got {bad[0]}; expected 0-{len(cfgs) - 1}")
+    Engine._frame = _frame_with_twin
+    if args.place_only:
+        import holmes_ml.features.build as build
+
+        build._stage_of = lambda rank0, gcode, kind_code: np.zeros(len(rank0), dtype=np.int64)
+    model = load_model(args.model) if args.model else default_model()
+    for r in args.run:
+        cfg = cfgs[r]
+        fault = cfg.faults[0]
+        print(f"job {r}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}")
+        ops = simulate(cfg).ops
+        flagged = np.asarray(model.predict(build_features(ops).loc[:, list(FEATURE_COLUMNS)])).astype(bool)
+        df = pd.DataFrame({
+            "it": ops["iteration"].to_numpy(), "rank": ops["rank"].to_numpy(),
+            "g": ops["group"].cat.codes.to_numpy(), "kind": ops["group_kind"].astype(str).to_numpy(),
+            "op": ops["op"].astype(str).to_numpy(), "seq": ops["seq"].to_numpy(),
+            "nb": ops["nbytes"].to_numpy(), "start": ops["start_ns"].to_numpy(),
+            "dur": ops["duration_us"].to_numpy(), "clean": ops["clean_duration_us"].to_numpy(),
+            "usual": ops["clean_step_usual_us"].to_numpy(),
+            "abnormal": ops["abnormal"].to_numpy(), "affected": ops["affected"].to_numpy()})
+        kind = df["kind"].map(GROUP_KIND_CODES).fillna(GROUP_KIND_CODES["other"])
+        df["stage"] = _stage_of(df["rank"].to_numpy(), df["g"].to_numpy().astype(np.int64),
+                                kind.to_numpy(dtype=np.int64))
+        df["seqrel"] = df["seq"] - df.groupby(["it", "g"])["seq"].transform("min")
+        df["place"] = df.groupby(["it", "rank"])["start"].rank(method="first")
+        missed = df["abnormal"] & ~flagged
+        step = ["it", "kind", "op", "seqrel", "nb", "place"]
+        place_z = None
+        for name, key in {"place": step, "place + stage": [*step, "stage"]}.items():
+            cmed, csd = robust_z(df, key, "clean")
+            fmed, fsd = robust_z(df, key, "dur")
+            z = (df["dur"] - fmed) / fsd
+            place_z = z.to_numpy() if place_z is None else place_z
+            ceiling = np.isclose(cmed + 3 * csd, df["usual"], rtol=1e-3).mean()
+            hat = df["affected"] & (z > 3)
+            f1 = 2 * (hat & df["abnormal"]).sum() / (hat.sum() + df["abnormal"].sum())
+            print(f"  {name:>13}: ceiling {ceiling:.3f}  label_f1 {f1:.3f}")
+            for (k, o), n in df[missed].groupby(["kind", "op"]).size().items():
+                same = ((df["kind"] == k) & (df["op"] == o)).to_numpy()
+                m = same & missed.to_numpy()
+                far = same & ~df["abnormal"].to_numpy() & (place_z >= np.median(place_z[m]))
+                if n < 10 or not far.any():
+                    continue
+                sel = m | far
+                auc = roc_auc_score(df["abnormal"].to_numpy()[sel], z.to_numpy()[sel])
+                print(f"      {k} {o}: missed {n}, normal as far out {int(far.sum())}, "
+                      f"AUC {auc:.3f}")
+
+
+if __name__ == "__main__":
+    main()
