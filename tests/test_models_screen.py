@@ -15,7 +15,7 @@ def sim():
     """Seeded simulator features: training runs, and held-out runs of another seed.
 
     The quick mix (8 runs at 64 and 128 GPUs): a cut set on the screen's own training rows
-    kept 90.7 % of the detector's flags on these held-out runs (99.4 % before the stage
+    kept 90.7 % of the detector's flags on these held-out runs (99.9 % before the stage
     columns read the stage off the communicators; 83-99 % with 16 runs of other seeds); the
     out-of-fold cut keeps them all.
     """
