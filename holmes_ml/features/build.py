@@ -755,11 +755,12 @@ def _stage_of(rank0: np.ndarray, gcode: np.ndarray, kind_code: np.ndarray) -> np
     n_groups = int(gcode.max()) + 1
     pairs = pd.unique(rank0[inner] * n_groups + gcode[inner])  # one edge per (rank, group)
     nodes = n_ranks + n_groups
-    graph = coo_matrix((np.ones(len(pairs), dtype=np.int8),
-                        (pairs // n_groups, n_ranks + pairs % n_groups)), shape=(nodes, nodes))
+    ranks = pairs // n_groups
+    graph = coo_matrix((np.ones(len(pairs), dtype=np.int8), (ranks, n_ranks + pairs % n_groups)),
+                       shape=(nodes, nodes))
     _, label = connected_components(graph, directed=False)
     member = np.zeros(n_ranks, dtype=bool)
-    member[pairs // n_groups] = True
+    member[ranks] = True
     per_rank = np.where(member, label[:n_ranks] + 1, 0)
     return per_rank[rank0]
 
@@ -1126,11 +1127,13 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     step = seg.combine(it0, kind_code, opcode, seq - seq.min(), size_code)
     _same_step(put, step, inst, dur, xfer_us, peer_med, peer_min)
     del inst, peer_min
+    at = seg.combine(step, place)
+    del step, place, size_code
     stage = _stage_of(rank0, gcode, kind_code)
     copies = np.where(is_p2p, 1.0, matrix[_COL["group_size"]])  # per instance, on one stage
-    stage = _crowded(seg.combine(step, place, stage), stage, copies, cfg.stage_min_instances)
-    _stage_step(put, seg.combine(step, place, stage), dur, cfg.min_spread)
-    del step, place, size_code, stage, copies
+    stage = _crowded(seg.combine(at, stage), stage, copies, cfg.stage_min_instances)
+    _stage_step(put, seg.combine(at, stage), dur, cfg.min_spread)
+    del at, stage, copies
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)

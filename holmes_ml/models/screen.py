@@ -56,20 +56,19 @@ SCREEN_FOLDS = 4
 
 
 def _out_of_fold(screen: Any, X, flagged: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Each row's score from a clone of ``screen`` fitted on the other folds' runs (its own
-    fitted scores' stand-in where a fold's rest holds only flagged or only unflagged rows, or
-    when there is one run)."""
+    """Each row's score from a clone of ``screen`` fitted on the other folds' runs (two runs
+    or more; the fitted ``screen``'s own score stands in where a fold's rest holds only
+    flagged or only unflagged rows)."""
     from sklearn.model_selection import GroupKFold
     from sklearn.utils import _safe_indexing
 
     folds = min(SCREEN_FOLDS, len(np.unique(groups)))
     out = np.full(len(flagged), np.nan)
-    if folds >= 2:
-        for rest, fold in GroupKFold(n_splits=folds).split(flagged, flagged, groups):
-            if flagged[rest].all() or not flagged[rest].any():
-                continue
-            part = clone(screen).fit(_safe_indexing(X, rest), flagged[rest])
-            out[fold] = part.decision_function(_safe_indexing(X, fold))
+    for rest, fold in GroupKFold(n_splits=folds).split(flagged, flagged, groups):
+        if flagged[rest].all() or not flagged[rest].any():
+            continue
+        part = clone(screen).fit(_safe_indexing(X, rest), flagged[rest])
+        out[fold] = part.decision_function(_safe_indexing(X, fold))
     missing = np.isnan(out)
     if missing.any():
         out[missing] = screen.decision_function(_safe_indexing(X, np.flatnonzero(missing)))
@@ -156,7 +155,8 @@ class ScreenedDetector(BinaryDetectorMixin, BaseEstimator):
         screen = clone(self.screen if self.screen is not None else default_screen())
         self.screen_ = screen.fit(X, flagged)
         s = self.screen_.decision_function(X)
-        held = s if groups is None else _out_of_fold(screen, X, flagged, np.asarray(groups))
+        held = s if not n_runs or n_runs < 2 else _out_of_fold(screen, X, flagged,
+                                                                np.asarray(groups))
         self.screen_cut_ = float(np.quantile(held[flagged], 1.0 - self.keep, method="lower"))
         self.pass_rate_ = float(np.mean(s >= self.screen_cut_))
         logger.info("screen: cut %.4g (%s) keeps %.4f of flagged rows, passes %.4f of all rows",
