@@ -16,8 +16,14 @@ communicators (:func:`holmes_ml.features.build._stage_of`), and prints for each 
   out as them by the place-only z-score, ``stage_step_z`` as it was before the stage (0.5: no
   separation).
 
+``--spreads`` prints, per job, ``label_f1`` by place and stage with other medians and spreads in
+the rule's place: the fault-free twin's spread (what the label uses), the median and spread of the
+copies the fault did not touch (``affected`` false), and those of the copies left after setting
+aside the ones more than 2 (or 1.5) robust standard deviations above the median (one pass of upper
+sigma clipping, which a log can do).
+
 Usage: ``.venv/bin/python scripts/stage_ceiling.py --run 2 4 6`` (the persistent NIC, link and
-switch jobs; about 10 seconds each, 4,096 GPUs a minute). The misses of the model before the
+switch jobs; about 10 seconds each, 4,096 GPUs a minute; ``--spreads`` about a minute more each). The misses of the model before the
 stage, on the columns it knew: ``git show d6c0881:holmes_ml/data/default-model.holmes >
 /tmp/old.holmes`` and ``--model /tmp/old.holmes --place-only``.
 """
@@ -39,13 +45,37 @@ from holmes_ml.simulator import simulate
 from holmes_ml.simulator.engine import Engine
 
 
-def robust_z(df: pd.DataFrame, key: list[str], col: str) -> tuple[pd.Series, pd.Series]:
+def robust_z(df: pd.DataFrame, key: list[str], col: str,
+             among: pd.Series | None = None) -> tuple[pd.Series, pd.Series]:
     """Per row, the median and robust standard deviation of ``col`` over its ``key`` group
-    (1.4826 x MAD, floored at 1 % of the median, as the label and ``build_features`` do)."""
+    (1.4826 x MAD, floored at 1 % of the median, as the label and ``build_features`` do);
+    with ``among``, over the group's rows where it is true."""
     by = [df[k] for k in key]
-    med = df[col].groupby(by).transform("median")
-    mad = (df[col] - med).abs().groupby(by).transform("median")
+    values = df[col] if among is None else df[col].where(among)
+    med = values.groupby(by).transform("median")
+    mad = (values - med).abs().groupby(by).transform("median")
     return med, np.maximum(1.4826 * mad, 0.01 * med)
+
+
+def spreads(df: pd.DataFrame, key: list[str]) -> None:
+    """``label_f1`` of "affected and 3 robust std above the median" with other medians and
+    spreads of the copy's stage step (see ``--spreads``)."""
+    fmed, fsd = robust_z(df, key, "dur")
+    _, csd = robust_z(df, key, "clean")
+    rules = {"faulty median and spread": (fmed, fsd), "faulty median, twin's spread": (fmed, csd),
+             "copies the fault did not touch": robust_z(df, key, "dur", ~df["affected"])}
+    for clip in (2.0, 1.5):
+        rules[f"clipped at {clip} robust std"] = robust_z(df, key, "dur",
+                                                           df["dur"] <= fmed + clip * fsd)
+    for name, (med, sd) in rules.items():
+        hat = df["affected"] & (df["dur"] > med + 3 * sd)
+        f1 = 2 * (hat & df["abnormal"]).sum() / (hat.sum() + df["abnormal"].sum())
+        print(f"    {name:>31}: label_f1 {f1:.3f}")
+    missed = df["abnormal"] & ~(df["dur"] > fmed + 3 * fsd)
+    touched = df["affected"].groupby([df[k] for k in key]).transform("mean")
+    print(f"    abnormal copies the first rule misses: {int(missed.sum())}; median over them of "
+          f"the faulty spread over the twin's {(fsd / csd)[missed].median():.2f}, of the share "
+          f"of their crowd the fault touched {touched[missed].median():.3f}")
 
 
 def main() -> None:
@@ -57,6 +87,9 @@ def main() -> None:
     parser.add_argument("--place-only", action="store_true",
                         help="give that model the stage_step_* columns as they were before the "
                              "stage was read off the communicators (every rank in stage 0)")
+    parser.add_argument("--spreads", action="store_true",
+                        help="also label_f1 by place and stage with other medians and spreads "
+                             "(the twin's, the untouched copies', after upper sigma clipping)")
     args = parser.parse_args()
     cfgs = heldout_scenarios()
     bad = [r for r in args.run if not 0 <= r < len(cfgs)]
@@ -109,6 +142,8 @@ def main() -> None:
                 auc = roc_auc_score(df["abnormal"].to_numpy()[sel], z.to_numpy()[sel])
                 print(f"      {k} {o}: missed {n}, normal as far out {int(far.sum())}, "
                       f"AUC {auc:.3f}")
+        if args.spreads:
+            spreads(df, [*step, "stage"])
 
 
 if __name__ == "__main__":
