@@ -23,7 +23,7 @@ aside the ones more than 2 (or 1.5) robust standard deviations above the median 
 sigma clipping, which a log can do).
 
 Usage: ``.venv/bin/python scripts/stage_ceiling.py --run 2 4 6`` (the persistent NIC, link and
-switch jobs; about 10 seconds each, 4,096 GPUs a minute; ``--spreads`` about a minute more each). The misses of the model before the
+switch jobs; about 10 seconds each, 4,096 GPUs a minute). The misses of the model before the
 stage, on the columns it knew: ``git show d6c0881:holmes_ml/data/default-model.holmes >
 /tmp/old.holmes`` and ``--model /tmp/old.holmes --place-only``.
 """
