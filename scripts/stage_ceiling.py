@@ -35,7 +35,7 @@ import argparse
 import numpy as np
 import pandas as pd
 from label_reach import _frame_with_twin
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import f1_score, roc_auc_score
 
 from holmes_ml.bench.detector import heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, GROUP_KIND_CODES, build_features
@@ -57,20 +57,23 @@ def robust_z(df: pd.DataFrame, key: list[str], col: str,
     return med, np.maximum(1.4826 * mad, 0.01 * med)
 
 
-def spreads(df: pd.DataFrame, key: list[str]) -> None:
+def label_f1(df: pd.DataFrame, med: pd.Series, sd: pd.Series) -> float:
+    """F1 against the label of "affected and more than 3 ``sd`` above ``med``"."""
+    return float(f1_score(df["abnormal"], df["affected"] & (df["dur"] > med + 3 * sd)))
+
+
+def spreads(df: pd.DataFrame, key: list[str], fmed: pd.Series, fsd: pd.Series,
+            csd: pd.Series) -> None:
     """``label_f1`` of "affected and 3 robust std above the median" with other medians and
-    spreads of the copy's stage step (see ``--spreads``)."""
-    fmed, fsd = robust_z(df, key, "dur")
-    _, csd = robust_z(df, key, "clean")
+    spreads of the copy's stage step (see ``--spreads``); ``fmed``, ``fsd``: the faulty job's
+    median and spread over ``key``, ``csd`` the twin's spread."""
     rules = {"faulty median and spread": (fmed, fsd), "faulty median, twin's spread": (fmed, csd),
              "copies the fault did not touch": robust_z(df, key, "dur", ~df["affected"])}
     for clip in (2.0, 1.5):
         rules[f"clipped at {clip} robust std"] = robust_z(df, key, "dur",
                                                            df["dur"] <= fmed + clip * fsd)
     for name, (med, sd) in rules.items():
-        hat = df["affected"] & (df["dur"] > med + 3 * sd)
-        f1 = 2 * (hat & df["abnormal"]).sum() / (hat.sum() + df["abnormal"].sum())
-        print(f"    {name:>31}: label_f1 {f1:.3f}")
+        print(f"    {name:>31}: label_f1 {label_f1(df, med, sd):.3f}")
     missed = df["abnormal"] & ~(df["dur"] > fmed + 3 * fsd)
     touched = df["affected"].groupby([df[k] for k in key]).transform("mean")
     print(f"    abnormal copies the first rule misses: {int(missed.sum())}; median over them of "
@@ -129,9 +132,7 @@ def main() -> None:
             z = (df["dur"] - fmed) / fsd
             place_z = z.to_numpy() if place_z is None else place_z
             ceiling = np.isclose(cmed + 3 * csd, df["usual"], rtol=1e-3).mean()
-            hat = df["affected"] & (z > 3)
-            f1 = 2 * (hat & df["abnormal"]).sum() / (hat.sum() + df["abnormal"].sum())
-            print(f"  {name:>13}: ceiling {ceiling:.3f}  label_f1 {f1:.3f}")
+            print(f"  {name:>13}: ceiling {ceiling:.3f}  label_f1 {label_f1(df, fmed, fsd):.3f}")
             for (k, o), n in df[missed].groupby(["kind", "op"]).size().items():
                 same = ((df["kind"] == k) & (df["op"] == o)).to_numpy()
                 m = same & missed.to_numpy()
@@ -142,8 +143,8 @@ def main() -> None:
                 auc = roc_auc_score(df["abnormal"].to_numpy()[sel], z.to_numpy()[sel])
                 print(f"      {k} {o}: missed {n}, normal as far out {int(far.sum())}, "
                       f"AUC {auc:.3f}")
-        if args.spreads:
-            spreads(df, [*step, "stage"])
+        if args.spreads:  # the last grouping's (place and stage) medians and spreads
+            spreads(df, key, fmed, fsd, csd)
 
 
 if __name__ == "__main__":

@@ -147,16 +147,16 @@ class ScreenedDetector(BinaryDetectorMixin, BaseEstimator):
             logger.info("screen skipped: the detector flags %s training rows",
                         "all" if flagged.any() else "no")
             return self
-        n_runs = None if groups is None else len(np.unique(np.asarray(groups)))
-        if n_runs is not None and n_runs < 5:
+        runs = None if groups is None else np.asarray(groups)
+        n_runs = 0 if runs is None else len(np.unique(runs))  # 0: not told
+        if 0 < n_runs < 5:
             logger.warning("screen: cut on %d runs; with so few, it may rule out more of the "
                            "detector's flags on other runs than on these (train on more runs, "
                            "or use the unscreened detector)", n_runs)
         screen = clone(self.screen if self.screen is not None else default_screen())
         self.screen_ = screen.fit(X, flagged)
         s = self.screen_.decision_function(X)
-        held = s if not n_runs or n_runs < 2 else _out_of_fold(screen, X, flagged,
-                                                                np.asarray(groups))
+        held = s if n_runs < 2 else _out_of_fold(screen, X, flagged, runs)
         self.screen_cut_ = float(np.quantile(held[flagged], 1.0 - self.keep, method="lower"))
         self.pass_rate_ = float(np.mean(s >= self.screen_cut_))
         logger.info("screen: cut %.4g (%s) keeps %.4f of flagged rows, passes %.4f of all rows",
