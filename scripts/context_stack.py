@@ -13,10 +13,15 @@ the bench's per-scale F1 on the bench's held-out rows for the first pass and thr
 and each set's per-run table. ``--whole-log`` tries instead the rank's flagged share over the
 whole log read (its other operators, every iteration: a fault's abnormal copies sit on few
 signatures, each abnormal in a few of its iterations, and jitter's far-out copies on others;
-``scripts/level_shift.py --delays``), alone and beside the op's own score.
+``scripts/level_shift.py --delays``), alone and beside the op's own score. ``--cleaned-crowd``
+tries instead the copy against its op step's crowd on its pipeline stage (the key of
+``stage_step_z``) with the copies the first pass flags left out: the copy's robust z-score and
+ratio against the median of the rest, and the share of its crowd flagged. A rule that knows which
+copies the fault touched gets closer to the label with that crowd than with the whole one
+(``scripts/stage_ceiling.py --spreads``); this asks whether the detector does.
 
 Usage: ``.venv/bin/python scripts/context_stack.py`` (about 15 minutes on 2 cores;
-``--whole-log``: 7 minutes; ``--quick``: the tiny preset and two small held-out jobs, a smoke
+``--whole-log``: 7 minutes; ``--cleaned-crowd``: 30 minutes; ``--quick``: the tiny preset and two small held-out jobs, a smoke
 test).
 """
 import argparse
@@ -27,7 +32,8 @@ import pandas as pd
 from sklearn.model_selection import GroupKFold
 
 from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
-from holmes_ml.features import FEATURE_COLUMNS, build_features
+from holmes_ml.features import FEATURE_COLUMNS, GROUP_KIND_CODES, build_features
+from holmes_ml.features.build import _stage_of
 from holmes_ml.models.training import make_dataset, scale_free_estimator, scenarios
 from holmes_ml.simulator import simulate
 
@@ -78,7 +84,50 @@ def context(ops: pd.DataFrame, s1: np.ndarray, thr: float) -> pd.DataFrame:
     return out.astype(np.float32)
 
 
-def rows(cfgs, first_models, run_model, max_normal, seed, thr_of):
+#: columns of --cleaned-crowd
+CROWD = ["cc_z", "cc_ratio", "cc_share"]
+
+
+def cleaned_crowd(ops: pd.DataFrame, s1: np.ndarray, thr: float) -> pd.DataFrame:
+    """Each copy against its stage step's copies the first pass does not flag (``CROWD``): its
+    robust z-score (1.4826 x MAD, floored at 1 % of the median, as ``stage_step_z``) and its
+    ratio to their median (the whole crowd's where the first pass flags every copy), and the
+    crowd's flagged share. The crowd is ``stage_step_z``'s: the op step (iteration, group
+    kind, op, place in the group's sequence, bytes) at the same place of the rank's iteration
+    on the same pipeline stage (without ``build_features``' fallback for small crowds)."""
+    o = ops.reset_index(drop=True)
+    g = o["group"].astype("category").cat.codes.to_numpy().astype(np.int64)
+    kind = o["group_kind"].astype(str).map(GROUP_KIND_CODES).fillna(GROUP_KIND_CODES["other"])
+    kind = kind.to_numpy(dtype=np.int64)
+    d = pd.DataFrame({"it": o["iteration"].to_numpy(), "rank": o["rank"].to_numpy(), "g": g,
+                      "kind": kind, "op": o["op"].astype(str).to_numpy(),
+                      "seq": o["seq"].to_numpy(), "nb": o["nbytes"].to_numpy(),
+                      "start": o["start_ns"].to_numpy()})
+    d["stage"] = _stage_of(d["rank"].to_numpy(), g, kind)
+    d["seqrel"] = d["seq"] - d.groupby(["it", "g"])["seq"].transform("min")
+    d["place"] = d.groupby(["it", "rank"])["start"].rank(method="first")
+    sid = d.groupby(["it", "kind", "op", "seqrel", "nb", "place", "stage"],
+                    sort=False).ngroup().to_numpy()
+    flag = s1 >= thr
+    dur = o["duration_us"].to_numpy(dtype=np.float64)
+
+    def median_and_sd(among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        v = pd.Series(np.where(among, dur, np.nan))
+        med = v.groupby(sid).transform("median").to_numpy(copy=True)
+        mad = (v - med).abs().groupby(sid).transform("median").to_numpy()
+        return med, np.maximum(1.4826 * mad, 0.01 * np.abs(med))
+
+    med, sd = median_and_sd(~flag)
+    none = ~np.isfinite(med)  # every copy flagged: the whole crowd
+    whole_med, whole_sd = median_and_sd(np.ones(len(dur), dtype=bool))
+    med[none], sd[none] = whole_med[none], whole_sd[none]
+    share = pd.Series(flag.astype(np.float64)).groupby(sid).transform("mean").to_numpy()
+    return pd.DataFrame({"cc_z": np.clip((dur - med) / np.maximum(sd, 1e-3), -50, 50),
+                         "cc_ratio": np.clip(dur / np.maximum(med, 1e-3), -50, 50),
+                         "cc_share": share}).astype(np.float32)
+
+
+def rows(cfgs, first_models, run_model, max_normal, seed, thr_of, ctx=context):
     """Re-simulate cfgs, first-pass score every op, add context, subsample like make_dataset."""
     rng = np.random.default_rng(seed)
     Xs, ys, ids, ws = [], [], [], []
@@ -88,7 +137,7 @@ def rows(cfgs, first_models, run_model, max_normal, seed, thr_of):
         F = build_features(res.ops)
         m = first_models[run_model(i)]
         s1 = np.asarray(m.decision_function(F.loc[:, list(FEATURE_COLUMNS)]), dtype=np.float64)
-        C = context(res.ops, s1, thr_of(m))
+        C = ctx(res.ops, s1, thr_of(m))
         y = res.ops["abnormal"].to_numpy(dtype=bool)
         sure = y | res.ops["affected"].to_numpy(dtype=bool)
         keep = np.ones(len(y), dtype=bool)
@@ -112,6 +161,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a smoke test in a minute or two")
     parser.add_argument("--whole-log", action="store_true",
                         help="the rank's flagged share over the whole log instead")
+    parser.add_argument("--cleaned-crowd", action="store_true",
+                        help="the copy against its stage step's copies the first pass does not "
+                             "flag instead")
     args = parser.parse_args()
     quick = args.quick
     train_cfgs = scenarios("tiny" if quick else "default", 0)
@@ -131,10 +183,11 @@ def main():
     del X
     thr = lambda m: float(m.threshold_)  # noqa: E731
     print("second pass (train)", flush=True)
-    X2, y2, run2, w2 = rows(train_cfgs, folds, lambda i: fold_of[i], 20_000, 0, thr)
+    ctx = cleaned_crowd if args.cleaned_crowd else context
+    X2, y2, run2, w2 = rows(train_cfgs, folds, lambda i: fold_of[i], 20_000, 0, thr, ctx)
     hcfgs = heldout_scenarios(quick)[:2] if quick else heldout_scenarios()
     print("held-out", flush=True)
-    Xh, yh, runh, wh = rows(hcfgs, folds, lambda i: "full", 100_000, 1, thr)
+    Xh, yh, runh, wh = rows(hcfgs, folds, lambda i: "full", 100_000, 1, thr, ctx)
     scales = sorted({c.gpus for c in hcfgs})
     scale_of = np.array([hcfgs[r].gpus for r in runh])
     base = np.asarray(full.predict(Xh.loc[:, list(FEATURE_COLUMNS)])).astype(bool)
@@ -144,6 +197,8 @@ def main():
     if args.whole_log:
         sets = {"rank's share over the log": ["c_rank_log"],
                 "rank's share over the log, with s1": ["c_rank_log", "s1"]}
+    if args.cleaned_crowd:
+        sets = {"crowd cleaned": CROWD, "crowd cleaned, no share": CROWD[:2]}
     for name, cols in sets.items():
         X2c = pd.concat([X2.loc[:, list(FEATURE_COLUMNS)], X2[cols]], axis=1)
         Xhc = pd.concat([Xh.loc[:, list(FEATURE_COLUMNS)], Xh[cols]], axis=1)

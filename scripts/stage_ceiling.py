@@ -18,9 +18,11 @@ communicators (:func:`holmes_ml.features.build._stage_of`), and prints for each 
 
 ``--spreads`` prints, per job, ``label_f1`` by place and stage with other medians and spreads in
 the rule's place: the fault-free twin's spread (what the label uses), the median and spread of the
-copies the fault did not touch (``affected`` false), and those of the copies left after setting
-aside the ones more than 2 (or 1.5) robust standard deviations above the median (one pass of upper
-sigma clipping, which a log can do).
+copies the fault did not touch (``affected`` false), those of the copies left after setting aside
+the ones more than 2 (or 1.5) robust standard deviations above the median (one pass of upper sigma
+clipping, which a log can do), and those of the copies the detector does not flag (the whole
+crowd's where it flags every copy; ``scripts/context_stack.py --cleaned-crowd`` gives a second
+detector that crowd).
 
 Usage: ``.venv/bin/python scripts/stage_ceiling.py --run 2 4 6`` (the persistent NIC, link and
 switch jobs; about 10 seconds each, 4,096 GPUs a minute). The misses of the model before the
@@ -63,17 +65,20 @@ def label_f1(df: pd.DataFrame, med: pd.Series, sd: pd.Series) -> float:
 
 
 def spreads(df: pd.DataFrame, key: list[str], fmed: pd.Series, fsd: pd.Series,
-            csd: pd.Series) -> None:
+            csd: pd.Series, flagged: np.ndarray) -> None:
     """``label_f1`` of "affected and 3 robust std above the median" with other medians and
     spreads of the copy's stage step (see ``--spreads``); ``fmed``, ``fsd``: the faulty job's
-    median and spread over ``key``, ``csd`` the twin's spread."""
+    median and spread over ``key``, ``csd`` the twin's spread, ``flagged`` the detector's
+    verdicts."""
     rules = {"faulty median and spread": (fmed, fsd), "faulty median, twin's spread": (fmed, csd),
              "copies the fault did not touch": robust_z(df, key, "dur", ~df["affected"])}
     for clip in (2.0, 1.5):
         rules[f"clipped at {clip} robust std"] = robust_z(df, key, "dur",
                                                            df["dur"] <= fmed + clip * fsd)
+    med, sd = robust_z(df, key, "dur", pd.Series(~flagged, index=df.index))
+    rules["copies the detector calls normal"] = (med.fillna(fmed), sd.fillna(fsd))
     for name, (med, sd) in rules.items():
-        print(f"    {name:>31}: label_f1 {label_f1(df, med, sd):.3f}")
+        print(f"    {name:>32}: label_f1 {label_f1(df, med, sd):.3f}")
     missed = df["abnormal"] & ~(df["dur"] > fmed + 3 * fsd)
     touched = df["affected"].groupby([df[k] for k in key]).transform("mean")
     print(f"    abnormal copies the first rule misses: {int(missed.sum())}; median over them of "
@@ -144,7 +149,7 @@ def main() -> None:
                 print(f"      {k} {o}: missed {n}, normal as far out {int(far.sum())}, "
                       f"AUC {auc:.3f}")
         if args.spreads:  # the last grouping's (place and stage) medians and spreads
-            spreads(df, key, fmed, fsd, csd)
+            spreads(df, key, fmed, fsd, csd, flagged)
 
 
 if __name__ == "__main__":
