@@ -19,7 +19,10 @@ cannot slow an iteration delta times is named and left out.
 Usage: ``.venv/bin/python scripts/detector_ab.py --preset default --preset plain``
 (about 2 minutes for the held-out rows, then 3-6 minutes per preset on 2 cores; ``--cache
 FILE`` keeps the held-out rows for the next run); ``--model bundled --sized 1.3``;
-``--model bundled --thresholds 0.2 0.3 0.4 0.5 0.6`` for F1 at other decision thresholds.
+``--model bundled --thresholds 0.2 0.3 0.4 0.5 0.6`` for F1 at other decision thresholds;
+``--preset default --scales 64 128 256 512 1024 2048`` trains on the preset's mixes drawn over
+other scales (each scale's runs as the preset draws them; the simulator seeds of a later mix move
+with the number of runs before it).
 """
 
 from __future__ import annotations
@@ -119,12 +122,19 @@ def main() -> None:
     parser.add_argument("--sized", type=float, default=None, metavar="TARGET",
                         help="rescale each held-out fault so the job's slowest iteration is "
                              "about TARGET times its fault-free twin's (e.g. 1.3)")
+    parser.add_argument("--scales", type=int, nargs="+", default=None, metavar="GPUS",
+                        help="draw each --preset's runs over these scales instead of its own")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[],
                         help="also score each candidate at these decision thresholds (the "
                              "unscreened model's scores), beside its own threshold")
     args = parser.parse_args()
     if not args.preset and not args.model:
         parser.error("give at least one --preset or --model")
+    if args.scales is not None:
+        if min(args.scales) < 1:
+            parser.error(f"--scales: got {min(args.scales)}; expected GPU counts of 1 or more")
+        for p in args.preset:  # this process's presets only: scenarios() reads PRESETS
+            PRESETS[p] = (tuple(args.scales), *PRESETS[p][1:])
     if args.sized is not None and not args.sized > 1.1:
         parser.error(f"--sized: got {args.sized}; expected a ratio above delta 1.1")
     t0 = time.perf_counter()
@@ -135,7 +145,8 @@ def main() -> None:
           f"({time.perf_counter() - t0:.0f} s)")
     candidates = [("preset", p) for p in args.preset] + [("model", m) for m in args.model]
     for kind, what in candidates:
-        name = f"{kind} {what}"
+        name = f"{kind} {what}" + (f" over {' '.join(map(str, args.scales))} GPUs"
+                                   if kind == "preset" and args.scales else "")
         t = time.perf_counter()
         if kind == "preset":
             X, y, run, w = make_dataset(scenarios(what, seed=0), return_weights=True)
