@@ -22,7 +22,8 @@ FILE`` keeps the held-out rows for the next run); ``--model bundled --sized 1.3`
 ``--model bundled --thresholds 0.2 0.3 0.4 0.5 0.6`` for F1 at other decision thresholds;
 ``--preset default --scales 64 128 256 512 1024 2048`` trains on the preset's mixes drawn over
 other scales (each scale's runs as the preset draws them; the simulator seeds of a later mix move
-with the number of runs before it).
+with the number of runs before it); ``--preset default --trees 300 --leaves 63 --learning-rate
+0.05`` trains a larger forest of the shipped configuration (its screen as shipped).
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ def main() -> None:
                              "about TARGET times its fault-free twin's (e.g. 1.3)")
     parser.add_argument("--scales", type=int, nargs="+", default=None, metavar="GPUS",
                         help="draw each --preset's runs over these scales instead of its own")
+    parser.add_argument("--trees", type=int, default=None,
+                        help="train each --preset's detector with this many trees (100 shipped)")
+    parser.add_argument("--leaves", type=int, default=None,
+                        help="... of at most this many leaves (31 shipped)")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="... at this learning rate (0.08 shipped)")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[],
                         help="also score each candidate at these decision thresholds (the "
                              "unscreened model's scores), beside its own threshold")
@@ -135,6 +142,12 @@ def main() -> None:
             parser.error(f"--scales: got {min(args.scales)}; expected GPU counts of 1 or more")
         for p in args.preset:  # this process's presets only: scenarios() reads PRESETS
             PRESETS[p] = (tuple(args.scales), *PRESETS[p][1:])
+    forest = {f"detector__{k}": v for k, v in (("n_estimators", args.trees),
+                                               ("num_leaves", args.leaves),
+                                               ("learning_rate", args.learning_rate))
+              if v is not None}
+    if any(not v > 0 for v in forest.values()):
+        parser.error("--trees, --leaves, --learning-rate: expected positive numbers")
     if args.sized is not None and not args.sized > 1.1:
         parser.error(f"--sized: got {args.sized}; expected a ratio above delta 1.1")
     t0 = time.perf_counter()
@@ -147,10 +160,13 @@ def main() -> None:
     for kind, what in candidates:
         name = f"{kind} {what}" + (f" over {' '.join(map(str, args.scales))} GPUs"
                                    if kind == "preset" and args.scales else "")
+        if kind == "preset" and forest:
+            name += " with " + ", ".join(f"{k[10:]} {v:g}" for k, v in forest.items())
         t = time.perf_counter()
         if kind == "preset":
             X, y, run, w = make_dataset(scenarios(what, seed=0), return_weights=True)
-            det = default_estimator(0).fit(X, y, groups=run, threshold_weights=w)
+            det = default_estimator(0).set_params(**forest)
+            det = det.fit(X, y, groups=run, threshold_weights=w)
         else:
             det = default_model() if what == "bundled" else load_model(what)
         pred = np.asarray(det.predict(Xh)).astype(bool)
