@@ -21,8 +21,8 @@ copies the fault touched gets closer to the label with that crowd than with the 
 (``scripts/stage_ceiling.py --spreads``); this asks whether the detector does.
 
 Usage: ``.venv/bin/python scripts/context_stack.py`` (about 15 minutes on 2 cores;
-``--whole-log``: 7 minutes; ``--cleaned-crowd``: 30 minutes; ``--quick``: the tiny preset and two small held-out jobs, a smoke
-test).
+``--whole-log``: 7 minutes; ``--cleaned-crowd``: 30 minutes; ``--quick``: the tiny preset and
+two small held-out jobs, a smoke test).
 """
 import argparse
 import time
@@ -30,10 +30,10 @@ import time
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupKFold
+from stage_ceiling import STAGE_STEP, step_frame
 
 from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
-from holmes_ml.features import FEATURE_COLUMNS, GROUP_KIND_CODES, build_features
-from holmes_ml.features.build import _stage_of
+from holmes_ml.features import FEATURE_COLUMNS, build_features
 from holmes_ml.models.training import make_dataset, scale_free_estimator, scenarios
 from holmes_ml.simulator import simulate
 
@@ -92,24 +92,11 @@ def cleaned_crowd(ops: pd.DataFrame, s1: np.ndarray, thr: float) -> pd.DataFrame
     """Each copy against its stage step's copies the first pass does not flag (``CROWD``): its
     robust z-score (1.4826 x MAD, floored at 1 % of the median, as ``stage_step_z``) and its
     ratio to their median (the whole crowd's where the first pass flags every copy), and the
-    crowd's flagged share. The crowd is ``stage_step_z``'s: the op step (iteration, group
-    kind, op, place in the group's sequence, bytes) at the same place of the rank's iteration
-    on the same pipeline stage (without ``build_features``' fallback for small crowds)."""
-    o = ops.reset_index(drop=True)
-    g = o["group"].astype("category").cat.codes.to_numpy().astype(np.int64)
-    kind = o["group_kind"].astype(str).map(GROUP_KIND_CODES).fillna(GROUP_KIND_CODES["other"])
-    kind = kind.to_numpy(dtype=np.int64)
-    d = pd.DataFrame({"it": o["iteration"].to_numpy(), "rank": o["rank"].to_numpy(), "g": g,
-                      "kind": kind, "op": o["op"].astype(str).to_numpy(),
-                      "seq": o["seq"].to_numpy(), "nb": o["nbytes"].to_numpy(),
-                      "start": o["start_ns"].to_numpy()})
-    d["stage"] = _stage_of(d["rank"].to_numpy(), g, kind)
-    d["seqrel"] = d["seq"] - d.groupby(["it", "g"])["seq"].transform("min")
-    d["place"] = d.groupby(["it", "rank"])["start"].rank(method="first")
-    sid = d.groupby(["it", "kind", "op", "seqrel", "nb", "place", "stage"],
-                    sort=False).ngroup().to_numpy()
+    crowd's flagged share. The crowd is ``stage_step_z``'s (``stage_ceiling.STAGE_STEP``)."""
+    d = step_frame(ops.reset_index(drop=True))
+    sid = d.groupby(STAGE_STEP, sort=False).ngroup().to_numpy()
     flag = s1 >= thr
-    dur = o["duration_us"].to_numpy(dtype=np.float64)
+    dur = d["dur"].to_numpy(dtype=np.float64)
 
     def median_and_sd(among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         v = pd.Series(np.where(among, dur, np.nan))

@@ -46,6 +46,27 @@ from holmes_ml.models import default_model, load_model
 from holmes_ml.simulator import simulate
 from holmes_ml.simulator.engine import Engine
 
+#: a copy's stage step (``stage_step_z``'s crowd): the op step (iteration, group kind, op, place in
+#: the group's sequence, bytes) at the same place of the rank's iteration on the same pipeline stage
+STAGE_STEP = ["it", "kind", "op", "seqrel", "nb", "place", "stage"]
+
+
+def step_frame(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per op of a simulated job (in its order), the columns of :data:`STAGE_STEP` (the stage as
+    ``build_features`` reads it off the communicators, without its fallback for small crowds),
+    with the rank, the group's code, the start and the duration."""
+    g = ops["group"].cat.codes.to_numpy().astype(np.int64)
+    df = pd.DataFrame({
+        "it": ops["iteration"].to_numpy(), "rank": ops["rank"].to_numpy(), "g": g,
+        "kind": ops["group_kind"].astype(str).to_numpy(), "op": ops["op"].astype(str).to_numpy(),
+        "seq": ops["seq"].to_numpy(), "nb": ops["nbytes"].to_numpy(),
+        "start": ops["start_ns"].to_numpy(), "dur": ops["duration_us"].to_numpy()})
+    kind = df["kind"].map(GROUP_KIND_CODES).fillna(GROUP_KIND_CODES["other"])
+    df["stage"] = _stage_of(df["rank"].to_numpy(), g, kind.to_numpy(dtype=np.int64))
+    df["seqrel"] = df["seq"] - df.groupby(["it", "g"])["seq"].transform("min")
+    df["place"] = df.groupby(["it", "rank"])["start"].rank(method="first")
+    return df
+
 
 def robust_z(df: pd.DataFrame, key: list[str], col: str,
              among: pd.Series | None = None) -> tuple[pd.Series, pd.Series]:
@@ -115,23 +136,13 @@ def main() -> None:
         print(f"job {r}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}")
         ops = simulate(cfg).ops
         flagged = np.asarray(model.predict(build_features(ops).loc[:, list(FEATURE_COLUMNS)])).astype(bool)
-        df = pd.DataFrame({
-            "it": ops["iteration"].to_numpy(), "rank": ops["rank"].to_numpy(),
-            "g": ops["group"].cat.codes.to_numpy(), "kind": ops["group_kind"].astype(str).to_numpy(),
-            "op": ops["op"].astype(str).to_numpy(), "seq": ops["seq"].to_numpy(),
-            "nb": ops["nbytes"].to_numpy(), "start": ops["start_ns"].to_numpy(),
-            "dur": ops["duration_us"].to_numpy(), "clean": ops["clean_duration_us"].to_numpy(),
-            "usual": ops["clean_step_usual_us"].to_numpy(),
-            "abnormal": ops["abnormal"].to_numpy(), "affected": ops["affected"].to_numpy()})
-        kind = df["kind"].map(GROUP_KIND_CODES).fillna(GROUP_KIND_CODES["other"])
-        df["stage"] = _stage_of(df["rank"].to_numpy(), df["g"].to_numpy().astype(np.int64),
-                                kind.to_numpy(dtype=np.int64))
-        df["seqrel"] = df["seq"] - df.groupby(["it", "g"])["seq"].transform("min")
-        df["place"] = df.groupby(["it", "rank"])["start"].rank(method="first")
+        df = step_frame(ops)
+        for col, name in (("clean", "clean_duration_us"), ("usual", "clean_step_usual_us"),
+                          ("abnormal", "abnormal"), ("affected", "affected")):
+            df[col] = ops[name].to_numpy()
         missed = df["abnormal"] & ~flagged
-        step = ["it", "kind", "op", "seqrel", "nb", "place"]
         place_z = None
-        for name, key in {"place": step, "place + stage": [*step, "stage"]}.items():
+        for name, key in {"place": STAGE_STEP[:-1], "place + stage": STAGE_STEP}.items():
             cmed, csd = robust_z(df, key, "clean")
             fmed, fsd = robust_z(df, key, "dur")
             z = (df["dur"] - fmed) / fsd
