@@ -30,7 +30,7 @@ import time
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupKFold
-from stage_ceiling import STAGE_STEP, step_frame
+from stage_ceiling import STAGE_STEP, robust_z, step_frame
 
 from holmes_ml.bench.detector import _per_run_rows, _scores_row, heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, build_features
@@ -94,24 +94,15 @@ def cleaned_crowd(ops: pd.DataFrame, s1: np.ndarray, thr: float) -> pd.DataFrame
     ratio to their median (the whole crowd's where the first pass flags every copy), and the
     crowd's flagged share. The crowd is ``stage_step_z``'s (``stage_ceiling.STAGE_STEP``)."""
     d = step_frame(ops.reset_index(drop=True))
-    sid = d.groupby(STAGE_STEP, sort=False).ngroup().to_numpy()
-    flag = s1 >= thr
+    flag = pd.Series(s1 >= thr)
+    med, sd = robust_z(d, STAGE_STEP, "dur", ~flag)
+    whole_med, whole_sd = robust_z(d, STAGE_STEP, "dur")  # where every copy is flagged
+    med, sd = med.fillna(whole_med).to_numpy(), sd.fillna(whole_sd).to_numpy()
+    share = flag.astype(np.float64).groupby([d[k] for k in STAGE_STEP]).transform("mean")
     dur = d["dur"].to_numpy(dtype=np.float64)
-
-    def median_and_sd(among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        v = pd.Series(np.where(among, dur, np.nan))
-        med = v.groupby(sid).transform("median").to_numpy(copy=True)
-        mad = (v - med).abs().groupby(sid).transform("median").to_numpy()
-        return med, np.maximum(1.4826 * mad, 0.01 * np.abs(med))
-
-    med, sd = median_and_sd(~flag)
-    none = ~np.isfinite(med)  # every copy flagged: the whole crowd
-    whole_med, whole_sd = median_and_sd(np.ones(len(dur), dtype=bool))
-    med[none], sd[none] = whole_med[none], whole_sd[none]
-    share = pd.Series(flag.astype(np.float64)).groupby(sid).transform("mean").to_numpy()
     return pd.DataFrame({"cc_z": np.clip((dur - med) / np.maximum(sd, 1e-3), -50, 50),
                          "cc_ratio": np.clip(dur / np.maximum(med, 1e-3), -50, 50),
-                         "cc_share": share}).astype(np.float32)
+                         "cc_share": share.to_numpy()}).astype(np.float32)
 
 
 def rows(cfgs, first_models, run_model, max_normal, seed, thr_of, ctx=context):

@@ -137,11 +137,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.preset and not args.model:
         parser.error("give at least one --preset or --model")
-    if args.scales is not None:
-        if min(args.scales) < 1:
-            parser.error(f"--scales: got {min(args.scales)}; expected GPU counts of 1 or more")
-        for p in args.preset:  # this process's presets only: scenarios() reads PRESETS
-            PRESETS[p] = (tuple(args.scales), *PRESETS[p][1:])
+    if args.scales is not None and min(args.scales) < 1:
+        parser.error(f"--scales: got {min(args.scales)}; expected GPU counts of 1 or more")
     forest = {f"detector__{k}": v for k, v in (("n_estimators", args.trees),
                                                ("num_leaves", args.leaves),
                                                ("learning_rate", args.learning_rate))
@@ -164,7 +161,8 @@ def main() -> None:
             name += " with " + ", ".join(f"{k[10:]} {v:g}" for k, v in forest.items())
         t = time.perf_counter()
         if kind == "preset":
-            X, y, run, w = make_dataset(scenarios(what, seed=0), return_weights=True)
+            X, y, run, w = make_dataset(scenarios(what, seed=0, scales=args.scales),
+                                        return_weights=True)
             det = default_estimator(0).set_params(**forest)
             det = det.fit(X, y, groups=run, threshold_weights=w)
         else:

@@ -97,3 +97,14 @@ def test_make_dataset_adds_columns_of_ones_own_to_the_rows_it_keeps():
     assert (mine["ab"].to_numpy() == y2).all() and (y2 == y).all() and y.any()
     # the detector's own columns unchanged, row for row
     pd.testing.assert_frame_equal(mine[list(X.columns)], X)
+
+
+def test_scenarios_over_other_scales_keep_the_first_mixs_shared_scales():
+    own = scenarios("default", seed=0)
+    wider = scenarios("default", seed=0, scales=(64, 128, 256, 512, 1024, 2048))
+    per_mix = 5 * 16
+    assert len(wider) == len(own) + 2 * 16
+    assert wider[:per_mix] == own[:per_mix]  # the plain mix's runs at 64-1,024 GPUs as they were
+    assert {c.gpus for c in wider} == {64, 128, 256, 512, 1024, 2048}
+    with pytest.raises(ValueError, match="scales"):
+        scenarios("default", scales=(0,))

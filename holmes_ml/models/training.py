@@ -70,21 +70,29 @@ PRESET_MIXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def scenarios(preset: str = "default", seed: int = 0) -> list[Any]:
+def scenarios(preset: str = "default", seed: int = 0,
+              scales: tuple[int, ...] | None = None) -> list[Any]:
     """Seeded list of :class:`~holmes_ml.simulator.SimConfig` for a training preset.
 
     For each mix of :data:`PRESET_MIXES` (each with its own random stream), each scale gets
     one healthy run and faulty runs cycling through fault kinds and patterns, with varied
     model presets, jitter and drift (ranges in :data:`MIXES`) and severities. Simulator seeds
-    are ``seed * 1000`` plus the run's place in the list.
+    are ``seed * 1000`` plus the run's place in the list. ``scales`` (GPU counts) replaces the
+    preset's own: the runs of a scale both lists hold stay as they were in the first mix, while
+    a later mix's simulator seeds move with the number of runs before it.
     """
     if preset not in PRESETS:
         raise ValueError(f"preset: got {preset!r}; expected one of {sorted(PRESETS)}")
+    shape = PRESETS[preset]
+    if scales is not None:
+        if not scales or min(scales) < 1:
+            raise ValueError(f"scales: got {scales!r}; expected GPU counts of 1 or more")
+        shape = (tuple(scales), *shape[1:])
     out: list[Any] = []
     for i, mix in enumerate(PRESET_MIXES[preset]):
         # the first mix keeps the stream (so the runs) the presets always had
         rng = np.random.default_rng(seed if i == 0 else (seed, i))
-        out += _mix(PRESETS[preset], MIXES[mix], rng, seed, first=len(out))
+        out += _mix(shape, MIXES[mix], rng, seed, first=len(out))
     return out
 
 
