@@ -129,7 +129,9 @@ def main() -> None:
                              "stage was read off the communicators (every rank in stage 0)")
     parser.add_argument("--spreads", action="store_true",
                         help="also label_f1 by place and stage with other medians and spreads "
-                             "(the twin's, the untouched copies', after upper sigma clipping)")
+                             "(the twin's, the untouched copies', after upper sigma clipping), "
+                             "each at 3 and at its best multiplier, and the detector's F1 at its "
+                             "own and at the job's best threshold")
     args = parser.parse_args()
     cfgs = heldout_scenarios()
     bad = [r for r in args.run if not 0 <= r < len(cfgs)]
