@@ -137,8 +137,10 @@ def main() -> None:
     args = parser.parse_args()
     if not args.preset and not args.model:
         parser.error("give at least one --preset or --model")
-    if args.scales is not None and min(args.scales) < 1:
-        parser.error(f"--scales: got {min(args.scales)}; expected GPU counts of 1 or more")
+    try:  # each preset's runs, drawn once (scenarios checks --scales)
+        runs = {p: scenarios(p, seed=0, scales=args.scales) for p in args.preset}
+    except ValueError as e:
+        parser.error(f"--{e}")
     forest = {f"detector__{k}": v for k, v in (("n_estimators", args.trees),
                                                ("num_leaves", args.leaves),
                                                ("learning_rate", args.learning_rate))
@@ -161,8 +163,7 @@ def main() -> None:
             name += " with " + ", ".join(f"{k[10:]} {v:g}" for k, v in forest.items())
         t = time.perf_counter()
         if kind == "preset":
-            X, y, run, w = make_dataset(scenarios(what, seed=0, scales=args.scales),
-                                        return_weights=True)
+            X, y, run, w = make_dataset(runs[what], return_weights=True)
             det = default_estimator(0).set_params(**forest)
             det = det.fit(X, y, groups=run, threshold_weights=w)
         else:

@@ -42,12 +42,12 @@ import argparse
 import numpy as np
 import pandas as pd
 from label_reach import _frame_with_twin
-from sklearn.metrics import f1_score, precision_recall_curve, roc_auc_score
+from sklearn.metrics import f1_score, roc_auc_score
 
 from holmes_ml.bench.detector import heldout_scenarios
 from holmes_ml.features import FEATURE_COLUMNS, GROUP_KIND_CODES, build_features
 from holmes_ml.features.build import _stage_of
-from holmes_ml.models import default_model, load_model
+from holmes_ml.models import best_f1_threshold, default_model, load_model
 from holmes_ml.simulator import simulate
 from holmes_ml.simulator.engine import Engine
 
@@ -148,8 +148,10 @@ def main() -> None:
         fault = cfg.faults[0]
         print(f"job {r}: {cfg.gpus} GPUs, {cfg.model}, {fault.kind} {fault.pattern}")
         ops = simulate(cfg).ops
-        X = build_features(ops).loc[:, list(FEATURE_COLUMNS)]
-        flagged = np.asarray(model.predict(X)).astype(bool)
+        # the detector's score once; its verdict is the score against its threshold (predict)
+        score = np.asarray(model.decision_function(
+            build_features(ops).loc[:, list(FEATURE_COLUMNS)]), dtype=np.float64)
+        flagged = score >= model.threshold_
         df = step_frame(ops)
         for col, name in (("clean", "clean_duration_us"), ("usual", "clean_step_usual_us"),
                           ("abnormal", "abnormal"), ("affected", "affected")):
@@ -175,12 +177,10 @@ def main() -> None:
                       f"AUC {auc:.3f}")
         if args.spreads:  # the last grouping's (place and stage) medians and spreads
             spreads(df, key, fmed, fsd, csd, flagged)
-            score = np.asarray(model.predict_proba(X))[:, 1]
-            prec, rec, cuts = precision_recall_curve(df["abnormal"], score)
-            f1 = 2 * prec * rec / np.maximum(prec + rec, 1e-12)
-            i = int(np.argmax(f1[:-1]))
+            cut = best_f1_threshold(df["abnormal"], score)
             print(f"    the detector (every copy): F1 {f1_score(df['abnormal'], flagged):.4f} at "
-                  f"its threshold, {f1[i]:.4f} at the best one for this job ({cuts[i]:.3f})")
+                  f"its threshold, {f1_score(df['abnormal'], score >= cut):.4f} at the best one "
+                  f"for this job ({cut:.3f})")
             far = (df["dur"] > fmed + 2.5 * fsd).to_numpy()
             print(f"    copies beyond 2.5 robust std: {int(far.sum())}, {df['affected'][far].mean():.3f}"
                   f" affected; the detector's score ranks those above the others with area under "
