@@ -16,7 +16,7 @@ from holmes_ml.features import (
     build_features,
     detect_irregular,
 )
-from holmes_ml.features.build import _stage_of
+from holmes_ml.features.build import _stage_of, replay_gain
 from holmes_ml.io.schema import OP_TYPES, SchemaError
 from holmes_ml.simulator import FaultSpec, SimConfig, simulate
 from holmes_ml.simulator.cluster import Cluster
@@ -520,3 +520,71 @@ def test_signature_codes_follow_an_op_from_iteration_to_iteration(ops):
         assert (pairs.sum(axis=1) == 1).all() and (pairs.sum(axis=0) == 1).all()
     assert sig.max() + 1 < len(ops) / 10  # ops recur: 20 iterations, one signature each
     assert signature_codes(ops.iloc[:0]).shape == (0,)
+
+
+
+def test_replay_gain_by_hand():
+    # rank 0: x (4 us of its transfer slow), a 2 us gap, then y; rank 1 reaches y at 3 us and
+    # waits for rank 0 until 12 us
+    inst, prev = np.array([0, 1, 1]), np.array([-1, 0, -1])
+    start_ns, dur = np.array([0, 12_000, 3_000]), np.array([10.0, 5.0, 14.0])
+    excess, none = np.array([4.0, 0.0, 0.0]), np.zeros(3)
+    np.testing.assert_allclose(replay_gain(inst, start_ns, prev, dur, excess, none, 8), [4, 0, 4])
+    # a slow compute gap before y moves rank 0's arrival too; rank 0 itself waits no less
+    gap = np.array([0.0, 1.0, 0.0])
+    np.testing.assert_allclose(replay_gain(inst, start_ns, prev, dur, excess, gap, 8), [4, 0, 5])
+    # rank 1 arriving at 10 us: y can start no earlier, so its wait shrinks by 2 us only
+    late = np.array([0, 12_000, 10_000])
+    np.testing.assert_allclose(replay_gain(inst, late, prev, dur, excess, gap, 8), [4, 0, 2])
+    # no sweep: only each copy's own transfer
+    np.testing.assert_allclose(replay_gain(inst, start_ns, prev, dur, excess, gap, 0), [4, 0, 0])
+
+
+def test_replay_gain_matches_a_group_by_fixed_point():
+    fault = FaultSpec(kind="nic_slow", ranks=(3,), start_iteration=6, severity=2.0)
+    o = simulate(SimConfig(seed=7, iterations=10, faults=(fault,))).ops.reset_index(drop=True)
+    send, known = o["op"].eq("send"), o["op"].isin(["send", "recv"]) & o["peer"].ge(0)
+    inst = pd.DataFrame({
+        "iteration": o["iteration"], "group": o["group"].astype(str), "seq": o["seq"],
+        "src": np.where(known, np.where(send, o["rank"], o["peer"]), -1),
+        "dst": np.where(known, np.where(send, o["peer"], o["rank"]), -1)}).groupby(
+        ["iteration", "group", "seq", "src", "dst"], sort=False).ngroup().to_numpy()
+    by_rank = o.sort_values(["iteration", "rank", "start_ns"])
+    prev = pd.Series(by_rank.index, index=by_rank.index).groupby(
+        [by_rank["iteration"], by_rank["rank"]]).shift(1).reindex(o.index).fillna(-1)
+    prev = prev.astype(np.int64).to_numpy()
+    rng = np.random.default_rng(0)
+    dur, start = o["duration_us"].to_numpy(), o["start_ns"].to_numpy()
+    excess = np.where(rng.random(len(o)) < 0.05, rng.random(len(o)) * dur * 0.5, 0.0)
+    gap = np.where(rng.random(len(o)) < 0.05, rng.random(len(o)) * 50.0, 0.0)
+    got = replay_gain(inst, start, prev, dur, excess, gap, 10_000)
+    # the same rule with pandas, swept until nothing moves
+    arrive = pd.Series((start - start.min()) / 1e3)
+    latest = arrive.groupby(inst).transform("max")
+    end = excess.copy()
+    while True:
+        arr = np.where(prev >= 0, end[np.maximum(prev, 0)], 0.0) + gap
+        moved = (latest - (arrive - arr).groupby(inst).transform("max")).to_numpy() + excess
+        if np.allclose(moved, end, rtol=0, atol=1e-9):
+            break
+        end = moved
+    want = np.clip(end - arr, 0.0, dur)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+    assert (want > 0).mean() > 0.1  # the gains reach far beyond the 5 % given them
+
+
+def test_replay_columns_on_a_slow_nic():
+    fault = FaultSpec(kind="nic_slow", ranks=(3,), start_iteration=6, severity=2.0)
+    ops = simulate(SimConfig(seed=7, iterations=10, faults=(fault,))).ops
+    f = build_features(ops)
+    ab = ops["abnormal"].to_numpy()
+    share = f["replay_share"].to_numpy()
+    # many of the fault's copies owe a tenth of their duration or more to slow transfers
+    # (every data-parallel one on the slow NIC); hardly any normal copy does
+    assert (share[ab] > 0.1).mean() > 0.3
+    assert (share[~ab] > 0.1).mean() < 0.01
+    dp = ab & ops["group_kind"].eq("dp").to_numpy()
+    assert dp.sum() > 50 and (share[dp] > 0.1).all()
+    # one sweep passes each gain one op on; the default passes it down the whole chain
+    one = build_features(ops, FeatureConfig(replay_sweeps=1))["replay_share"].to_numpy()
+    assert (one > 0).sum() < (share > 0).sum()

@@ -140,6 +140,12 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "chain_stage_z",
     "chain_xfer_ratio",
     "chain_xfer_hist_ratio",
+    # the iteration replayed without its slow transfers and slow compute gaps (each more than
+    # 15 % over its step's usual one taken back to it, the delays they passed on through every
+    # wait recomputed): the share of this copy's duration they added, and this copy against its
+    # stage step's copies as replayed (robust z): what a log can say of the fault-free twin
+    "replay_share",
+    "replay_stage_z",
 )
 
 #: Ordinal code of each group kind (``group_kind_code``); anything else is ``other``.
@@ -206,6 +212,11 @@ class FeatureConfig:
         tensor-parallel ranks: two all-reduces whose copies wait alike) a median and its
         absolute deviation say nothing, and the step is compared across every stage that
         reaches it at the same place, as before the stage was read off the communicators.
+    replay_sweeps:
+        How far down the chains of waits (within the iteration) the ``replay_*`` columns pass
+        the time a slow transfer or a slow compute gap cost: one op per sweep, stopping once
+        nothing moves. The iteration replayed without them is what a log can say of the job
+        without its fault. The bundled model learnt them at 64.
     """
 
     window: int = 10
@@ -217,9 +228,11 @@ class FeatureConfig:
     level_memory: int = 20
     chain_hops: int = 16
     stage_min_instances: int = 4
+    replay_sweeps: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("window", "level_memory", "chain_hops", "stage_min_instances"):
+        for name in ("window", "level_memory", "chain_hops", "stage_min_instances",
+                     "replay_sweeps"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"FeatureConfig.{name}: got {value!r}; expected an int >= 1")
@@ -774,6 +787,26 @@ def _crowded(key: np.ndarray, stage: np.ndarray, copies: np.ndarray, least: int)
     return np.where(rows >= least * np.maximum(copies, 1.0), stage, 0)
 
 
+def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float):
+    """``(order, sid, med, sd)``: the rows sorted by ``code`` and, within it, ``values``; each
+    sorted row's segment; and per segment the median of ``values`` and their robust standard
+    deviation (1.4826 x the median absolute deviation, floored at ``min_spread`` of the median
+    and at 1 ns)."""
+    order = seg.sort_by(code, values)
+    starts, sid, _ = seg.segment_layout(code[order])
+    v = values[order]
+    med = seg.sorted_segment_median(v, starts)
+    # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
+    # stable sort merges cheaply.
+    adev = np.abs(v - med[sid])
+    del v
+    adev = adev[seg.sort_by(sid, adev)]
+    mad = seg.sorted_segment_median(adev, starts)
+    del adev
+    sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
+    return order, sid, med, sd
+
+
 def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
     """This copy against every copy of the same op step on the ranks of its pipeline stage.
 
@@ -787,28 +820,106 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     ``min_spread`` of the median) show how far outside that crowd a copy lies.
     """
     n = len(dur)
-    code = seg.dense(key)
-    order = seg.sort_by(code, dur)
-    starts, sid, _ = seg.segment_layout(code[order])
-    del code
+    order, sid, med, sd = _crowd(seg.dense(key), dur, min_spread)
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
-    dev = dur[order]  # sorted within each segment; deviations from the median below
+    dev = dur[order]
     del order
-    med = seg.sorted_segment_median(dev, starts)
     dev -= med[sid]
-    # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
-    # stable sort merges cheaply.
-    adev = np.abs(dev)
-    adev = adev[seg.sort_by(sid, adev)]
-    mad = seg.sorted_segment_median(adev, starts)
-    del adev
-    sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
     dev /= sd[sid]
     put("stage_step_z", dev[back])
     del dev
     put("stage_step_spread", (sd / np.maximum(np.abs(med), _EPS_US))[sid[back]])
     put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[sid[back]])
+
+
+#: a transfer or a compute gap more than this many times its step's usual one counts as slowed
+#: (:func:`_replay`)
+_REPLAY_SLOW = 1.15
+
+
+def _median_by(code: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row, the median of ``values`` over the rows of its ``code``."""
+    order = seg.sort_by(code, values)
+    starts, sid, _ = seg.segment_layout(code[order])
+    med = seg.sorted_segment_median(values[order], starts)
+    out = np.empty(len(values))
+    out[order] = med[sid]
+    return out
+
+
+def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
+                dur: np.ndarray, excess: np.ndarray, gap_excess: np.ndarray,
+                sweeps: int) -> np.ndarray:
+    """Per copy, how much shorter (us, 0 to its duration) it would have been had its
+    iteration run without some transfers' and compute gaps' excess.
+
+    ``inst`` is each copy's instance (dense codes: a collective, or a send and its receive),
+    ``prev_op`` the row of the op its rank ran just before it (-1: none), ``excess`` the part
+    of each copy's transfer to take back and ``gap_excess`` the part of the gap between the
+    previous op's end and this copy's start (its rank's compute). A rank reaches a copy earlier
+    by as much as its previous op ended earlier plus the gap's excess; an instance starts at its
+    latest arrival, so it starts earlier by how much that latest arrival moves; each copy ends
+    earlier by that plus its own transfer's excess, and is shorter by its end's gain less its
+    arrival's. Each sweep passes the gains one more op down the chains of waits; ``sweeps``
+    bounds them (they stop early once nothing moves).
+    """
+    n = len(dur)
+    order = seg.sort_by(inst)
+    starts = seg.segment_starts(inst[order])
+    seg_of = np.empty(n, dtype=np.int64)
+    seg_of[order] = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    # from the earliest start, in int64 first: epoch nanoseconds in float64 microseconds would
+    # keep only a quarter of a microsecond
+    arrive = (start_ns[order] - (start_ns.min() if n else 0)) / 1e3
+    latest = np.maximum.reduceat(arrive, starts) if n else arrive
+    has = prev_op >= 0
+    prev = np.where(has, prev_op, 0)
+    end_gain = excess.astype(np.float64)
+    arr_gain = np.zeros(n)
+    for _ in range(int(sweeps) if n else 0):
+        np.multiply(end_gain.take(prev), has, out=arr_gain)
+        arr_gain += gap_excess
+        earlier = np.maximum.reduceat(arrive - arr_gain[order], starts)
+        moved = (latest - earlier).take(seg_of)
+        moved += excess
+        if np.array_equal(moved, end_gain):
+            break
+        end_gain = moved
+    np.multiply(end_gain.take(prev), has, out=arr_gain)
+    arr_gain += gap_excess
+    return np.clip(end_gain - arr_gain, 0.0, dur)
+
+
+def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, dur: np.ndarray,
+            xfer: np.ndarray, xfer_ratio: np.ndarray, key: np.ndarray, cfg: FeatureConfig) -> None:
+    """The iteration as it would have run without its slow transfers and slow compute.
+
+    A transfer more than :data:`_REPLAY_SLOW` times its step's typical one (``xfer_ratio``,
+    ``step_xfer_ratio``) loses the excess, and so does a gap between a rank's previous op and
+    this one (its compute) more than that over the median gap of its stage step (``key``, as
+    :func:`_stage_step`); :func:`replay_gain` passes the gains down the chains of waits
+    (``FeatureConfig.replay_sweeps`` ops deep). ``replay_share`` is how much shorter the copy
+    would have been, over its duration; ``replay_stage_z`` is the copy against its stage
+    step's copies as replayed, in robust standard deviations."""
+    excess = np.where(xfer_ratio > _REPLAY_SLOW, xfer - xfer / np.maximum(xfer_ratio, 1.0), 0.0)
+    has = prev_op >= 0
+    prev = np.where(has, prev_op, 0)
+    code = seg.dense(key)
+    gap = np.where(has, (start_ns - start_ns.take(prev)) / 1e3 - dur.take(prev), 0.0)
+    usual = _median_by(code, gap)
+    gap_excess = np.where(has & (usual > 0) & (gap > _REPLAY_SLOW * usual), gap - usual, 0.0)
+    del gap, usual, has, prev
+    gain = replay_gain(inst, start_ns, prev_op, dur, excess, gap_excess, cfg.replay_sweeps)
+    del excess, gap_excess
+    put("replay_share", gain / np.maximum(dur, _EPS_US))
+    # in float32, as the sort reads it: near-equal values then tie exactly, and the crowd's
+    # median does not depend on the rows' order
+    fair = (dur - gain).astype(np.float32).astype(np.float64)
+    order, sid, med, sd = _crowd(code, fair, cfg.min_spread)
+    z = np.empty(len(dur))
+    z[order] = (dur[order] - med[sid]) / sd[sid]
+    put("replay_stage_z", z)
 
 
 #: late_prev_* column <- the column of the last arrival's previous op it copies
@@ -1126,13 +1237,16 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     put("xfer_us", xfer_us)
     step = seg.combine(it0, kind_code, opcode, seq - seq.min(), size_code)
     _same_step(put, step, inst, dur, xfer_us, peer_med, peer_min)
-    del inst, peer_min
+    del peer_min
     at = seg.combine(step, place)
     del step, place, size_code
     stage = _stage_of(rank0, gcode, kind_code)
     copies = np.where(is_p2p, 1.0, matrix[_COL["group_size"]])  # per instance, on one stage
     stage = _crowded(seg.combine(at, stage), stage, copies, cfg.stage_min_instances)
     _stage_step(put, seg.combine(at, stage), dur, cfg.min_spread)
+    _replay(put, inst, start, prev_op, dur, xfer_us, matrix[_COL["step_xfer_ratio"]].astype(
+        np.float64), seg.combine(at, stage), cfg)
+    del inst
     del at, stage, copies
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
