@@ -268,7 +268,7 @@ def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
     listed = listed.split("expected one of ", 1)[1].split(", ")
     assert "late_fraction" in listed and "delta" not in listed and "top_k" not in listed
     # a real override changes the verdict: a healthy noisy ring read without a topology, its
-    # detector's threshold lowered to 0.3 (tests/test_localize_false_alarms.py), names a NIC
+    # detector's threshold lowered to 0.1 (tests/test_localize_false_alarms.py), names a NIC
     # once the quiet-window rule is off
     from holmes_ml.io.schema import without_labels
     from holmes_ml.simulator import SimConfig, simulate
@@ -277,7 +277,7 @@ def test_localize_set_overrides_a_setting_and_refuses_what_is_not_one(tmp_path):
                              iterations=10, seed=7300, jitter=0.06, drift=0.1, comm_drift=0.2))
     log = tmp_path / "ops.parquet"
     without_labels(sim.ops).to_parquet(log)
-    more = ["--set", "score_threshold=0.3"]
+    more = ["--set", "score_threshold=0.1"]
     plain = json.loads(CliRunner().invoke(app, ["localize", str(log), "--json", *more]).stdout)
     loose = json.loads(CliRunner().invoke(
         app, ["localize", str(log), "--json", *more, "--set", "quiet_persistence=0"]).stdout)
