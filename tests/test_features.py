@@ -522,7 +522,6 @@ def test_signature_codes_follow_an_op_from_iteration_to_iteration(ops):
     assert signature_codes(ops.iloc[:0]).shape == (0,)
 
 
-
 def test_replay_gain_by_hand():
     # rank 0: x (4 us of its transfer slow), a 2 us gap, then y; rank 1 reaches y at 3 us and
     # waits for rank 0 until 12 us
@@ -585,6 +584,6 @@ def test_replay_columns_on_a_slow_nic():
     assert (share[~ab] > 0.1).mean() < 0.01
     dp = ab & ops["group_kind"].eq("dp").to_numpy()
     assert dp.sum() > 50 and (share[dp] > 0.1).all()
-    # one sweep passes each gain one op on; the default passes it down the whole chain
+    # one sweep passes each gain one op on; the default's 64 pass it further down the chains
     one = build_features(ops, FeatureConfig(replay_sweeps=1))["replay_share"].to_numpy()
     assert (one > 0).sum() < (share > 0).sum()
