@@ -810,7 +810,7 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float):
 def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
     """This copy against every copy of the same op step on the ranks of its pipeline stage.
 
-    ``key`` is (op step, place in the rank's iteration, stage from :func:`_stage_of`). Ranks
+    ``key`` codes (op step, place in the rank's iteration, stage from :func:`_stage_of`). Ranks
     that run the same program - the ranks of one pipeline stage - hold an op step at the same
     place; other stages mostly hold it at other places (1F1B warm-up, different sends and
     receives), but not always (two middle stages can reach a tensor-parallel all-reduce at the
@@ -820,7 +820,7 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     ``min_spread`` of the median) show how far outside that crowd a copy lies.
     """
     n = len(dur)
-    order, sid, med, sd = _crowd(seg.dense(key), dur, min_spread)
+    order, sid, med, sd = _crowd(key, dur, min_spread)
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
     dev = dur[order]
@@ -836,16 +836,6 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
 #: a transfer or a compute gap more than this many times its step's usual one counts as slowed
 #: (:func:`_replay`)
 _REPLAY_SLOW = 1.15
-
-
-def _median_by(code: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per row, the median of ``values`` over the rows of its ``code``."""
-    order = seg.sort_by(code, values)
-    starts, sid, _ = seg.segment_layout(code[order])
-    med = seg.sorted_segment_median(values[order], starts)
-    out = np.empty(len(values))
-    out[order] = med[sid]
-    return out
 
 
 def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
@@ -892,12 +882,12 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
 
 
 def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, dur: np.ndarray,
-            xfer: np.ndarray, xfer_ratio: np.ndarray, key: np.ndarray, cfg: FeatureConfig) -> None:
+            xfer: np.ndarray, xfer_ratio: np.ndarray, code: np.ndarray, cfg: FeatureConfig) -> None:
     """The iteration as it would have run without its slow transfers and slow compute.
 
     A transfer more than :data:`_REPLAY_SLOW` times its step's typical one (``xfer_ratio``,
     ``step_xfer_ratio``) loses the excess, and so does a gap between a rank's previous op and
-    this one (its compute) more than that over the median gap of its stage step (``key``, as
+    this one (its compute) more than that over the median gap of its stage step (``code``, as
     :func:`_stage_step`); :func:`replay_gain` passes the gains down the chains of waits
     (``FeatureConfig.replay_sweeps`` ops deep). ``replay_share`` is how much shorter the copy
     would have been, over its duration; ``replay_stage_z`` is the copy against its stage
@@ -905,9 +895,8 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     excess = np.where(xfer_ratio > _REPLAY_SLOW, xfer - xfer / np.maximum(xfer_ratio, 1.0), 0.0)
     has = prev_op >= 0
     prev = np.where(has, prev_op, 0)
-    code = seg.dense(key)
     gap = np.where(has, (start_ns - start_ns.take(prev)) / 1e3 - dur.take(prev), 0.0)
-    usual = _median_by(code, gap)
+    usual = seg.segment_median(code, gap)[code]
     gap_excess = np.where(has & (usual > 0) & (gap > _REPLAY_SLOW * usual), gap - usual, 0.0)
     del gap, usual, has, prev
     gain = replay_gain(inst, start_ns, prev_op, dur, excess, gap_excess, cfg.replay_sweeps)
@@ -1243,9 +1232,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     stage = _stage_of(rank0, gcode, kind_code)
     copies = np.where(is_p2p, 1.0, matrix[_COL["group_size"]])  # per instance, on one stage
     stage = _crowded(seg.combine(at, stage), stage, copies, cfg.stage_min_instances)
-    _stage_step(put, seg.combine(at, stage), dur, cfg.min_spread)
+    step_code = seg.dense(seg.combine(at, stage))
+    _stage_step(put, step_code, dur, cfg.min_spread)
     _replay(put, inst, start, prev_op, dur, xfer_us, matrix[_COL["step_xfer_ratio"]].astype(
-        np.float64), seg.combine(at, stage), cfg)
+        np.float64), step_code, cfg)
+    del step_code
     del inst
     del at, stage, copies
 
