@@ -539,7 +539,23 @@ def test_replay_gain_by_hand():
     np.testing.assert_allclose(replay_gain(inst, start_ns, prev, dur, excess, gap, 0), [4, 0, 0])
 
 
-def test_replay_gain_matches_a_group_by_fixed_point():
+def _replay_by_pandas(inst, start, prev, dur, excess, gap, sweeps):
+    """replay_gain's rule with pandas: every instance recomputed in every sweep."""
+    arrive = pd.Series((start - start.min()) / 1e3)
+    latest = arrive.groupby(inst).transform("max")
+    end = excess.copy()
+    for _ in range(sweeps):
+        arr = np.where(prev >= 0, end[np.maximum(prev, 0)], 0.0) + gap
+        moved = (latest - (arrive - arr).groupby(inst).transform("max")).to_numpy() + excess
+        if np.allclose(moved, end, rtol=0, atol=1e-9):
+            break
+        end = moved
+    arr = np.where(prev >= 0, end[np.maximum(prev, 0)], 0.0) + gap
+    return np.clip(end - arr, 0.0, dur)
+
+
+@pytest.mark.parametrize("sweeps", [1, 2, 5, 10_000])
+def test_replay_gain_matches_a_group_by(sweeps):
     fault = FaultSpec(kind="nic_slow", ranks=(3,), start_iteration=6, severity=2.0)
     o = simulate(SimConfig(seed=7, iterations=10, faults=(fault,))).ops.reset_index(drop=True)
     send, known = o["op"].eq("send"), o["op"].isin(["send", "recv"]) & o["peer"].ge(0)
@@ -556,20 +572,29 @@ def test_replay_gain_matches_a_group_by_fixed_point():
     dur, start = o["duration_us"].to_numpy(), o["start_ns"].to_numpy()
     excess = np.where(rng.random(len(o)) < 0.05, rng.random(len(o)) * dur * 0.5, 0.0)
     gap = np.where(rng.random(len(o)) < 0.05, rng.random(len(o)) * 50.0, 0.0)
-    got = replay_gain(inst, start, prev, dur, excess, gap, 10_000)
-    # the same rule with pandas, swept until nothing moves
-    arrive = pd.Series((start - start.min()) / 1e3)
-    latest = arrive.groupby(inst).transform("max")
-    end = excess.copy()
-    while True:
-        arr = np.where(prev >= 0, end[np.maximum(prev, 0)], 0.0) + gap
-        moved = (latest - (arrive - arr).groupby(inst).transform("max")).to_numpy() + excess
-        if np.allclose(moved, end, rtol=0, atol=1e-9):
-            break
-        end = moved
-    want = np.clip(end - arr, 0.0, dur)
+    got = replay_gain(inst, start, prev, dur, excess, gap, sweeps)
+    want = _replay_by_pandas(inst, start, prev, dur, excess, gap, sweeps)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
-    assert (want > 0).mean() > 0.1  # the gains reach far beyond the 5 % given them
+    if sweeps == 10_000:  # swept until nothing moves
+        assert (want > 0).mean() > 0.1  # the gains reach far beyond the 5 % given them
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_replay_gain_with_any_predecessors(seed):
+    # several copies may name the same previous op (not a rank's timeline), instances of any
+    # size, some sweeps cut short: the same as recomputing every instance in every sweep
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    inst = rng.integers(0, max(1, n // 3), n)
+    start = rng.integers(0, 10**6, n)
+    prev = np.where(rng.random(n) < 0.7, rng.integers(0, n, n), -1)
+    dur = rng.random(n) * 100
+    excess = np.where(rng.random(n) < 0.3, rng.random(n) * 20, 0.0)
+    gap = np.where(rng.random(n) < 0.3, rng.random(n) * 20, 0.0)
+    for sweeps in (0, 1, 3, 50):
+        np.testing.assert_allclose(replay_gain(inst, start, prev, dur, excess, gap, sweeps),
+                                   _replay_by_pandas(inst, start, prev, dur, excess, gap, sweeps),
+                                   rtol=1e-9, atol=1e-9)
 
 
 def test_replay_columns_on_a_slow_nic():

@@ -838,6 +838,13 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
 _REPLAY_SLOW = 1.15
 
 
+def _ranges(begin: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The integers ``begin[i] .. begin[i] + size[i] - 1`` for each ``i``, concatenated, and
+    where each range starts in them."""
+    first = np.cumsum(size) - size
+    return np.arange(int(size.sum())) + np.repeat(begin - first, size), first
+
+
 def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
                 dur: np.ndarray, excess: np.ndarray, gap_excess: np.ndarray,
                 sweeps: int) -> np.ndarray:
@@ -853,32 +860,78 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
     earlier by that plus its own transfer's excess, and is shorter by its end's gain less its
     arrival's. Each sweep passes the gains one more op down the chains of waits; ``sweeps``
     bounds them (they stop early once nothing moves).
+
+    The first sweep visits every instance; later ones only those with a copy whose previous
+    op's instance moved in the sweep before (the others would compute what they hold), so a
+    sweep costs what moved, and the result is that of full sweeps, bit for bit.
     """
     n = len(dur)
-    order = seg.sort_by(inst)
+    order = seg.sort_by(inst)  # the work runs in instance order: instances are contiguous
     starts = seg.segment_starts(inst[order])
-    seg_of = np.empty(n, dtype=np.int64)
-    seg_of[order] = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    length = np.diff(np.append(starts, n))
+    seg_at = np.repeat(np.arange(len(starts)), length)
+    at = np.empty(n, dtype=np.int64)
+    at[order] = np.arange(n)
+    prev_row = prev_op.take(order)
+    has = prev_row >= 0
+    prev = np.where(has, at.take(np.where(has, prev_row, 0)), 0)
+    del prev_row, at
     # from the earliest start, in int64 first: epoch nanoseconds in float64 microseconds would
     # keep only a quarter of a microsecond
-    arrive = (start_ns[order] - (start_ns.min() if n else 0)) / 1e3
-    latest = np.maximum.reduceat(arrive, starts) if n else arrive
-    has = prev_op >= 0
-    prev = np.where(has, prev_op, 0)
-    end_gain = excess.astype(np.float64)
-    arr_gain = np.zeros(n)
-    for _ in range(int(sweeps) if n else 0):
-        np.multiply(end_gain.take(prev), has, out=arr_gain)
-        arr_gain += gap_excess
-        earlier = np.maximum.reduceat(arrive - arr_gain[order], starts)
-        moved = (latest - earlier).take(seg_of)
-        moved += excess
-        if np.array_equal(moved, end_gain):
-            break
-        end_gain = moved
-    np.multiply(end_gain.take(prev), has, out=arr_gain)
-    arr_gain += gap_excess
-    return np.clip(end_gain - arr_gain, 0.0, dur)
+    arrive = (start_ns.take(order) - (start_ns.min() if n else 0)) / 1e3
+    own = excess.take(order).astype(np.float64)
+    gap = gap_excess.take(order).astype(np.float64)
+    # An instance's copies all end earlier by its ``shift`` (how much its latest arrival moves)
+    # plus their own transfer's excess; ``slack`` is each copy's arrival as replayed.
+    shift = np.zeros(len(starts))
+    slack = arrive - (own.take(prev) * has + gap)
+    if n and sweeps >= 1:
+        latest = np.maximum.reduceat(arrive, starts)
+        moved = latest - np.maximum.reduceat(slack, starts)
+        changed = np.flatnonzero(moved != shift)
+        shift = moved
+        # the copies whose previous op is in instance i: follows[bound[starts[i]]:bound[ends[i]]]
+        follows = np.flatnonzero(has)
+        lead = prev.take(follows)
+        count = np.bincount(lead, minlength=n)
+        bound = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(count, out=bound[1:])
+        if count.max() <= 1:  # a rank's timeline: one copy follows each op, no sort needed
+            follows[bound.take(lead)] = follows.copy()
+        else:
+            follows = follows[seg.sort_by(lead)]
+        del lead, count
+        lo, hi = bound.take(starts), bound.take(starts + length)
+        # what the update of a follower reads, in the followers' order (contiguous reads)
+        src = prev.take(follows)
+        f_seg, f_own = seg_at.take(src), own.take(src)
+        f_arrive, f_gap = arrive.take(follows), gap.take(follows)
+        del src
+        visit = np.zeros(len(starts), dtype=bool)
+        for _ in range(int(sweeps) - 1):
+            if not len(changed):
+                break
+            first = lo.take(changed)
+            got = _ranges(first, hi.take(changed) - first)[0]
+            hit = follows.take(got)
+            slack[hit] = f_arrive.take(got) - (shift.take(f_seg.take(got)) + f_own.take(got)
+                                               + f_gap.take(got))
+            visit[seg_at.take(hit)] = True
+            act = np.flatnonzero(visit)
+            visit[act] = False
+            size = length.take(act)
+            rows, first = _ranges(starts.take(act), size)
+            moved = latest.take(act) - np.maximum.reduceat(slack.take(rows), first)
+            move = moved != shift.take(act)
+            changed = act[move]
+            shift[changed] = moved[move]
+    end_gain = shift.repeat(length)
+    end_gain += own
+    arr_gain = end_gain.take(prev) * has
+    arr_gain += gap
+    gain = np.empty(n)
+    gain[order] = np.clip(end_gain - arr_gain, 0.0, dur.take(order))
+    return gain
 
 
 def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, dur: np.ndarray,
