@@ -135,6 +135,9 @@ def main() -> None:
                         help="also score each candidate at these decision thresholds (the "
                              "unscreened model's scores), beside its own threshold")
     args = parser.parse_args()
+    from holmes_ml._malloc import keep_freed_memory
+
+    keep_freed_memory()  # a batch run, as the CLI's batch commands
     if not args.preset and not args.model:
         parser.error("give at least one --preset or --model")
     try:  # each preset's runs, drawn once (scenarios checks --scales)

@@ -45,6 +45,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="jobs per cell, each on its own seed (default 1)")
     args = parser.parse_args()
+    from holmes_ml._malloc import keep_freed_memory
+
+    keep_freed_memory()  # a batch run, as the CLI's batch commands
     if args.repeats < 1:
         parser.error(f"--repeats: got {args.repeats}; expected 1 or more")
     det = default_model()
