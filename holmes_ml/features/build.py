@@ -900,13 +900,15 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
             follows[bound.take(lead)] = follows.copy()
         else:
             follows = follows[seg.sort_by(lead)]
-        del lead, count
         lo, hi = bound.take(starts), bound.take(starts + length)
-        # what the update of a follower reads, in the followers' order (contiguous reads)
+        del lead, count, bound
+        # what the update of a follower reads, in the followers' order (contiguous reads); the
+        # rows' own copies are dropped meanwhile (memory) and taken again at the end
+        f_arrive, f_gap = arrive.take(follows), gap.take(follows)
+        del arrive, gap
         src = prev.take(follows)
         f_seg, f_own = seg_at.take(src), own.take(src)
-        f_arrive, f_gap = arrive.take(follows), gap.take(follows)
-        del src
+        del src, own
         visit = np.zeros(len(starts), dtype=bool)
         for _ in range(int(sweeps) - 1):
             if not len(changed):
@@ -925,12 +927,17 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
             move = moved != shift.take(act)
             changed = act[move]
             shift[changed] = moved[move]
+        del follows, f_arrive, f_gap, f_seg, f_own, slack, seg_at
+        own = excess.take(order).astype(np.float64)
+        gap = gap_excess.take(order).astype(np.float64)
     end_gain = shift.repeat(length)
     end_gain += own
     arr_gain = end_gain.take(prev) * has
     arr_gain += gap
+    del own, gap, prev, has
+    np.subtract(end_gain, arr_gain, out=arr_gain)  # the end's gain less the arrival's
     gain = np.empty(n)
-    gain[order] = np.clip(end_gain - arr_gain, 0.0, dur.take(order))
+    gain[order] = np.clip(arr_gain, 0.0, dur.take(order))
     return gain
 
 
