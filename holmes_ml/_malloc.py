@@ -11,9 +11,9 @@ Where the kernel compacts memory synchronously to give a region that asked for h
 first touch (``/sys/kernel/mm/transparent_hugepage/defrag`` set to ``always``, ``madvise`` or
 ``defer+madvise``; ``madvise`` is the common default), numpy's request for huge pages behind
 every array of 4 MB or more (``NUMPY_MADVISE_HUGEPAGE``) can cost more than it saves: on the
-2-core machine of ``docs/results.md`` the kernel took half the CPU time of a first
-``build_features`` call on 2 M operators and 60 % on 6 M, mostly there. The function turns
-that request off too in such a case.
+2-core machine of ``docs/results.md`` (``madvise``) the kernel took 63-64 % of the CPU time of
+a first ``build_features`` call on 2 M or 6 M operators, and 12 % with numpy not asking and
+every block from the heap. The function turns that request off too in such a case.
 
 That is right for a command that runs and exits (``holmes localize``, ``detect``, ``train``,
 ``bench``), not for the long-running agent beside a training job, which should give back what
