@@ -74,7 +74,8 @@ def keep_freed_memory() -> bool:
     mallopt.restype = ctypes.c_int
     # -1: never trim (mallopt(3)); 0 mappings: a block of any size comes from the heap
     _KEPT[0] = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, -1))
-    toggle = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+    core = getattr(np, "_core", None) or getattr(np, "core", None)  # numpy 2, numpy 1
+    toggle = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
     if _KEPT[0] and toggle is not None and _defrag_stalls():
         toggle(False)
         _KEPT[1] = True
