@@ -280,6 +280,23 @@ def test_sort_by_groups_rows_and_orders_each_group(scale, minor_kind):
         assert np.all(np.diff(g) >= 0)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_sort_by_puts_signed_floats_in_exact_order(seed):
+    # values of both signs, near-ties that float32 cannot tell apart, -0.0 against 0.0 (equal:
+    # ties keep the rows' order), values beyond float32's range and infinities: the same
+    # permutation as a stable sort on (major, value)
+    rng = np.random.default_rng(seed)
+    pool = np.concatenate([rng.normal(0, 10, 40), [0.0, -0.0, 1e-9, -1e-9, 1.0, 1.0 + 1e-12,
+                                                  1.0 - 1e-12, -5.0, -5.0 - 1e-13, 3e38, 1e39,
+                                                  -1e39, np.inf, -np.inf]])
+    n = int(rng.integers(50, 2000))
+    major = rng.integers(0, int(rng.integers(1, 60)), n)
+    minor = rng.choice(pool, n)
+    minor[0] = -1.0
+    want = np.lexsort((minor, major))  # stable: ties by position
+    np.testing.assert_array_equal(seg.sort_by(major, minor), want)
+
+
 def test_stage_step_median_and_mad_equal_pandas():
     rng = np.random.default_rng(3)
     key = rng.integers(0, 300, size=20000) * 7919  # sparse codes, groups of mixed sizes

@@ -97,7 +97,9 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
     Both keys are packed into one int64 so one ``argsort`` does the work of a two-key
     ``lexsort`` (about twice as fast); ``minor`` may be any orderable array. Groups come in
     ascending ``major`` order unless the key is too wide to pack, in which case it is first
-    replaced by dense codes (groups stay contiguous, in arbitrary order).
+    replaced by dense codes (groups stay contiguous, in arbitrary order). A non-negative float
+    ``minor`` packs as float32 (near-equal values may tie); one with negative values is put in
+    exact order (:func:`_signed_float_order`).
     """
     n = len(major)
     if minor is None:
@@ -116,10 +118,48 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
             bits = m.astype(np.float32).view(np.int32).astype(np.int64)
         if (int(major.max()) + 1) <= _LIMIT // (1 << 31):
             return np.argsort(major * (1 << 31) + bits, kind="stable")
+    if (m.dtype.kind == "f" and len(m) and (int(major.max()) + 1) <= _LIMIT // (1 << 32)
+            and not np.isnan(m).any()):
+        return _signed_float_order(major, m)
     if (int(major.max()) + 1) > _LIMIT // max(n, 1):
         major = dense(major)
     r = rank_of(m)
     return np.argsort(major * max(n, 1) + r, kind="stable")
+
+
+def _signed_float_order(major: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Rows by ``major``, then exactly by float ``m`` (any sign, no NaN), then by position:
+    what ranking ``m`` first and sorting on (major, rank) gives, for one sort instead of two.
+
+    ``m`` rounded to float32 keeps its order (rounding is monotone), and its bits, magnitude
+    negated for negative values (so that -0.0 and 0.0 tie, as they compare), pack with
+    ``major`` into one int64 key. Values that round to the same float32 but differ are then
+    put in order among themselves: runs of equal keys whose values are not all equal, few.
+    """
+    n = len(m)
+    with np.errstate(over="ignore"):  # beyond float32's range -> inf: a run, put in order below
+        bits = m.astype(np.float32).view(np.int32)
+    size = (bits & 0x7FFFFFFF).astype(np.int64)
+    key = major.astype(np.int64) * (1 << 32) + (np.where(bits < 0, -size, size) + (1 << 31))
+    del bits, size
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    v = np.asarray(m, dtype=np.float64)[order]
+    starts = segment_starts(key)
+    fix = np.flatnonzero(np.minimum.reduceat(v, starts) < np.maximum.reduceat(v, starts))
+    if len(fix):
+        length = np.diff(np.append(starts, n))[fix]
+        rows = ranges(starts[fix], length)[0]
+        within = np.lexsort((v[rows], np.repeat(np.arange(len(fix)), length)))  # stable
+        order[rows] = order[rows[within]]
+    return order
+
+
+def ranges(begin: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The integers ``begin[i] .. begin[i] + size[i] - 1`` for each ``i``, concatenated, and
+    where each range starts in them."""
+    first = np.cumsum(size) - size
+    return np.arange(int(size.sum())) + np.repeat(begin - first, size), first
 
 
 def segment_starts(sorted_key: np.ndarray) -> np.ndarray:

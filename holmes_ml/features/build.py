@@ -838,13 +838,6 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
 _REPLAY_SLOW = 1.15
 
 
-def _ranges(begin: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The integers ``begin[i] .. begin[i] + size[i] - 1`` for each ``i``, concatenated, and
-    where each range starts in them."""
-    first = np.cumsum(size) - size
-    return np.arange(int(size.sum())) + np.repeat(begin - first, size), first
-
-
 def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
                 dur: np.ndarray, excess: np.ndarray, gap_excess: np.ndarray,
                 sweeps: int) -> np.ndarray:
@@ -914,7 +907,7 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
             if not len(changed):
                 break
             first = lo.take(changed)
-            got = _ranges(first, hi.take(changed) - first)[0]
+            got = seg.ranges(first, hi.take(changed) - first)[0]
             hit = follows.take(got)
             slack[hit] = f_arrive.take(got) - (shift.take(f_seg.take(got)) + f_own.take(got)
                                                + f_gap.take(got))
@@ -922,7 +915,7 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
             act = np.flatnonzero(visit)
             visit[act] = False
             size = length.take(act)
-            rows, first = _ranges(starts.take(act), size)
+            rows, first = seg.ranges(starts.take(act), size)
             moved = latest.take(act) - np.maximum.reduceat(slack.take(rows), first)
             move = moved != shift.take(act)
             changed = act[move]
