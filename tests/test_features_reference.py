@@ -297,6 +297,15 @@ def test_sort_by_puts_signed_floats_in_exact_order(seed):
     np.testing.assert_array_equal(seg.sort_by(major, minor), want)
 
 
+def test_a_negative_zero_stays_in_its_group():
+    # -0.0 passes a ">= 0" check, but its sign bit made it the smallest key of all: its row
+    # sorted into the group before its own, and that group's median took it
+    major = np.array([0, 0, 1, 1, 1])
+    minor = np.array([1.0, 2.0, 0.5, -0.0, 3.0])
+    np.testing.assert_array_equal(major[seg.sort_by(major, minor)], [0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(seg.segment_median(major, minor), [1.5, 0.5])
+
+
 def test_stage_step_median_and_mad_equal_pandas():
     rng = np.random.default_rng(3)
     key = rng.integers(0, 300, size=20000) * 7919  # sparse codes, groups of mixed sizes

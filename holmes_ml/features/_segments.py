@@ -115,7 +115,8 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
         # 31 bits, so the pair packs into one int64 (near-equal values may tie: harmless for
         # the order statistics computed downstream, which read the exact values).
         with np.errstate(over="ignore"):  # beyond float32 range -> inf, still the largest
-            bits = m.astype(np.float32).view(np.int32).astype(np.int64)
+            # + 0: -0.0 (sign bit set: a negative int) becomes 0.0, every other value stays
+            bits = (m.astype(np.float32) + np.float32(0)).view(np.int32).astype(np.int64)
         if (int(major.max()) + 1) <= _LIMIT // (1 << 31):
             return np.argsort(major * (1 << 31) + bits, kind="stable")
     if (m.dtype.kind == "f" and len(m) and (int(major.max()) + 1) <= _LIMIT // (1 << 32)
