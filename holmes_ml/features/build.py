@@ -860,9 +860,8 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
     """
     n = len(dur)
     order = seg.sort_by(inst)  # the work runs in instance order: instances are contiguous
-    starts = seg.segment_starts(inst[order])
+    starts, seg_at, _ = seg.segment_layout(inst[order])
     length = np.diff(np.append(starts, n))
-    seg_at = np.repeat(np.arange(len(starts)), length)
     at = np.empty(n, dtype=np.int64)
     at[order] = np.arange(n)
     prev_row = prev_op.take(order)
@@ -1289,9 +1288,7 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     _stage_step(put, step_code, dur, cfg.min_spread)
     _replay(put, inst, start, prev_op, dur, xfer_us, matrix[_COL["step_xfer_ratio"]].astype(
         np.float64), step_code, cfg)
-    del step_code
-    del inst
-    del at, stage, copies
+    del step_code, inst, at, stage, copies
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
