@@ -539,14 +539,30 @@ def test_replay_gain_by_hand():
     np.testing.assert_allclose(replay_gain(inst, start_ns, prev, dur, excess, gap, 0), [4, 0, 0])
 
 
+def test_replay_gain_of_a_send_that_left_early():
+    # rank 1: p (3 us of its transfer slow) until 6 us, then q, the receive of rank 0's send s,
+    # then t, its send to rank 0's r. s left at 4 us, before q came: rank 0 reached r at 5 us
+    # and waited for t whatever happened on rank 1
+    inst, prev = np.array([0, 0, 1, 1, 2]), np.array([-1, 4, 1, 0, -1])
+    start_ns = np.array([0, 6_000, 11_000, 5_000, 0])
+    dur, excess = np.array([4.0, 5.0, 3.0, 9.0, 6.0]), np.array([0.0, 0.0, 0.0, 0.0, 3.0])
+    gain = replay_gain(inst, start_ns, prev, dur, excess, np.zeros(5), 8)
+    # r would have been 3 us shorter (t 3 us earlier); had s ended with q, r would have been
+    # reached 3 us earlier too and gained nothing
+    np.testing.assert_allclose(gain, [0, 0, 0, 3, 3])
+
+
 def _replay_by_pandas(inst, start, prev, dur, excess, gap, sweeps):
     """replay_gain's rule with pandas: every instance recomputed in every sweep."""
     arrive = pd.Series((start - start.min()) / 1e3)
     latest = arrive.groupby(inst).transform("max")
+    # copies that ended before their instance's latest arrival end with their own arrival
+    early = (pd.Series(start).groupby(inst).transform("max") - start).to_numpy() > dur * 1e3
     end = excess.copy()
     for _ in range(sweeps):
         arr = np.where(prev >= 0, end[np.maximum(prev, 0)], 0.0) + gap
-        moved = (latest - (arrive - arr).groupby(inst).transform("max")).to_numpy() + excess
+        moved = np.where(early, arr, (latest - (arrive - arr).groupby(inst).transform("max"))
+                         .to_numpy()) + excess
         if np.allclose(moved, end, rtol=0, atol=1e-9):
             break
         end = moved

@@ -854,6 +854,44 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
     arrival's. Each sweep passes the gains one more op down the chains of waits; ``sweeps``
     bounds them (they stop early once nothing moves).
 
+    A copy that ended before its instance's latest arrival (a send that left before its
+    receiver came) did not wait for it: its end moves with its own arrival (plus its own
+    excess), not with its instance's start, while the others still wait for its arrival. So it
+    is replayed twice: in its instance, and as a twin alone in an instance of its own (its
+    arrival, its previous op), whose end the next op on its rank follows and whose gain is the
+    copy's.
+    """
+    n = len(dur)
+    k = int(inst.max()) + 1 if n else 0
+    latest = np.full(k, np.iinfo(np.int64).min)
+    np.maximum.at(latest, inst, start_ns)
+    # int64 differences, exact; the duration in ns rounds only beyond 2**53 ns
+    early = np.flatnonzero((latest.take(inst) - start_ns) > dur * 1e3)
+    del latest
+    if not len(early):
+        return _replay_sweeps(inst, start_ns, prev_op, dur, excess, gap_excess, sweeps)
+    e = len(early)
+    to = np.arange(n, dtype=np.int64)
+    to[early] = np.arange(n, n + e, dtype=np.int64)  # the twins come after the rows
+    prev = np.where(prev_op >= 0, to.take(np.maximum(prev_op, 0)), -1)
+    del to
+
+    def twinned(c: np.ndarray) -> np.ndarray:
+        return np.concatenate([c, c.take(early)])
+
+    gain = _replay_sweeps(np.concatenate([inst, k + np.arange(e, dtype=np.int64)]),
+                          twinned(start_ns), twinned(prev), twinned(dur), twinned(excess),
+                          twinned(gap_excess), sweeps)
+    out = gain[:n]
+    out[early] = gain[n:]
+    return out
+
+
+def _replay_sweeps(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
+                   dur: np.ndarray, excess: np.ndarray, gap_excess: np.ndarray,
+                   sweeps: int) -> np.ndarray:
+    """:func:`replay_gain` without its early copies: every copy ends when its instance does.
+
     The first sweep visits every instance; later ones only those with a copy whose previous
     op's instance moved in the sweep before (the others would compute what they hold), so a
     sweep costs what moved, and the result is that of full sweeps, bit for bit.
