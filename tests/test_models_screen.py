@@ -26,7 +26,11 @@ def sim():
 
 def test_screen_keeps_the_detectors_verdicts_on_unseen_runs(sim):
     X, y, run, Xh, yh = sim
-    det = ScreenedDetector(LightGBMDetector(n_estimators=60, threshold="auto",
+    # A fixed cut: the "auto" one, learnt out of fold on these eight runs, swings with how
+    # well the other runs predict one of them (0.56 before the replay's early sends, 0.0076
+    # after, flagging 17 k of the 182 k held-out rows, most of them normal): that measures
+    # the toy detector, not the screen in front of it.
+    det = ScreenedDetector(LightGBMDetector(n_estimators=60, threshold=0.5,
                                             random_state=0)).fit(X, y, groups=run)
     assert det.screen_ is not None
     full = det.detector_.predict(Xh).astype(bool)
