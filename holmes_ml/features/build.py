@@ -863,8 +863,7 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
     """
     n = len(dur)
     k = int(inst.max()) + 1 if n else 0
-    latest = np.full(k, np.iinfo(np.int64).min)
-    np.maximum.at(latest, inst, start_ns)
+    latest = seg.reduce_at(np.maximum, inst, start_ns, k, np.iinfo(np.int64).min)
     # int64 differences, exact; the duration in ns rounds only beyond 2**53 ns
     early = np.flatnonzero((latest.take(inst) - start_ns) > dur * 1e3)
     del latest
