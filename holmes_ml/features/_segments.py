@@ -198,8 +198,9 @@ def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
         return out
     order = sort_by(key, values)
     v = np.asarray(values, dtype=np.float64)[order]
-    starts = segment_starts(key[order])
-    out[key[order][starts]] = sorted_segment_median(v, starts)
+    k_sorted = key[order]
+    starts = segment_starts(k_sorted)
+    out[k_sorted[starts]] = sorted_segment_median(v, starts)
     return out
 
 

@@ -358,6 +358,7 @@ _HISTORY_OUTPUTS = (
     "xfer_hist_ratio", "base_ratio", "level_rise_frac", "level_excess_frac",
     "level_wait_excess_frac", "level_wait_z",
 )
+_ROW_ORDER_OUTPUTS = ("arrival_lag_rel", "wait_rel")  # computed after the others, in row order
 _LEVEL_MIN_COPIES = 3  # a history median of fewer earlier copies is no level yet
 _LEVEL_FLOOR_US = 1.0  # denominator floor of the level fractions: sub-us ops are noise
 
@@ -384,8 +385,9 @@ def _history(
     (the precision of the output; twice the rows per cache line) by a sorting network; most
     rows have a full window, whose order statistics are fixed rows of the sorted matrix, and
     only the few rows with a shorter window (a signature's first occurrences) are patched.
-    Everything derived is computed per chunk and scattered into ``matrix``, so no row-sized
-    float64 temporaries exist (memory stays ~ chunk x window).
+    Everything derived is computed per chunk and written into ``matrix`` (memory stays ~ chunk
+    x window), then put in row order one feature row at a time; the one row-sized float64 kept
+    is the median, by which the row-ordered lag and wait are divided at the end.
 
     Without history the op's peers stand in for its past: the history statistics are the peer
     median, ratios become peer ratios and the spread-based scores are neutral (0).
@@ -431,6 +433,7 @@ def _history(
     rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS}
     clip = cfg.clip
     x_level = np.empty(n, dtype=np.float32)  # transfer history medians, sorted order
+    med_row = np.empty(n)  # the history median floored at _EPS_US, sorted order
     fracs = (0.25, 0.5, 0.75)
     # numpy's default ("linear") percentile of a full window: fixed ranks and weights
     full_q = [((w - 1) * f, int(np.floor((w - 1) * f)), int(np.ceil((w - 1) * f)))
@@ -494,19 +497,20 @@ def _history(
         b = min(n, a + chunk)
         m = mat[:, : b - a]
         where = order[a:b]
-        pm = peer_med[where]
         d = v[a:b]
 
         c = count_h[a:b]
-        (q1, med, q3), mu, sd = sorted_stats(m, padded_h, before_h[a:b], c, fracs, True)
+        (q1, med, q3), mean, sd = sorted_stats(m, padded_h, before_h[a:b], c, fracs, True)
         has = c > 0
-        q1 = np.where(has, q1, pm)
-        med = np.where(has, med, pm)
-        q3 = np.where(has, q3, pm)
-        mean = np.where(has, mu, pm)
-        sd = np.where(has, sd, 0.0)
+        none = np.flatnonzero(~has)  # a signature's first occurrences: few
+        if len(none):
+            pm = peer_med.take(where.take(none))
+            for stat in (q1, med, q3, mean):
+                stat[none] = pm
+            sd[none] = 0.0
         iqr = q3 - q1
         med_safe = np.maximum(med, _EPS_US)
+        med_row[a:b] = med_safe
         floor = np.maximum(cfg.min_spread * np.abs(med), _EPS_US)
 
         # Baseline: regular iterations only, so that it survives a persistent fault.
@@ -523,7 +527,7 @@ def _history(
                 (bm,), _, _ = sorted_stats(m[:, : len(sel)], padded_b, before_b[a:b][sel],
                                            cb[sel], (0.5,), False)
                 base_med = med.copy()
-                base_med[sel] = np.where(hb[sel], bm, pm[sel])
+                base_med[sel] = np.where(hb[sel], bm, peer_med.take(where.take(sel)))
         # The transfer part of the duration (the wait part moves with every peer's arrival;
         # the transfer is steady), against its own baseline.
         (xm,), _, _ = sorted_stats(m, padded_x, before_b[a:b], cb, (0.5,), False)
@@ -549,8 +553,6 @@ def _history(
             "hist_z": np.where(has, (d - mean) / np.maximum(sd, floor), 0.0),
             "hist_iqr_score": np.where(has, (d - med) / np.maximum(iqr, floor), 0.0),
             "hist_ratio": d / med_safe,
-            "arrival_lag_rel": lag_us[where] / med_safe,
-            "wait_rel": wait[where] / med_safe,
             "base_ratio": d / np.maximum(base_med, _EPS_US),
             "xfer_hist_ratio": np.where(hb, x[a:b] / np.maximum(x_med, _EPS_US), 1.0),
         }
@@ -568,8 +570,15 @@ def _history(
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
     for name in _HISTORY_OUTPUTS:
-        row = matrix[rows_of[name]]
-        row[:] = row.take(back)
+        if name not in _ROW_ORDER_OUTPUTS:
+            row = matrix[rows_of[name]]
+            row[:] = row.take(back)
+    # Ratios of row-ordered columns to the median: divided in row order, after one gather of
+    # the medians, instead of gathering each column per chunk and each result back.
+    med_row = med_row.take(back)
+    for name, col in zip(_ROW_ORDER_OUTPUTS, (lag_us, wait), strict=True):
+        np.clip(np.divide(col, med_row), -clip, clip, out=matrix[rows_of[name]],
+                casting="same_kind")
 
 
 def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, x: np.ndarray,
@@ -641,22 +650,22 @@ def _peers(
     lengths = np.diff(np.append(starts, n))
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
-    s_of = s_sorted[back]  # segment of each row, in row order
+    # segment of each row: its instance (sort_by puts a dense major's groups in its order)
+    s_of = sid
     put("peer_count", lengths[s_of])
     # the row that arrived last (largest lag; among equal lags, the last in sorted order)
     last = order[starts + lengths - 1][s_of] if n else np.empty(0, dtype=np.int64)
 
     lag_sorted = lag_ns[order]
-    del lag_ns
-    spread = np.maximum.reduceat(lag_sorted, starts)[s_sorted] if n else lag_sorted
-    put("arrived_last", ((lag_sorted == spread) & (spread > 0))[back])
+    # the instance's latest arrival, per row (in row order: no permutation back)
+    spread = np.maximum.reduceat(lag_sorted, starts)[s_of] if n else lag_ns
+    put("arrived_last", (lag_ns == spread) & (spread > 0))
     # Time spent waiting for the last participant to arrive: the part of this copy's duration
     # caused by someone else (a straggler); the rest is the transfer itself.
-    wait_us = np.minimum((spread - lag_sorted)[back] / 1e3, dur)
+    wait_us = np.minimum((spread - lag_ns) / 1e3, dur)
     # where this rank's arrival falls between the first and the last participant's
-    put("arrival_lag_spread",
-        np.where(spread > 0, lag_sorted / np.maximum(spread, 1), 0.0)[back])
-    del spread
+    put("arrival_lag_spread", np.where(spread > 0, lag_ns / np.maximum(spread, 1), 0.0))
+    del spread, lag_ns
     # Equal arrival times share the rank of the first of them, so that the result does not
     # depend on row order.
     tie_start = (pos == 0) | np.concatenate([[True], lag_sorted[1:] != lag_sorted[:-1]])
