@@ -1150,7 +1150,7 @@ def _iteration_context(
     # (uniq is increasing: the iteration order the monitor reads the times in)
     _, ratio, irregular = irregular_flags(np.asarray(time_ns / 1e9, dtype=np.float64),
                                           cfg.irregularity)
-    where = np.searchsorted(uniq, iteration)
+    where = seg.unique_inverse(iteration)[1]  # each row's place in uniq, without a search
     return ratio[where], ~irregular[where], it_start[where]
 
 
