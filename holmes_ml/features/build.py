@@ -800,9 +800,12 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float):
     """``(order, sid, med, sd)``: the rows sorted by ``code`` and, within it, ``values``; each
     sorted row's segment; and per segment the median of ``values`` and their robust standard
     deviation (1.4826 x the median absolute deviation, floored at ``min_spread`` of the median
-    and at 1 ns)."""
+    and at 1 ns). ``code`` is dense (every code 0 .. k-1 present): its segments come in code
+    order, so their lengths are its counts (no pass over the sorted codes)."""
     order = seg.sort_by(code, values)
-    starts, sid, _ = seg.segment_layout(code[order])
+    lengths = np.bincount(code)
+    starts = np.cumsum(lengths) - lengths
+    sid = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     v = values[order]
     med = seg.sorted_segment_median(v, starts)
     # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
