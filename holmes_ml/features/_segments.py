@@ -181,6 +181,19 @@ def segment_layout(sorted_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return starts, seg_id, pos
 
 
+def dense_layout(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`segment_layout` of ``code[sort_by(code, ...)]`` for dense codes (non-negative,
+    below the number of rows; a code may be absent), whose groups :func:`sort_by` puts in code
+    order: from the codes' counts, without gathering the sorted codes or comparing neighbours.
+    """
+    lengths = np.bincount(code)
+    if not lengths.all():
+        lengths = lengths[lengths > 0]
+    starts = np.cumsum(lengths) - lengths
+    seg_id = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    return starts, seg_id, np.arange(len(code), dtype=np.int64) - starts[seg_id]
+
+
 def sorted_segment_median(v: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Median of each segment of ``v`` (sorted within each segment; segments begin at
     ``starts``), one value per segment."""

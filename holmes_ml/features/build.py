@@ -646,7 +646,7 @@ def _peers(
     lag_us = lag_ns / 1e3
     put("arrival_lag_us", lag_us)
     order = seg.sort_by(sid, lag_ns)
-    starts, s_sorted, pos = seg.segment_layout(sid[order])
+    starts, s_sorted, pos = seg.dense_layout(sid)
     lengths = np.diff(np.append(starts, n))
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
@@ -800,12 +800,9 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float):
     """``(order, sid, med, sd)``: the rows sorted by ``code`` and, within it, ``values``; each
     sorted row's segment; and per segment the median of ``values`` and their robust standard
     deviation (1.4826 x the median absolute deviation, floored at ``min_spread`` of the median
-    and at 1 ns). ``code`` is dense (every code 0 .. k-1 present): its segments come in code
-    order, so their lengths are its counts (no pass over the sorted codes)."""
+    and at 1 ns). ``code`` is dense (every code 0 .. k-1 present)."""
     order = seg.sort_by(code, values)
-    lengths = np.bincount(code)
-    starts = np.cumsum(lengths) - lengths
-    sid = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    starts, sid, _ = seg.dense_layout(code)
     v = values[order]
     med = seg.sorted_segment_median(v, starts)
     # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
@@ -909,7 +906,7 @@ def _replay_sweeps(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
     """
     n = len(dur)
     order = seg.sort_by(inst)  # the work runs in instance order: instances are contiguous
-    starts, seg_at, _ = seg.segment_layout(inst[order])
+    starts, seg_at, _ = seg.dense_layout(inst)
     length = np.diff(np.append(starts, n))
     at = np.empty(n, dtype=np.int64)
     at[order] = np.arange(n)
