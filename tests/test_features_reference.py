@@ -315,6 +315,20 @@ def test_sort_by_puts_signed_floats_in_exact_order(seed):
     np.testing.assert_array_equal(seg.sort_by(major, minor), want)
 
 
+@pytest.mark.parametrize("wide", [False, True])  # codes few (placed by counts) / far apart
+def test_segment_median_equals_pandas(wide):
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 500, 4000):
+        key = rng.integers(0, max(n // 3, 1), size=n) * (10**3 if wide else 1)  # codes absent
+        values = np.round(rng.standard_normal(n), 1)  # ties, both signs
+        got = seg.segment_median(key, values)
+        want = pd.Series(values).groupby(key).median()
+        np.testing.assert_array_equal(got[want.index.to_numpy()], want.to_numpy())
+        absent = np.ones(len(got), dtype=bool)
+        absent[want.index.to_numpy()] = False
+        assert len(got) == key.max() + 1 and np.isnan(got[absent]).all()
+
+
 def test_a_negative_zero_stays_in_its_group():
     # -0.0 passes a ">= 0" check, but its sign bit made it the smallest key of all: its row
     # sorted into the group before its own, and that group's median took it

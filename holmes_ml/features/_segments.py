@@ -211,6 +211,12 @@ def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
         return out
     order = sort_by(key, values)
     v = np.asarray(values, dtype=np.float64)[order]
+    if k <= 4 * n + 1024:  # sort_by kept the groups in code order: their counts place them
+        counts = np.bincount(key, minlength=k)
+        present = np.flatnonzero(counts)
+        size = counts[present]
+        out[present] = sorted_segment_median(v, np.cumsum(size) - size)
+        return out
     k_sorted = key[order]
     starts = segment_starts(k_sorted)
     out[k_sorted[starts]] = sorted_segment_median(v, starts)
