@@ -340,10 +340,13 @@ def test_a_negative_zero_stays_in_its_group():
 
 def test_stage_step_median_and_mad_equal_pandas():
     rng = np.random.default_rng(3)
-    key = rng.integers(0, 300, size=20000) * 7919  # sparse codes, groups of mixed sizes
+    key = rng.integers(0, 300, size=20000) * 7919  # sparse keys, groups of mixed sizes
     dur = rng.lognormal(3.0, 0.5, size=20000)
     cols: dict[str, np.ndarray] = {}
-    build._stage_step(lambda name, v: cols.__setitem__(name, v), key, dur, 0.0)
+    put = cols.__setitem__
+    with pytest.raises(ValueError, match="not dense"):  # the crowds are read by code
+        build._stage_step(put, key, dur, 0.0)
+    build._stage_step(put, seg.dense(key), dur, 0.0)  # as build_features numbers them
     frame = pd.DataFrame({"k": key, "d": dur})
     med = frame.groupby("k")["d"].transform("median").to_numpy()
     mad = (frame["d"] - med).abs().groupby(frame["k"]).transform("median").to_numpy()

@@ -796,13 +796,15 @@ def _crowded(key: np.ndarray, stage: np.ndarray, copies: np.ndarray, least: int)
     return np.where(rows >= least * np.maximum(copies, 1.0), stage, 0)
 
 
-def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float):
-    """``(order, sid, med, sd)``: the rows sorted by ``code`` and, within it, ``values``; each
-    sorted row's segment; and per segment the median of ``values`` and their robust standard
-    deviation (1.4826 x the median absolute deviation, floored at ``min_spread`` of the median
-    and at 1 ns). ``code`` is dense (every code 0 .. k-1 present)."""
+def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """``(med, sd)`` per code of a dense ``code`` (every code 0 .. k-1 present): the median of
+    its rows' ``values`` and their robust standard deviation (1.4826 x the median absolute
+    deviation, floored at ``min_spread`` of the median and at 1 ns)."""
     order = seg.sort_by(code, values)
     starts, sid, _ = seg.dense_layout(code)
+    if len(code) and len(starts) != int(code.max()) + 1:
+        raise ValueError("_crowd: the codes are not dense")  # a programming error
     v = values[order]
     med = seg.sorted_segment_median(v, starts)
     # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
@@ -813,13 +815,14 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float):
     mad = seg.sorted_segment_median(adev, starts)
     del adev
     sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
-    return order, sid, med, sd
+    return med, sd
 
 
 def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
     """This copy against every copy of the same op step on the ranks of its pipeline stage.
 
-    ``key`` codes (op step, place in the rank's iteration, stage from :func:`_stage_of`). Ranks
+    ``key`` codes (op step, place in the rank's iteration, stage from :func:`_stage_of`)
+    densely (every code 0 .. k-1 present: each row reads its crowd by its code). Ranks
     that run the same program - the ranks of one pipeline stage - hold an op step at the same
     place; other stages mostly hold it at other places (1F1B warm-up, different sends and
     receives), but not always (two middle stages can reach a tensor-parallel all-reduce at the
@@ -828,18 +831,10 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     z-score (1.4826 x the median absolute deviation as the standard deviation, floored at
     ``min_spread`` of the median) show how far outside that crowd a copy lies.
     """
-    n = len(dur)
-    order, sid, med, sd = _crowd(key, dur, min_spread)
-    back = np.empty(n, dtype=np.int64)
-    back[order] = np.arange(n, dtype=np.int64)
-    dev = dur[order]
-    del order
-    dev -= med[sid]
-    dev /= sd[sid]
-    put("stage_step_z", dev[back])
-    del dev
-    put("stage_step_spread", (sd / np.maximum(np.abs(med), _EPS_US))[sid[back]])
-    put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[sid[back]])
+    med, sd = _crowd(key, dur, min_spread)
+    put("stage_step_z", (dur - med[key]) / sd[key])
+    put("stage_step_spread", (sd / np.maximum(np.abs(med), _EPS_US))[key])
+    put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[key])
 
 
 #: a transfer or a compute gap more than this many times its step's usual one counts as slowed
@@ -1003,10 +998,8 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     # in float32, as the sort reads it: near-equal values then tie exactly, and the crowd's
     # median does not depend on the rows' order
     fair = (dur - gain).astype(np.float32).astype(np.float64)
-    order, sid, med, sd = _crowd(code, fair, cfg.min_spread)
-    z = np.empty(len(dur))
-    z[order] = (dur[order] - med[sid]) / sd[sid]
-    put("replay_stage_z", z)
+    med, sd = _crowd(code, fair, cfg.min_spread)
+    put("replay_stage_z", (dur - med[code]) / sd[code])
 
 
 #: late_prev_* column <- the column of the last arrival's previous op it copies
