@@ -358,7 +358,8 @@ _HISTORY_OUTPUTS = (
     "xfer_hist_ratio", "base_ratio", "level_rise_frac", "level_excess_frac",
     "level_wait_excess_frac", "level_wait_z",
 )
-_ROW_ORDER_OUTPUTS = ("arrival_lag_rel", "wait_rel")  # computed after the others, in row order
+# computed after the others, in row order: (lag, wait, duration) over the history median
+_ROW_ORDER_OUTPUTS = ("arrival_lag_rel", "wait_rel", "hist_ratio")
 _LEVEL_MIN_COPIES = 3  # a history median of fewer earlier copies is no level yet
 _LEVEL_FLOOR_US = 1.0  # denominator floor of the level fractions: sub-us ops are noise
 
@@ -387,7 +388,7 @@ def _history(
     only the few rows with a shorter window (a signature's first occurrences) are patched.
     Everything derived is computed per chunk and written into ``matrix`` (memory stays ~ chunk
     x window), then put in row order one feature row at a time; the one row-sized float64 kept
-    is the median, by which the row-ordered lag and wait are divided at the end.
+    is the median, by which the row-ordered lag, wait and duration are divided at the end.
 
     Without history the op's peers stand in for its past: the history statistics are the peer
     median, ratios become peer ratios and the spread-based scores are neutral (0).
@@ -509,8 +510,7 @@ def _history(
                 stat[none] = pm
             sd[none] = 0.0
         iqr = q3 - q1
-        med_safe = np.maximum(med, _EPS_US)
-        med_row[a:b] = med_safe
+        np.maximum(med, _EPS_US, out=med_row[a:b])
         floor = np.maximum(cfg.min_spread * np.abs(med), _EPS_US)
 
         # Baseline: regular iterations only, so that it survives a persistent fault.
@@ -552,7 +552,6 @@ def _history(
             "hist_iqr_us": iqr,
             "hist_z": np.where(has, (d - mean) / np.maximum(sd, floor), 0.0),
             "hist_iqr_score": np.where(has, (d - med) / np.maximum(iqr, floor), 0.0),
-            "hist_ratio": d / med_safe,
             "base_ratio": d / np.maximum(base_med, _EPS_US),
             "xfer_hist_ratio": np.where(hb, x[a:b] / np.maximum(x_med, _EPS_US), 1.0),
         }
@@ -574,9 +573,9 @@ def _history(
             row = matrix[rows_of[name]]
             row[:] = row.take(back)
     # Ratios of row-ordered columns to the median: divided in row order, after one gather of
-    # the medians, instead of gathering each column per chunk and each result back.
+    # the medians, instead of per chunk in sorted order and each result permuted back.
     med_row = med_row.take(back)
-    for name, col in zip(_ROW_ORDER_OUTPUTS, (lag_us, wait), strict=True):
+    for name, col in zip(_ROW_ORDER_OUTPUTS, (lag_us, wait, values), strict=True):
         np.clip(np.divide(col, med_row), -clip, clip, out=matrix[rows_of[name]],
                 casting="same_kind")
 
