@@ -18,7 +18,7 @@ import numpy as np
 
 #: Above this many internal nodes in total, LightGBM's row-wise predict is the faster one.
 MAX_NODES = 400
-_CHUNK = 1 << 16  # rows per pass: the per-node temporaries stay in cache
+_CHUNK = 1 << 17  # rows per pass: the per-node temporaries stay in cache
 
 
 def _leaf_index(node: Any, block: np.ndarray, f32: bool, cache: dict) -> tuple[Any, int]:
@@ -37,6 +37,8 @@ def _leaf_index(node: Any, block: np.ndarray, f32: bool, cache: dict) -> tuple[A
     if c is None:  # the same split recurs across trees: compare once per block
         c = (block[:, f] <= (t32 if f32 else thr)).view(np.uint8)
         cache[(f, thr)] = c
+    if isinstance(left, float) and isinstance(right, float):
+        return c ^ np.uint8(1), 2  # two leaves: index 0 where the split holds, else 1
     li, nl = _leaf_index(left, block, f32, cache)
     ri, nr = _leaf_index(right, block, f32, cache)
     with np.errstate(over="ignore"):  # the wrap-around is intended
