@@ -938,19 +938,20 @@ def _replay_sweeps(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
         # rows' own copies are dropped meanwhile (memory) and taken again at the end
         f_arrive, f_gap = arrive.take(follows), gap.take(follows)
         del arrive, gap
-        src = prev.take(follows)
-        f_seg, f_own = seg_at.take(src), own.take(src)
-        del src, own
+        f_own, f_inst = own.take(prev.take(follows)), seg_at.take(follows)
+        del own
         visit = np.zeros(len(starts), dtype=bool)
         for _ in range(int(sweeps) - 1):
             if not len(changed):
                 break
             first = lo.take(changed)
-            got = seg.ranges(first, hi.take(changed) - first)[0]
+            count = hi.take(changed) - first
+            got = seg.ranges(first, count)[0]
             hit = follows.take(got)
-            slack[hit] = f_arrive.take(got) - (shift.take(f_seg.take(got)) + f_own.take(got)
-                                               + f_gap.take(got))
-            visit[seg_at.take(hit)] = True
+            # the followers of instance i come together: each reads i's shift
+            slack[hit] = f_arrive.take(got) - (shift.take(changed).repeat(count)
+                                               + f_own.take(got) + f_gap.take(got))
+            visit[f_inst.take(got)] = True
             act = np.flatnonzero(visit)
             visit[act] = False
             size = length.take(act)
@@ -959,7 +960,7 @@ def _replay_sweeps(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
             move = moved != shift.take(act)
             changed = act[move]
             shift[changed] = moved[move]
-        del follows, f_arrive, f_gap, f_seg, f_own, slack, seg_at
+        del follows, f_arrive, f_gap, f_inst, f_own, slack, seg_at
         own = excess.take(order).astype(np.float64)
         gap = gap_excess.take(order).astype(np.float64)
     end_gain = shift.repeat(length)
