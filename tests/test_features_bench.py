@@ -37,6 +37,24 @@ def test_run_quick_reports_throughput_and_memory():
         # features + inference cannot be faster than inference alone
         assert figures["ops_per_cpu_s_with_inference"] <= figures["inference_ops_per_cpu_s"]
         assert 0.0 <= figures["system_cpu_share_with_inference"] <= 1.0
+    (phases,) = result.tables.values()  # one call split by step, then the rest
+    assert [row["function"] for row in phases[:-1]] == [name for _, name in bench.PHASES]
+    assert sum(row["cpu_s"] for row in phases) <= result.details["phases_cpu_s"] + 1e-3
+
+
+def test_phase_times_time_every_step_and_put_the_functions_back():
+    from holmes_ml.features import FeatureConfig, build
+
+    ops = bench.synthetic_ops(tp=2, pp=2, dp=2, iterations=12, seed=2, slow_rank=1,
+                              slow_factor=2.0, slow_iterations=(6, 9))
+    before = {name: getattr(build, name) for _, name in bench.PHASES}
+    total, rows = bench._phase_times(ops, FeatureConfig())
+    # every step is still one build_features calls (a renamed step would time nothing)
+    for row in rows[:-1]:
+        assert row["cpu_s"] > 0, row
+    assert sum(row["cpu_s"] for row in rows) <= total + 1e-3
+    assert all(0.0 <= row["share"] <= 1.0 for row in rows)
+    assert all(getattr(build, name) is func for name, func in before.items())
 
 
 def test_cli_refuses_a_model_file_that_is_not_an_envelope(tmp_path):

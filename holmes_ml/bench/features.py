@@ -4,7 +4,8 @@ Times :func:`holmes_ml.features.build_features` on a simulated job, single proce
 the models package provides a default model — features plus per-op scores. The per-core figures
 (``*_per_cpu_s``) are ops per CPU second of this process, counting all the work from the op
 table in memory to the features / scores. :func:`synthetic_ops` is a tiny dependency-free job
-generator for tests.
+generator for tests. The report also splits one more call by step (:data:`PHASES`), so that
+a change of speed can be traced to the step that made it.
 """
 
 from __future__ import annotations
@@ -247,6 +248,65 @@ def _timings(work: Callable[[], object], repeats: int = 3
     return walls, cpus, systems
 
 
+#: The steps of :func:`~holmes_ml.features.build_features` timed one by one, in the order it
+#: runs them: (what the step computes, its function in :mod:`holmes_ml.features.build`).
+#: Everything else (reading the columns, the fixed facts, the keys built in between, the final
+#: check) is the table's last row.
+PHASES: tuple[tuple[str, str], ...] = (
+    ("signatures (rank, group, op, place, size)", "_signature"),
+    ("communicators' sizes and kinds", "_group_facts"),
+    ("iteration times and irregular iterations", "_iteration_context"),
+    ("each rank's timeline", "_rank_timeline"),
+    ("each rank's recent latency", "_rank_latency"),
+    ("peers in each instance", "_peers"),
+    ("the same step in other groups", "_same_step"),
+    ("pipeline stages", "_stage_of"),
+    ("crowded stage steps", "_crowded"),
+    ("the same step on the stage", "_stage_step"),
+    ("the replay without slow transfers and gaps", "_replay"),
+    ("the op's own history and levels", "_history"),
+    ("the late arrival's previous op", "_late_cause"),
+    ("the chain of waits", "_wait_chain"),
+)
+
+
+def _phase_times(ops: pd.DataFrame, cfg) -> tuple[float, list[dict[str, object]]]:
+    """One extra call of ``build_features`` (not in the headline figures) with each step of
+    :data:`PHASES` timed in CPU seconds: ``(total, rows)``, one row per step and one for the
+    rest. The steps are module functions that ``build_features`` looks up when it calls them,
+    so each is wrapped for this call and put back after it."""
+    from holmes_ml.features import build
+
+    spent = {name: 0.0 for _, name in PHASES}
+    saved = {name: getattr(build, name) for _, name in PHASES}
+
+    def timed(name: str, func: Callable) -> Callable:
+        def call(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                spent[name] += time.process_time() - t0
+        return call
+
+    try:
+        for name, func in saved.items():
+            setattr(build, name, timed(name, func))
+        t0 = time.process_time()
+        build.build_features(ops, cfg)
+        total = max(time.process_time() - t0, 1e-9)
+    finally:
+        for name, func in saved.items():
+            setattr(build, name, func)
+    rows: list[dict[str, object]] = [
+        {"step": label, "function": name, "cpu_s": round(spent[name], 6),
+         "share": round(spent[name] / total, 4)} for label, name in PHASES]
+    rest = max(total - sum(spent.values()), 0.0)
+    rows.append({"step": "the rest (columns, fixed facts, keys, checks)", "function": "",
+                 "cpu_s": round(rest, 6), "share": round(rest / total, 4)})
+    return total, rows
+
+
 def _time_validation(ops: pd.DataFrame, figures: dict[str, float]) -> None:
     """Time :func:`holmes_ml.io.validate` of the same table (what every reader, the agent and
     the service's raw ingest run on what they accept): coercion to the canonical dtypes and
@@ -307,6 +367,7 @@ def run(quick: bool = False, model=None) -> BenchResult:
     figures["features_peak_mb"] = peak / 2**20
     figures["features_bytes_per_op"] = peak / max(len(ops), 1)
     figures["peak_rss_mb"] = peak_rss_mb()
+    phases_total, phases = _phase_times(ops, cfg)
     return BenchResult(
         name="features",
         figures=figures,
@@ -314,4 +375,7 @@ def run(quick: bool = False, model=None) -> BenchResult:
                 "n_features": n_features, "n_ranks": int(ops["rank"].nunique()),
                 "iterations": int(ops["iteration"].nunique())},
         goals=goals,
+        details={"phases_cpu_s": round(phases_total, 4)},
+        tables={"where one call's time goes (CPU seconds; one more call, timed step by step)":
+                phases},
     )
