@@ -1050,19 +1050,21 @@ def _chain_max(hop: np.ndarray, columns: list[np.ndarray], hops: int) -> list[np
     # per column: the largest value over the next 2^k hops of each row
     span = [np.append(c, -np.inf).astype(c.dtype, copy=False).take(step) for c in columns]
     best = [np.full(n + 1, -np.inf, dtype=s.dtype) for s in span]
-    at = np.arange(n + 1, dtype=np.int64)  # the row reached after the hops joined so far
+    at = None  # the row reached after the hops joined so far (None: the row itself)
     k = int(hops)
     while True:
         if k & 1:
             for b, s in zip(best, span, strict=True):
-                np.maximum(b, s.take(at), out=b)
-            at = step.take(at)
+                np.maximum(b, s if at is None else s.take(at), out=b)
+            if k > 1:  # more hops to join from there
+                at = step if at is None else step.take(at)  # (step is replaced, never written)
         k >>= 1
         if not k:
             break
         for s in span:
             np.maximum(s, s.take(step), out=s)
-        step = step.take(step)
+        if k > 1:  # the doubled hop is needed beyond this doubling
+            step = step.take(step)
     out = [b[:n] for b in best]
     for b in out:
         b[~np.isfinite(b)] = 0.0
