@@ -290,7 +290,7 @@ def _waits_one_hop_back(ops: pd.DataFrame) -> np.ndarray:
     return prev.reindex(o.index).fillna(-1).astype(np.int64).to_numpy()[last]
 
 
-@pytest.mark.parametrize("hops", [1, 5, 16])
+@pytest.mark.parametrize("hops", [1, 5, 7, 16])  # 7: three set bits
 def test_chain_columns_follow_the_waits_hop_by_hop(hops):
     # a simulated pipeline job whose slow NIC delays receives several stages downstream
     fault = FaultSpec(kind="nic_slow", ranks=(3,), start_iteration=6, severity=2.0)
