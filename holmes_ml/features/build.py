@@ -1243,8 +1243,9 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     _check_columns(ops)
     n = len(ops)
     # Column-major storage: each feature fills one contiguous row of ``matrix`` and pandas
-    # takes ``matrix.T`` as its single float32 block without copying.
-    matrix = np.zeros((len(FEATURE_COLUMNS), n), dtype=np.float32)
+    # takes ``matrix.T`` as its single float32 block without copying. Every row is written
+    # whole (``written`` checks that each was), so the memory is not zeroed first.
+    matrix = np.empty((len(FEATURE_COLUMNS), n), dtype=np.float32)
     if n == 0:
         return pd.DataFrame(matrix.T, columns=list(FEATURE_COLUMNS), index=ops.index)
 
