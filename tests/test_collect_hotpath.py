@@ -50,7 +50,7 @@ def test_parquet_dictionary_grows_between_row_groups(tmp_path):
 
 _WORKER = textwrap.dedent(
     """
-    import gc, inspect, json, sys, torch, torch.distributed as dist
+    import gc, inspect, json, os, sys, torch, torch.distributed as dist
     from holmes_ml.collect import CommOpsLogger, LoggerConfig
     store, out = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
@@ -90,8 +90,11 @@ _WORKER = textwrap.dedent(
             dist.all_reduce(t)
         res["gc_growth"] = len(gc.get_objects()) - before
         gc.enable()
-    json.dump(res, open(f"{out}/res.json", "w"))
+    with open(f"{out}/res.json", "w") as f:
+        json.dump(res, f)
     dist.destroy_process_group()
+    sys.stderr.flush()
+    os._exit(0)  # without the interpreter's teardown: see tests/test_io_kineto_torch.py
     """
 )
 
