@@ -97,7 +97,10 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
     Both keys are packed into one int64 so one ``argsort`` does the work of a two-key
     ``lexsort`` (about twice as fast); ``minor`` may be any orderable array. Groups come in
     ascending ``major`` order unless the key is too wide to pack, in which case it is first
-    replaced by dense codes (groups stay contiguous, in arbitrary order). A non-negative float
+    replaced by dense codes (groups stay contiguous, in arbitrary order); a dense ``major``
+    (below the number of rows, which is below 2**30) is never too wide, packed with ``minor``
+    or with its rank, so its groups come in code order on every path, which
+    :func:`dense_layout` and :func:`counted_groups` rely on. A non-negative float
     ``minor`` packs as float32 (near-equal values may tie); one with negative values is put in
     exact order (:func:`_signed_float_order`).
     """
@@ -181,15 +184,24 @@ def segment_layout(sorted_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return starts, seg_id, pos
 
 
+def counted_groups(code: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(present, lengths, starts)`` of the groups of a dense ``code`` (non-negative, small
+    next to its length; a code may be absent) once :func:`sort_by` has put its rows in code
+    order: the codes present, ascending, and each one's row count and first sorted row, from
+    the codes' counts (``size``: the least number of codes counted)."""
+    counts = np.bincount(code, minlength=size)
+    present = np.flatnonzero(counts)
+    lengths = counts[present]
+    return present, lengths, np.cumsum(lengths) - lengths
+
+
 def dense_layout(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`segment_layout` of ``code[sort_by(code, ...)]`` for dense codes (non-negative,
     below the number of rows; a code may be absent), whose groups :func:`sort_by` puts in code
-    order: from the codes' counts, without gathering the sorted codes or comparing neighbours.
+    order: from the codes' counts (:func:`counted_groups`), without gathering the sorted codes
+    or comparing neighbours.
     """
-    lengths = np.bincount(code)
-    if not lengths.all():
-        lengths = lengths[lengths > 0]
-    starts = np.cumsum(lengths) - lengths
+    _, lengths, starts = counted_groups(code)
     seg_id = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     return starts, seg_id, np.arange(len(code), dtype=np.int64) - starts[seg_id]
 
@@ -212,10 +224,8 @@ def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     order = sort_by(key, values)
     v = np.asarray(values, dtype=np.float64)[order]
     if k <= 4 * n + 1024:  # sort_by kept the groups in code order: their counts place them
-        counts = np.bincount(key, minlength=k)
-        present = np.flatnonzero(counts)
-        size = counts[present]
-        out[present] = sorted_segment_median(v, np.cumsum(size) - size)
+        present, _, starts = counted_groups(key, k)
+        out[present] = sorted_segment_median(v, starts)
         return out
     k_sorted = key[order]
     starts = segment_starts(k_sorted)

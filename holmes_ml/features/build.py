@@ -645,19 +645,18 @@ def _peers(
     lag_us = lag_ns / 1e3
     put("arrival_lag_us", lag_us)
     order = seg.sort_by(sid, lag_ns)
+    # sort_by puts a dense key's groups in code order: each row's segment is its instance
     starts, s_sorted, pos = seg.dense_layout(sid)
     lengths = np.diff(np.append(starts, n))
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
-    # segment of each row: its instance (sort_by puts a dense major's groups in its order)
-    s_of = sid
-    put("peer_count", lengths[s_of])
+    put("peer_count", lengths[sid])
     # the row that arrived last (largest lag; among equal lags, the last in sorted order)
-    last = order[starts + lengths - 1][s_of] if n else np.empty(0, dtype=np.int64)
+    last = order[starts + lengths - 1][sid] if n else np.empty(0, dtype=np.int64)
 
     lag_sorted = lag_ns[order]
     # the instance's latest arrival, per row (in row order: no permutation back)
-    spread = np.maximum.reduceat(lag_sorted, starts)[s_of] if n else lag_ns
+    spread = np.maximum.reduceat(lag_sorted, starts)[sid] if n else lag_ns
     put("arrived_last", (lag_ns == spread) & (spread > 0))
     # Time spent waiting for the last participant to arrive: the part of this copy's duration
     # caused by someone else (a straggler); the rest is the transfer itself.
@@ -679,9 +678,9 @@ def _peers(
     d_sorted = dur[order]
     del order
     if n:
-        peer_min = np.minimum.reduceat(d_sorted, starts)[s_of]
+        peer_min = np.minimum.reduceat(d_sorted, starts)[sid]
         put("peer_ratio_min", dur / np.maximum(peer_min, _EPS_US))
-        put("peer_ratio_max", dur / np.maximum(np.maximum.reduceat(d_sorted, starts)[s_of],
+        put("peer_ratio_max", dur / np.maximum(np.maximum.reduceat(d_sorted, starts)[sid],
                                                   _EPS_US))
     else:
         peer_min = dur
@@ -690,7 +689,7 @@ def _peers(
     del d_sorted
     # Median per segment needs durations ordered within each segment.
     dd = dur[seg.sort_by(sid, dur)]
-    peer_med = (seg.sorted_segment_median(dd, starts) if n else dd)[s_of]
+    peer_med = (seg.sorted_segment_median(dd, starts) if n else dd)[sid]
     put("peer_median_us", peer_med)
     put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
     return peer_med, lag_us, wait_us, sid, peer_min, last
