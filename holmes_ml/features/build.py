@@ -1,6 +1,7 @@
 """Per-operator features: the detector's view of one CommOps row.
 
-Six families, all computed with sorted-array arithmetic (no Python per row):
+Six families, computed with sorted-array arithmetic (no Python per row), and loops compiled
+with numba where a step is a chain of dependent updates (:mod:`holmes_ml.features._kernels`):
 
 * **history** of the operator's own signature (rank, group, op, position within the iteration,
   bytes) over the ``window`` previous occurrences, which excludes the current iteration so a fault
@@ -35,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import _segments as seg
+from holmes_ml.features._kernels import replay_gain_kernel
 from holmes_ml.features.iterations import (
     IrregularityConfig,
     irregular_flags,
@@ -846,131 +848,31 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
     """Per copy, how much shorter (us, 0 to its duration) it would have been had its
     iteration run without some transfers' and compute gaps' excess.
 
-    ``inst`` is each copy's instance (dense codes: a collective, or a send and its receive),
-    ``prev_op`` the row of the op its rank ran just before it (-1: none), ``excess`` the part
-    of each copy's transfer to take back and ``gap_excess`` the part of the gap between the
-    previous op's end and this copy's start (its rank's compute). A rank reaches a copy earlier
-    by as much as its previous op ended earlier plus the gap's excess; an instance starts at its
-    latest arrival, so it starts earlier by how much that latest arrival moves; each copy ends
-    earlier by that plus its own transfer's excess, and is shorter by its end's gain less its
-    arrival's. Each sweep passes the gains one more op down the chains of waits; ``sweeps``
-    bounds them (they stop early once nothing moves).
+    ``inst`` is each copy's instance (non-negative codes: a collective, or a send and its
+    receive), ``prev_op`` the row of the op its rank ran just before it (-1: none), ``excess``
+    the part of each copy's transfer to take back and ``gap_excess`` the part of the gap between
+    the previous op's end and this copy's start (its rank's compute). A rank reaches a copy
+    earlier by as much as its previous op ended earlier plus the gap's excess; an instance
+    starts at its latest arrival, so it starts earlier by how much that latest arrival moves;
+    each copy ends earlier by that plus its own transfer's excess, and is shorter by its end's
+    gain less its arrival's. Each sweep passes the gains one more op down the chains of waits;
+    ``sweeps`` bounds them (they stop early once nothing moves).
 
     A copy that ended before its instance's latest arrival (a send that left before its
     receiver came) did not wait for it: its end moves with its own arrival (plus its own
     excess), not with its instance's start, while the others still wait for its arrival. So it
     is replayed twice: in its instance, and as a twin alone in an instance of its own (its
     arrival, its previous op), whose end the next op on its rank follows and whose gain is the
-    copy's.
+    copy's. The loop is compiled (:func:`~holmes_ml.features._kernels.replay_gain_kernel`).
     """
-    n = len(dur)
-    k = int(inst.max()) + 1 if n else 0
-    latest = seg.reduce_at(np.maximum, inst, start_ns, k, np.iinfo(np.int64).min)
-    # int64 differences, exact; the duration in ns rounds only beyond 2**53 ns
-    early = np.flatnonzero((latest.take(inst) - start_ns) > dur * 1e3)
-    del latest
-    if not len(early):
-        return _replay_sweeps(inst, start_ns, prev_op, dur, excess, gap_excess, sweeps)
-    e = len(early)
-    to = np.arange(n, dtype=np.int64)
-    to[early] = np.arange(n, n + e, dtype=np.int64)  # the twins come after the rows
-    prev = np.where(prev_op >= 0, to.take(np.maximum(prev_op, 0)), -1)
-    del to
+    def ints(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.int64)
 
-    def twinned(c: np.ndarray) -> np.ndarray:
-        return np.concatenate([c, c.take(early)])
+    def floats(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.float64)
 
-    gain = _replay_sweeps(np.concatenate([inst, k + np.arange(e, dtype=np.int64)]),
-                          twinned(start_ns), twinned(prev), twinned(dur), twinned(excess),
-                          twinned(gap_excess), sweeps)
-    out = gain[:n]
-    out[early] = gain[n:]
-    return out
-
-
-def _replay_sweeps(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
-                   dur: np.ndarray, excess: np.ndarray, gap_excess: np.ndarray,
-                   sweeps: int) -> np.ndarray:
-    """:func:`replay_gain` without its early copies: every copy ends when its instance does.
-
-    The first sweep visits every instance; later ones only those with a copy whose previous
-    op's instance moved in the sweep before (the others would compute what they hold), so a
-    sweep costs what moved, and the result is that of full sweeps, bit for bit.
-    """
-    n = len(dur)
-    order = seg.sort_by(inst)  # the work runs in instance order: instances are contiguous
-    starts, seg_at, _ = seg.dense_layout(inst)
-    length = np.diff(np.append(starts, n))
-    at = np.empty(n, dtype=np.int64)
-    at[order] = np.arange(n)
-    prev_row = prev_op.take(order)
-    has = prev_row >= 0
-    prev = np.where(has, at.take(np.where(has, prev_row, 0)), 0)
-    del prev_row, at
-    # from the earliest start, in int64 first: epoch nanoseconds in float64 microseconds would
-    # keep only a quarter of a microsecond
-    arrive = (start_ns.take(order) - (start_ns.min() if n else 0)) / 1e3
-    own = excess.take(order).astype(np.float64)
-    gap = gap_excess.take(order).astype(np.float64)
-    # An instance's copies all end earlier by its ``shift`` (how much its latest arrival moves)
-    # plus their own transfer's excess; ``slack`` is each copy's arrival as replayed.
-    shift = np.zeros(len(starts))
-    slack = arrive - (own.take(prev) * has + gap)
-    if n and sweeps >= 1:
-        latest = np.maximum.reduceat(arrive, starts)
-        moved = latest - np.maximum.reduceat(slack, starts)
-        changed = np.flatnonzero(moved != shift)
-        shift = moved
-        # the copies whose previous op is in instance i: follows[bound[starts[i]]:bound[ends[i]]]
-        follows = np.flatnonzero(has)
-        lead = prev.take(follows)
-        count = np.bincount(lead, minlength=n)
-        bound = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(count, out=bound[1:])
-        if count.max() <= 1:  # a rank's timeline: one copy follows each op, no sort needed
-            follows[bound.take(lead)] = follows.copy()
-        else:
-            follows = follows[seg.sort_by(lead)]
-        lo, hi = bound.take(starts), bound.take(starts + length)
-        del lead, count, bound
-        # what the update of a follower reads, in the followers' order (contiguous reads); the
-        # rows' own copies are dropped meanwhile (memory) and taken again at the end
-        f_arrive, f_gap = arrive.take(follows), gap.take(follows)
-        del arrive, gap
-        f_own, f_inst = own.take(prev.take(follows)), seg_at.take(follows)
-        del own
-        visit = np.zeros(len(starts), dtype=bool)
-        for _ in range(int(sweeps) - 1):
-            if not len(changed):
-                break
-            first = lo.take(changed)
-            count = hi.take(changed) - first
-            got = seg.ranges(first, count)[0]
-            hit = follows.take(got)
-            # the followers of instance i come together: each reads i's shift
-            slack[hit] = f_arrive.take(got) - (shift.take(changed).repeat(count)
-                                               + f_own.take(got) + f_gap.take(got))
-            visit[f_inst.take(got)] = True
-            act = np.flatnonzero(visit)
-            visit[act] = False
-            size = length.take(act)
-            rows, first = seg.ranges(starts.take(act), size)
-            moved = latest.take(act) - np.maximum.reduceat(slack.take(rows), first)
-            move = moved != shift.take(act)
-            changed = act[move]
-            shift[changed] = moved[move]
-        del follows, f_arrive, f_gap, f_inst, f_own, slack, seg_at
-        own = excess.take(order).astype(np.float64)
-        gap = gap_excess.take(order).astype(np.float64)
-    end_gain = shift.repeat(length)
-    end_gain += own
-    arr_gain = end_gain.take(prev) * has
-    arr_gain += gap
-    del own, gap, prev, has
-    np.subtract(end_gain, arr_gain, out=arr_gain)  # the end's gain less the arrival's
-    gain = np.empty(n)
-    gain[order] = np.clip(arr_gain, 0.0, dur.take(order))
-    return gain
+    return replay_gain_kernel(ints(inst), ints(start_ns), ints(prev_op), floats(dur),
+                              floats(excess), floats(gap_excess), int(sweeps))
 
 
 def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, dur: np.ndarray,

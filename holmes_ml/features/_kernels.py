@@ -1,0 +1,184 @@
+"""Loops compiled with numba, for the steps of feature extraction that numpy can only express as
+many passes over every row.
+
+The replay (:func:`replay_gain_kernel`) passes each copy's gain to the copies that waited for
+it, a sweep at a time, until nothing moves: in numpy every sweep was a dozen passes and every
+pass a fresh array, in a loop it is one walk over what moved. Each kernel computes exactly what
+the vectorized numpy it replaced computed (the same float operations in the same order), so the
+features are the same bit for bit; the tests compare them with pandas references.
+
+Kernels are compiled on their first call and cached next to this file (``cache=True``; numba
+falls back to a per-user cache directory where the package is read-only), so only the first
+call on a machine pays the compilation (about a second each).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["replay_gain_kernel"]
+
+
+@numba.njit(cache=True, nogil=True)
+def replay_gain_kernel(inst, start_ns, prev_op, dur, excess, gap_excess, sweeps):
+    """:func:`holmes_ml.features.build.replay_gain` (see its docstring for the rule), on int64
+    ``inst`` (non-negative), ``start_ns`` and ``prev_op`` and float64 ``dur``, ``excess`` and
+    ``gap_excess``, all contiguous and of one length.
+
+    The copies that ended before their instance's latest arrival get a twin: an extra copy
+    alone in an instance of its own, with the copy's arrival and previous op, which the next op
+    of its rank follows instead of the copy. The work then runs on the copies and the twins in
+    instance order, each instance's copies contiguous, and each instance's followers (the
+    copies whose previous op is one of its copies) contiguous with what their update reads. A
+    sweep recomputes only the instances one of whose followers' previous instance moved in the
+    sweep before: the result of full sweeps (Jacobi: every sweep reads the shifts of the one
+    before), bit for bit.
+    """
+    n = len(dur)
+    out = np.empty(n)
+    if n == 0:
+        return out
+    k = 0
+    for i in range(n):
+        k = max(k, inst[i] + 1)
+    latest_ns = np.full(k, np.iinfo(np.int64).min)
+    first_ns = start_ns[0]
+    for i in range(n):
+        latest_ns[inst[i]] = max(latest_ns[inst[i]], start_ns[i])
+        first_ns = min(first_ns, start_ns[i])
+    # Rows 0..n-1 are the copies, rows n.. their twins. src: the copy a row stands for; ix: its
+    # instance; pv: the row of its previous op (a twin where the previous op has one), -1: none.
+    twin = np.full(n, -1, np.int64)
+    rows = n
+    for i in range(n):
+        # int64 difference, exact; the duration in ns rounds only beyond 2**53 ns
+        if (latest_ns[inst[i]] - start_ns[i]) > dur[i] * 1e3:
+            twin[i] = rows
+            rows += 1
+    src = np.empty(rows, np.int64)
+    ix = np.empty(rows, np.int64)
+    pv = np.empty(rows, np.int64)
+    for i in range(n):
+        p = prev_op[i]
+        if p >= 0 and twin[p] >= 0:
+            p = twin[p]
+        src[i], ix[i], pv[i] = i, inst[i], p
+        t = twin[i]
+        if t >= 0:
+            src[t], ix[t], pv[t] = i, k + (t - n), p
+    n_inst = k + (rows - n)
+    # Each row's place in instance order: the copies of instance j at bound[j]..bound[j + 1].
+    bound = np.zeros(n_inst + 1, np.int64)
+    for t in range(rows):
+        bound[ix[t] + 1] += 1
+    for j in range(n_inst):
+        bound[j + 1] += bound[j]
+    place = np.empty(rows, np.int64)
+    free = bound[:-1].copy()
+    for t in range(rows):
+        place[t] = free[ix[t]]
+        free[ix[t]] += 1
+    # Arrivals from the earliest start (microseconds; int64 first: epoch nanoseconds in float64
+    # microseconds would keep only a quarter of a microsecond). ``slack`` is each row's arrival
+    # as replayed, ``latest`` each instance's latest arrival as logged.
+    arrive = np.empty(rows)
+    slack = np.empty(rows)
+    latest = np.full(n_inst, -np.inf)
+    top = np.full(n_inst, -np.inf)  # each instance's latest arrival as replayed
+    lead = np.zeros(n_inst + 1, np.int64)  # followers per instance, then their bounds
+    for t in range(rows):
+        s = src[t]
+        a = (start_ns[s] - first_ns) / 1e3
+        p = pv[t]
+        # (the previous op's excess times 0 or 1, as numpy multiplied it by a mask)
+        if p >= 0:
+            sl = a - (excess[src[p]] * 1.0 + gap_excess[s])
+            lead[ix[p] + 1] += 1
+        else:
+            sl = a - (excess[0] * 0.0 + gap_excess[s])
+        arrive[place[t]] = a
+        slack[place[t]] = sl
+        j = ix[t]
+        latest[j] = max(latest[j], a)
+        top[j] = max(top[j], sl)
+    for j in range(n_inst):
+        lead[j + 1] += lead[j]
+    # The followers of instance j at lead[j]..lead[j + 1]: their place, what their update
+    # reads (arrival, gap's excess, their previous op's own excess) and their instance.
+    n_follow = lead[n_inst]
+    f_place = np.empty(n_follow, np.int64)
+    f_arrive = np.empty(n_follow)
+    f_gap = np.empty(n_follow)
+    f_own = np.empty(n_follow)
+    f_inst = np.empty(n_follow, np.int64)
+    free = lead[:-1].copy()
+    for t in range(rows):
+        p = pv[t]
+        if p >= 0:
+            r = free[ix[p]]
+            free[ix[p]] += 1
+            f_place[r] = place[t]
+            f_arrive[r] = arrive[place[t]]
+            f_gap[r] = gap_excess[src[t]]
+            f_own[r] = excess[src[p]]
+            f_inst[r] = ix[t]
+    # An instance's copies all end earlier by its shift (how much its latest arrival moves)
+    # plus their own transfer's excess.
+    shift = np.zeros(n_inst)
+    changed = np.empty(n_inst, np.int64)
+    n_changed = 0
+    if sweeps >= 1:
+        for j in range(n_inst):
+            moved = latest[j] - top[j]
+            if moved != 0.0:
+                changed[n_changed] = j
+                n_changed += 1
+            shift[j] = moved
+    seen = np.zeros(n_inst, np.bool_)
+    visit = np.empty(n_inst, np.int64)
+    again = np.empty(n_inst, np.int64)
+    moves = np.empty(n_inst)
+    for _ in range(sweeps - 1):
+        if n_changed == 0:
+            break
+        n_visit = 0
+        for u in range(n_changed):
+            j = changed[u]
+            sh = shift[j]
+            for r in range(lead[j], lead[j + 1]):
+                slack[f_place[r]] = f_arrive[r] - ((sh + f_own[r]) + f_gap[r])
+                g = f_inst[r]
+                if not seen[g]:
+                    seen[g] = True
+                    visit[n_visit] = g
+                    n_visit += 1
+        for u in range(n_visit):  # every move from the shifts of the sweep before
+            g = visit[u]
+            seen[g] = False
+            high = -np.inf
+            for q in range(bound[g], bound[g + 1]):
+                high = max(high, slack[q])
+            moves[u] = latest[g] - high
+        n_changed = 0
+        for u in range(n_visit):
+            g = visit[u]
+            if moves[u] != shift[g]:
+                again[n_changed] = g
+                n_changed += 1
+                shift[g] = moves[u]
+        changed, again = again, changed
+    # A copy is shorter by its end's gain less its arrival's, between 0 and its duration; an
+    # early copy's gain is its twin's.
+    for t in range(rows):
+        if t < n and twin[t] >= 0:
+            continue
+        s = src[t]
+        end = shift[ix[t]] + excess[s]
+        p = pv[t]
+        if p >= 0:
+            arrival = (shift[ix[p]] + excess[src[p]]) * 1.0 + gap_excess[s]
+        else:
+            arrival = (shift[ix[0]] + excess[0]) * 0.0 + gap_excess[s]
+        out[s] = min(max(end - arrival, 0.0), dur[s])
+    return out
