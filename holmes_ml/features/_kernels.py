@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["replay_gain_kernel"]
+__all__ = ["replay_gain_kernel", "window_stats_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -182,3 +182,91 @@ def replay_gain_kernel(inst, start_ns, prev_op, dur, excess, gap_excess, sweeps)
             arrival = (shift[ix[0]] + excess[0]) * 0.0 + gap_excess[s]
         out[s] = min(max(end - arrival, 0.0), dur[s])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def window_stats_kernel(padded, before, count, w, pairs, fracs, moments, block):
+    """The order statistics ``fracs`` of each row's window, and its mean and standard deviation
+    if ``moments``: ``(q (len(fracs), rows) float64, mean, std)`` (empty without ``moments``).
+
+    Row ``i``'s window is its ``count[i]`` (at most ``w``) earlier values, lag ``l`` (0: the
+    latest) at ``padded[w - 1 + before[i] - l]`` (float32). Quantiles are numpy's default
+    ("linear") percentiles of the valid values; the mean and standard deviation are over the
+    window with its missing lags filled with the valid values' mean (computed in float32, as
+    numpy summed them), so that they are the valid values' own, and the standard deviation's
+    denominator is the count. Rows are taken ``block`` at a time: the window of every row of a
+    block is one ``(w, block)`` float32 matrix that stays in cache and that the comparators
+    ``pairs`` of a sorting network sort column-wise (branch-free min/max over the block); with
+    no ``pairs`` each column is sorted on its own (long windows).
+    """
+    n = len(before)
+    n_q = len(fracs)
+    q = np.empty((n_q, n))
+    mean = np.empty(n if moments else 0)
+    std = np.empty(n if moments else 0)
+    m = np.empty((w, block), np.float32)
+    column = np.empty(w, np.float32)
+    inf32 = np.float32(np.inf)
+    zero32 = np.float32(0.0)
+    for a in range(0, n, block):
+        size = min(block, n - a)
+        for lag in range(w):
+            back = w - 1 - lag
+            for b in range(size):
+                m[lag, b] = padded[before[a + b] + back]
+        for b in range(size):
+            c = count[a + b]
+            if moments:
+                fill = zero32
+                if c < w:  # the valid lags' mean, summed in float32
+                    total = m[0, b] if c > 0 else zero32
+                    for lag in range(1, w):
+                        total = total + (m[lag, b] if lag < c else zero32)
+                    fill = np.float32(np.float64(total) / max(c, 1))
+                s = np.float64(m[0, b] if c > 0 else fill)
+                for lag in range(1, w):
+                    s += np.float64(m[lag, b] if lag < c else fill)
+                mu = s / w
+                mu32 = np.float32(mu)
+                squares = 0.0
+                for lag in range(w):
+                    d = np.float64((m[lag, b] if lag < c else fill) - mu32)
+                    squares += d * d
+                mean[a + b] = mu
+                std[a + b] = np.sqrt(squares / max(c, 1))
+            for lag in range(c, w):  # missing lags sort last
+                m[lag, b] = inf32
+        if len(pairs):
+            for p in range(len(pairs)):
+                i, j = pairs[p, 0], pairs[p, 1]
+                for b in range(size):
+                    x, y = m[i, b], m[j, b]
+                    m[i, b] = min(x, y)
+                    m[j, b] = max(x, y)
+        else:
+            for b in range(size):
+                for lag in range(w):
+                    column[lag] = m[lag, b]
+                column.sort()
+                for lag in range(w):
+                    m[lag, b] = column[lag]
+        for k in range(n_q):
+            f = fracs[k]
+            # a full window's ranks and weight are fixed; a short one's follow its count
+            h = (w - 1) * f
+            lo, hi = int(np.floor(h)), int(np.ceil(h))
+            for b in range(size):
+                c = count[a + b]
+                if c >= w:
+                    v = np.float64(m[lo, b])
+                    if hi != lo:
+                        v = v + (np.float64(m[hi, b]) - v) * (h - lo)
+                else:
+                    hs = max(c - 1, 0) * f
+                    below = np.floor(hs)
+                    los, his = int(below), int(np.ceil(hs))
+                    v = np.float64(m[los, b])
+                    if his != los:
+                        v = v + (np.float64(m[his, b]) - v) * (hs - below)
+                q[k, a + b] = v
+    return q, mean, std

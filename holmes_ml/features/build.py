@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import _segments as seg
-from holmes_ml.features._kernels import replay_gain_kernel
+from holmes_ml.features._kernels import replay_gain_kernel, window_stats_kernel
 from holmes_ml.features.iterations import (
     IrregularityConfig,
     irregular_flags,
@@ -326,32 +326,8 @@ def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-_NETWORK_MAX = 32  # beyond this many lags np.sort beats a comparator network
-
-
-def _sort_columns(m: np.ndarray) -> np.ndarray:
-    """Sort each column of the first ``w`` rows of a ``(w + 1, rows)`` matrix whose last row is
-    scratch; returns ``row_of`` such that the ``k``-th smallest value of every column is in
-    ``m[row_of[k]]``.
-
-    A sorting network runs ~w log^2 w vectorized min/max passes over contiguous rows, several
-    times faster than ``np.sort`` on millions of 10-element rows. Each comparator writes its
-    minimum into the free row and its maximum in place, then relabels the rows instead of
-    copying the minimum back (two passes per comparator instead of three).
-    """
-    w = m.shape[0] - 1
-    if w > _NETWORK_MAX:
-        m[:w].sort(axis=0)
-        return np.arange(w)
-    rows = list(m)
-    row_of = list(range(w))
-    free = w
-    for i, j in _sorting_network(w):
-        a, b = rows[row_of[i]], rows[row_of[j]]
-        np.minimum(a, b, out=rows[free])
-        np.maximum(a, b, out=b)
-        row_of[i], free = free, row_of[i]
-    return np.asarray(row_of)
+_NETWORK_MAX = 32  # beyond this many lags sorting each window beats a comparator network
+_HISTORY_BLOCK = 256  # rows whose windows are sorted together (a matrix in cache)
 
 
 _HISTORY_OUTPUTS = (
@@ -384,13 +360,13 @@ def _history(
     rows where ``regular`` is true (see ``FeatureConfig.history_regular_only``). Rows are
     sorted by (signature, iteration) and the history rows compacted in that order, so the
     earlier occurrences of row ``i`` are the ``history_len`` compacted rows just before its
-    place; lag ``l`` of a chunk is then one slice or gather. Windows are sorted in float32
-    (the precision of the output; twice the rows per cache line) by a sorting network; most
-    rows have a full window, whose order statistics are fixed rows of the sorted matrix, and
-    only the few rows with a shorter window (a signature's first occurrences) are patched.
+    place. The windows' statistics come from a compiled loop
+    (:func:`~holmes_ml.features._kernels.window_stats_kernel`) that sorts each window in
+    float32 (the precision of the output) with a sorting network, a block of rows at a time.
     Everything derived is computed per chunk and written into ``matrix`` (memory stays ~ chunk
-    x window), then put in row order one feature row at a time; the one row-sized float64 kept
-    is the median, by which the row-ordered lag, wait and duration are divided at the end.
+    x a few floats), then put in row order one feature row at a time; the one row-sized
+    float64 kept is the median, by which the row-ordered lag, wait and duration are divided at
+    the end.
 
     Without history the op's peers stand in for its past: the history statistics are the peer
     median, ratios become peer ratios and the spread-based scores are neutral (0).
@@ -431,79 +407,30 @@ def _history(
     del x32
     del r, v32
     chunk = int(min(cfg.chunk_rows, max(n, 1)))
-    lag_idx = np.arange(w, dtype=np.int64)[:, None]
-    mat = np.empty((w + 1, chunk), dtype=np.float32)  # the last row is the network's spare
     rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS}
     clip = cfg.clip
     x_level = np.empty(n, dtype=np.float32)  # transfer history medians, sorted order
     med_row = np.empty(n)  # the history median floored at _EPS_US, sorted order
     fracs = (0.25, 0.5, 0.75)
-    # numpy's default ("linear") percentile of a full window: fixed ranks and weights
-    full_q = [((w - 1) * f, int(np.floor((w - 1) * f)), int(np.ceil((w - 1) * f)))
-              for f in fracs]
+    pairs = np.array(_sorting_network(w) if w <= _NETWORK_MAX else (), dtype=np.int64)
+    pairs = pairs.reshape(-1, 2)
 
-    def fill(m, padded, before):
-        k = len(before)
-        if before[-1] - before[0] == k - 1:  # consecutive rows: slices, no gather
-            lo = int(before[0]) + w - 1
-            for lag in range(w):
-                m[lag] = padded[lo - lag: lo - lag + k]
-        else:
-            idx = before + (w - 1)
-            for lag in range(w):
-                np.take(padded, idx - lag, out=m[lag])
-
-    def quantiles(m, row_of, c, short, fr):
-        """Order statistics ``fr`` (fractions) of each column's ``c`` valid values, float64."""
-        out = []
-        for f in fr:
-            h, lo, hi = full_q[fracs.index(f)]
-            vlo = m[row_of[lo]].astype(np.float64)
-            with np.errstate(invalid="ignore"):  # inf - inf in short columns, patched below
-                q = vlo if hi == lo else vlo + (m[row_of[hi]] - vlo) * (h - lo)
-            if len(short):
-                cs = c[short]
-                hs = np.maximum(cs - 1, 0) * f
-                los = row_of[np.floor(hs).astype(np.int64)]
-                his = row_of[np.ceil(hs).astype(np.int64)]
-                a = m[los, short].astype(np.float64)
-                with np.errstate(invalid="ignore"):  # empty window: inf - inf, replaced later
-                    q[short] = np.where(his == los, a, a + (m[his, short] - a) * (hs - np.floor(hs)))
-            out.append(q)
-        return out
-
-    def sorted_stats(m, padded, before, c, fr, moments):
-        """Sort each row's window; its quantiles ``fr`` and (optionally) mean and std."""
-        fill(m[:w], padded, before)
-        short = np.flatnonzero(c < w)
-        mu = sd = None
-        if len(short):
-            invalid = lag_idx >= c[short][None, :]
-            sub = m[:w, short]
-            if moments:
-                # Fill the missing lags with the mean of the valid ones: then the mean over
-                # all ``w`` rows is theirs and they add nothing to the squared deviations.
-                mu_s = np.where(invalid, 0.0, sub).sum(axis=0) / np.maximum(c[short], 1)
-                m[:w, short] = np.where(invalid, mu_s[None, :], sub)
-        if moments:
-            mu = m[:w].sum(axis=0, dtype=np.float64) / w
-            dev = m[:w] - mu.astype(np.float32)
-            sd = np.sqrt(np.einsum("ij,ij->j", dev, dev, dtype=np.float64)
-                         / np.maximum(c, 1))
-            del dev
-        if len(short):
-            m[:w, short] = np.where(invalid, np.float32(np.inf), sub)
-        row_of = _sort_columns(m)
-        return quantiles(m, row_of, c, short, fr), mu, sd
+    def sorted_stats(padded, before, c, fr, moments):
+        """Each row's window's quantiles ``fr`` and (optionally) mean and std
+        (:func:`~holmes_ml.features._kernels.window_stats_kernel`)."""
+        q, mu, sd = window_stats_kernel(padded, np.ascontiguousarray(before),
+                                        np.ascontiguousarray(c), w, pairs,
+                                        np.asarray(fr, dtype=np.float64), moments,
+                                        _HISTORY_BLOCK)
+        return list(q), (mu if moments else None), (sd if moments else None)
 
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
-        m = mat[:, : b - a]
         where = order[a:b]
         d = v[a:b]
 
         c = count_h[a:b]
-        (q1, med, q3), mean, sd = sorted_stats(m, padded_h, before_h[a:b], c, fracs, True)
+        (q1, med, q3), mean, sd = sorted_stats(padded_h, before_h[a:b], c, fracs, True)
         has = c > 0
         none = np.flatnonzero(~has)  # a signature's first occurrences: few
         if len(none):
@@ -526,19 +453,19 @@ def _history(
             # baseline window (the plain window here is every earlier row: not regular-only).
             sel = np.flatnonzero(irr_before[a:b] != irr_before[np.arange(a, b) - c])
             if len(sel):
-                (bm,), _, _ = sorted_stats(m[:, : len(sel)], padded_b, before_b[a:b][sel],
+                (bm,), _, _ = sorted_stats(padded_b, before_b[a:b][sel],
                                            cb[sel], (0.5,), False)
                 base_med = med.copy()
                 base_med[sel] = np.where(hb[sel], bm, peer_med.take(where.take(sel)))
         # The transfer part of the duration (the wait part moves with every peer's arrival;
         # the transfer is steady), against its own baseline.
-        (xm,), _, _ = sorted_stats(m, padded_x, before_b[a:b], cb, (0.5,), False)
+        (xm,), _, _ = sorted_stats(padded_x, before_b[a:b], cb, (0.5,), False)
         x_med = np.where(hb, xm, 1.0)
         # the transfer's level is its median over the plain window, as the duration's (the
         # lowest level survives a persistent fault anyway; a stream's context covers it)
         x_plain = xm
         if sel is not None and len(sel):
-            (xa,), _, _ = sorted_stats(m[:, : len(sel)], padded_xa, before_h[a:b][sel],
+            (xa,), _, _ = sorted_stats(padded_xa, before_h[a:b][sel],
                                        c[sel], (0.5,), False)
             x_plain = xm.copy()
             x_plain[sel] = xa
