@@ -353,3 +353,39 @@ def test_stage_step_median_and_mad_equal_pandas():
     np.testing.assert_allclose(cols["stage_step_ratio"], dur / med, rtol=1e-12)
     sd = np.maximum(1.4826 * mad, _EPS_US)
     np.testing.assert_allclose(cols["stage_step_z"], (dur - med) / sd, rtol=1e-9, atol=1e-9)
+
+
+def _sorted_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The median of each dense code's values as sorting gives it: the two middle values of
+    the code's rows in ``sort_by``'s order, averaged."""
+    v = values[seg.sort_by(key, values)]
+    lengths = np.bincount(key)
+    starts = np.cumsum(lengths) - lengths
+    return 0.5 * (v[starts + (lengths - 1) // 2] + v[starts + lengths // 2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("signed", [False, True])
+def test_selected_median_is_the_sorted_one_bit_for_bit(seed, signed):
+    # values that round to one float32 but differ in float64 tie in sort_by's order (rows
+    # decide); a selection must take the same rows for the middle, not the float64 order's
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    key = seg.dense(rng.integers(0, max(n // int(rng.integers(1, 70)), 1), n))
+    base = rng.choice(np.array([0.0, 1.0, 3.5, 1e3, 7.25]), n)
+    values = base * (1 + rng.integers(-3, 4, n) * 1e-12)  # distinct, equal in float32
+    if signed:
+        values[rng.random(n) < 0.3] *= -1.0
+        values[rng.random(n) < 0.05] = -0.0
+    assert np.array_equal(seg.segment_median(key, values), _sorted_median(key, values))
+    # the crowd's deviations tie too: they keep the order of their values'
+    med, sd = build._crowd(key, np.abs(values), 0.0)
+    v = np.abs(values)[seg.sort_by(key, np.abs(values))]
+    code_sorted = np.repeat(np.arange(key.max() + 1), np.bincount(key))
+    adev = np.abs(v - med[code_sorted])
+    adev = adev[seg.sort_by(code_sorted, adev)]
+    lengths = np.bincount(key)
+    starts = np.cumsum(lengths) - lengths
+    mad = 0.5 * (adev[starts + (lengths - 1) // 2] + adev[starts + lengths // 2])
+    assert np.array_equal(med, _sorted_median(key, np.abs(values)))
+    assert np.array_equal(sd, np.maximum(1.4826 * mad, _EPS_US))

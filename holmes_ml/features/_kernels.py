@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["replay_gain_kernel", "window_stats_kernel"]
+__all__ = ["group_median_kernel", "group_rows_kernel", "replay_gain_kernel", "window_stats_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -270,3 +270,86 @@ def window_stats_kernel(padded, before, count, w, pairs, fracs, moments, block):
                         v = v + (np.float64(m[his, b]) - v) * (hs - below)
                 q[k, a + b] = v
     return q, mean, std
+
+
+@numba.njit(cache=True, nogil=True)
+def group_rows_kernel(code, k):
+    """``(bound, rows)``: the rows of each code ``0 .. k - 1`` of a non-negative ``code``,
+    ascending, at ``rows[bound[c]:bound[c + 1]]`` (a counting sort: no comparison)."""
+    bound = np.zeros(k + 1, np.int64)
+    for i in range(len(code)):
+        bound[code[i] + 1] += 1
+    for c in range(k):
+        bound[c + 1] += bound[c]
+    rows = np.empty(len(code), np.int64)
+    free = bound[:-1].copy()
+    for i in range(len(code)):
+        rows[free[code[i]]] = i
+        free[code[i]] += 1
+    return bound, rows
+
+
+@numba.njit(inline="always")
+def _before(r, s, key1, key2):
+    """Row ``r`` comes before row ``s``: by ``key1``, then ``key2``, then row."""
+    if key1[r] != key1[s]:
+        return key1[r] < key1[s]
+    if key2[r] != key2[s]:
+        return key2[r] < key2[s]
+    return r < s
+
+
+@numba.njit(cache=True, nogil=True)
+def group_median_kernel(bound, rows, key1, key2, values):
+    """Per group of :func:`group_rows_kernel`'s layout, the median of ``values``
+    (``0.5 * (lower middle + upper middle)``, NaN for an empty group) in the order of
+    ``(key1, key2, row)``: the rows numpy's stable sort of such keys puts in the middle, found
+    by selection (each group's rows are reordered in place, ``rows`` is scratch after)."""
+    k = len(bound) - 1
+    out = np.full(k, np.nan)
+    for g in range(k):
+        a, b = bound[g], bound[g + 1]
+        size = b - a
+        if size == 0:
+            continue
+        lo = a + (size - 1) // 2
+        # quickselect: rows[lo] becomes the row of rank lo - a, smaller ones before it
+        left, right = a, b - 1
+        while right > left:
+            if right - left < 16:  # insertion sort of what is left
+                for i in range(left + 1, right + 1):
+                    r = rows[i]
+                    j = i - 1
+                    while j >= left and _before(r, rows[j], key1, key2):
+                        rows[j + 1] = rows[j]
+                        j -= 1
+                    rows[j + 1] = r
+                break
+            mid = (left + right) // 2  # median of three as the pivot, moved to the right end
+            if _before(rows[mid], rows[left], key1, key2):
+                rows[mid], rows[left] = rows[left], rows[mid]
+            if _before(rows[right], rows[left], key1, key2):
+                rows[right], rows[left] = rows[left], rows[right]
+            if _before(rows[mid], rows[right], key1, key2):
+                rows[mid], rows[right] = rows[right], rows[mid]
+            pivot = rows[right]
+            store = left
+            for i in range(left, right):
+                if _before(rows[i], pivot, key1, key2):
+                    rows[i], rows[store] = rows[store], rows[i]
+                    store += 1
+            rows[store], rows[right] = rows[right], rows[store]
+            if store == lo:
+                break
+            if store < lo:
+                left = store + 1
+            else:
+                right = store - 1
+        upper = rows[lo]
+        if size % 2 == 0:  # the upper middle: the first row after the lower one
+            upper = rows[lo + 1]
+            for i in range(lo + 2, b):
+                if _before(rows[i], upper, key1, key2):
+                    upper = rows[i]
+        out[g] = 0.5 * (values[rows[lo]] + values[upper])
+    return out

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from holmes_ml.features._kernels import group_median_kernel, group_rows_kernel
+
 _LIMIT = np.iinfo(np.int64).max // 2
 
 
@@ -213,23 +215,49 @@ def sorted_segment_median(v: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return 0.5 * (v[starts + (lengths - 1) // 2] + v[starts + lengths // 2])
 
 
+def order_key(values: np.ndarray) -> np.ndarray:
+    """An int64 key per value that orders the values as :func:`sort_by` orders a float
+    ``minor`` (equal keys: by row): non-negative values (all of them) by their float32 rounding,
+    others exactly (-0.0 and 0.0 alike, NaN last)."""
+    m = np.asarray(values, dtype=np.float64)
+    if len(m) and bool((m >= 0).all()):
+        with np.errstate(over="ignore"):  # beyond float32 range -> inf, still the largest
+            return (m.astype(np.float32) + np.float32(0)).view(np.int32).astype(np.int64)
+    bits = (m + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
+    key = np.where(bits < 0, -(bits & np.int64(0x7FFFFFFFFFFFFFFF)), bits)
+    key[np.isnan(m)] = np.iinfo(np.int64).max
+    return key
+
+
+def group_layout(code: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(bound, rows)``: the rows of each code of a non-negative ``code`` (at least ``size``
+    codes), ascending, at ``rows[bound[c]:bound[c + 1]]``, by a counting sort."""
+    code = np.ascontiguousarray(code, dtype=np.int64)
+    k = max(int(code.max()) + 1 if len(code) else 0, size)
+    return group_rows_kernel(code, k)
+
+
+def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray,
+                 key: np.ndarray | None = None, then: np.ndarray | None = None) -> np.ndarray:
+    """Median of ``values`` per group of :func:`group_layout` (NaN for an empty group), the
+    values in the order of (``key``, ``then``, row): by default :func:`order_key`, which is
+    the median of :func:`sort_by`'s order, bit for bit (reorders ``rows`` within groups)."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    key = order_key(values) if key is None else key
+    return group_median_kernel(bound, rows, key, key if then is None else then, values)
+
+
 def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Median of ``values`` per code of a dense non-negative ``key`` (index = code; a code
-    with no element gets NaN)."""
+    """Median of ``values`` per code of a non-negative ``key`` (index = code; a code with no
+    element gets NaN), as sorting each code's values (:func:`sort_by`) and averaging the two
+    middle ones would give, found by selection."""
     n = len(key)
     k = int(key.max()) + 1 if n else 0
+    if k <= 4 * n + 1024:
+        return group_median(*group_layout(key, k), values)
+    present, code = np.unique(key, return_inverse=True)  # sparse codes
     out = np.full(k, np.nan)
-    if n == 0:
-        return out
-    order = sort_by(key, values)
-    v = np.asarray(values, dtype=np.float64)[order]
-    if k <= 4 * n + 1024:  # sort_by kept the groups in code order: their counts place them
-        present, _, starts = counted_groups(key, k)
-        out[present] = sorted_segment_median(v, starts)
-        return out
-    k_sorted = key[order]
-    starts = segment_starts(k_sorted)
-    out[k_sorted[starts]] = sorted_segment_median(v, starts)
+    out[present] = group_median(*group_layout(code.ravel()), values)
     return out
 
 

@@ -616,9 +616,7 @@ def _peers(
         put("peer_ratio_min", dur)
         put("peer_ratio_max", dur)
     del d_sorted
-    # Median per segment needs durations ordered within each segment.
-    dd = dur[seg.sort_by(sid, dur)]
-    peer_med = (seg.sorted_segment_median(dd, starts) if n else dd)[sid]
+    peer_med = seg.segment_median(sid, dur)[sid]
     put("peer_median_us", peer_med)
     put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
     return peer_med, lag_us, wait_us, sid, peer_min, last
@@ -728,19 +726,16 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float
     """``(med, sd)`` per code of a dense ``code`` (every code 0 .. k-1 present): the median of
     its rows' ``values`` and their robust standard deviation (1.4826 x the median absolute
     deviation, floored at ``min_spread`` of the median and at 1 ns)."""
-    order = seg.sort_by(code, values)
-    starts, sid, _ = seg.dense_layout(code)
-    if len(code) and len(starts) != int(code.max()) + 1:
+    bound, rows = seg.group_layout(code)
+    if (bound[1:] == bound[:-1]).any():
         raise ValueError("_crowd: the codes are not dense")  # a programming error
-    v = values[order]
-    med = seg.sorted_segment_median(v, starts)
-    # Within a segment the absolute deviations fall, then rise: two sorted runs, which the
-    # stable sort merges cheaply.
-    adev = np.abs(v - med[sid])
-    del v
-    adev = adev[seg.sort_by(sid, adev)]
-    mad = seg.sorted_segment_median(adev, starts)
-    del adev
+    # the median and the median absolute deviation of each crowd, as sorting would give them
+    # (the deviations' ties in the order of the values', as a stable sort of them leaves them)
+    key = seg.order_key(values)
+    med = seg.group_median(bound, rows, values, key)
+    adev = np.abs(values - med[code])
+    mad = seg.group_median(bound, rows, adev, seg.order_key(adev), key)
+    del adev, key, rows
     sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
     return med, sd
 
