@@ -17,7 +17,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["group_median_kernel", "group_rows_kernel", "replay_gain_kernel", "window_stats_kernel"]
+_F32_MAX = float(np.finfo(np.float32).max)
+
+__all__ = ["HISTORY_KERNEL_OUTPUTS", "group_median_kernel", "group_rows_kernel",
+           "history_kernel", "replay_gain_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -185,91 +188,322 @@ def replay_gain_kernel(inst, start_ns, prev_op, dur, excess, gap_excess, sweeps)
 
 
 @numba.njit(cache=True, nogil=True)
-def window_stats_kernel(padded, before, count, w, pairs, fracs, moments, block):
-    """The order statistics ``fracs`` of each row's window, and its mean and standard deviation
-    if ``moments``: ``(q (len(fracs), rows) float64, mean, std)`` (empty without ``moments``).
+def _sort_windows(m, padded, before, count, first, at, size, w, pairs, column, moments, mean,
+                  std):
+    """Fill ``m[:, :size]`` with the windows of rows ``at[:size]`` (rows ``first ..
+    first + size - 1`` if ``at`` is empty) and sort each column.
 
     Row ``i``'s window is its ``count[i]`` (at most ``w``) earlier values, lag ``l`` (0: the
-    latest) at ``padded[w - 1 + before[i] - l]`` (float32). Quantiles are numpy's default
-    ("linear") percentiles of the valid values; the mean and standard deviation are over the
-    window with its missing lags filled with the valid values' mean (computed in float32, as
-    numpy summed them), so that they are the valid values' own, and the standard deviation's
-    denominator is the count. Rows are taken ``block`` at a time: the window of every row of a
-    block is one ``(w, block)`` float32 matrix that stays in cache and that the comparators
-    ``pairs`` of a sorting network sort column-wise (branch-free min/max over the block); with
-    no ``pairs`` each column is sorted on its own (long windows).
+    latest) at ``padded[w - 1 + before[i] - l]`` (float32); missing lags sort last (inf). With
+    ``moments``, ``mean[b]`` and ``std[b]`` are over the window with its missing lags filled
+    with the valid values' mean (computed in float32, as numpy summed it), so that they are the
+    valid values' own, the standard deviation's denominator being the count. The comparators
+    ``pairs`` of a sorting network sort the columns together (branch-free min/max over the
+    block, in cache); with no ``pairs`` each column is sorted on its own (long windows).
     """
-    n = len(before)
-    n_q = len(fracs)
-    q = np.empty((n_q, n))
-    mean = np.empty(n if moments else 0)
-    std = np.empty(n if moments else 0)
-    m = np.empty((w, block), np.float32)
-    column = np.empty(w, np.float32)
     inf32 = np.float32(np.inf)
     zero32 = np.float32(0.0)
-    for a in range(0, n, block):
-        size = min(block, n - a)
-        for lag in range(w):
-            back = w - 1 - lag
+    indexed = len(at) > 0
+    for lag in range(w):
+        back = w - 1 - lag
+        if indexed:
             for b in range(size):
-                m[lag, b] = padded[before[a + b] + back]
-        for b in range(size):
-            c = count[a + b]
-            if moments:
-                fill = zero32
-                if c < w:  # the valid lags' mean, summed in float32
-                    total = m[0, b] if c > 0 else zero32
-                    for lag in range(1, w):
-                        total = total + (m[lag, b] if lag < c else zero32)
-                    fill = np.float32(np.float64(total) / max(c, 1))
-                s = np.float64(m[0, b] if c > 0 else fill)
-                for lag in range(1, w):
-                    s += np.float64(m[lag, b] if lag < c else fill)
-                mu = s / w
-                mu32 = np.float32(mu)
-                squares = 0.0
-                for lag in range(w):
-                    d = np.float64((m[lag, b] if lag < c else fill) - mu32)
-                    squares += d * d
-                mean[a + b] = mu
-                std[a + b] = np.sqrt(squares / max(c, 1))
-            for lag in range(c, w):  # missing lags sort last
-                m[lag, b] = inf32
-        if len(pairs):
-            for p in range(len(pairs)):
-                i, j = pairs[p, 0], pairs[p, 1]
-                for b in range(size):
-                    x, y = m[i, b], m[j, b]
-                    m[i, b] = min(x, y)
-                    m[j, b] = max(x, y)
+                m[lag, b] = padded[before[at[b]] + back]
         else:
             for b in range(size):
-                for lag in range(w):
-                    column[lag] = m[lag, b]
-                column.sort()
-                for lag in range(w):
-                    m[lag, b] = column[lag]
-        for k in range(n_q):
-            f = fracs[k]
-            # a full window's ranks and weight are fixed; a short one's follow its count
-            h = (w - 1) * f
-            lo, hi = int(np.floor(h)), int(np.ceil(h))
+                m[lag, b] = padded[before[first + b] + back]
+    for b in range(size):
+        c = count[at[b]] if indexed else count[first + b]
+        if moments:
+            fill = zero32
+            if c < w:  # the valid lags' mean, summed in float32
+                total = m[0, b] if c > 0 else zero32
+                for lag in range(1, w):
+                    total = total + (m[lag, b] if lag < c else zero32)
+                fill = np.float32(np.float64(total) / max(c, 1))
+            s = np.float64(m[0, b] if c > 0 else fill)
+            for lag in range(1, w):
+                s += np.float64(m[lag, b] if lag < c else fill)
+            mu = s / w
+            mu32 = np.float32(mu)
+            squares = 0.0
+            for lag in range(w):
+                d = np.float64((m[lag, b] if lag < c else fill) - mu32)
+                squares += d * d
+            mean[b] = mu
+            std[b] = np.sqrt(squares / max(c, 1))
+        for lag in range(c, w):
+            m[lag, b] = inf32
+    if len(pairs):
+        for p in range(len(pairs)):
+            i, j = pairs[p, 0], pairs[p, 1]
             for b in range(size):
-                c = count[a + b]
-                if c >= w:
-                    v = np.float64(m[lo, b])
-                    if hi != lo:
-                        v = v + (np.float64(m[hi, b]) - v) * (h - lo)
-                else:
-                    hs = max(c - 1, 0) * f
-                    below = np.floor(hs)
-                    los, his = int(below), int(np.ceil(hs))
-                    v = np.float64(m[los, b])
-                    if his != los:
-                        v = v + (np.float64(m[his, b]) - v) * (hs - below)
-                q[k, a + b] = v
-    return q, mean, std
+                x, y = m[i, b], m[j, b]
+                m[i, b] = min(x, y)
+                m[j, b] = max(x, y)
+    else:
+        for b in range(size):
+            for lag in range(w):
+                column[lag] = m[lag, b]
+            column.sort()
+            for lag in range(w):
+                m[lag, b] = column[lag]
+
+
+@numba.njit(cache=True, nogil=True)
+def _quantiles(out, m, count, first, at, size, w, f):
+    """``out[b]``: numpy's default ("linear") percentile ``f`` of the valid values of sorted
+    column ``b`` of ``m`` (:func:`_sort_windows`'s rows; inf for an empty window), for
+    ``b < size``: a full window's ranks and weight are fixed, a short one's follow its
+    count."""
+    h = (w - 1) * f
+    lo, hi = int(np.floor(h)), int(np.ceil(h))
+    indexed = len(at) > 0
+    for b in range(size):
+        c = count[at[b]] if indexed else count[first + b]
+        if c >= w:
+            v = np.float64(m[lo, b])
+            if hi != lo:
+                v = v + (np.float64(m[hi, b]) - v) * (h - lo)
+        else:
+            hs = max(c - 1, 0) * f
+            below = np.floor(hs)
+            los, his = int(below), int(np.ceil(hs))
+            v = np.float64(m[los, b])
+            if his != los:
+                v = v + (np.float64(m[his, b]) - v) * (hs - below)
+        out[b] = v
+
+
+@numba.njit(inline="always")
+def _maximum(a, b):
+    """``np.maximum`` of two floats (NaN wins; a tie keeps ``a``)."""
+    return a if (a >= b or a != a) else b
+
+
+@numba.njit(inline="always")
+def _minimum(a, b):
+    """``np.minimum`` of two floats (NaN wins; a tie keeps ``a``)."""
+    return a if (a <= b or a != a) else b
+
+
+@numba.njit(inline="always")
+def _clip(v, lo, hi):
+    """``np.clip`` of a float (NaN stays NaN)."""
+    return _minimum(_maximum(v, lo), hi)
+
+
+#: the history kernel's outputs, in the order of its ``out_rows`` argument
+HISTORY_KERNEL_OUTPUTS = (
+    "history_len", "hist_mean_us", "hist_std_us", "hist_q1_us", "hist_median_us", "hist_q3_us",
+    "hist_iqr_us", "hist_z", "hist_iqr_score", "base_ratio", "xfer_hist_ratio",
+    "level_rise_frac", "level_excess_frac", "level_wait_excess_frac", "level_wait_z",
+)
+
+
+@numba.njit(cache=True, nogil=True)
+def history_kernel(v, x, regular, sig, order, peer_med, w, pairs, regular_only, memory,
+                   min_spread, clip, eps, level_floor, level_min, matrix, out_rows, block):
+    """The history features of rows sorted by (signature, iteration), in that order.
+
+    ``v`` (duration), ``x`` (transfer), ``regular`` and ``sig`` are in sorted order, ``order``
+    maps a sorted place to its row (for ``peer_med``, in row order). Writes the columns
+    :data:`HISTORY_KERNEL_OUTPUTS` into ``matrix[out_rows[k], place]`` (float32) and returns
+    each row's history median floored at ``eps`` (float64, sorted order). What it computes is
+    what :func:`holmes_ml.features.build._history` documents, with the same float operations
+    as its vectorized numpy had, in the same order: the same features, bit for bit.
+
+    The windows: the plain one (every earlier copy, or the regular ones if ``regular_only``),
+    the baseline (regular copies), and the transfer's over the baseline and over the plain
+    window (its level). Rows are taken ``block`` at a time (see :func:`_sort_windows`); the
+    levels (:data:`~holmes_ml.features.build.FeatureConfig.level_memory`) read the medians of
+    the rows before, already computed.
+    """
+    n = len(v)
+    # Per sorted row: usable rows before it (plain ``before_h``, regular ``before_b``), in all
+    # and in its signature's copies (at most ``w``), and its place among those copies.
+    before_h = np.empty(n, np.int64)
+    before_b = np.empty(n, np.int64)
+    count_h = np.empty(n, np.int64)
+    count_b = np.empty(n, np.int64)
+    place = np.empty(n, np.int64)
+    n_regular = 0
+    for j in range(n):
+        if regular[j]:
+            n_regular += 1
+    all_regular = n_regular == n
+    same_window = all_regular or regular_only
+    seen = 0
+    first = 0
+    for j in range(n):
+        if j == 0 or sig[j] != sig[j - 1]:
+            first = j
+        place[j] = j - first
+        before_b[j] = seen
+        before_h[j] = seen if regular_only else j
+        if regular[j]:
+            seen += 1
+        count_b[j] = min(before_b[j] - before_b[first], w)
+        count_h[j] = min(before_h[j] - before_h[first], w)
+    # The compacted values each window reads, after ``w`` zeros: float32 (absurd but finite
+    # times stay finite).
+    big = _F32_MAX
+    padded_h = np.zeros(w + (n_regular if regular_only else n), np.float32)
+    padded_b = np.zeros(w + n_regular, np.float32)
+    padded_x = np.zeros(w + n_regular, np.float32)
+    padded_xa = np.zeros(w + (n_regular if same_window else n), np.float32)
+    k_r = w
+    for j in range(n):
+        v32 = np.float32(min(max(v[j], -big), big) if v[j] == v[j] else v[j])
+        x32 = np.float32(min(max(x[j], -big), big) if x[j] == x[j] else x[j])
+        if not regular_only:
+            padded_h[w + j] = v32
+        if not same_window:
+            padded_xa[w + j] = x32
+        if regular[j]:
+            if regular_only:
+                padded_h[k_r] = v32
+            padded_b[k_r] = v32
+            padded_x[k_r] = x32
+            if same_window:
+                padded_xa[k_r] = x32
+            k_r += 1
+    med_row = np.empty(n)
+    low_in = np.empty(n, np.float32)  # the median where it is a level, else inf
+    x_level = np.empty(n, np.float32)
+    tail_low = np.empty(n, np.float32)  # minimums to the end of their run (see below)
+    tail_x = np.empty(n, np.float32)
+    run_low = run_x = np.float32(np.inf)
+    m = np.empty((w, block), np.float32)
+    column = np.empty(w, np.float32)
+    none = np.empty(0, np.int64)  # (rows a .. a + size - 1)
+    sel = np.empty(block, np.int64)
+    mean = np.empty(block)
+    std = np.empty(block)
+    dummy = np.empty(block)
+    q1 = np.empty(block)
+    med = np.empty(block)
+    q3 = np.empty(block)
+    xm = np.empty(block)
+    bm = np.full(block, np.nan)
+    xa = np.full(block, np.nan)
+    picked = np.zeros(block, np.bool_)
+    inf32 = np.float32(np.inf)
+    spread_floor = np.float32(eps)
+    ms32 = np.float32(min_spread)
+    rows = out_rows
+    for a in range(0, n, block):
+        size = min(block, n - a)
+        _sort_windows(m, padded_h, before_h, count_h, a, none, size, w, pairs, column, True,
+                      mean, std)
+        _quantiles(q1, m, count_h, a, none, size, w, 0.25)
+        _quantiles(med, m, count_h, a, none, size, w, 0.5)
+        _quantiles(q3, m, count_h, a, none, size, w, 0.75)
+        _sort_windows(m, padded_x, before_b, count_b, a, none, size, w, pairs, column, False,
+                      dummy, dummy)
+        _quantiles(xm, m, count_b, a, none, size, w, 0.5)
+        # Rows with an irregular copy inside their plain window have another baseline window
+        # (regular copies only) and another transfer level window (the plain one).
+        n_sel = 0
+        if not same_window:
+            for b in range(size):
+                j = a + b
+                c = count_h[j]
+                # irregular rows before j and before j - c differ
+                picked[b] = (j - before_b[j]) != (j - c - before_b[j - c])
+                if picked[b]:
+                    sel[n_sel] = j
+                    n_sel += 1
+            if n_sel:
+                _sort_windows(m, padded_b, before_b, count_b, a, sel, n_sel, w, pairs, column,
+                              False, dummy, dummy)
+                _quantiles(dummy, m, count_b, a, sel, n_sel, w, 0.5)
+                for u in range(n_sel):
+                    bm[sel[u] - a] = dummy[u]
+                _sort_windows(m, padded_xa, before_h, count_h, a, sel, n_sel, w, pairs, column,
+                              False, dummy, dummy)
+                _quantiles(dummy, m, count_h, a, sel, n_sel, w, 0.5)
+                for u in range(n_sel):
+                    xa[sel[u] - a] = dummy[u]
+        for b in range(size):
+            j = a + b
+            c = count_h[j]
+            cb = count_b[j]
+            d = v[j]
+            has, hb = c > 0, cb > 0
+            mu, sd, lo_q, md, hi_q = mean[b], std[b], q1[b], med[b], q3[b]
+            if not has:  # a signature's first copy: its peers stand in for its past
+                pm = peer_med[order[j]]
+                lo_q, md, hi_q, mu, sd = pm, pm, pm, pm, 0.0
+            iqr = hi_q - lo_q
+            med_row[j] = _maximum(md, eps)
+            floor = _maximum(min_spread * abs(md), eps)
+            base = md
+            x_plain = xm[b]
+            if n_sel and picked[b]:
+                base = bm[b] if hb else peer_med[order[j]]
+                x_plain = xa[b]
+            x_med = xm[b] if hb else 1.0
+            x_level[j] = np.float32(x_plain if c >= level_min else np.inf)
+            z = (d - mu) / _maximum(sd, floor) if has else 0.0
+            iqr_score = (d - md) / _maximum(iqr, floor) if has else 0.0
+            xfer_ratio = x[j] / _maximum(x_med, eps) if hb else 1.0
+            matrix[rows[0], j] = np.float32(min(c, clip))
+            matrix[rows[1], j] = np.float32(mu)
+            matrix[rows[2], j] = np.float32(sd)
+            matrix[rows[3], j] = np.float32(lo_q)
+            matrix[rows[4], j] = np.float32(md)
+            matrix[rows[5], j] = np.float32(hi_q)
+            matrix[rows[6], j] = np.float32(iqr)
+            matrix[rows[7], j] = np.float32(_clip(z, -clip, clip))
+            matrix[rows[8], j] = np.float32(_clip(iqr_score, -clip, clip))
+            matrix[rows[9], j] = np.float32(_clip(d / _maximum(base, eps), -clip, clip))
+            matrix[rows[10], j] = np.float32(_clip(xfer_ratio, -clip, clip))
+            # The lowest level: the lowest history median (of enough copies) among the last
+            # ``memory`` copies, this one included; the transfer's alike.
+            # (van Herk's running minimum: the signature's copies in runs of ``memory``, the
+            # minimum from the run's start to each copy and, once a run is over, from each of
+            # its copies to its end; a window spans the end of one run and the start of the
+            # next)
+            md32 = np.float32(md)
+            low_in[j] = md32 if c >= level_min else inf32
+            p = place[j]
+            r = p % memory
+            if r == 0:
+                run_low, run_x = low_in[j], x_level[j]
+                if p >= memory:  # the run before is over: its minimums to its end
+                    end_low, end_x = low_in[j - 1], x_level[j - 1]
+                    for k in range(j - 1, j - memory - 1, -1):
+                        end_low = _minimum(low_in[k], end_low)
+                        end_x = _minimum(x_level[k], end_x)
+                        tail_low[k], tail_x[k] = end_low, end_x
+            else:
+                run_low = _minimum(run_low, low_in[j])
+                run_x = _minimum(run_x, x_level[j])
+            lowest, x_low = run_low, run_x
+            if p >= memory and r != memory - 1:
+                lowest = _minimum(tail_low[j - memory + 1], lowest)
+                x_low = _minimum(tail_x[j - memory + 1], x_low)
+            unknown = not np.isfinite(lowest)
+            if unknown:
+                lowest = np.float32(0.0)
+            neither = unknown or not np.isfinite(x_low)
+            if neither:
+                x_low = np.float32(0.0)
+            denom = _maximum(d, level_floor)
+            rise = _maximum(md32 - lowest, np.float32(0.0))
+            excess = d - np.float64(lowest)
+            wait = _maximum(excess - _maximum(x[j] - np.float64(x_low), 0.0), 0.0)
+            spread = _maximum(_maximum(np.float32(abs(md32)) * ms32, np.float32(sd)),
+                              spread_floor)
+            matrix[rows[11], j] = np.float32(
+                0.0 if unknown else _clip(np.float64(rise) / denom, 0.0, clip))
+            matrix[rows[12], j] = np.float32(
+                0.0 if unknown else _clip(_maximum(excess, 0.0) / denom, 0.0, clip))
+            matrix[rows[13], j] = np.float32(0.0 if neither else _clip(wait / denom, 0.0, clip))
+            matrix[rows[14], j] = np.float32(
+                0.0 if neither else _clip(wait / np.float64(spread), 0.0, clip))
+    return med_row
 
 
 @numba.njit(cache=True, nogil=True)

@@ -259,20 +259,3 @@ def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     out = np.full(k, np.nan)
     out[present] = group_median(*group_layout(code.ravel()), values)
     return out
-
-
-def trailing_min(x: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """Minimum of ``x`` over each row's last ``width`` rows of its segment (itself included;
-    ``pos``: the row's place in its segment), by doubling spans: log2(width) passes."""
-    out = x.copy()
-    shifted = np.empty_like(out)
-    span = 1
-    while span * 2 <= width:
-        shifted[span:] = out[:-span]
-        np.minimum(out, shifted, out=out, where=pos >= span)
-        span *= 2
-    rest = width - span  # out covers [i - span + 1, i]; one more pass covers width rows
-    if rest > 0:
-        shifted[rest:] = out[:-rest]
-        np.minimum(out, shifted, out=out, where=pos >= rest)
-    return out

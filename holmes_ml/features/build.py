@@ -36,7 +36,11 @@ import numpy as np
 import pandas as pd
 
 from holmes_ml.features import _segments as seg
-from holmes_ml.features._kernels import replay_gain_kernel, window_stats_kernel
+from holmes_ml.features._kernels import (
+    HISTORY_KERNEL_OUTPUTS,
+    history_kernel,
+    replay_gain_kernel,
+)
 from holmes_ml.features.iterations import (
     IrregularityConfig,
     irregular_flags,
@@ -186,8 +190,8 @@ class FeatureConfig:
         How the iteration-time ratio's reference and the regular iterations are built (see
         :class:`~holmes_ml.features.iterations.IrregularityConfig`).
     chunk_rows:
-        Rows processed at once by the history window (bounds the temporary
-        ``chunk_rows x window`` matrix; memory, not results, depends on it).
+        Rows whose history windows are sorted together (a ``chunk_rows x window`` float32
+        matrix that stays in cache; speed, not results, depends on it).
     level_memory:
         Copies of a signature over which its *lowest level* is kept: the lowest history median
         (of at least 3 earlier copies) among its last ``level_memory`` copies, this one
@@ -226,7 +230,7 @@ class FeatureConfig:
     clip: float = 1e4
     history_regular_only: bool = False
     irregularity: IrregularityConfig = field(default_factory=IrregularityConfig)
-    chunk_rows: int = 1 << 15
+    chunk_rows: int = 256
     level_memory: int = 20
     chain_hops: int = 16
     stage_min_instances: int = 4
@@ -327,7 +331,6 @@ def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
 
 
 _NETWORK_MAX = 32  # beyond this many lags sorting each window beats a comparator network
-_HISTORY_BLOCK = 256  # rows whose windows are sorted together (a matrix in cache)
 
 
 _HISTORY_OUTPUTS = (
@@ -360,13 +363,11 @@ def _history(
     rows where ``regular`` is true (see ``FeatureConfig.history_regular_only``). Rows are
     sorted by (signature, iteration) and the history rows compacted in that order, so the
     earlier occurrences of row ``i`` are the ``history_len`` compacted rows just before its
-    place. The windows' statistics come from a compiled loop
-    (:func:`~holmes_ml.features._kernels.window_stats_kernel`) that sorts each window in
-    float32 (the precision of the output) with a sorting network, a block of rows at a time.
-    Everything derived is computed per chunk and written into ``matrix`` (memory stays ~ chunk
-    x a few floats), then put in row order one feature row at a time; the one row-sized
-    float64 kept is the median, by which the row-ordered lag, wait and duration are divided at
-    the end.
+    place. A compiled loop (:func:`~holmes_ml.features._kernels.history_kernel`) sorts each
+    window in float32 (the precision of the output) with a sorting network, a block of rows at
+    a time, and writes every statistic, ratio and level into ``matrix`` in that order; they are
+    then put in row order one feature row at a time. The one row-sized float64 kept is the
+    median, by which the row-ordered lag, wait and duration are divided at the end.
 
     Without history the op's peers stand in for its past: the history statistics are the peer
     median, ratios become peer ratios and the spread-based scores are neutral (0).
@@ -374,182 +375,26 @@ def _history(
     n = len(values)
     w = int(cfg.window)
     order = seg.sort_by(sig, iteration)
-    v = values[order]
-    x = xfer[order]
-    r = regular[order]
-    starts, seg_id, place = seg.segment_layout(sig[order])
-
-    def window_of(use: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        # Usable rows strictly before each row (sorted order), globally and in its segment.
-        if use is None:
-            before = np.arange(n, dtype=np.int64)
-        else:
-            before = np.cumsum(use, dtype=np.int64) - use
-        return before, np.minimum(before - before[starts][seg_id], w)
-
-    all_regular = bool(r.all())
-    before_h, count_h = window_of(r if cfg.history_regular_only else None)
-    # Same window when every iteration is regular (the common case): computed once.
-    same_window = all_regular or cfg.history_regular_only
-    before_b, count_b = (before_h, count_h) if same_window else window_of(r)
-    # irregular rows before each row (sorted order); used only when the windows differ
-    irr_before = None if same_window else np.arange(n, dtype=np.int64) - before_b
-    # lag l of row i is padded[w - 1 + before[i] - l]
-    pad = np.zeros(w, dtype=np.float32)
-    big = float(np.finfo(np.float32).max)  # absurd but finite times stay finite in float32
-    v32 = np.clip(v, -big, big).astype(np.float32)
-    padded_h = np.concatenate([pad, v32[r] if cfg.history_regular_only else v32])
-    padded_b = padded_h if cfg.history_regular_only else np.concatenate([pad, v32[r]])
-    x32 = np.clip(x, -big, big).astype(np.float32)
-    padded_x = np.concatenate([pad, x32[r]])
-    # the transfer over the plain window, for its lowest level (as the duration's)
-    padded_xa = padded_x if same_window else np.concatenate([pad, x32])
-    del x32
-    del r, v32
-    chunk = int(min(cfg.chunk_rows, max(n, 1)))
-    rows_of = {name: _COL[name] for name in _HISTORY_OUTPUTS}
-    clip = cfg.clip
-    x_level = np.empty(n, dtype=np.float32)  # transfer history medians, sorted order
-    med_row = np.empty(n)  # the history median floored at _EPS_US, sorted order
-    fracs = (0.25, 0.5, 0.75)
     pairs = np.array(_sorting_network(w) if w <= _NETWORK_MAX else (), dtype=np.int64)
-    pairs = pairs.reshape(-1, 2)
-
-    def sorted_stats(padded, before, c, fr, moments):
-        """Each row's window's quantiles ``fr`` and (optionally) mean and std
-        (:func:`~holmes_ml.features._kernels.window_stats_kernel`)."""
-        q, mu, sd = window_stats_kernel(padded, np.ascontiguousarray(before),
-                                        np.ascontiguousarray(c), w, pairs,
-                                        np.asarray(fr, dtype=np.float64), moments,
-                                        _HISTORY_BLOCK)
-        return list(q), (mu if moments else None), (sd if moments else None)
-
-    for a in range(0, n, chunk):
-        b = min(n, a + chunk)
-        where = order[a:b]
-        d = v[a:b]
-
-        c = count_h[a:b]
-        (q1, med, q3), mean, sd = sorted_stats(padded_h, before_h[a:b], c, fracs, True)
-        has = c > 0
-        none = np.flatnonzero(~has)  # a signature's first occurrences: few
-        if len(none):
-            pm = peer_med.take(where.take(none))
-            for stat in (q1, med, q3, mean):
-                stat[none] = pm
-            sd[none] = 0.0
-        iqr = q3 - q1
-        np.maximum(med, _EPS_US, out=med_row[a:b])
-        floor = np.maximum(cfg.min_spread * np.abs(med), _EPS_US)
-
-        # Baseline: regular iterations only, so that it survives a persistent fault.
-        cb = count_b[a:b]
-        hb = cb > 0
-        base_med = med
-        sel = None
-        if not same_window:
-            assert irr_before is not None  # built whenever the windows differ
-            # Only rows with an irregular row inside their plain window have another
-            # baseline window (the plain window here is every earlier row: not regular-only).
-            sel = np.flatnonzero(irr_before[a:b] != irr_before[np.arange(a, b) - c])
-            if len(sel):
-                (bm,), _, _ = sorted_stats(padded_b, before_b[a:b][sel],
-                                           cb[sel], (0.5,), False)
-                base_med = med.copy()
-                base_med[sel] = np.where(hb[sel], bm, peer_med.take(where.take(sel)))
-        # The transfer part of the duration (the wait part moves with every peer's arrival;
-        # the transfer is steady), against its own baseline.
-        (xm,), _, _ = sorted_stats(padded_x, before_b[a:b], cb, (0.5,), False)
-        x_med = np.where(hb, xm, 1.0)
-        # the transfer's level is its median over the plain window, as the duration's (the
-        # lowest level survives a persistent fault anyway; a stream's context covers it)
-        x_plain = xm
-        if sel is not None and len(sel):
-            (xa,), _, _ = sorted_stats(padded_xa, before_h[a:b][sel],
-                                       c[sel], (0.5,), False)
-            x_plain = xm.copy()
-            x_plain[sel] = xa
-        x_level[a:b] = np.where(c >= _LEVEL_MIN_COPIES, x_plain, np.inf)
-
-        out = {
-            "history_len": c,
-            "hist_mean_us": mean,
-            "hist_std_us": sd,
-            "hist_q1_us": q1,
-            "hist_median_us": med,
-            "hist_q3_us": q3,
-            "hist_iqr_us": iqr,
-            "hist_z": np.where(has, (d - mean) / np.maximum(sd, floor), 0.0),
-            "hist_iqr_score": np.where(has, (d - med) / np.maximum(iqr, floor), 0.0),
-            "base_ratio": d / np.maximum(base_med, _EPS_US),
-            "xfer_hist_ratio": np.where(hb, x[a:b] / np.maximum(x_med, _EPS_US), 1.0),
-        }
-        for name, vals in out.items():
-            # Written in sorted order (contiguous); permuted to row order once at the end.
-            if name in TIME_FEATURES:
-                with np.errstate(over="ignore"):  # float32 overflow -> inf, repaired later
-                    matrix[rows_of[name], a:b] = vals
-            else:
-                matrix[rows_of[name], a:b] = np.clip(vals, -clip, clip)
-    _levels(matrix, rows_of, v, x, x_level, count_h, place, int(cfg.level_memory), clip,
-            cfg.min_spread)
+    out_rows = np.array([_COL[name] for name in HISTORY_KERNEL_OUTPUTS], dtype=np.int64)
+    med_row = history_kernel(
+        values[order], xfer[order], regular[order], sig[order], order, peer_med, w,
+        pairs.reshape(-1, 2), bool(cfg.history_regular_only), int(cfg.level_memory),
+        float(cfg.min_spread), float(cfg.clip), _EPS_US, _LEVEL_FLOOR_US, _LEVEL_MIN_COPIES,
+        matrix, out_rows, int(cfg.chunk_rows))
     # One gather per feature row (order[j] is the row of sorted position j) beats a scatter
-    # per chunk and feature; the temporary is a single row.
+    # per feature; the temporary is a single row.
     back = np.empty(n, dtype=np.int64)
     back[order] = np.arange(n, dtype=np.int64)
-    for name in _HISTORY_OUTPUTS:
-        if name not in _ROW_ORDER_OUTPUTS:
-            row = matrix[rows_of[name]]
-            row[:] = row.take(back)
+    for name in HISTORY_KERNEL_OUTPUTS:
+        row = matrix[_COL[name]]
+        row[:] = row.take(back)
     # Ratios of row-ordered columns to the median: divided in row order, after one gather of
-    # the medians, instead of per chunk in sorted order and each result permuted back.
+    # the medians, instead of in sorted order and each result permuted back.
     med_row = med_row.take(back)
     for name, col in zip(_ROW_ORDER_OUTPUTS, (lag_us, wait, values), strict=True):
-        np.clip(np.divide(col, med_row), -clip, clip, out=matrix[rows_of[name]],
+        np.clip(np.divide(col, med_row), -cfg.clip, cfg.clip, out=matrix[_COL[name]],
                 casting="same_kind")
-
-
-def _levels(matrix: np.ndarray, rows_of: dict[str, int], d: np.ndarray, x: np.ndarray,
-            x_level: np.ndarray, count: np.ndarray, place: np.ndarray, memory: int,
-            clip: float, min_spread: float) -> None:
-    """``level_rise_frac``, ``level_excess_frac``, ``level_wait_excess_frac`` and
-    ``level_wait_z`` (``FeatureConfig.level_memory``) from the history medians already in
-    ``matrix`` and the transfer's (``x_level``: inf where there are too few copies yet), all in
-    (signature, iteration) order; 0 until a signature has a level (``place``: each row's among
-    its signature's copies). Row-sized temporaries are reused: this runs on every op."""
-    med = matrix[rows_of["hist_median_us"]]
-    lowest = seg.trailing_min(np.where(count >= _LEVEL_MIN_COPIES, med, np.float32(np.inf)),
-                              place, memory)
-    unknown = ~np.isfinite(lowest)
-    lowest[unknown] = 0.0
-    denom = np.maximum(d, _LEVEL_FLOOR_US)
-    frac = np.empty(len(d), dtype=np.float64)
-
-    def put(name: str, num: np.ndarray, by: np.ndarray, none: np.ndarray) -> None:
-        np.divide(num, by, out=frac)
-        frac[none] = 0.0
-        np.clip(frac, 0.0, clip, out=matrix[rows_of[name]], casting="same_kind")
-
-    rise = np.subtract(med, lowest)  # float32, as the medians
-    put("level_rise_frac", np.maximum(rise, 0.0, out=rise), denom, unknown)
-    del rise
-    excess = np.subtract(d, lowest)  # kept for the wait below
-    put("level_excess_frac", np.maximum(excess, 0.0), denom, unknown)
-    # The excess over the lowest level less the transfer's own excess over its lowest level
-    x_low = seg.trailing_min(x_level, place, memory)
-    neither = unknown | ~np.isfinite(x_low)
-    x_low[neither] = 0.0
-    wait = np.subtract(x, x_low)
-    np.maximum(wait, 0.0, out=wait)
-    np.subtract(excess, wait, out=wait)
-    np.maximum(wait, 0.0, out=wait)
-    del excess, x_low
-    put("level_wait_excess_frac", wait, denom, neither)
-    spread = np.abs(med)
-    spread *= min_spread
-    np.maximum(spread, matrix[rows_of["hist_std_us"]], out=spread)
-    np.maximum(spread, _EPS_US, out=spread)
-    put("level_wait_z", wait, spread, neither)
 
 
 # --------------------------------------------------------------------------- peers
