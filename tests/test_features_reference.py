@@ -389,3 +389,15 @@ def test_selected_median_is_the_sorted_one_bit_for_bit(seed, signed):
     mad = 0.5 * (adev[starts + (lengths - 1) // 2] + adev[starts + lengths // 2])
     assert np.array_equal(med, _sorted_median(key, np.abs(values)))
     assert np.array_equal(sd, np.maximum(1.4826 * mad, _EPS_US))
+
+
+@pytest.mark.parametrize("kind", ["random", "nearly sorted", "few values", "wide", "small"])
+def test_stable_order_is_the_stable_argsort(kind):
+    rng = np.random.default_rng(11)
+    n = 50 if kind == "small" else 20_000
+    key = {"random": rng.integers(0, 10**9, n),
+           "nearly sorted": np.sort(rng.integers(0, 10**6, n)) + (rng.random(n) < 0.01),
+           "few values": rng.integers(0, 5, n),  # ties: rows keep their order
+           "wide": rng.integers(0, 2**60, n),  # too wide to pack with the rows
+           "small": rng.integers(0, 7, n)}[kind].astype(np.int64)
+    np.testing.assert_array_equal(seg.stable_order(key), np.argsort(key, kind="stable"))

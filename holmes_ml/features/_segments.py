@@ -92,6 +92,25 @@ def rank_of(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def stable_order(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` for a non-negative int64 ``key``.
+
+    Where the key and the row number pack into one int64, sorting the packed values (numpy's
+    SIMD sort of values, no indirection) and keeping their row bits is the same permutation:
+    on the bench job 18 ms against the stable argsort's 64 ms for the history's key, whose
+    runs interleave, and against its 13 ms for the signatures', whose runs it merges cheaply.
+    """
+    n = len(key)
+    row_bits = int(n - 1).bit_length() if n > 1 else 1
+    if n < 1024 or int(key.max()).bit_length() + row_bits > 62:
+        return np.argsort(key, kind="stable")
+    packed = key << row_bits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << row_bits) - 1
+    return packed
+
+
 def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
     """Permutation grouping rows by a non-negative ``major`` key, sorted by ``minor`` within
     each group.
@@ -114,7 +133,7 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
         lo = int(m.min())
         span = int(m.max()) - lo + 1
         if span > 0 and (int(major.max()) + 1) <= _LIMIT // span:
-            return np.argsort(major * span + (m.astype(np.int64) - lo), kind="stable")
+            return stable_order(major * span + (m.astype(np.int64) - lo))
     if m.dtype.kind == "f" and len(m) and bool((m >= 0).all()):
         # The bit patterns of non-negative IEEE floats sort like the floats; float32 keeps
         # 31 bits, so the pair packs into one int64 (near-equal values may tie: harmless for
@@ -123,7 +142,7 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
             # + 0: -0.0 (sign bit set: a negative int) becomes 0.0, every other value stays
             bits = (m.astype(np.float32) + np.float32(0)).view(np.int32).astype(np.int64)
         if (int(major.max()) + 1) <= _LIMIT // (1 << 31):
-            return np.argsort(major * (1 << 31) + bits, kind="stable")
+            return stable_order(major * (1 << 31) + bits)
     if (m.dtype.kind == "f" and len(m) and (int(major.max()) + 1) <= _LIMIT // (1 << 32)
             and not np.isnan(m).any()):
         return _signed_float_order(major, m)
