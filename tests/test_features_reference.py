@@ -15,6 +15,7 @@ import pytest
 from holmes_ml.bench.features import synthetic_ops
 from holmes_ml.features import FEATURE_COLUMNS, FeatureConfig, build, build_features
 from holmes_ml.features import _segments as seg
+from holmes_ml.features._kernels import PEERS_KERNEL_OUTPUTS
 from holmes_ml.features.build import _COL, _EPS_US, TIME_FEATURES, _sorting_network
 
 # --------------------------------------------------------------------------- reference
@@ -401,3 +402,43 @@ def test_stable_order_is_the_stable_argsort(kind):
            "wide": rng.integers(0, 2**60, n),  # too wide to pack with the rows
            "small": rng.integers(0, 7, n)}[kind].astype(np.int64)
     np.testing.assert_array_equal(seg.stable_order(key), np.argsort(key, kind="stable"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_peer_columns_equal_a_group_by(seed):
+    # instances of 1 to 80 copies (the big ones rank their arrivals by bisection), arrival
+    # times with ties, in any row order
+    rng = np.random.default_rng(seed)
+    sizes = rng.choice([1, 2, 3, 8, 33, 80], 60)
+    inst = rng.permutation(np.repeat(np.arange(len(sizes)) * 7 + 3, sizes))
+    n = len(inst)
+    start = rng.integers(0, 5, n) * 1_000 + 10**18  # ties: one of five arrival times
+    dur = rng.lognormal(3.0, 0.5, n)
+    matrix = np.full((len(FEATURE_COLUMNS), n), np.nan, dtype=np.float32)
+    written: set[str] = set()
+    peer_med, lag_us, wait_us, sid, peer_min, last = build._peers(matrix, written, inst,
+                                                                  start, dur, 1e4)
+    col = {name: matrix[_COL[name]] for name in written}
+    frame = pd.DataFrame({"i": inst, "s": start, "d": dur, "row": np.arange(n)})
+    by = frame.groupby("i")
+    lag = (frame["s"] - by["s"].transform("min")).to_numpy()
+    spread = pd.Series(lag).groupby(inst).transform("max").to_numpy()
+    size = by["s"].transform("size").to_numpy()
+    ahead = pd.Series(lag).groupby(inst).rank(method="min").to_numpy() - 1
+    late = frame.assign(lag=lag).sort_values(["i", "lag", "row"]).groupby("i")["row"].last()
+    np.testing.assert_array_equal(lag_us, lag / 1e3)
+    np.testing.assert_array_equal(wait_us, np.minimum((spread - lag) / 1e3, dur))
+    np.testing.assert_array_equal(last, late.loc[inst].to_numpy())
+    np.testing.assert_array_equal(peer_min, by["d"].transform("min").to_numpy())
+    np.testing.assert_allclose(peer_med, by["d"].transform("median").to_numpy(), rtol=1e-12)
+    np.testing.assert_array_equal(col["peer_count"], size)
+    np.testing.assert_array_equal(col["arrived_last"], (lag == spread) & (spread > 0))
+    np.testing.assert_array_equal(
+        col["arrival_rank"], np.where(size > 1, ahead / np.maximum(size - 1, 1), 0.0)
+        .astype(np.float32))
+    np.testing.assert_array_equal(
+        col["arrival_lag_spread"],
+        np.where(spread > 0, lag / np.maximum(spread, 1), 0.0).astype(np.float32))
+    np.testing.assert_array_equal(
+        col["peer_ratio_max"], (dur / by["d"].transform("max").to_numpy()).astype(np.float32))
+    assert len(np.unique(sid)) == len(sizes) and written == set(PEERS_KERNEL_OUTPUTS)

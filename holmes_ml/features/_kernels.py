@@ -19,8 +19,8 @@ import numpy as np
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
-__all__ = ["HISTORY_KERNEL_OUTPUTS", "group_median_kernel", "group_rows_kernel",
-           "history_kernel", "replay_gain_kernel"]
+__all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "group_median_kernel",
+           "group_rows_kernel", "history_kernel", "peers_kernel", "replay_gain_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -587,3 +587,86 @@ def group_median_kernel(bound, rows, key1, key2, values):
                     upper = rows[i]
         out[g] = 0.5 * (values[rows[lo]] + values[upper])
     return out
+
+
+#: the peers kernel's columns, in the order of its ``out_rows`` argument; the first two are
+#: microsecond columns (cast as they are), the others are clipped
+PEERS_KERNEL_OUTPUTS = (
+    "arrival_lag_us", "peer_median_us", "peer_count", "arrived_last", "arrival_lag_spread",
+    "arrival_rank", "peer_ratio_min", "peer_ratio_max", "peer_ratio_median",
+)
+
+
+@numba.njit(cache=True, nogil=True)
+def peers_kernel(bound, rows, start, dur, peer_med, eps, clip, matrix, out_rows):
+    """Arrival order and duration spread of each row within its instance (the groups of
+    :func:`group_rows_kernel`'s layout ``bound``, ``rows``, in any order within a group;
+    ``peer_med``: each instance's median duration): writes the columns
+    :data:`PEERS_KERNEL_OUTPUTS` into ``matrix[out_rows[k]]`` (float32, row order) and returns
+    ``(peer_med, lag_us, wait_us, peer_min, last)`` per row, ``last`` the row that arrived last in its instance (the largest lag; of
+    equal ones, the highest row). The same values as the numpy of
+    :func:`holmes_ml.features.build._peers` gave, bit for bit.
+    """
+    n = len(start)
+    med_row = np.empty(n)
+    lag_us = np.empty(n)
+    wait_us = np.empty(n)
+    peer_min = np.empty(n)
+    last = np.empty(n, np.int64)
+    lags = np.empty(0, np.int64)
+    for g in range(len(bound) - 1):
+        a, b = bound[g], bound[g + 1]
+        size = b - a
+        if size == 0:
+            continue
+        first = start[rows[a]]
+        low, high = dur[rows[a]], dur[rows[a]]
+        for q in range(a, b):
+            i = rows[q]
+            first = min(first, start[i])
+            low = _minimum(low, dur[i])
+            high = _maximum(high, dur[i])
+        spread = np.int64(0)
+        late = rows[a]
+        for q in range(a, b):  # of equal lags, the highest row
+            i = rows[q]
+            lag = start[i] - first
+            if lag > spread or (lag == spread and i > late):
+                spread = lag
+                late = i
+        if size > 32:  # a big instance: its lags sorted, each row's rank by bisection
+            if len(lags) < size:
+                lags = np.empty(size, np.int64)
+            for q in range(a, b):
+                lags[q - a] = start[rows[q]] - first
+            lags[:size].sort()
+        med = peer_med[g]
+        for q in range(a, b):
+            i = rows[q]
+            lag = start[i] - first
+            d = dur[i]
+            if size > 32:
+                ahead = np.searchsorted(lags[:size], lag)
+            else:
+                ahead = 0  # copies that arrived strictly earlier
+                for u in range(a, b):
+                    if start[rows[u]] - first < lag:
+                        ahead += 1
+            med_row[i] = med
+            lag_us[i] = lag / 1e3
+            wait_us[i] = _minimum((spread - lag) / 1e3, d)
+            peer_min[i] = low
+            last[i] = late
+            matrix[out_rows[0], i] = np.float32(lag / 1e3)
+            matrix[out_rows[1], i] = np.float32(med)
+            matrix[out_rows[2], i] = np.float32(_clip(np.float64(size), -clip, clip))
+            matrix[out_rows[3], i] = np.float32(
+                _clip(1.0 if (lag == spread and spread > 0) else 0.0, -clip, clip))
+            matrix[out_rows[4], i] = np.float32(
+                _clip(lag / max(spread, 1), -clip, clip) if spread > 0 else 0.0)
+            matrix[out_rows[5], i] = np.float32(
+                _clip(ahead / max(size - 1, 1), -clip, clip) if size > 1 else 0.0)
+            matrix[out_rows[6], i] = np.float32(_clip(d / _maximum(low, eps), -clip, clip))
+            matrix[out_rows[7], i] = np.float32(_clip(d / _maximum(high, eps), -clip, clip))
+            matrix[out_rows[8], i] = np.float32(_clip(d / _maximum(med, eps), -clip, clip))
+    return med_row, lag_us, wait_us, peer_min, last

@@ -38,7 +38,9 @@ import pandas as pd
 from holmes_ml.features import _segments as seg
 from holmes_ml.features._kernels import (
     HISTORY_KERNEL_OUTPUTS,
+    PEERS_KERNEL_OUTPUTS,
     history_kernel,
+    peers_kernel,
     replay_gain_kernel,
 )
 from holmes_ml.features.iterations import (
@@ -398,72 +400,30 @@ def _history(
 
 
 # --------------------------------------------------------------------------- peers
-def _peers(
-    put, instance: np.ndarray, start: np.ndarray, dur: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _peers(matrix: np.ndarray, written: set[str], instance: np.ndarray, start: np.ndarray,
+           dur: np.ndarray, clip: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrival order and duration spread within each collective instance / P2P pair.
 
-    Writes the peer columns through ``put(name, values)`` as soon as each exists (memory) and
-    returns ``(peer_median_us, arrival_lag_us, wait_us, instance, peer_min_us, last)``
-    (dense instance ids, the instance's shortest copy and the row of its last arrival, per
-    row), which later features reuse.
+    Writes the peer columns (:data:`~holmes_ml.features._kernels.PEERS_KERNEL_OUTPUTS`) into
+    ``matrix`` and returns ``(peer_median_us, arrival_lag_us, wait_us, instance, peer_min_us,
+    last)`` (dense instance ids, the instance's shortest copy and the row of its last arrival,
+    per row), which later features reuse. An instance's lags are from its earliest arrival;
+    the wait is the time spent waiting for its last participant (someone else's fault), the
+    rest of the duration the transfer itself; equal arrival times share the rank of the first
+    of them, so that the result does not depend on row order. The instances are grouped by a
+    counting sort and walked in a compiled loop
+    (:func:`~holmes_ml.features._kernels.peers_kernel`).
     """
-    n = len(start)
-    # Dense instance ids by hashing (no sort), the earliest arrival per instance, then one
-    # sort by (instance, lag): lags have a small range, so that key packs into one int64.
-    sid = seg.dense(instance)
-    seg_min_start = np.full(int(sid.max()) + 1 if n else 0, np.iinfo(np.int64).max)
-    np.minimum.at(seg_min_start, sid, start)
-    lag_ns = start - seg_min_start[sid]
-    del seg_min_start
-    lag_us = lag_ns / 1e3
-    put("arrival_lag_us", lag_us)
-    order = seg.sort_by(sid, lag_ns)
-    # sort_by puts a dense key's groups in code order: each row's segment is its instance
-    starts, s_sorted, pos = seg.dense_layout(sid)
-    lengths = np.diff(np.append(starts, n))
-    back = np.empty(n, dtype=np.int64)
-    back[order] = np.arange(n, dtype=np.int64)
-    put("peer_count", lengths[sid])
-    # the row that arrived last (largest lag; among equal lags, the last in sorted order)
-    last = order[starts + lengths - 1][sid] if n else np.empty(0, dtype=np.int64)
-
-    lag_sorted = lag_ns[order]
-    # the instance's latest arrival, per row (in row order: no permutation back)
-    spread = np.maximum.reduceat(lag_sorted, starts)[sid] if n else lag_ns
-    put("arrived_last", (lag_ns == spread) & (spread > 0))
-    # Time spent waiting for the last participant to arrive: the part of this copy's duration
-    # caused by someone else (a straggler); the rest is the transfer itself.
-    wait_us = np.minimum((spread - lag_ns) / 1e3, dur)
-    # where this rank's arrival falls between the first and the last participant's
-    put("arrival_lag_spread", np.where(spread > 0, lag_ns / np.maximum(spread, 1), 0.0))
-    del spread, lag_ns
-    # Equal arrival times share the rank of the first of them, so that the result does not
-    # depend on row order.
-    tie_start = (pos == 0) | np.concatenate([[True], lag_sorted[1:] != lag_sorted[:-1]])
-    del lag_sorted
-    first = np.maximum.accumulate(np.where(tie_start, np.arange(n, dtype=np.int64), 0))
-    del tie_start
-    size = lengths[s_sorted]
-    rank_frac = np.where(size > 1, (first - starts[s_sorted]) / np.maximum(size - 1, 1), 0.0)
-    put("arrival_rank", rank_frac[back])
-    del first, size, rank_frac, back, pos, s_sorted
-
-    d_sorted = dur[order]
-    del order
-    if n:
-        peer_min = np.minimum.reduceat(d_sorted, starts)[sid]
-        put("peer_ratio_min", dur / np.maximum(peer_min, _EPS_US))
-        put("peer_ratio_max", dur / np.maximum(np.maximum.reduceat(d_sorted, starts)[sid],
-                                                  _EPS_US))
-    else:
-        peer_min = dur
-        put("peer_ratio_min", dur)
-        put("peer_ratio_max", dur)
-    del d_sorted
-    peer_med = seg.segment_median(sid, dur)[sid]
-    put("peer_median_us", peer_med)
-    put("peer_ratio_median", dur / np.maximum(peer_med, _EPS_US))
+    sid = seg.dense(instance)  # dense instance ids by hashing (no sort)
+    bound, rows = seg.group_layout(sid)
+    median = seg.group_median(bound, rows, dur)
+    out_rows = np.array([_COL[name] for name in PEERS_KERNEL_OUTPUTS], dtype=np.int64)
+    peer_med, lag_us, wait_us, peer_min, last = peers_kernel(
+        bound, rows, np.ascontiguousarray(start, dtype=np.int64),
+        np.ascontiguousarray(dur, dtype=np.float64), median, _EPS_US, float(clip), matrix,
+        out_rows)
+    written.update(PEERS_KERNEL_OUTPUTS)
     return peer_med, lag_us, wait_us, sid, peer_min, last
 
 
@@ -981,7 +941,8 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     del known
     instance = seg.combine(it0, gcode, seq - seq.min(), src, dst)
     del src, dst, is_send
-    peer_med, lag_us, wait_us, inst, peer_min, last = _peers(put, instance, start, dur)
+    peer_med, lag_us, wait_us, inst, peer_min, last = _peers(matrix, written, instance, start,
+                                                             dur, cfg.clip)
     del instance
     xfer_us = dur - wait_us
     put("wait_us", wait_us)
