@@ -526,12 +526,14 @@ def _crowded(key: np.ndarray, stage: np.ndarray, copies: np.ndarray, least: int)
     return np.where(rows >= least * np.maximum(copies, 1.0), stage, 0)
 
 
-def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float
+def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float,
+           layout: tuple[np.ndarray, np.ndarray] | None = None
            ) -> tuple[np.ndarray, np.ndarray]:
     """``(med, sd)`` per code of a dense ``code`` (every code 0 .. k-1 present): the median of
     its rows' ``values`` and their robust standard deviation (1.4826 x the median absolute
-    deviation, floored at ``min_spread`` of the median and at 1 ns)."""
-    bound, rows = seg.group_layout(code)
+    deviation, floored at ``min_spread`` of the median and at 1 ns). ``layout``: the code's
+    :func:`~holmes_ml.features._segments.group_layout`, if the caller has it."""
+    bound, rows = seg.group_layout(code) if layout is None else layout
     if (bound[1:] == bound[:-1]).any():
         raise ValueError("_crowd: the codes are not dense")  # a programming error
     # the median and the median absolute deviation of each crowd, as sorting would give them
@@ -545,7 +547,8 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float
     return med, sd
 
 
-def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> None:
+def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float,
+                layout: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """This copy against every copy of the same op step on the ranks of its pipeline stage.
 
     ``key`` codes (op step, place in the rank's iteration, stage from :func:`_stage_of`)
@@ -558,7 +561,7 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float) -> Non
     z-score (1.4826 x the median absolute deviation as the standard deviation, floored at
     ``min_spread`` of the median) show how far outside that crowd a copy lies.
     """
-    med, sd = _crowd(key, dur, min_spread)
+    med, sd = _crowd(key, dur, min_spread, layout)
     put("stage_step_z", (dur - med[key]) / sd[key])
     put("stage_step_spread", (sd / np.maximum(np.abs(med), _EPS_US))[key])
     put("stage_step_ratio", dur / np.maximum(med, _EPS_US)[key])
@@ -603,7 +606,8 @@ def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
 
 
 def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, dur: np.ndarray,
-            xfer: np.ndarray, xfer_ratio: np.ndarray, code: np.ndarray, cfg: FeatureConfig) -> None:
+            xfer: np.ndarray, xfer_ratio: np.ndarray, code: np.ndarray, cfg: FeatureConfig,
+            layout: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """The iteration as it would have run without its slow transfers and slow compute.
 
     A transfer more than :data:`_REPLAY_SLOW` times its step's typical one (``xfer_ratio``,
@@ -612,12 +616,14 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     :func:`_stage_step`); :func:`replay_gain` passes the gains down the chains of waits
     (``FeatureConfig.replay_sweeps`` ops deep). ``replay_share`` is how much shorter the copy
     would have been, over its duration; ``replay_stage_z`` is the copy against its stage
-    step's copies as replayed, in robust standard deviations."""
+    step's copies as replayed, in robust standard deviations. ``layout``: ``code``'s
+    :func:`~holmes_ml.features._segments.group_layout`, if the caller has it."""
+    layout = seg.group_layout(code) if layout is None else layout
     excess = np.where(xfer_ratio > _REPLAY_SLOW, xfer - xfer / np.maximum(xfer_ratio, 1.0), 0.0)
     has = prev_op >= 0
     prev = np.where(has, prev_op, 0)
     gap = np.where(has, (start_ns - start_ns.take(prev)) / 1e3 - dur.take(prev), 0.0)
-    usual = seg.segment_median(code, gap)[code]
+    usual = seg.group_median(*layout, gap)[code]
     gap_excess = np.where(has & (usual > 0) & (gap > _REPLAY_SLOW * usual), gap - usual, 0.0)
     del gap, usual, has, prev
     gain = replay_gain(inst, start_ns, prev_op, dur, excess, gap_excess, cfg.replay_sweeps)
@@ -626,7 +632,7 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     # in float32, as the sort reads it: near-equal values then tie exactly, and the crowd's
     # median does not depend on the rows' order
     fair = (dur - gain).astype(np.float32).astype(np.float64)
-    med, sd = _crowd(code, fair, cfg.min_spread)
+    med, sd = _crowd(code, fair, cfg.min_spread, layout)
     put("replay_stage_z", (dur - med[code]) / sd[code])
 
 
@@ -956,10 +962,11 @@ def build_features(ops: pd.DataFrame, cfg: FeatureConfig | None = None) -> pd.Da
     copies = np.where(is_p2p, 1.0, matrix[_COL["group_size"]])  # per instance, on one stage
     stage = _crowded(seg.combine(at, stage), stage, copies, cfg.stage_min_instances)
     step_code = seg.dense(seg.combine(at, stage))
-    _stage_step(put, step_code, dur, cfg.min_spread)
+    layout = seg.group_layout(step_code)  # (the crowds of both, and the replay's gaps)
+    _stage_step(put, step_code, dur, cfg.min_spread, layout)
     _replay(put, inst, start, prev_op, dur, xfer_us, matrix[_COL["step_xfer_ratio"]].astype(
-        np.float64), step_code, cfg)
-    del step_code, inst, at, stage, copies
+        np.float64), step_code, cfg, layout)
+    del step_code, inst, at, stage, copies, layout
 
     _history(matrix, dur, xfer_us, wait_us, sig, it0, regular, peer_med, lag_us, cfg)
     written.update(_HISTORY_OUTPUTS)
