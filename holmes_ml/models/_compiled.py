@@ -2,9 +2,10 @@
 
 LightGBM predicts row by row: for a few shallow trees the per-row overhead dominates and a
 million rows take about a second per core. Evaluated column-wise instead, every split is one
-vectorized comparison of a contiguous feature column with its threshold, every internal node a
-few byte-wide arithmetic passes that track each row's leaf index, and every tree one lookup of
-its leaf values: for ~30 depth-3 trees, over 6 M rows per CPU second. The scores
+vectorized comparison of a contiguous feature column with its threshold, every internal node
+one byte-wide pass that tracks each row's leaf index, and every tree one lookup of its leaf
+values (the two passes compiled with numba): for ~30 depth-3 trees, over 10 M rows per CPU
+second. The scores
 are LightGBM's own (tested to agree with ``Booster.predict``); deeper models keep using the
 booster, for which this would be slower.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import numpy as np
 
 #: Above this many internal nodes in total, LightGBM's row-wise predict is the faster one.
@@ -41,10 +43,30 @@ def _leaf_index(node: Any, block: np.ndarray, f32: bool, cache: dict) -> tuple[A
         return c ^ np.uint8(1), 2  # two leaves: index 0 where the split holds, else 1
     li, nl = _leaf_index(left, block, f32, cache)
     ri, nr = _leaf_index(right, block, f32, cache)
+    if isinstance(li, np.ndarray) and isinstance(ri, np.ndarray):
+        return _pick(c, li, ri, np.uint8(nl % 256)), nl + nr
     with np.errstate(over="ignore"):  # the wrap-around is intended
         shift = np.uint8(nl % 256)
         rr = ri + shift
         return rr + c * (li - rr), nl + nr
+
+
+@numba.njit(cache=True, nogil=True)
+def _pick(split: np.ndarray, left: np.ndarray, right: np.ndarray, shift: np.uint8) -> np.ndarray:
+    """Each row's leaf index: ``left`` where its ``split`` holds (1), else ``right`` shifted
+    past the left subtree's leaves (the wrap-around arithmetic's result, in one pass)."""
+    out = np.empty(len(split), np.uint8)
+    for i in range(len(split)):
+        out[i] = left[i] if split[i] else right[i] + shift
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_leaves(acc: np.ndarray, table: np.ndarray, index: np.ndarray) -> None:
+    """``acc += table[index]`` in one compiled pass (numpy would widen the byte-wide leaf
+    indices to a temporary, gather into another and add: three passes over the block)."""
+    for i in range(len(acc)):
+        acc[i] += table[index[i]]
 
 
 def _leaf_values(node: Any) -> list[float]:
@@ -128,7 +150,7 @@ class CompiledTrees:
             for tree, table in zip(trees, tables, strict=True):
                 idx, _ = _leaf_index(tree, block, f32, cache)
                 if isinstance(idx, np.ndarray):
-                    acc += table.take(idx.astype(np.intp))
+                    _add_leaves(acc, table, idx)
                 else:  # a single-leaf tree
                     acc += table[int(idx)]
             out[a: a + len(block)] = acc
