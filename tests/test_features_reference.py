@@ -281,24 +281,6 @@ def test_sort_by_groups_rows_and_orders_each_group(scale, minor_kind):
         assert np.all(np.diff(g) >= 0)
 
 
-@pytest.mark.parametrize("minor_kind", [None, "int", "float", "signed float"])
-def test_dense_layout_is_the_sorted_codes_layout(minor_kind):
-    # dense codes (some absent) sorted with any minor key: the layout from the codes' counts
-    # is segment_layout's of the sorted codes (sort_by keeps their groups in code order)
-    rng = np.random.default_rng(2)
-    for n, k in [(1, 1), (60, 5), (3000, 400), (3000, 9000)]:
-        code = rng.integers(0, k, size=n)
-        minor = {None: None, "int": rng.integers(-10**6, 10**6, size=n),
-                 "float": rng.exponential(size=n), "signed float": rng.standard_normal(n)
-                 }[minor_kind]
-        want = seg.segment_layout(code[seg.sort_by(code, minor)])
-        got = seg.dense_layout(code)
-        for w, g in zip(want, got, strict=True):
-            np.testing.assert_array_equal(g, w)
-            assert g.dtype == w.dtype
-    assert [len(a) for a in seg.dense_layout(np.zeros(0, dtype=np.int64))] == [0, 0, 0]
-
-
 @pytest.mark.parametrize("seed", range(10))
 def test_sort_by_puts_signed_floats_in_exact_order(seed):
     # values of both signs, near-ties that float32 cannot tell apart, -0.0 against 0.0 (equal:

@@ -120,8 +120,7 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
     ascending ``major`` order unless the key is too wide to pack, in which case it is first
     replaced by dense codes (groups stay contiguous, in arbitrary order); a dense ``major``
     (below the number of rows, which is below 2**30) is never too wide, packed with ``minor``
-    or with its rank, so its groups come in code order on every path, which
-    :func:`dense_layout` and :func:`counted_groups` rely on. A non-negative float
+    or with its rank, so its groups come in code order on every path. A non-negative float
     ``minor`` packs as float32 (near-equal values may tie); one with negative values is put in
     exact order (:func:`_signed_float_order`).
     """
@@ -203,28 +202,6 @@ def segment_layout(sorted_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     seg_id = np.repeat(np.arange(len(starts), dtype=np.int64), lengths)
     pos = np.arange(n, dtype=np.int64) - starts[seg_id]
     return starts, seg_id, pos
-
-
-def counted_groups(code: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(present, lengths, starts)`` of the groups of a dense ``code`` (non-negative, small
-    next to its length; a code may be absent) once :func:`sort_by` has put its rows in code
-    order: the codes present, ascending, and each one's row count and first sorted row, from
-    the codes' counts (``size``: the least number of codes counted)."""
-    counts = np.bincount(code, minlength=size)
-    present = np.flatnonzero(counts)
-    lengths = counts[present]
-    return present, lengths, np.cumsum(lengths) - lengths
-
-
-def dense_layout(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`segment_layout` of ``code[sort_by(code, ...)]`` for dense codes (non-negative,
-    below the number of rows; a code may be absent), whose groups :func:`sort_by` puts in code
-    order: from the codes' counts (:func:`counted_groups`), without gathering the sorted codes
-    or comparing neighbours.
-    """
-    _, lengths, starts = counted_groups(code)
-    seg_id = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    return starts, seg_id, np.arange(len(code), dtype=np.int64) - starts[seg_id]
 
 
 def sorted_segment_median(v: np.ndarray, starts: np.ndarray) -> np.ndarray:
