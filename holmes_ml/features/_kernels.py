@@ -1,15 +1,22 @@
 """Loops compiled with numba, for the steps of feature extraction that numpy can only express as
 many passes over every row.
 
-The replay (:func:`replay_gain_kernel`) passes each copy's gain to the copies that waited for
-it, a sweep at a time, until nothing moves: in numpy every sweep was a dozen passes and every
-pass a fresh array, in a loop it is one walk over what moved. Each kernel computes exactly what
-the vectorized numpy it replaced computed (the same float operations in the same order), so the
-features are the same bit for bit; the tests compare them with pandas references.
+* :func:`replay_gain_kernel`: the replay passes each copy's gain to the copies that waited for
+  it, a sweep at a time, until nothing moves; in numpy every sweep was a dozen passes, each a
+  fresh array, in a loop it is one walk over what moved.
+* :func:`history_kernel`: each row's window of earlier copies sorted in cache, a block of rows
+  at a time, and every statistic, ratio and lowest level written in one pass.
+* :func:`peers_kernel`: each collective instance's copies walked once for arrival order, lags
+  and duration spread.
+* :func:`group_rows_kernel` and :func:`group_median_kernel`: rows grouped by a counting sort,
+  and each group's median found by selection instead of a sort of every row.
 
-Kernels are compiled on their first call and cached next to this file (``cache=True``; numba
-falls back to a per-user cache directory where the package is read-only), so only the first
-call on a machine pays the compilation (about a second each).
+Each computes exactly what the vectorized numpy it replaced computed (the same float operations
+in the same order), so the features are the same bit for bit; the tests compare them with pandas
+and sort-based references. Kernels are compiled on their first call and cached next to this file
+(``cache=True``; numba falls back to a per-user cache directory where the package is read-only):
+the first call on a machine pays about 10 s for all of them, later processes load them in about
+a quarter of a second.
 """
 
 from __future__ import annotations
@@ -538,7 +545,8 @@ def group_median_kernel(bound, rows, key1, key2, values):
     """Per group of :func:`group_rows_kernel`'s layout, the median of ``values``
     (``0.5 * (lower middle + upper middle)``, NaN for an empty group) in the order of
     ``(key1, key2, row)``: the rows numpy's stable sort of such keys puts in the middle, found
-    by selection (each group's rows are reordered in place, ``rows`` is scratch after)."""
+    by selection. Each group's rows are reordered in place: still the group's rows after, in
+    another order, so the layout serves the next median (whose result does not depend on it)."""
     k = len(bound) - 1
     out = np.full(k, np.nan)
     for g in range(k):
