@@ -424,3 +424,30 @@ def test_peer_columns_equal_a_group_by(seed):
     np.testing.assert_array_equal(
         col["peer_ratio_max"], (dur / by["d"].transform("max").to_numpy()).astype(np.float32))
     assert len(np.unique(sid)) == len(sizes) and written == set(PEERS_KERNEL_OUTPUTS)
+
+
+@pytest.mark.parametrize("kind", ["in order", "shuffled", "big groups", "sparse keys"])
+def test_places_are_the_stable_sorts(kind):
+    # each row's place among its key's rows by minor (ties by row) and the row before it
+    rng = np.random.default_rng(13)
+    n = 5000
+    key = rng.integers(0, {"big groups": 20}.get(kind, 900), n)
+    if kind == "sparse keys":
+        key = key * 10**7
+    minor = rng.integers(0, 50, n)  # ties
+    if kind == "in order":
+        rows = np.lexsort((minor, key))
+        minor = minor[rows]
+        key = key[rows][rng.permutation(n)]  # keys interleave; each key's minors ascend
+        minor = np.sort(minor)
+    order = np.lexsort((np.arange(n), minor, key))
+    sorted_key = key[order]
+    first = np.r_[True, sorted_key[1:] != sorted_key[:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    want_place = np.empty(n, dtype=np.int64)
+    want_place[order] = np.arange(n) - start
+    want_prev = np.empty(n, dtype=np.int64)
+    want_prev[order] = np.where(first, -1, np.r_[-1, order[:-1]])
+    place, prev = seg.places(key, minor)
+    np.testing.assert_array_equal(place, want_place)
+    np.testing.assert_array_equal(prev, want_prev)

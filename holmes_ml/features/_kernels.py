@@ -27,7 +27,8 @@ import numpy as np
 _F32_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "group_median_kernel",
-           "group_rows_kernel", "history_kernel", "peers_kernel", "replay_gain_kernel"]
+           "group_rows_kernel", "history_kernel", "peers_kernel", "places_kernel",
+           "replay_gain_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -678,3 +679,44 @@ def peers_kernel(bound, rows, start, dur, peer_med, eps, clip, matrix, out_rows)
             matrix[out_rows[7], i] = np.float32(_clip(d / _maximum(high, eps), -clip, clip))
             matrix[out_rows[8], i] = np.float32(_clip(d / _maximum(med, eps), -clip, clip))
     return med_row, lag_us, wait_us, peer_min, last
+
+
+@numba.njit(cache=True, nogil=True)
+def places_kernel(code, k, minor):
+    """``(place, prev)`` per row: its place among the rows of its code (``0 .. k - 1``) in
+    ``minor`` order (equal ones by row), and the row just before it there (-1 for the first):
+    what a stable sort by (code, minor) gives. The codes' rows come from a counting sort, in
+    row order; a group already in ``minor`` order (rows logged in time order) is left as it
+    is, a small one is put in order by insertion, a large one by a merge sort."""
+    n = len(code)
+    bound, rows = group_rows_kernel(code, k)
+    place = np.empty(n, np.int64)
+    prev = np.empty(n, np.int64)
+    for g in range(k):
+        a, b = bound[g], bound[g + 1]
+        in_order = True
+        for q in range(a + 1, b):
+            if minor[rows[q]] < minor[rows[q - 1]]:
+                in_order = False
+                break
+        if not in_order:
+            if b - a <= 64:
+                for q in range(a + 1, b):
+                    r = rows[q]
+                    j = q - 1
+                    while j >= a and minor[rows[j]] > minor[r]:
+                        rows[j + 1] = rows[j]
+                        j -= 1
+                    rows[j + 1] = r
+            else:
+                keys = np.empty(b - a, np.int64)
+                for q in range(a, b):
+                    keys[q - a] = minor[rows[q]]
+                by = np.argsort(keys, kind="mergesort")
+                group = rows[a:b].copy()
+                for q in range(b - a):
+                    rows[a + q] = group[by[q]]
+        for q in range(a, b):
+            place[rows[q]] = q - a
+            prev[rows[q]] = rows[q - 1] if q > a else -1
+    return place, prev

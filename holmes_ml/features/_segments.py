@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features._kernels import group_median_kernel, group_rows_kernel
+from holmes_ml.features._kernels import group_median_kernel, group_rows_kernel, places_kernel
 
 _LIMIT = np.iinfo(np.int64).max // 2
 
@@ -241,6 +241,21 @@ def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray,
     values = np.ascontiguousarray(values, dtype=np.float64)
     key = order_key(values) if key is None else key
     return group_median_kernel(bound, rows, key, key if then is None else then, values)
+
+
+def places(key: np.ndarray, minor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(place, prev)`` per row for a non-negative int ``key`` and an int ``minor``: the row's
+    place among its key's rows in ``minor`` order (equal ones by row) and the row just before
+    it there (-1 for the first), as a stable sort by (key, minor) gives them, in linear time
+    where the key's rows mostly come in ``minor`` order already
+    (:func:`~holmes_ml.features._kernels.places_kernel`)."""
+    key = np.asarray(key, dtype=np.int64)
+    n = len(key)
+    k = int(key.max()) + 1 if n else 0
+    if k > n:  # sparse codes (most absent): numbered densely first
+        key = dense(key)
+        k = int(key.max()) + 1
+    return places_kernel(key, k, np.ascontiguousarray(minor, dtype=np.int64))
 
 
 def segment_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:

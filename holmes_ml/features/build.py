@@ -470,17 +470,7 @@ def _rank_timeline(
     ``since_iter_ns`` is the start relative to the iteration's start, small enough to pack with
     the (iteration, rank) code into one sort key.
     """
-    n = len(it0)
-    ri = seg.combine(it0, rank0)  # compact already: no dense codes needed to sort by it
-    order = seg.sort_by(ri, since_iter_ns)
-    _, _, place_sorted = seg.segment_layout(ri[order])
-    del ri
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = place_sorted
-    prev = np.full(n, -1, dtype=np.int64)
-    if n > 1:
-        prev[order[1:]] = np.where(place_sorted[1:] == 0, -1, order[:-1])
-    return pos, prev
+    return seg.places(seg.combine(it0, rank0), since_iter_ns)  # (it, rank): compact already
 
 
 #: Group kinds whose members all run one pipeline stage's program (:func:`_stage_of`).
