@@ -452,9 +452,10 @@ def _same_step(
     rep = np.empty(n_inst, dtype=np.int64)  # any one row of each instance
     rep[instance] = np.arange(len(instance), dtype=np.int64)
     step_of = seg.dense(inst_step)
-    typical = seg.segment_median(step_of, peer_med[rep])[step_of][instance]
-    typical_xfer = seg.segment_median(step_of, peer_min[rep])[step_of][instance]
-    del rep, step_of, inst_step
+    layout = seg.group_layout(step_of)  # (both medians')
+    typical = seg.group_median(*layout, peer_med[rep])[step_of][instance]
+    typical_xfer = seg.group_median(*layout, peer_min[rep])[step_of][instance]
+    del rep, step_of, inst_step, layout
     typical = np.maximum(typical, _EPS_US)
     put("step_ratio", dur / typical)
     put("step_peer_ratio", peer_med / typical)
@@ -763,13 +764,14 @@ def _iteration_context(
     """Per row: job-wide iteration time (:func:`iteration_times`) over its reference (only
     earlier iterations shape it), whether the row's iteration is regular, and when the
     iteration started (ns)."""
-    uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur)
-    time_ns, _ = iteration_times(uniq, it_start, it_end,
-                                 last_arrival_ns=last_arrivals(iteration, rank, start)[1])
+    codes = seg.unique_inverse(iteration)  # each row's place in uniq, without a search
+    uniq, it_start, it_end, _ = iteration_spans(iteration, start, dur, codes)
+    time_ns, _ = iteration_times(
+        uniq, it_start, it_end, last_arrival_ns=last_arrivals(iteration, rank, start, codes)[1])
     # (uniq is increasing: the iteration order the monitor reads the times in)
     _, ratio, irregular = irregular_flags(np.asarray(time_ns / 1e9, dtype=np.float64),
                                           cfg.irregularity)
-    where = seg.unique_inverse(iteration)[1]  # each row's place in uniq, without a search
+    where = codes[1]
     return ratio[where], ~irregular[where], it_start[where]
 
 

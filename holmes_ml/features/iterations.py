@@ -67,17 +67,19 @@ def _empty_table() -> pd.DataFrame:
 
 
 def iteration_spans(
-    it: np.ndarray, start: np.ndarray, dur: np.ndarray
+    it: np.ndarray, start: np.ndarray, dur: np.ndarray,
+    codes: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Array core of :func:`iteration_table`: ``(iterations, start_ns, end_ns, n_ops)``.
 
     Takes int64 ``iteration`` and ``start_ns`` and float ``duration_us`` arrays (already
-    checked); feature extraction calls it directly to avoid building a DataFrame.
+    checked); feature extraction calls it directly to avoid building a DataFrame, with
+    ``codes``, the iterations' ``unique_inverse``, which it has already.
     """
     # An absurd duration (> 30 years) must not overflow int64 nanoseconds.
     end = start + np.rint(np.minimum(dur * 1e3, 1e18)).astype(np.int64)
     # Reductions over dense iteration codes: iterations are few, ops are many.
-    uniq, code = unique_inverse(it)
+    uniq, code = unique_inverse(it) if codes is None else codes
     n = len(uniq)
     it_start = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     it_end = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
@@ -87,15 +89,17 @@ def iteration_spans(
     return uniq.astype(np.int64), it_start, it_end, n_ops
 
 
-def last_arrivals(it: np.ndarray, rank: np.ndarray, start: np.ndarray
+def last_arrivals(it: np.ndarray, rank: np.ndarray, start: np.ndarray,
+                  codes: tuple[np.ndarray, np.ndarray] | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Per iteration (increasing): when its last rank arrived, the latest over its ranks of
-    each rank's first start (int64 ns); ``(iterations, last_arrival_ns)``.
+    each rank's first start (int64 ns); ``(iterations, last_arrival_ns)``. ``codes``: the
+    iterations' ``unique_inverse``, if the caller has it.
 
     >>> last_arrivals(np.array([0, 0, 0, 1]), np.array([0, 1, 1, 0]), np.array([5, 9, 7, 20]))
     (array([0, 1]), array([ 7, 20]))
     """
-    uniq, code = unique_inverse(it)
+    uniq, code = unique_inverse(it) if codes is None else codes
     rank = np.asarray(rank, dtype=np.int64)
     if len(rank) and 0 <= int(rank.min()) and int(rank.max()) < 4 * len(rank) + 1024:
         rank_code = rank  # global ranks are codes already (a rank absent is an empty column)
