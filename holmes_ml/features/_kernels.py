@@ -26,9 +26,9 @@ import numpy as np
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
-__all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "group_median_kernel",
-           "group_rows_kernel", "history_kernel", "peers_kernel", "places_kernel",
-           "replay_gain_kernel"]
+__all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "chain_max_kernel",
+           "group_median_kernel", "group_rows_kernel", "history_kernel", "peers_kernel",
+           "places_kernel", "replay_gain_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -720,3 +720,58 @@ def places_kernel(code, k, minor):
             place[rows[q]] = q - a
             prev[rows[q]] = rows[q - 1] if q > a else -1
     return place, prev
+
+
+@numba.njit(cache=True, nogil=True)
+def chain_max_kernel(hop, matrix, sources, targets, hops):
+    """The chain columns (:func:`holmes_ml.features.build._wait_chain`) of the float32 rows
+    ``sources`` of ``matrix``, written into its rows ``targets``: per row and column, the
+    largest value over the first ``hops`` rows of the chain ``row -> hop[row] -> ...`` (-1
+    ends a chain; 0 where none, or where the largest is not finite). Binary lifting with each
+    row's columns side by side, so that a hop reads one cache line for all of them."""
+    n = len(hop)
+    m = len(sources)
+    # row n is a sentinel that hops to itself and holds -inf: it ends every chain
+    step = np.empty(n + 1, np.int64)
+    for i in range(n):
+        step[i] = hop[i] if hop[i] >= 0 else n
+    step[n] = n
+    ninf = np.float32(-np.inf)
+    span = np.empty((n + 1, m), np.float32)  # the largest over the next 2^k hops
+    for i in range(n + 1):
+        s = step[i]
+        for c in range(m):
+            span[i, c] = matrix[sources[c], s] if s < n else ninf
+    best = np.full((n + 1, m), ninf, np.float32)
+    at = np.arange(n + 1)  # the row reached after the hops joined so far
+    moved = False  # (at is the identity until a set bit has been joined)
+    spare = np.empty((n + 1, m), np.float32)
+    spare_step = np.empty(n + 1, np.int64)
+    k = hops
+    while True:
+        if k & 1:
+            for i in range(n + 1):
+                j = at[i] if moved else i
+                for c in range(m):
+                    best[i, c] = _maximum(best[i, c], span[j, c])
+            if k > 1:  # more hops to join from there
+                for i in range(n + 1):
+                    at[i] = step[at[i]] if moved else step[i]
+                moved = True
+        k >>= 1
+        if not k:
+            break
+        for i in range(n + 1):
+            j = step[i]
+            for c in range(m):
+                spare[i, c] = _maximum(span[i, c], span[j, c])
+        span, spare = spare, span
+        if k > 1:  # the doubled hop is needed beyond this doubling
+            for i in range(n + 1):
+                spare_step[i] = step[step[i]]
+            step, spare_step = spare_step, step
+    for c in range(m):
+        row = targets[c]
+        for i in range(n):
+            v = best[i, c]
+            matrix[row, i] = v if np.isfinite(v) else np.float32(0.0)

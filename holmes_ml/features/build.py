@@ -39,6 +39,7 @@ from holmes_ml.features import _segments as seg
 from holmes_ml.features._kernels import (
     HISTORY_KERNEL_OUTPUTS,
     PEERS_KERNEL_OUTPUTS,
+    chain_max_kernel,
     history_kernel,
     peers_kernel,
     replay_gain_kernel,
@@ -659,43 +660,6 @@ _CHAIN_SOURCES = {"chain_stage_ratio": "stage_step_ratio",
                   "chain_xfer_hist_ratio": "xfer_hist_ratio"}
 
 
-def _chain_max(hop: np.ndarray, columns: list[np.ndarray], hops: int) -> list[np.ndarray]:
-    """Per row and column, the largest value over the first ``hops`` rows of the chain
-    ``row -> hop[row] -> hop[hop[row]] -> ...`` (``hop`` -1 ends a chain; 0 where the first
-    hop already does), each in its column's dtype.
-
-    Binary lifting: the largest value over 2^k hops and the row 2^k hops away are doubled k
-    times, and the set bits of ``hops`` are joined, so the work is log2(hops) gathers per
-    column, however long the chains.
-    """
-    n = len(hop)
-    # row n is a sentinel that hops to itself and holds -inf: it ends every chain
-    step = np.append(hop, -1)
-    step[step < 0] = n
-    # per column: the largest value over the next 2^k hops of each row
-    span = [np.append(c, -np.inf).astype(c.dtype, copy=False).take(step) for c in columns]
-    best = [np.full(n + 1, -np.inf, dtype=s.dtype) for s in span]
-    at = None  # the row reached after the hops joined so far (None: the row itself)
-    k = int(hops)
-    while True:
-        if k & 1:
-            for b, s in zip(best, span, strict=True):
-                np.maximum(b, s if at is None else s.take(at), out=b)
-            if k > 1:  # more hops to join from there
-                at = step if at is None else step.take(at)  # (step is replaced, never written)
-        k >>= 1
-        if not k:
-            break
-        for s in span:
-            np.maximum(s, s.take(step), out=s)
-        if k > 1:  # the doubled hop is needed beyond this doubling
-            step = step.take(step)
-    out = [b[:n] for b in best]
-    for b in out:
-        b[~np.isfinite(b)] = 0.0
-    return out
-
-
 def _wait_chain(hop: np.ndarray, matrix: np.ndarray, hops: int, written: set[str]) -> None:
     """Largest value of each source column over the first ``hops`` ops of the chain of waits
     behind every row (:data:`_CHAIN_SOURCES`, ``FeatureConfig.chain_hops``; 0 for none).
@@ -704,11 +668,15 @@ def _wait_chain(hop: np.ndarray, matrix: np.ndarray, hops: int, written: set[str
     (``hop``, the source of the ``late_prev_*`` columns). A persistent slow NIC or link makes
     a pipeline receive or a ring's all-reduce late several hops before the copy that waits,
     and its wait then looks like any other; the chain reaches back to the slow transfer.
-    Hops stay within the iteration.
+    Hops stay within the iteration. Binary lifting: the largest value over 2^k hops and the
+    row 2^k hops away are doubled k times and the set bits of ``hops`` joined, so the work is
+    log2(hops) passes however long the chains
+    (:func:`~holmes_ml.features._kernels.chain_max_kernel`).
     """
-    sources = [matrix[_COL[source]] for source in _CHAIN_SOURCES.values()]
-    for name, values in zip(_CHAIN_SOURCES, _chain_max(hop, sources, hops), strict=True):
-        matrix[_COL[name]] = values
+    chain_max_kernel(np.ascontiguousarray(hop, dtype=np.int64), matrix,
+                     np.array([_COL[s] for s in _CHAIN_SOURCES.values()], dtype=np.int64),
+                     np.array([_COL[name] for name in _CHAIN_SOURCES], dtype=np.int64),
+                     int(hops))
     written.update(_CHAIN_SOURCES)
 
 
