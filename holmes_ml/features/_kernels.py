@@ -27,8 +27,8 @@ import numpy as np
 _F32_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "chain_max_kernel",
-           "group_median_kernel", "group_rows_kernel", "history_kernel", "peers_kernel",
-           "places_kernel", "replay_gain_kernel"]
+           "compute_gaps_kernel", "group_median_kernel", "group_rows_kernel", "history_kernel",
+           "peers_kernel", "places_kernel", "replay_excess_kernel", "replay_gain_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -775,3 +775,32 @@ def chain_max_kernel(hop, matrix, sources, targets, hops):
         for i in range(n):
             v = best[i, c]
             matrix[row, i] = v if np.isfinite(v) else np.float32(0.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def compute_gaps_kernel(start_ns, prev_op, dur):
+    """Per row, the gap (us) between its rank's previous op's end and its start (its rank's
+    compute; 0 without a previous op)."""
+    gap = np.empty(len(dur))
+    for i in range(len(dur)):
+        p = prev_op[i]
+        gap[i] = (start_ns[i] - start_ns[p]) / 1e3 - dur[p] if p >= 0 else 0.0
+    return gap
+
+
+@numba.njit(cache=True, nogil=True)
+def replay_excess_kernel(xfer, xfer_ratio, gap, usual, code, prev_op, slow):
+    """``(excess, gap_excess)`` per row: the part of its transfer more than ``slow`` times its
+    step's typical one (``xfer_ratio``), and the part of its compute gap more than ``slow``
+    times its stage step's median gap (``usual[code]``), as
+    :func:`holmes_ml.features.build._replay` documents."""
+    n = len(xfer)
+    excess = np.empty(n)
+    gap_excess = np.empty(n)
+    for i in range(n):
+        r = xfer_ratio[i]
+        excess[i] = xfer[i] - xfer[i] / _maximum(r, 1.0) if r > slow else 0.0
+        u = usual[code[i]]
+        g = gap[i]
+        gap_excess[i] = g - u if (prev_op[i] >= 0 and u > 0 and g > slow * u) else 0.0
+    return excess, gap_excess

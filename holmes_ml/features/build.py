@@ -40,8 +40,10 @@ from holmes_ml.features._kernels import (
     HISTORY_KERNEL_OUTPUTS,
     PEERS_KERNEL_OUTPUTS,
     chain_max_kernel,
+    compute_gaps_kernel,
     history_kernel,
     peers_kernel,
+    replay_excess_kernel,
     replay_gain_kernel,
 )
 from holmes_ml.features.iterations import (
@@ -611,13 +613,11 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     step's copies as replayed, in robust standard deviations. ``layout``: ``code``'s
     :func:`~holmes_ml.features._segments.group_layout`, if the caller has it."""
     layout = seg.group_layout(code) if layout is None else layout
-    excess = np.where(xfer_ratio > _REPLAY_SLOW, xfer - xfer / np.maximum(xfer_ratio, 1.0), 0.0)
-    has = prev_op >= 0
-    prev = np.where(has, prev_op, 0)
-    gap = np.where(has, (start_ns - start_ns.take(prev)) / 1e3 - dur.take(prev), 0.0)
-    usual = seg.group_median(*layout, gap)[code]
-    gap_excess = np.where(has & (usual > 0) & (gap > _REPLAY_SLOW * usual), gap - usual, 0.0)
-    del gap, usual, has, prev
+    gap = compute_gaps_kernel(start_ns, prev_op, dur)
+    excess, gap_excess = replay_excess_kernel(xfer, xfer_ratio, gap,
+                                              seg.group_median(*layout, gap), code, prev_op,
+                                              _REPLAY_SLOW)
+    del gap
     gain = replay_gain(inst, start_ns, prev_op, dur, excess, gap_excess, cfg.replay_sweeps)
     del excess, gap_excess
     put("replay_share", gain / np.maximum(dur, _EPS_US))
