@@ -9,7 +9,10 @@ many passes over every row.
 * :func:`peers_kernel`: each collective instance's copies walked once for arrival order, lags
   and duration spread.
 * :func:`group_rows_kernel` and :func:`group_median_kernel`: rows grouped by a counting sort,
-  and each group's median found by selection instead of a sort of every row.
+  and each group's median found by selection instead of a sort of every row;
+  :func:`places_kernel`: each row's place in its group (a rank's timeline).
+* :func:`chain_max_kernel`: the chain of waits' binary lifting, a row's columns side by side;
+  :func:`compute_gaps_kernel` and :func:`replay_excess_kernel`: the replay's inputs.
 
 Each computes exactly what the vectorized numpy it replaced computed (the same float operations
 in the same order), so the features are the same bit for bit; the tests compare them with pandas
