@@ -726,12 +726,13 @@ def places_kernel(code, k, minor):
 
 
 @numba.njit(cache=True, nogil=True)
-def chain_max_kernel(hop, matrix, sources, targets, hops):
-    """The chain columns (:func:`holmes_ml.features.build._wait_chain`) of the float32 rows
-    ``sources`` of ``matrix``, written into its rows ``targets``: per row and column, the
-    largest value over the first ``hops`` rows of the chain ``row -> hop[row] -> ...`` (-1
-    ends a chain; 0 where none, or where the largest is not finite). Binary lifting with each
-    row's columns side by side, so that a hop reads one cache line for all of them."""
+def chain_max_kernel(hop, table, sources, out, targets, hops):
+    """:func:`holmes_ml.features.build._chain_max` of the rows ``sources`` of ``table``,
+    written into the rows ``targets`` of ``out`` (which may be ``table``): per row and column,
+    the largest value over the first ``hops`` rows of the chain ``row -> hop[row] -> ...`` (-1
+    ends a chain; 0 where none, or where the largest is not finite), in ``table``'s dtype.
+    Binary lifting with each row's columns side by side, so that a hop reads one cache line
+    for all of them."""
     n = len(hop)
     m = len(sources)
     # row n is a sentinel that hops to itself and holds -inf: it ends every chain
@@ -739,16 +740,16 @@ def chain_max_kernel(hop, matrix, sources, targets, hops):
     for i in range(n):
         step[i] = hop[i] if hop[i] >= 0 else n
     step[n] = n
-    ninf = np.float32(-np.inf)
-    span = np.empty((n + 1, m), np.float32)  # the largest over the next 2^k hops
+    ninf = -np.inf
+    span = np.empty((n + 1, m), table.dtype)  # the largest over the next 2^k hops
     for i in range(n + 1):
         s = step[i]
         for c in range(m):
-            span[i, c] = matrix[sources[c], s] if s < n else ninf
-    best = np.full((n + 1, m), ninf, np.float32)
+            span[i, c] = table[sources[c], s] if s < n else ninf
+    best = np.full((n + 1, m), ninf, table.dtype)
     at = np.arange(n + 1)  # the row reached after the hops joined so far
     moved = False  # (at is the identity until a set bit has been joined)
-    spare = np.empty((n + 1, m), np.float32)
+    spare = np.empty((n + 1, m), table.dtype)
     spare_step = np.empty(n + 1, np.int64)
     k = hops
     while True:
@@ -777,7 +778,7 @@ def chain_max_kernel(hop, matrix, sources, targets, hops):
         row = targets[c]
         for i in range(n):
             v = best[i, c]
-            matrix[row, i] = v if np.isfinite(v) else np.float32(0.0)
+            out[row, i] = v if np.isfinite(v) else 0.0
 
 
 @numba.njit(cache=True, nogil=True)

@@ -338,14 +338,9 @@ def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
 _NETWORK_MAX = 32  # beyond this many lags sorting each window beats a comparator network
 
 
-_HISTORY_OUTPUTS = (
-    "history_len", "hist_mean_us", "hist_std_us", "hist_q1_us", "hist_median_us", "hist_q3_us",
-    "hist_iqr_us", "hist_z", "hist_iqr_score", "hist_ratio", "arrival_lag_rel", "wait_rel",
-    "xfer_hist_ratio", "base_ratio", "level_rise_frac", "level_excess_frac",
-    "level_wait_excess_frac", "level_wait_z",
-)
 # computed after the others, in row order: (lag, wait, duration) over the history median
 _ROW_ORDER_OUTPUTS = ("arrival_lag_rel", "wait_rel", "hist_ratio")
+_HISTORY_OUTPUTS = HISTORY_KERNEL_OUTPUTS + _ROW_ORDER_OUTPUTS
 _LEVEL_MIN_COPIES = 3  # a history median of fewer earlier copies is no level yet
 _LEVEL_FLOOR_US = 1.0  # denominator floor of the level fractions: sub-us ops are noise
 
@@ -660,6 +655,20 @@ _CHAIN_SOURCES = {"chain_stage_ratio": "stage_step_ratio",
                   "chain_xfer_hist_ratio": "xfer_hist_ratio"}
 
 
+def _chain_max(hop: np.ndarray, columns: list[np.ndarray], hops: int) -> list[np.ndarray]:
+    """Per row and column, the largest value over the first ``hops`` rows of the chain
+    ``row -> hop[row] -> hop[hop[row]] -> ...`` (``hop`` -1 ends a chain; 0 where the first
+    hop already does, or where the largest is not finite), in the columns' common dtype
+    (:func:`~holmes_ml.features._kernels.chain_max_kernel`; ``scripts/chain_context.py``
+    reads other columns and depths with it)."""
+    table = np.stack(columns)
+    out = np.empty_like(table)
+    rows = np.arange(len(columns), dtype=np.int64)
+    chain_max_kernel(np.ascontiguousarray(hop, dtype=np.int64), table, rows, out, rows,
+                     int(hops))
+    return list(out)
+
+
 def _wait_chain(hop: np.ndarray, matrix: np.ndarray, hops: int, written: set[str]) -> None:
     """Largest value of each source column over the first ``hops`` ops of the chain of waits
     behind every row (:data:`_CHAIN_SOURCES`, ``FeatureConfig.chain_hops``; 0 for none).
@@ -673,9 +682,10 @@ def _wait_chain(hop: np.ndarray, matrix: np.ndarray, hops: int, written: set[str
     log2(hops) passes however long the chains
     (:func:`~holmes_ml.features._kernels.chain_max_kernel`).
     """
+    # (straight from and into the matrix rows: no stacked copy of them)
     chain_max_kernel(np.ascontiguousarray(hop, dtype=np.int64), matrix,
                      np.array([_COL[s] for s in _CHAIN_SOURCES.values()], dtype=np.int64),
-                     np.array([_COL[name] for name in _CHAIN_SOURCES], dtype=np.int64),
+                     matrix, np.array([_COL[name] for name in _CHAIN_SOURCES], dtype=np.int64),
                      int(hops))
     written.update(_CHAIN_SOURCES)
 
