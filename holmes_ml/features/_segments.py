@@ -111,6 +111,14 @@ def stable_order(key: np.ndarray) -> np.ndarray:
     return packed
 
 
+def _float32_bits(m: np.ndarray) -> np.ndarray:
+    """The bit patterns (int64) of non-negative floats rounded to float32, which sort as the
+    floats do (31 bits: they pack with a key in one int64)."""
+    with np.errstate(over="ignore"):  # beyond float32 range -> inf, still the largest
+        # + 0: -0.0 (sign bit set: a negative int) becomes 0.0, every other value stays
+        return (m.astype(np.float32) + np.float32(0)).view(np.int32).astype(np.int64)
+
+
 def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
     """Permutation grouping rows by a non-negative ``major`` key, sorted by ``minor`` within
     each group.
@@ -137,9 +145,7 @@ def sort_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
         # The bit patterns of non-negative IEEE floats sort like the floats; float32 keeps
         # 31 bits, so the pair packs into one int64 (near-equal values may tie: harmless for
         # the order statistics computed downstream, which read the exact values).
-        with np.errstate(over="ignore"):  # beyond float32 range -> inf, still the largest
-            # + 0: -0.0 (sign bit set: a negative int) becomes 0.0, every other value stays
-            bits = (m.astype(np.float32) + np.float32(0)).view(np.int32).astype(np.int64)
+        bits = _float32_bits(m)
         if (int(major.max()) + 1) <= _LIMIT // (1 << 31):
             return stable_order(major * (1 << 31) + bits)
     if (m.dtype.kind == "f" and len(m) and (int(major.max()) + 1) <= _LIMIT // (1 << 32)
@@ -217,8 +223,7 @@ def order_key(values: np.ndarray) -> np.ndarray:
     others exactly (-0.0 and 0.0 alike, NaN last)."""
     m = np.asarray(values, dtype=np.float64)
     if len(m) and bool((m >= 0).all()):
-        with np.errstate(over="ignore"):  # beyond float32 range -> inf, still the largest
-            return (m.astype(np.float32) + np.float32(0)).view(np.int32).astype(np.int64)
+        return _float32_bits(m)
     bits = (m + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
     key = np.where(bits < 0, -(bits & np.int64(0x7FFFFFFFFFFFFFFF)), bits)
     key[np.isnan(m)] = np.iinfo(np.int64).max
