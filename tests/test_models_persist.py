@@ -18,6 +18,7 @@ from holmes_ml.models import (
     load_model,
     read_header,
     save_model,
+    score_features,
     score_ops,
 )
 from holmes_ml.models.persist import _header_sha256
@@ -106,6 +107,16 @@ def test_default_model_scores_simulated_ops():
     with pytest.raises(TypeError, match="model: got a int; expected a fitted holmes_ml "
                                         "detector, a model file's path or None"):
         score_ops(res.ops, model=42)
+    # features handed in are checked for NaN and infinity by the model's input check; those
+    # score_ops builds itself are finite by construction and skip it, scoring the same
+    from holmes_ml.features import build_features
+
+    feats = build_features(res.ops)
+    np.testing.assert_array_equal(score_ops(res.ops, features=feats), s)
+    np.testing.assert_array_equal(score_features(feats, det, finite=True), s)
+    feats.iloc[3, feats.columns.get_loc("hist_z")] = np.inf
+    with pytest.raises(ValueError, match="Input X contains infinity"):
+        score_ops(res.ops, features=feats)
 
 
 def _parts(path):

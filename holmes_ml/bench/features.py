@@ -181,9 +181,12 @@ def _time_inference(
 ) -> None:
     """Features + per-op scores with ``model`` (default: the shipped default model).
 
-    What is counted is all the work from the op table in memory to one score per op:
-    :func:`~holmes_ml.features.build_features` then :func:`~holmes_ml.models.score_ops` (the
-    public scoring path, input validation included). Times are CPU seconds of this process
+    What is counted is all the work from the op table in memory to one score per op, as
+    :func:`~holmes_ml.models.score_ops` does it (the path ``holmes detect`` and ``analyze``
+    take): :func:`~holmes_ml.features.build_features`, then
+    :func:`~holmes_ml.models.score_features` of the features it built (the model's input
+    validation included, less the search for NaN and infinity in features finite by
+    construction). Times are CPU seconds of this process
     (user + system; features and models run on one thread), so ``ops / CPU second`` is the
     per-core figure, robust to other processes sharing the machine. The best of ``repeats``
     runs is kept, as for extraction alone.
@@ -191,7 +194,7 @@ def _time_inference(
     from holmes_ml.features import FEATURE_COLUMNS, build_features
 
     try:
-        from holmes_ml.models import default_model, score_ops
+        from holmes_ml.models import default_model, score_features
 
         model = default_model() if model is None else model
     except Exception as exc:  # noqa: BLE001 - a missing model must not hide the main figure
@@ -207,7 +210,7 @@ def _time_inference(
             t0, c0 = time.perf_counter(), os.times()
             feats = build_features(ops, cfg)
             t1, c1 = time.perf_counter(), os.times()
-            scores = score_ops(ops, model, features=feats)
+            scores = score_features(feats, model, finite=True)
             t2, c2 = time.perf_counter(), os.times()
             if hasattr(model, "passes") and "screen_pass_share" not in figures:
                 # a screened detector: how many ops the full model scored (outside the timing)

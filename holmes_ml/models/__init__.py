@@ -11,7 +11,7 @@ from holmes_ml.models.detectors import (
 )
 from holmes_ml.models.drift import DriftAdjuster, DriftAwareDetector
 from holmes_ml.models.persist import ModelFileError, load_model, read_header, save_model
-from holmes_ml.models.score import default_model, score_ops
+from holmes_ml.models.score import default_model, score_features, score_ops
 from holmes_ml.models.screen import ScreenedDetector
 from holmes_ml.models.tuner import TunedDetector
 
@@ -32,5 +32,6 @@ __all__ = [
     "load_model",
     "read_header",
     "save_model",
+    "score_features",
     "score_ops",
 ]

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import sklearn
 
 from holmes_ml.models.persist import ModelFileError, load_model
 
-__all__ = ["DEFAULT_MODEL", "default_model", "score_ops"]
+__all__ = ["DEFAULT_MODEL", "default_model", "score_features", "score_ops"]
 
 #: File name of the shipped model inside ``holmes_ml/data``.
 DEFAULT_MODEL = "default-model.holmes"
@@ -69,7 +70,7 @@ def score_ops(
     ValueError
         ``model`` gave a score outside [0, 1] (or NaN): it is no holmes_ml detector.
     """
-    from holmes_ml.features import FEATURE_COLUMNS, build_features
+    from holmes_ml.features import build_features
 
     if model is None:
         model = _shared_default_model()
@@ -78,16 +79,31 @@ def score_ops(
     elif not hasattr(model, "decision_function"):
         raise TypeError(f"model: got a {type(model).__name__}; expected a fitted holmes_ml "
                         "detector, a model file's path or None (the bundled model)")
+    built = features is None
     if features is None:
         features = build_features(ops)
     if len(features) != len(ops):
         raise ValueError(
             f"score_ops: features has {len(features)} rows; expected {len(ops)} (one per op)"
         )
-    if len(ops) == 0:
+    return score_features(features, model, finite=built)
+
+
+def score_features(features: pd.DataFrame, model: Any, finite: bool = False) -> np.ndarray:
+    """:func:`score_ops`' scoring of a feature table: ``model``'s P(abnormal) per row.
+
+    ``finite=True`` says the features are known to be finite, as
+    :func:`~holmes_ml.features.build_features` makes them: the model's input check then skips
+    the pass over every value that looks for NaN and infinity (scikit-learn's
+    ``assume_finite``), some 0.05 s for two million ops. Features from elsewhere keep it.
+    """
+    from holmes_ml.features import FEATURE_COLUMNS
+
+    if len(features) == 0:
         return np.zeros(0, dtype=np.float64)
     F = features.loc[:, list(FEATURE_COLUMNS)]
-    scores = np.asarray(model.decision_function(F), dtype=np.float64)
+    with sklearn.config_context(assume_finite=finite):
+        scores = np.asarray(model.decision_function(F), dtype=np.float64)
     # A model of another kind (a LogisticRegression's margins) would be thresholded as if its
     # scores were probabilities: refused rather than read.
     low, high = float(np.min(scores)), float(np.max(scores))
