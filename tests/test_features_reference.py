@@ -16,7 +16,7 @@ from holmes_ml.bench.features import synthetic_ops
 from holmes_ml.features import FEATURE_COLUMNS, FeatureConfig, build, build_features
 from holmes_ml.features import _segments as seg
 from holmes_ml.features._kernels import PEERS_KERNEL_OUTPUTS
-from holmes_ml.features.build import _COL, _EPS_US, TIME_FEATURES, _sorting_network
+from holmes_ml.features.build import _COL, _EPS_US, TIME_FEATURES
 
 # --------------------------------------------------------------------------- reference
 _NETWORK_MAX = 32  # beyond this many lags np.sort beats a comparator network
@@ -32,7 +32,7 @@ def _reference_sort_columns(m: np.ndarray, tmp: np.ndarray) -> None:
     if w > _NETWORK_MAX:
         m.sort(axis=0)
         return
-    for i, j in _sorting_network(w):
+    for i, j in seg.sorting_network(w):
         np.minimum(m[i], m[j], out=tmp)
         np.maximum(m[i], m[j], out=m[j])
         m[i] = tmp
@@ -372,6 +372,63 @@ def test_selected_median_is_the_sorted_one_bit_for_bit(seed, signed):
     mad = 0.5 * (adev[starts + (lengths - 1) // 2] + adev[starts + lengths // 2])
     assert np.array_equal(med, _sorted_median(key, np.abs(values)))
     assert np.array_equal(sd, np.maximum(1.4826 * mad, _EPS_US))
+
+
+def _sorted_median_mad(code, values, k):
+    """Per code ``0 .. k - 1``: the median of its values in the order of (order_key, row), and
+    the median of their absolute deviations from it in the order of (the deviations'
+    order_key, the values' order_key, row), by sorting each code's rows."""
+    key = seg.order_key(values)
+    med = np.full(k, np.nan)
+    for g in range(k):
+        rows = np.flatnonzero(code == g)
+        if len(rows):
+            v = values[rows[np.lexsort((rows, key[rows]))]]
+            med[g] = 0.5 * (v[(len(v) - 1) // 2] + v[len(v) // 2])
+    with np.errstate(invalid="ignore"):  # inf - inf
+        adev = np.abs(values - med[code])
+    adev_key = seg.order_key(adev)
+    mad = np.full(k, np.nan)
+    for g in range(k):
+        rows = np.flatnonzero(code == g)
+        if len(rows):
+            d = adev[rows[np.lexsort((rows, key[rows], adev_key[rows]))]]
+            mad[g] = 0.5 * (d[(len(d) - 1) // 2] + d[len(d) // 2])
+    return med, mad
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kind", ["non-negative", "signed", "zeros", "nan", "inf", "huge"])
+def test_every_median_path_is_the_sorted_one_bit_for_bit(seed, kind):
+    # group_median and group_median_mad take a network over packed keys (values >= 0), a
+    # network over floats (some negative) or a selection per group (NaN); groups from empty to
+    # larger than any network (200 rows), values tied in float32, signed zeros on both sides
+    rng = np.random.default_rng(seed)
+    k = 40
+    sizes = rng.choice(np.array([0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 33, 63, 64, 65, 200]), k)
+    code = rng.permutation(np.repeat(np.arange(k), sizes))
+    n = len(code)
+    base = rng.choice(np.array([0.0, 1.0, 3.5, 1e3, 7.25]), n)
+    values = base * (1 + rng.integers(-3, 4, n) * 1e-12)  # distinct, equal in float32
+    if kind in ("signed", "zeros", "nan"):
+        values[rng.random(n) < 0.4] *= -1.0
+    if kind == "zeros":  # most middles are zeros of either sign
+        values[rng.random(n) < 0.6] = 0.0
+        values[rng.random(n) < 0.3] = -0.0
+    if kind == "nan":
+        values[rng.random(n) < 0.05] = np.nan
+    if kind == "inf":
+        values[rng.random(n) < 0.3] = np.inf
+    if kind == "huge":  # beyond float32's range: their float32 bits are inf's
+        values[rng.random(n) < 0.3] *= 1e300
+    want_med, want_mad = _sorted_median_mad(code, values, k)
+    bound, rows = seg.group_layout(code, k)
+    med, mad = seg.group_median_mad(bound, rows, values)
+    for got, want in ((seg.group_median(bound, rows, values), want_med), (med, want_med),
+                      (mad, want_mad)):
+        np.testing.assert_array_equal(got, want)
+        known = ~np.isnan(want)
+        np.testing.assert_array_equal(np.signbit(got[known]), np.signbit(want[known]))  # -0.0
 
 
 @pytest.mark.parametrize("kind", ["random", "nearly sorted", "few values", "wide", "small"])

@@ -8,8 +8,10 @@ many passes over every row.
   at a time, and every statistic, ratio and lowest level written in one pass.
 * :func:`peers_kernel`: each collective instance's copies walked once for arrival order, lags
   and duration spread.
-* :func:`group_rows_kernel` and :func:`group_median_kernel`: rows grouped by a counting sort,
-  and each group's median found by selection instead of a sort of every row;
+* :func:`group_rows_kernel`: rows grouped by a counting sort; each group's median (and median
+  absolute deviation) found without a sort of every row: :func:`packed_median_kernel` and
+  :func:`float_median_kernel` sort a block of small groups at a time with a sorting network,
+  branch-free, :func:`group_median_kernel` selects in one group at a time;
   :func:`places_kernel`: each row's place in its group (a rank's timeline).
 * :func:`chain_max_kernel`: the chain of waits' binary lifting, a row's columns side by side;
   :func:`compute_gaps_kernel` and :func:`replay_excess_kernel`: the replay's inputs.
@@ -30,8 +32,9 @@ import numpy as np
 _F32_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "chain_max_kernel",
-           "compute_gaps_kernel", "group_median_kernel", "group_rows_kernel", "history_kernel",
-           "peers_kernel", "places_kernel", "replay_excess_kernel", "replay_gain_kernel"]
+           "compute_gaps_kernel", "float_median_kernel", "group_median_kernel",
+           "group_rows_kernel", "history_kernel", "packed_median_kernel", "peers_kernel", "places_kernel", "replay_excess_kernel",
+           "replay_gain_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -545,15 +548,15 @@ def _before(r, s, key1, key2):
 
 
 @numba.njit(cache=True, nogil=True)
-def group_median_kernel(bound, rows, key1, key2, values):
-    """Per group of :func:`group_rows_kernel`'s layout, the median of ``values``
-    (``0.5 * (lower middle + upper middle)``, NaN for an empty group) in the order of
+def group_median_kernel(bound, rows, key1, key2, values, groups):
+    """Per group of :func:`group_rows_kernel`'s layout listed in ``groups`` (the others: NaN),
+    the median of ``values`` (``0.5 * (lower middle + upper middle)``, NaN for an empty group)
+    in the order of
     ``(key1, key2, row)``: the rows numpy's stable sort of such keys puts in the middle, found
     by selection. Each group's rows are reordered in place: still the group's rows after, in
     another order, so the layout serves the next median (whose result does not depend on it)."""
-    k = len(bound) - 1
-    out = np.full(k, np.nan)
-    for g in range(k):
+    out = np.full(len(bound) - 1, np.nan)
+    for g in groups:
         a, b = bound[g], bound[g + 1]
         size = b - a
         if size == 0:
@@ -599,6 +602,205 @@ def group_median_kernel(bound, rows, key1, key2, values):
                     upper = rows[i]
         out[g] = 0.5 * (values[rows[lo]] + values[upper])
     return out
+
+
+@numba.njit(inline="always")
+def _sort_columns(m, pairs, first, last, size):
+    """Apply the comparators ``pairs[first:last]`` to columns ``0 .. size - 1`` of ``m``
+    together (branch-free min/max over the block)."""
+    for p in range(first, last):
+        i, j = pairs[p, 0], pairs[p, 1]
+        for b in range(size):
+            x, y = m[i, b], m[j, b]
+            m[i, b] = min(x, y)
+            m[j, b] = max(x, y)
+
+
+@numba.njit
+def _by_size_class(bound, classes):
+    """``(by_class, start, largest)``: the groups of a layout by size class (class ``c`` below
+    ``classes``: at most ``2**c`` rows; class ``classes``: more), at
+    ``by_class[start[c]:start[c + 1]]`` in group order; and the largest group's size."""
+    k = len(bound) - 1
+    cls = np.empty(k, np.int64)
+    start = np.zeros(classes + 2, np.int64)
+    largest = 0
+    for g in range(k):
+        size = bound[g + 1] - bound[g]
+        largest = max(largest, size)
+        c = 0
+        while c < classes and (1 << c) < size:
+            c += 1
+        cls[g] = c
+        start[c + 1] += 1
+    for c in range(classes + 1):
+        start[c + 1] += start[c]
+    by_class = np.empty(k, np.int64)
+    free = start[:-1].copy()
+    for g in range(k):
+        by_class[free[cls[g]]] = g
+        free[cls[g]] += 1
+    return by_class, start, largest
+
+
+@numba.njit(cache=True, nogil=True)
+def float_median_kernel(bound, rows, values, pairs, offsets, block):
+    """Per group of :func:`group_rows_kernel`'s layout, the median of ``values`` (no NaN) in
+    the exact order of :func:`~holmes_ml.features._segments.order_key`, ties by row, as
+    :func:`group_median_kernel` selects it (NaN for an empty group), bit for bit.
+
+    Equal floats other than zeros are the same bits, so the floats are sorted as they are: the
+    groups of up to ``2**(len(offsets) - 2)`` rows ``block`` at a time by the networks of
+    :func:`packed_median_kernel`, larger ones one by one; where a middle is a zero, which of
+    -0.0 and 0.0 it is follows the zeros' rows (:func:`_float_middle`).
+    """
+    k = len(bound) - 1
+    classes = len(offsets) - 1
+    by_class, start, largest = _by_size_class(bound, classes)
+    med = np.full(k, np.nan)
+    m = np.empty((1 << (classes - 1), block))
+    zeros = np.empty(max(largest, 1), np.int64)
+    inf = np.inf
+    for c in range(classes):
+        for first in range(start[c], start[c + 1], block):
+            count = min(block, start[c + 1] - first)
+            for b in range(count):
+                g = by_class[first + b]
+                a, size = bound[g], bound[g + 1] - bound[g]
+                for p in range(1 << c):
+                    m[p, b] = values[rows[a + p]] if p < size else inf
+            _sort_columns(m, pairs, offsets[c], offsets[c + 1], count)
+            for b in range(count):
+                g = by_class[first + b]
+                med[g] = _float_middle(m[:, b], bound[g], bound[g + 1] - bound[g], rows, values,
+                                       zeros)
+    one = np.empty(largest)
+    for g in by_class[start[classes]:]:
+        a, size = bound[g], bound[g + 1] - bound[g]
+        for p in range(size):
+            one[p] = values[rows[a + p]]
+        one[:size].sort()
+        med[g] = _float_middle(one, a, size, rows, values, zeros)
+    return med
+
+
+@numba.njit(inline="always")
+def _float_middle(col, a, size, rows, values, zeros):
+    """The median of the ``size`` floats sorted in ``col``, the values of the group's rows
+    ``rows[a:a + size]`` (NaN for none). A zero in the middle is the one of the group's zeros
+    (-0.0 or 0.0) at that place in the order of their rows."""
+    if size == 0:
+        return np.nan
+    lo = (size - 1) // 2
+    up = lo + 1 if size % 2 == 0 else lo
+    x, y = col[lo], col[up]
+    if x == 0.0 or y == 0.0:
+        first = lo if x == 0.0 else up  # the zeros' first place
+        while first > 0 and col[first - 1] == 0.0:
+            first -= 1
+        count = 0
+        for i in range(size):
+            if values[rows[a + i]] == 0.0:
+                zeros[count] = rows[a + i]
+                count += 1
+        ordered = np.sort(zeros[:count])
+        if x == 0.0:
+            x = values[ordered[lo - first]]
+        if y == 0.0:
+            y = values[ordered[up - first]]
+    return 0.5 * (x + y)
+
+
+@numba.njit(cache=True, nogil=True)
+def packed_median_kernel(bound, rows, key, values, pairs, offsets, block, with_mad):
+    """``(med, mad)`` per group of :func:`group_rows_kernel`'s layout: the median of
+    ``values`` in the order of ``(key, row)`` (NaN for an empty group), and with ``with_mad``
+    the median of the absolute deviations from it in the order of (their float32 rounding,
+    ``key``, row); else ``mad`` is all NaN. What :func:`group_median_kernel` gives with
+    ``key = then`` and then on the deviations with their float32 bits and ``key``, bit for bit,
+    for a ``key`` in ``[0, 2**31)`` (float32 bits of non-negative values) and finite values.
+
+    Each row is one int64, ``key << 32 | row``, and a deviation ``bits << 32 | place``
+    (``place``: its value's rank in the group's first order, which decides the ties as ``key``
+    and row did); equal keys cannot occur, so any sort gives the same middle. Groups of up to
+    ``2**c`` rows, ``c`` below ``len(offsets) - 1``, are sorted ``block`` at a time by the
+    comparators ``pairs[offsets[c]:offsets[c + 1]]`` of a network for ``2**c`` keys (padding
+    sorts last), branch-free across the block; larger groups by a sort of their own.
+    """
+    k = len(bound) - 1
+    classes = len(offsets) - 1
+    by_class, start, largest = _by_size_class(bound, classes)
+    med = np.full(k, np.nan)
+    mad = np.full(k, np.nan)
+    pad = np.int64(0x7FFFFFFFFFFFFFFF)
+    height = 1 << (classes - 1)
+    m = np.empty((height, block), np.int64)
+    dev = np.empty((height, block))
+    bits = np.empty(height, np.float32)
+    for c in range(classes):
+        for first in range(start[c], start[c + 1], block):
+            count = min(block, start[c + 1] - first)
+            for b in range(count):
+                g = by_class[first + b]
+                a, size = bound[g], bound[g + 1] - bound[g]
+                for p in range(1 << c):
+                    m[p, b] = (key[rows[a + p]] << 32) | rows[a + p] if p < size else pad
+            _sort_columns(m, pairs, offsets[c], offsets[c + 1], count)
+            for b in range(count):
+                g = by_class[first + b]
+                med[g] = _packed_middle(m[:, b], bound[g + 1] - bound[g], values)
+            if not with_mad:
+                continue
+            for b in range(count):
+                g = by_class[first + b]
+                size = bound[g + 1] - bound[g]
+                _deviations(m[:, b], dev[:, b], size, 1 << c, values, med[g], bits, pad)
+            _sort_columns(m, pairs, offsets[c], offsets[c + 1], count)
+            for b in range(count):
+                g = by_class[first + b]
+                mad[g] = _packed_middle(m[:, b], bound[g + 1] - bound[g], dev[:, b])
+    # the groups too large for a network: one sort each
+    one = np.empty(largest, np.int64)
+    one_dev = np.empty(largest)
+    bits = np.empty(largest, np.float32)
+    for g in by_class[start[classes]:]:
+        a, size = bound[g], bound[g + 1] - bound[g]
+        for p in range(size):
+            one[p] = (key[rows[a + p]] << 32) | rows[a + p]
+        one[:size].sort()
+        med[g] = _packed_middle(one, size, values)
+        if with_mad:
+            _deviations(one, one_dev, size, size, values, med[g], bits, pad)
+            one[:size].sort()
+            mad[g] = _packed_middle(one, size, one_dev)
+    return med, mad
+
+
+@numba.njit(inline="always")
+def _packed_middle(sorted_keys, size, values):
+    """The median of ``size`` sorted packed keys: the mean of the ``values`` their low 32 bits
+    index at the lower and upper middle (NaN for none)."""
+    if size == 0:
+        return np.nan
+    lo = (size - 1) // 2
+    up = lo + 1 if size % 2 == 0 else lo
+    mask = np.int64(0xFFFFFFFF)
+    return 0.5 * (values[sorted_keys[lo] & mask] + values[sorted_keys[up] & mask])
+
+
+@numba.njit(inline="always")
+def _deviations(keys, dev, size, height, values, centre, bits, pad):
+    """Replace ``size`` sorted packed keys (``key << 32 | row``, padded to ``height``) by their
+    rows' absolute deviations from ``centre`` packed as ``float32 bits << 32 | place`` (the
+    place in the sorted keys), the deviations themselves in ``dev[place]``."""
+    mask = np.int64(0xFFFFFFFF)
+    for p in range(size):
+        d = abs(values[keys[p] & mask] - centre)
+        dev[p] = d
+        bits[p] = np.float32(d) + np.float32(0.0)  # (+ 0: -0.0 is 0.0)
+    as_int = bits.view(np.int32)
+    for p in range(height):
+        keys[p] = (np.int64(as_int[p]) << 32) | p if p < size else pad
 
 
 #: the peers kernel's columns, in the order of its ``out_rows`` argument; the first two are

@@ -7,10 +7,18 @@ done by sorting integer keys once and working on contiguous segments of the sort
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features._kernels import group_median_kernel, group_rows_kernel, places_kernel
+from holmes_ml.features._kernels import (
+    float_median_kernel,
+    group_median_kernel,
+    group_rows_kernel,
+    packed_median_kernel,
+    places_kernel,
+)
 
 _LIMIT = np.iinfo(np.int64).max // 2
 
@@ -238,14 +246,91 @@ def group_layout(code: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarra
     return group_rows_kernel(code, k)
 
 
-def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray,
-                 key: np.ndarray | None = None, then: np.ndarray | None = None) -> np.ndarray:
+def sorting_network(size: int) -> tuple[tuple[int, int], ...]:
+    """Batcher odd-even merge-sort comparators for ``size`` elements.
+
+    Built for the next power of two and pruned to ``size``: the missing elements act as
+    ``+inf`` padding, for which every comparator touching them is a no-op.
+    """
+    p = 1
+    while p < size:
+        p *= 2
+    pairs: list[tuple[int, int]] = []
+    t = 1
+    while t < p:
+        k = t
+        while k >= 1:
+            for j in range(k % t, p - k, 2 * k):
+                for i in range(min(k, p - j - k)):
+                    if (i + j) // (2 * t) == (i + j + k) // (2 * t) and i + j + k < size:
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        t *= 2
+    return tuple(pairs)
+
+
+_NETWORK_CLASSES = 7  # groups of up to 1, 2, 4, ..., 64 rows are sorted by a network
+_NETWORK_BLOCK = 64  # groups sorted side by side (a 64 x 64 block of int64: 32 KB)
+
+
+@functools.cache
+def _networks() -> tuple[np.ndarray, np.ndarray]:
+    """``(pairs, offsets)``: the comparators of the networks for ``2**c`` keys, ``c`` below
+    :data:`_NETWORK_CLASSES`, at ``pairs[offsets[c]:offsets[c + 1]]``."""
+    nets = [sorting_network(1 << c) for c in range(_NETWORK_CLASSES)]
+    offsets = np.cumsum([0] + [len(net) for net in nets]).astype(np.int64)
+    pairs = np.array([pair for net in nets for pair in net], dtype=np.int64).reshape(-1, 2)
+    return pairs, offsets
+
+
+def _packs(values: np.ndarray, finite: bool = False) -> bool:
+    """Every value is ``>= 0`` (and finite, if ``finite``), as :func:`order_key` then orders
+    them by their float32 bits, and the rows number fewer than 2**32: each row's bits and row
+    number pack into one int64 (:func:`packed_median_kernel`)."""
+    return (0 < len(values) < 2**32 and bool(values.min() >= 0)
+            and (not finite or bool(values.max() < np.inf)))
+
+
+def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Median of ``values`` per group of :func:`group_layout` (NaN for an empty group), the
-    values in the order of (``key``, ``then``, row): by default :func:`order_key`, which is
-    the median of :func:`sort_by`'s order, bit for bit (reorders ``rows`` within groups)."""
+    values in the order of :func:`order_key` (ties by row): the median of :func:`sort_by`'s
+    order, bit for bit (may reorder ``rows`` within groups).
+
+    Non-negative values are packed with their rows and sorted a block
+    of groups at a time by a sorting network
+    (:func:`~holmes_ml.features._kernels.packed_median_kernel`); values some of which are
+    negative, none NaN, are sorted as floats so
+    (:func:`~holmes_ml.features._kernels.float_median_kernel`); values with NaN are selected
+    one group at a time (:func:`~holmes_ml.features._kernels.group_median_kernel`)."""
     values = np.ascontiguousarray(values, dtype=np.float64)
-    key = order_key(values) if key is None else key
-    return group_median_kernel(bound, rows, key, key if then is None else then, values)
+    if _packs(values):
+        return packed_median_kernel(bound, rows, _float32_bits(values), values, *_networks(),
+                                    _NETWORK_BLOCK, False)[0]
+    if len(values) and values.min() < 0:  # (and no NaN)
+        return float_median_kernel(bound, rows, values, *_networks(), _NETWORK_BLOCK)
+    key = order_key(values)
+    return group_median_kernel(bound, rows, key, key, values, np.arange(len(bound) - 1))
+
+
+def group_median_mad(bound: np.ndarray, rows: np.ndarray,
+                     values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(median, median absolute deviation)`` of ``values`` per group of
+    :func:`group_layout`, as sorting gives them: the median of :func:`group_median`, and the
+    median of the absolute deviations from it in the order of :func:`order_key` of the
+    deviations, their ties in the order of their values' (as a stable sort of the deviations
+    leaves them)."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    if _packs(values, finite=True):  # (a deviation from an infinite median can be NaN)
+        return packed_median_kernel(bound, rows, _float32_bits(values), values, *_networks(),
+                                    _NETWORK_BLOCK, True)
+    key = order_key(values)
+    groups = np.arange(len(bound) - 1)
+    med = group_median_kernel(bound, rows, key, key, values, groups)
+    centre = np.empty(len(values))
+    centre[rows] = np.repeat(med, np.diff(bound))
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, which sorts last
+        adev = np.abs(values - centre)
+    return med, group_median_kernel(bound, rows, order_key(adev), key, adev, groups)
 
 
 def places(key: np.ndarray, minor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -312,29 +312,6 @@ def _int_col(ops: pd.DataFrame, name: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- history
-def _sorting_network(size: int) -> tuple[tuple[int, int], ...]:
-    """Batcher odd-even merge-sort comparators for ``size`` elements.
-
-    Built for the next power of two and pruned to ``size``: the missing elements act as
-    ``+inf`` padding, for which every comparator touching them is a no-op.
-    """
-    p = 1
-    while p < size:
-        p *= 2
-    pairs: list[tuple[int, int]] = []
-    t = 1
-    while t < p:
-        k = t
-        while k >= 1:
-            for j in range(k % t, p - k, 2 * k):
-                for i in range(min(k, p - j - k)):
-                    if (i + j) // (2 * t) == (i + j + k) // (2 * t) and i + j + k < size:
-                        pairs.append((i + j, i + j + k))
-            k //= 2
-        t *= 2
-    return tuple(pairs)
-
-
 _NETWORK_MAX = 32  # beyond this many lags sorting each window beats a comparator network
 
 
@@ -375,7 +352,7 @@ def _history(
     n = len(values)
     w = int(cfg.window)
     order = seg.sort_by(sig, iteration)
-    pairs = np.array(_sorting_network(w) if w <= _NETWORK_MAX else (), dtype=np.int64)
+    pairs = np.array(seg.sorting_network(w) if w <= _NETWORK_MAX else (), dtype=np.int64)
     out_rows = np.array([_COL[name] for name in HISTORY_KERNEL_OUTPUTS], dtype=np.int64)
     med_row = history_kernel(
         values[order], xfer[order], regular[order], sig[order], order, peer_med, w,
@@ -525,13 +502,7 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float,
     bound, rows = seg.group_layout(code) if layout is None else layout
     if (bound[1:] == bound[:-1]).any():
         raise ValueError("_crowd: the codes are not dense")  # a programming error
-    # the median and the median absolute deviation of each crowd, as sorting would give them
-    # (the deviations' ties in the order of the values', as a stable sort of them leaves them)
-    key = seg.order_key(values)
-    med = seg.group_median(bound, rows, values, key)
-    adev = np.abs(values - med[code])
-    mad = seg.group_median(bound, rows, adev, seg.order_key(adev), key)
-    del adev, key, rows
+    med, mad = seg.group_median_mad(bound, rows, values)
     sd = np.maximum(np.maximum(1.4826 * mad, min_spread * np.abs(med)), _EPS_US)
     return med, sd
 
