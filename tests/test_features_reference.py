@@ -374,6 +374,31 @@ def test_selected_median_is_the_sorted_one_bit_for_bit(seed, signed):
     assert np.array_equal(sd, np.maximum(1.4826 * mad, _EPS_US))
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_combine_packs_columns_or_keeps_their_identity(wide):
+    # columns whose spans multiply within the limit pack as key * span + col, in place;
+    # wider ones go dense on the way and still tell every distinct tuple apart
+    rng = np.random.default_rng(7)
+    n = 5000
+    cols = [rng.integers(0, 40, n), rng.integers(0, 7, n).astype(np.int8),
+            rng.integers(0, 1 << 20, n) * ((1 << 30) if wide else 1),
+            rng.integers(0, 300, n).astype(np.int32)]
+    before = [col.copy() for col in cols]
+    key = seg.combine(*cols)
+    assert key.dtype == np.int64 and (key >= 0).all()
+    for col, was in zip(cols, before, strict=True):  # the inputs are untouched
+        np.testing.assert_array_equal(col, was)
+    if not wide:
+        want = np.zeros(n, dtype=np.int64)
+        for col in cols:
+            want = want * (int(col.max()) + 1) + col.astype(np.int64)
+        np.testing.assert_array_equal(key, want)
+    tuples = pd.Series(list(zip(*cols, strict=True)))
+    assert len(np.unique(key)) == tuples.nunique()
+    same = pd.Series(key).groupby(pd.factorize(tuples)[0]).nunique()
+    assert (same == 1).all()  # one key per tuple
+
+
 def _sorted_median_mad(code, values, k):
     """Per code ``0 .. k - 1``: the median of its values in the order of (order_key, row), and
     the median of their absolute deviations from it in the order of (the deviations'

@@ -8,6 +8,7 @@ done by sorting integer keys once and working on contiguous segments of the sort
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,16 @@ def combine(*cols: np.ndarray) -> np.ndarray:
     Columns are packed ``key * span + col``; when the product would overflow, the key built so
     far is replaced by dense codes first (which keeps identity, not order).
     """
+    if len(cols[0]) and len(cols) > 1:
+        # When every column's span multiplies within the limit no key is ever made dense:
+        # packed in place, without the loop's fresh arrays and maxima of the key
+        spans = [int(np.max(col)) + 1 for col in cols]
+        if min(spans) >= 1 and math.prod(spans) <= _LIMIT:
+            key = np.array(cols[0], dtype=np.int64)
+            for col, span in zip(cols[1:], spans[1:], strict=True):
+                key *= span
+                np.add(key, col, out=key, casting="unsafe")  # (as the cast to int64 below)
+            return key
     key = np.asarray(cols[0], dtype=np.int64)
     for col in cols[1:]:
         col = np.asarray(col, dtype=np.int64)
