@@ -203,7 +203,8 @@ def test_small_lightgbm_compiled_scores_equal_the_booster():
     small = LightGBMDetector(n_estimators=25, num_leaves=7, max_depth=3, ignore_features=("c",),
                              random_state=0).fit(X, y)
     big = LightGBMDetector(n_estimators=60, num_leaves=31, random_state=0).fit(X, y)
-    assert small.compiled_ is not None and big.compiled_ is None  # big: booster is faster
+    assert small.compiled_ is not None and big.compiled_ is None  # big: walked row-wise
+    assert small.row_trees_ is None and big.row_trees_ is not None
     Xt = pd.DataFrame(rng.normal(size=(70_000, 5)).astype(np.float32), columns=list("abcde"))
     want = small.estimator_.booster_.predict(
         Xt.to_numpy(np.float64)[:, small.used_features_], num_threads=1)
@@ -218,6 +219,48 @@ def test_small_lightgbm_compiled_scores_equal_the_booster():
         small.decision_function(edge),
         small.estimator_.booster_.predict(edge.to_numpy(np.float64)[:, small.used_features_]),
         rtol=0, atol=1e-12)
+
+
+def test_row_walked_trees_score_as_the_booster_bit_for_bit():
+    # a model too large to evaluate column-wise is walked row by row over flat node arrays:
+    # the same double comparisons, leaf sums in tree order and sigmoid as LightGBM's
+    import pickle
+
+    import pandas as pd
+
+    rng = np.random.default_rng(6)
+    X = pd.DataFrame(rng.normal(size=(3000, 5)).astype(np.float32), columns=list("abcde"))
+    y = (X["a"] + 0.5 * X["b"] ** 2 + 0.3 * rng.normal(size=3000) > 0.6).to_numpy()
+    det = LightGBMDetector(n_estimators=60, num_leaves=31, ignore_features=("c",),
+                           random_state=0).fit(X, y)
+    assert det.compiled_ is None and det.row_trees_ is not None
+    Xt = pd.DataFrame(rng.normal(size=(5000, 5)).astype(np.float32), columns=list("abcde"))
+    used = Xt.to_numpy(np.float64)[:, det.used_features_]
+    want = det.estimator_.booster_.predict(used, num_threads=1)
+    np.testing.assert_array_equal(det.decision_function(Xt), want)
+    # values exactly on split thresholds (doubles) go left, as in LightGBM
+    trees = det.row_trees_
+    Xt = Xt.astype(np.float64)
+    for k in range(0, len(trees.feature), 7):
+        Xt.iloc[k, det.used_features_[trees.feature[k]]] = trees.threshold[k]
+    used = Xt.to_numpy(np.float64)[:, det.used_features_]
+    want = det.estimator_.booster_.predict(used, num_threads=1)
+    np.testing.assert_array_equal(det.decision_function(Xt), want)
+    # a model saved before the flat arrays existed gets them when loaded
+    old = pickle.loads(pickle.dumps(det))
+    del old.row_trees_
+    loaded = pickle.loads(pickle.dumps(old))
+    assert loaded.row_trees_ is not None
+    np.testing.assert_array_equal(loaded.decision_function(Xt), want)
+    # trees that route missing values (learnt from NaN) are not flattened: the booster scores
+    from lightgbm import LGBMClassifier
+
+    from holmes_ml.models._compiled import RowTrees
+
+    Xn = X.to_numpy(np.float64, copy=True)
+    Xn[::5, 0] = np.nan
+    booster = LGBMClassifier(n_estimators=20, verbose=-1).fit(Xn, y).booster_
+    assert RowTrees.from_booster(booster) is None
 
 
 def test_compiled_unbalanced_trees_score_like_the_booster():

@@ -444,41 +444,59 @@ class LightGBMDetector(_SupervisedDetector):
         )
 
     def fit(self, X, y, groups=None, threshold_weights=None):
-        """As :meth:`RandomForestDetector.fit`; small models are also compiled for fast scoring
-        (``compiled_``, see :mod:`holmes_ml.models._compiled`)."""
+        """As :meth:`RandomForestDetector.fit`; the trees are also compiled for fast scoring
+        (see :mod:`holmes_ml.models._compiled`): small models column-wise (``compiled_``),
+        larger ones as flat arrays walked row by row (``row_trees_``)."""
         super().fit(X, y, groups=groups, threshold_weights=threshold_weights)
-        from holmes_ml.models._compiled import CompiledTrees
-
-        self.compiled_ = CompiledTrees.from_booster(self.estimator_.booster_)
+        self._compile()
         return self
 
+    def _compile(self) -> None:
+        from holmes_ml.models._compiled import CompiledTrees, RowTrees
+
+        booster = self.estimator_.booster_
+        self.compiled_ = CompiledTrees.from_booster(booster)
+        self.row_trees_ = None if self.compiled_ is not None else RowTrees.from_booster(booster)
+
+    def __setstate__(self, state: dict) -> None:
+        """A model saved before ``row_trees_`` existed gets its trees flattened on load (as
+        its fit would now), so that it scores as fast as a new one."""
+        super().__setstate__(state)
+        if "estimator_" in self.__dict__ and "row_trees_" not in self.__dict__:
+            self._compile()
+
     def _scores(self, X: np.ndarray) -> np.ndarray:
-        """The same scores as ``predict_proba``, computed column-wise with numpy for small models
-        (``compiled_``), else by the booster directly: the scikit-learn wrapper re-validates
-        the input and builds a two-column array the detector would throw away, and LightGBM's
-        default thread pool costs more than it gains on a shared small machine (``n_jobs=None``
-        means one thread, as when fitting).
+        """The same scores as ``predict_proba``, from the compiled trees (see :meth:`fit`), or
+        from the booster where its splits cannot be reproduced: the scikit-learn wrapper
+        re-validates the input and builds a two-column array the detector would throw away,
+        and LightGBM's default thread pool costs more than it gains on a shared small machine
+        (``n_jobs=None`` means one thread, as when fitting).
         """
         if len(X) == 0:
             return np.zeros(0, dtype=np.float64)
-        compiled = getattr(self, "compiled_", None)  # absent from models saved before it
-        if compiled is not None:
-            return compiled.predict(X)
+        fast = self._fast()
+        if fast is not None:
+            return fast.predict(X)
         booster = getattr(self.estimator_, "booster_", None)
         if booster is None:  # pragma: no cover - every fitted LGBMClassifier has one
             return self.estimator_.predict_proba(X)[:, 1].astype(np.float64)
         threads = 1 if self.n_jobs is None else int(self.n_jobs)
         return np.asarray(booster.predict(X, num_threads=threads), dtype=np.float64)
 
+    def _fast(self):
+        """The compiled trees: column-wise, else row-wise, else ``None`` (the booster)."""
+        compiled = getattr(self, "compiled_", None)
+        return compiled if compiled is not None else getattr(self, "row_trees_", None)
+
     def _scores_all_columns(self, X: np.ndarray) -> np.ndarray:
         """As the base class, but compiled trees read the used columns of ``X`` in place: for
         a screen over millions of rows, copying its columns would cost a fifth of scoring."""
         check_is_fitted(self)
-        compiled = getattr(self, "compiled_", None)
+        fast = self._fast()
         used = getattr(self, "used_features_", None)
-        if compiled is None or used is None or len(X) == 0:
+        if fast is None or used is None or len(X) == 0:
             return super()._scores_all_columns(X)
-        return compiled.predict(X, columns=used)
+        return fast.predict(X, columns=used)
 
 
 class KNNDetector(_SupervisedDetector):
