@@ -399,6 +399,34 @@ def test_combine_packs_columns_or_keeps_their_identity(wide):
     assert (same == 1).all()  # one key per tuple
 
 
+@pytest.mark.parametrize("ufunc", [np.minimum, np.maximum, np.fmax])
+@pytest.mark.parametrize("kind", ["int64", "int32", "float", "float with NaN", "read-only"])
+def test_reduce_at_is_ufunc_at(ufunc, kind):
+    # the compiled pass gives what ufunc.at gives: NaN wins a minimum or maximum, loses fmax
+    rng = np.random.default_rng(9)
+    n, k = 20_000, 700
+    code = rng.integers(0, k - 5, n)  # the last codes get nothing: they keep the initial value
+    values = rng.integers(-10**12, 10**12, n)
+    initial = np.iinfo(np.int64).max if ufunc is np.minimum else np.iinfo(np.int64).min
+    if kind == "int32":
+        values = values.astype(np.int32) // 7
+    if kind.startswith("float"):
+        values = values * 1e-3
+        initial = np.inf if ufunc is np.minimum else -np.inf
+    if kind == "float with NaN":
+        values[rng.random(n) < 0.002] = np.nan
+    if kind == "read-only":
+        values.flags.writeable = False
+        code.flags.writeable = False
+    want = np.full(k, initial)
+    ufunc.at(want, code, values)
+    got = seg.reduce_at(ufunc, code, values, k, initial)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(IndexError):
+        seg.reduce_at(ufunc, np.array([0, k]), values[:2], k, initial)
+
+
 def _sorted_median_mad(code, values, k):
     """Per code ``0 .. k - 1``: the median of its values in the order of (order_key, row), and
     the median of their absolute deviations from it in the order of (the deviations'

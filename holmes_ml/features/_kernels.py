@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import literal_unroll
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["HISTORY_KERNEL_OUTPUTS", "PEERS_KERNEL_OUTPUTS", "chain_max_kernel",
            "compute_gaps_kernel", "float_median_kernel", "group_median_kernel",
-           "group_rows_kernel", "history_kernel", "packed_median_kernel", "peers_kernel", "places_kernel", "replay_excess_kernel",
-           "replay_gain_kernel"]
+           "group_rows_kernel", "history_kernel", "pack_kernel", "packed_median_kernel",
+           "peers_kernel", "places_kernel", "replay_excess_kernel", "replay_gain_kernel",
+           "scatter_reduce_kernel"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -518,6 +520,44 @@ def history_kernel(v, x, regular, sig, order, peer_med, w, pairs, regular_only, 
             matrix[rows[14], j] = np.float32(
                 0.0 if neither else _clip(wait / np.float64(spread), 0.0, clip))
     return med_row
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter_reduce_kernel(out, code, values, op):
+    """``out[code[i]] = f(out[code[i]], values[i])`` for every ``i``, in place: ``np.minimum``
+    (``op`` 0), ``np.maximum`` (1), both with NaN winning, or ``np.fmax`` (2, NaN losing): what
+    ``ufunc.at`` computes, in one compiled pass (numpy's ``at`` took 62 ms where this takes 5
+    on the bench job's 2 M instance rows)."""
+    for i in range(len(code)):
+        c = code[i]
+        if c < 0 or c >= len(out):
+            raise IndexError("scatter_reduce_kernel: a code outside the output")
+        v = values[i]
+        o = out[c]
+        if op == 0:
+            if v < o or v != v:
+                out[c] = v
+        elif op == 1:
+            if v > o or v != v:
+                out[c] = v
+        elif v > o or o != o:
+            out[c] = v
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_kernel(cols, spans):
+    """``((cols[0] * spans[1] + cols[1]) * spans[2] + cols[2]) ...`` per row (int64): the key of
+    :func:`~holmes_ml.features._segments.combine` in one pass over its columns."""
+    n = len(cols[0])
+    key = np.empty(n, np.int64)
+    for i in range(n):
+        k = 0
+        j = 0
+        for col in literal_unroll(cols):  # (columns may differ in type: read-only ones)
+            k = k * spans[j] + col[i]
+            j += 1
+        key[i] = k
+    return key
 
 
 @numba.njit(cache=True, nogil=True)

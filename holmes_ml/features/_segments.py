@@ -17,8 +17,10 @@ from holmes_ml.features._kernels import (
     float_median_kernel,
     group_median_kernel,
     group_rows_kernel,
+    pack_kernel,
     packed_median_kernel,
     places_kernel,
+    scatter_reduce_kernel,
 )
 
 _LIMIT = np.iinfo(np.int64).max // 2
@@ -72,11 +74,8 @@ def combine(*cols: np.ndarray) -> np.ndarray:
         # packed in place, without the loop's fresh arrays and maxima of the key
         spans = [int(np.max(col)) + 1 for col in cols]
         if min(spans) >= 1 and math.prod(spans) <= _LIMIT:
-            key = np.array(cols[0], dtype=np.int64)
-            for col, span in zip(cols[1:], spans[1:], strict=True):
-                key *= span
-                np.add(key, col, out=key, casting="unsafe")  # (as the cast to int64 below)
-            return key
+            return pack_kernel(tuple(np.ascontiguousarray(col, dtype=np.int64) for col in cols),
+                               np.array(spans, dtype=np.int64))
     key = np.asarray(cols[0], dtype=np.int64)
     for col in cols[1:]:
         col = np.asarray(col, dtype=np.int64)
@@ -99,8 +98,18 @@ def reduce_at(ufunc: np.ufunc, code: np.ndarray, values: np.ndarray, size: int,
     none: a group-by's min or max in one pass over the rows, without a sort or its fixed cost.
     The result has ``initial``'s type (an int64 bound for int64 values)."""
     out = np.full(size, initial)
-    ufunc.at(out, code, values)
+    code, values = np.asarray(code), np.asarray(values)
+    op = _SCATTER_OPS.get(ufunc)
+    if (op is None or code.dtype.kind not in "iu" or values.dtype.kind not in "iuf"
+            or out.dtype.kind not in "if" or (out.dtype.kind == "i" and values.dtype.kind != "i")):
+        ufunc.at(out, code, values)  # (what the compiled pass does not cover)
+    else:
+        scatter_reduce_kernel(out, code, values, op)
     return out
+
+
+#: scatter_reduce_kernel's op codes
+_SCATTER_OPS: dict[np.ufunc, int] = {np.minimum: 0, np.maximum: 1, np.fmax: 2}
 
 
 def rank_of(values: np.ndarray) -> np.ndarray:

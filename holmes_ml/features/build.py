@@ -422,8 +422,7 @@ def _same_step(
     # An instance's step is its rows' smallest step key (a send/recv pair holds two ops; the
     # order of rows must not matter); its peer median and shortest copy are the same on
     # every one of its rows.
-    inst_step = np.full(n_inst, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(inst_step, instance, step)
+    inst_step = seg.reduce_at(np.minimum, instance, step, n_inst, np.iinfo(np.int64).max)
     rep = np.empty(n_inst, dtype=np.int64)  # any one row of each instance
     rep[instance] = np.arange(len(instance), dtype=np.int64)
     step_of = seg.dense(inst_step)
@@ -666,8 +665,7 @@ def _group_facts(ops: pd.DataFrame, gcode: np.ndarray, gnames: pd.Index, rank: n
     """Group size and kind code per row, computed once per distinct group."""
     n_groups = len(gnames)
     n = len(gcode)
-    first = np.full(n_groups, n, dtype=np.int64)
-    np.minimum.at(first, gcode, np.arange(n, dtype=np.int64))
+    first = seg.reduce_at(np.minimum, gcode, np.arange(n, dtype=np.int64), n_groups, n)
     sizes = np.zeros(n_groups, dtype=np.float64)
     if "group_ranks" in ops.columns:
         # one member list per group, counted in Python: a few dozen strings on a node's

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from holmes_ml.features._segments import unique_inverse
+from holmes_ml.features._segments import reduce_at, unique_inverse
 from holmes_ml.io.schema import SchemaError
 
 logger = logging.getLogger(__name__)
@@ -81,10 +81,8 @@ def iteration_spans(
     # Reductions over dense iteration codes: iterations are few, ops are many.
     uniq, code = unique_inverse(it) if codes is None else codes
     n = len(uniq)
-    it_start = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    it_end = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(it_start, code, start)
-    np.maximum.at(it_end, code, end)
+    it_start = reduce_at(np.minimum, code, start, n, np.iinfo(np.int64).max)
+    it_end = reduce_at(np.maximum, code, end, n, np.iinfo(np.int64).min)
     n_ops = np.bincount(code, minlength=n).astype(np.int64)
     return uniq.astype(np.int64), it_start, it_end, n_ops
 
@@ -109,16 +107,13 @@ def last_arrivals(it: np.ndarray, rank: np.ndarray, start: np.ndarray,
     absent = np.iinfo(np.int64).max
     if n_it * n_rank <= 1 << 26:
         # a dense (iteration x rank) grid: no sort over the rows (iterations and ranks are few)
-        first = np.full(n_it * n_rank, absent, dtype=np.int64)
-        np.minimum.at(first, code * n_rank + rank_code, start)
+        first = reduce_at(np.minimum, code * n_rank + rank_code, start, n_it * n_rank, absent)
         grid = first.reshape(n_it, n_rank)
         grid[grid == absent] = np.iinfo(np.int64).min  # a rank not in the iteration
         return uniq.astype(np.int64), grid.max(axis=1)
     keys, inv = np.unique(code * n_rank + rank_code, return_inverse=True)
-    first = np.full(len(keys), absent, dtype=np.int64)
-    np.minimum.at(first, inv, start)
-    last = np.full(n_it, np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last, keys // n_rank, first)
+    first = reduce_at(np.minimum, inv.ravel(), start, len(keys), absent)
+    last = reduce_at(np.maximum, keys // n_rank, first, n_it, np.iinfo(np.int64).min)
     return uniq.astype(np.int64), last
 
 
