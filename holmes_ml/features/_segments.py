@@ -311,6 +311,15 @@ def _packs(values: np.ndarray, finite: bool = False) -> bool:
             and (not finite or bool(values.max() < np.inf)))
 
 
+def _read_only(values: np.ndarray) -> np.ndarray:
+    """``values`` as a C-contiguous float64 array marked read-only (a view where it is one
+    already): numba compiles a kernel once per argument type, and writable and read-only
+    arrays are two types (the median kernels took about 2 s to compile each time)."""
+    out = np.ascontiguousarray(values, dtype=np.float64).view()
+    out.flags.writeable = False
+    return out
+
+
 def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Median of ``values`` per group of :func:`group_layout` (NaN for an empty group), the
     values in the order of :func:`order_key` (ties by row): the median of :func:`sort_by`'s
@@ -322,7 +331,7 @@ def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.
     negative, none NaN, are sorted as floats so
     (:func:`~holmes_ml.features._kernels.float_median_kernel`); values with NaN are selected
     one group at a time (:func:`~holmes_ml.features._kernels.group_median_kernel`)."""
-    values = np.ascontiguousarray(values, dtype=np.float64)
+    values = _read_only(values)
     if _packs(values):
         return packed_median_kernel(bound, rows, _float32_bits(values), values, *_networks(),
                                     _NETWORK_BLOCK, False)[0]
@@ -339,7 +348,7 @@ def group_median_mad(bound: np.ndarray, rows: np.ndarray,
     median of the absolute deviations from it in the order of :func:`order_key` of the
     deviations, their ties in the order of their values' (as a stable sort of the deviations
     leaves them)."""
-    values = np.ascontiguousarray(values, dtype=np.float64)
+    values = _read_only(values)
     if _packs(values, finite=True):  # (a deviation from an infinite median can be NaN)
         return packed_median_kernel(bound, rows, _float32_bits(values), values, *_networks(),
                                     _NETWORK_BLOCK, True)
