@@ -211,6 +211,13 @@ def test_small_lightgbm_compiled_scores_equal_the_booster():
     np.testing.assert_allclose(small.decision_function(Xt), want, rtol=0, atol=1e-12)
     np.testing.assert_allclose(small.decision_function(Xt.astype(np.float64)), want,
                                rtol=0, atol=1e-12)
+    # a model saved before the flat arrays existed gets them when loaded, and scores alike
+    import pickle
+
+    old = pickle.loads(pickle.dumps(small))
+    del old.compiled_.__dict__["_flat"]
+    loaded = pickle.loads(pickle.dumps(old))
+    np.testing.assert_array_equal(loaded.decision_function(Xt), small.decision_function(Xt))
     # values exactly on a split threshold go left, as in LightGBM
     tree = small.compiled_.trees[0]
     edge = Xt.iloc[:2].copy()
@@ -282,7 +289,7 @@ def test_compiled_unbalanced_trees_score_like_the_booster():
 
     depths = [depth(t) for t in det.compiled_.trees]
     assert max(depths) > 4  # lopsided: 14 leaves deeper than a balanced tree's 4 levels
-    Xt = pd.DataFrame(rng.normal(size=(_compiled._CHUNK + 5000, 4)).astype(np.float32),
+    Xt = pd.DataFrame(rng.normal(size=(_compiled._BLOCK + 5000, 4)).astype(np.float32),
                       columns=list("abcd"))
     want = det.estimator_.booster_.predict(Xt.to_numpy(np.float64), num_threads=1)
     np.testing.assert_allclose(det.decision_function(Xt), want, rtol=0, atol=1e-12)
