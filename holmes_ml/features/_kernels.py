@@ -526,8 +526,9 @@ def history_kernel(v, x, regular, sig, order, peer_med, w, pairs, regular_only, 
 def scatter_reduce_kernel(out, code, values, op):
     """``out[code[i]] = f(out[code[i]], values[i])`` for every ``i``, in place: ``np.minimum``
     (``op`` 0), ``np.maximum`` (1), both with NaN winning, or ``np.fmax`` (2, NaN losing): what
-    ``ufunc.at`` computes, in one compiled pass (numpy's ``at`` took 62 ms where this takes 5
-    on the bench job's 2 M instance rows)."""
+    ``ufunc.at`` computes, in one compiled pass (4 ms for the same step's minimum over the
+    bench job's 2.0 M rows into 555 k instances, where numpy's ``at`` took from 5 to 63 ms
+    from one process to another)."""
     for i in range(len(code)):
         c = code[i]
         if c < 0 or c >= len(out):
@@ -591,9 +592,8 @@ def _before(r, s, key1, key2):
 def group_median_kernel(bound, rows, key1, key2, values, groups):
     """Per group of :func:`group_rows_kernel`'s layout listed in ``groups`` (the others: NaN),
     the median of ``values`` (``0.5 * (lower middle + upper middle)``, NaN for an empty group)
-    in the order of
-    ``(key1, key2, row)``: the rows numpy's stable sort of such keys puts in the middle, found
-    by selection. Each group's rows are reordered in place: still the group's rows after, in
+    in the order of ``(key1, key2, row)``: the rows numpy's stable sort of such keys puts in
+    the middle, found by selection. Each group's rows are reordered in place: still the group's rows after, in
     another order, so the layout serves the next median (whose result does not depend on it)."""
     out = np.full(len(bound) - 1, np.nan)
     for g in groups:

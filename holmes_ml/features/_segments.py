@@ -71,7 +71,7 @@ def combine(*cols: np.ndarray) -> np.ndarray:
     """
     if len(cols[0]) and len(cols) > 1:
         # When every column's span multiplies within the limit no key is ever made dense:
-        # packed in place, without the loop's fresh arrays and maxima of the key
+        # packed in one compiled pass, without the loop's fresh arrays and maxima of the key
         spans = [int(np.max(col)) + 1 for col in cols]
         if min(spans) >= 1 and math.prod(spans) <= _LIMIT:
             return pack_kernel(tuple(np.ascontiguousarray(col, dtype=np.int64) for col in cols),
@@ -95,8 +95,10 @@ def reduce_at(ufunc: np.ufunc, code: np.ndarray, values: np.ndarray, size: int,
               initial: float) -> np.ndarray:
     """Per code ``0 .. size - 1`` of a dense ``code``, ``ufunc`` (``np.minimum``,
     ``np.maximum``, ``np.fmax``) over the ``values`` of its elements, ``initial`` where it has
-    none: a group-by's min or max in one pass over the rows, without a sort or its fixed cost.
-    The result has ``initial``'s type (an int64 bound for int64 values)."""
+    none: a group-by's min or max in one pass over the rows, without a sort or its fixed cost
+    (compiled: :func:`~holmes_ml.features._kernels.scatter_reduce_kernel`; numpy's
+    ``ufunc.at`` was as fast on some calls and up to 15 times slower on others). The result has ``initial``'s type (an int64
+    bound for int64 values)."""
     out = np.full(size, initial)
     code, values = np.asarray(code), np.asarray(values)
     op = _SCATTER_OPS.get(ufunc)
@@ -325,10 +327,9 @@ def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.
     values in the order of :func:`order_key` (ties by row): the median of :func:`sort_by`'s
     order, bit for bit (may reorder ``rows`` within groups).
 
-    Non-negative values are packed with their rows and sorted a block
-    of groups at a time by a sorting network
-    (:func:`~holmes_ml.features._kernels.packed_median_kernel`); values some of which are
-    negative, none NaN, are sorted as floats so
+    Non-negative values are packed with their rows and sorted a block of groups at a time by
+    a sorting network (:func:`~holmes_ml.features._kernels.packed_median_kernel`); values
+    some of which are negative, none NaN, are sorted as floats so
     (:func:`~holmes_ml.features._kernels.float_median_kernel`); values with NaN are selected
     one group at a time (:func:`~holmes_ml.features._kernels.group_median_kernel`)."""
     values = _read_only(values)
