@@ -177,34 +177,17 @@ def _reachable(m, X, a, size, feature, threshold, mask, first, last, full):
 
 
 @numba.njit(cache=True, nogil=True)
-def _score_narrow(X, feature, threshold, mask, node_start, tables, out, block):
-    """``out``: the sum over the trees of each row's leaf value, for trees of at most 8 leaves
-    (byte masks); ``tables[t, m]`` is the value of tree ``t``'s leaf at the lowest bit of
-    ``m``."""
+def _score(X, feature, threshold, mask, full, node_start, tables, leaf_start, leaves, out,
+           block):
+    """``out``: the sum over the trees of each row's leaf value, ``full`` being every bit of
+    a mask. With byte masks (trees of at most 8 leaves) ``tables[t, m]`` is the value of tree
+    ``t``'s leaf at the lowest bit of ``m``; with 64-bit masks (at most 64 leaves, no
+    ``tables``) the lowest bit is found by a de Bruijn multiplication
+    (:data:`_DE_BRUIJN_INDEX`) and its value read from ``leaves`` at ``leaf_start[t]``."""
     n = X.shape[0]
-    m = np.empty(block, np.uint8)
+    m = np.empty(block, mask.dtype)
     acc = np.empty(block)
-    full = np.uint8(0xFF)
-    for a in range(0, n, block):
-        size = min(block, n - a)
-        acc[:size] = 0.0
-        for t in range(len(node_start) - 1):
-            _reachable(m, X, a, size, feature, threshold, mask, node_start[t],
-                       node_start[t + 1], full)
-            table = tables[t]
-            for i in range(size):
-                acc[i] += table[m[i]]
-        out[a:a + size] = acc[:size]
-
-
-@numba.njit(cache=True, nogil=True)
-def _score_wide(X, feature, threshold, mask, node_start, leaf_start, leaves, out, block):
-    """:func:`_score_narrow` for trees of at most 64 leaves (64-bit masks): the lowest bit is
-    found by a de Bruijn multiplication (:data:`_DE_BRUIJN_INDEX`)."""
-    n = X.shape[0]
-    m = np.empty(block, np.uint64)
-    acc = np.empty(block)
-    full = np.uint64(0xFFFFFFFFFFFFFFFF)
+    narrow = len(tables) > 0
     one = np.uint64(1)
     multiplier = np.uint64(_DE_BRUIJN)
     shift = np.uint64(58)
@@ -215,10 +198,16 @@ def _score_wide(X, feature, threshold, mask, node_start, leaf_start, leaves, out
         for t in range(len(node_start) - 1):
             _reachable(m, X, a, size, feature, threshold, mask, node_start[t],
                        node_start[t + 1], full)
-            base = leaf_start[t]
-            for i in range(size):
-                lowest = m[i] & (~m[i] + one)
-                acc[i] += leaves[base + index[(lowest * multiplier) >> shift]]
+            if narrow:
+                table = tables[t]
+                for i in range(size):
+                    acc[i] += table[m[i]]
+            else:
+                base = leaf_start[t]
+                for i in range(size):
+                    word = np.uint64(m[i])
+                    lowest = word & (~word + one)
+                    acc[i] += leaves[base + index[(lowest * multiplier) >> shift]]
         out[a:a + size] = acc[:size]
 
 
@@ -326,12 +315,10 @@ class CompiledTrees:
             threshold = flat["threshold"]
         X = np.asfortranarray(X)  # (every column one contiguous slice)
         out = np.empty(X.shape[0], dtype=np.float64)
-        if flat["mask"].dtype == np.uint8:
-            _score_narrow(X, feature, threshold, flat["mask"], flat["node_start"],
-                          flat["tables"], out, _BLOCK)
-        else:
-            _score_wide(X, feature, threshold, flat["mask"], flat["node_start"],
-                        flat["leaf_start"], flat["leaves"], out, _BLOCK)
+        mask = flat["mask"]
+        _score(X, feature, threshold, mask, mask.dtype.type(np.iinfo(mask.dtype).max),
+               flat["node_start"], flat["tables"], flat["leaf_start"], flat["leaves"], out,
+               _BLOCK)
         return out
 
     def predict(self, X: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
