@@ -58,7 +58,9 @@ def score_ops(
         :mod:`holmes_ml.models`), or a model file's path (``str`` or ``Path``: loaded with
         :func:`load_model`, as ``analyze`` takes it); ``None`` uses :func:`default_model`.
     features:
-        Precomputed :func:`holmes_ml.features.build_features` of ``ops`` (same row order).
+        Precomputed :func:`holmes_ml.features.build_features` of ``ops`` (same row order):
+        the model's input check searches them for NaN and infinity, which features built here
+        are free of by construction (see :func:`score_features`).
 
     Returns
     -------
