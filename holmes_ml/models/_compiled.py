@@ -101,12 +101,13 @@ def _walk(X, feature, threshold, left, right, roots, leaves, out, block):
         out[i] = 1.0 / (1.0 + math.exp(-out[i]))  # (the C library's exp, as LightGBM's)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RowTrees:
     """The trees of a binary LightGBM model as flat node arrays, walked row by row
     (:func:`_walk`): node ``k``'s split ``feature[k]``, ``threshold[k]`` and children
     ``left[k]``, ``right[k]`` (a negative child ``-1 - j`` is leaf ``j``, of value
-    ``leaves[j]``); tree ``t`` starts at ``roots[t]``."""
+    ``leaves[j]``); tree ``t`` starts at ``roots[t]``. (Compared by identity: its fields are
+    arrays.)"""
 
     feature: np.ndarray
     threshold: np.ndarray
