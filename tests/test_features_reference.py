@@ -376,7 +376,7 @@ def test_selected_median_is_the_sorted_one_bit_for_bit(seed, signed):
 
 @pytest.mark.parametrize("wide", [False, True])
 def test_combine_packs_columns_or_keeps_their_identity(wide):
-    # columns whose spans multiply within the limit pack as key * span + col, in place;
+    # columns whose spans multiply within the limit pack as key * span + col in one pass;
     # wider ones go dense on the way and still tell every distinct tuple apart
     rng = np.random.default_rng(7)
     n = 5000
