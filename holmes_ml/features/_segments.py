@@ -305,12 +305,17 @@ def _networks() -> tuple[np.ndarray, np.ndarray]:
     return pairs, offsets
 
 
-def _packs(values: np.ndarray, finite: bool = False) -> bool:
-    """Every value is ``>= 0`` (and finite, if ``finite``), as :func:`order_key` then orders
-    them by their float32 bits, and the rows number fewer than 2**32: each row's bits and row
-    number pack into one int64 (:func:`packed_median_kernel`)."""
-    return (0 < len(values) < 2**32 and bool(values.min() >= 0)
+def _packs(values: np.ndarray, low: float, finite: bool = False) -> bool:
+    """Every value is ``>= 0`` (``low``: their minimum; and finite, if ``finite``), as
+    :func:`order_key` then orders them by their float32 bits, and the rows number fewer than
+    2**32: each row's bits and row number pack into one int64 (:func:`packed_median_kernel`)."""
+    return (0 < len(values) < 2**32 and bool(low >= 0)
             and (not finite or bool(values.max() < np.inf)))
+
+
+def _minimum(values: np.ndarray) -> float:
+    """The smallest value (NaN if any is NaN, or none)."""
+    return float(values.min()) if len(values) else np.nan
 
 
 def _read_only(values: np.ndarray) -> np.ndarray:
@@ -333,10 +338,11 @@ def group_median(bound: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.
     (:func:`~holmes_ml.features._kernels.float_median_kernel`); values with NaN are selected
     one group at a time (:func:`~holmes_ml.features._kernels.group_median_kernel`)."""
     values = _read_only(values)
-    if _packs(values):
+    low = _minimum(values)
+    if _packs(values, low):
         return packed_median_kernel(bound, rows, _float32_bits(values), values, *_networks(),
                                     _NETWORK_BLOCK, False)[0]
-    if len(values) and values.min() < 0:  # (and no NaN)
+    if low < 0:  # (and no NaN)
         return float_median_kernel(bound, rows, values, *_networks(), _NETWORK_BLOCK)
     key = order_key(values)
     return group_median_kernel(bound, rows, key, key, values, np.arange(len(bound) - 1))
@@ -350,7 +356,7 @@ def group_median_mad(bound: np.ndarray, rows: np.ndarray,
     deviations, their ties in the order of their values' (as a stable sort of the deviations
     leaves them)."""
     values = _read_only(values)
-    if _packs(values, finite=True):  # (a deviation from an infinite median can be NaN)
+    if _packs(values, _minimum(values), finite=True):  # (a deviation from inf can be NaN)
         return packed_median_kernel(bound, rows, _float32_bits(values), values, *_networks(),
                                     _NETWORK_BLOCK, True)
     key = order_key(values)

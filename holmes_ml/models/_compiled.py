@@ -121,9 +121,11 @@ class RowTrees:
     def from_booster(cls, booster: Any) -> RowTrees | None:
         """Flatten ``booster``, or ``None`` where :func:`parse_booster` refuses it."""
         parsed = parse_booster(booster)
-        if parsed is None:
-            return None
-        trees, n_features = parsed
+        return None if parsed is None else cls.from_trees(*parsed)
+
+    @classmethod
+    def from_trees(cls, trees: tuple[Any, ...], n_features: int) -> RowTrees:
+        """:meth:`from_booster` of trees :func:`parse_booster` gave already."""
         feature: list[int] = []
         threshold: list[float] = []
         left: list[int] = []
@@ -290,9 +292,11 @@ class CompiledTrees:
         a tree) or uses splits this evaluator does not reproduce exactly
         (:func:`parse_booster`)."""
         parsed = parse_booster(booster)
-        if parsed is None:
-            return None
-        trees, n_features = parsed
+        return None if parsed is None else cls.from_trees(*parsed)
+
+    @classmethod
+    def from_trees(cls, trees: tuple[Any, ...], n_features: int) -> CompiledTrees | None:
+        """:meth:`from_booster` of trees :func:`parse_booster` gave already."""
         if _count_nodes(trees) > MAX_NODES or any(len(_leaf_values(t)) > 64 for t in trees):
             return None  # (a tree's leaves are the bits of one 64-bit word)
         return cls(trees=trees, n_features=n_features)

@@ -452,18 +452,22 @@ class LightGBMDetector(_SupervisedDetector):
         return self
 
     def _compile(self) -> None:
-        from holmes_ml.models._compiled import CompiledTrees, RowTrees
+        from holmes_ml.models._compiled import CompiledTrees, RowTrees, parse_booster
 
-        booster = self.estimator_.booster_
-        self.compiled_ = CompiledTrees.from_booster(booster)
-        self.row_trees_ = None if self.compiled_ is not None else RowTrees.from_booster(booster)
+        parsed = parse_booster(self.estimator_.booster_)  # (the booster's dump, read once)
+        self.compiled_ = None if parsed is None else CompiledTrees.from_trees(*parsed)
+        self.row_trees_ = (None if parsed is None or self.compiled_ is not None
+                           else RowTrees.from_trees(*parsed))
 
     def __setstate__(self, state: dict) -> None:
         """A model saved before ``row_trees_`` existed gets its trees flattened on load (as
         its fit would now), so that it scores as fast as a new one."""
         super().__setstate__(state)
         if "estimator_" in self.__dict__ and "row_trees_" not in self.__dict__:
-            self._compile()
+            if self.__dict__.get("compiled_") is not None:
+                self.row_trees_ = None  # (compiled column-wise already: nothing to walk)
+            else:
+                self._compile()
 
     def _scores(self, X: np.ndarray) -> np.ndarray:
         """The same scores as ``predict_proba``, from the compiled trees (see :meth:`fit`), or
