@@ -625,6 +625,22 @@ def test_replay_columns_on_a_slow_nic():
     assert (share[~ab] > 0.1).mean() < 0.01
     dp = ab & ops["group_kind"].eq("dp").to_numpy()
     assert dp.sum() > 50 and (share[dp] > 0.1).all()
-    # one sweep passes each gain one op on; the default's 64 pass it further down the chains
+    # one sweep passes each gain one op on; the default's sweeps pass it further down the chains
     one = build_features(ops, FeatureConfig(replay_sweeps=1))["replay_share"].to_numpy()
     assert (one > 0).sum() < (share > 0).sum()
+
+
+def test_replay_follows_a_slow_gpu_to_the_end_of_the_iteration():
+    # A slow GPU on the first pipeline stage of LLaMA2-70B delays its replica's arrival at every
+    # stage's data-parallel reduce-scatter, which every other replica waits for: the delay
+    # reaches them some 100 ops down the chains of waits. The replay must follow it that far
+    # (64 sweeps, the default until stop 83, left a fifth of them with no share).
+    fault = FaultSpec(kind="gpu_slow", ranks=(0,), start_iteration=4, severity=0.5)
+    ops = simulate(SimConfig(gpus=64, model="llama2-70b", iterations=8, seed=3,
+                             faults=(fault,))).ops
+    waited = ops["abnormal"].to_numpy(bool) & ops["op"].eq("reduce_scatter").to_numpy()
+    assert waited.sum() >= 100
+    share = build_features(ops)["replay_share"].to_numpy()
+    assert (share[waited] > 0.05).all()
+    short = build_features(ops, FeatureConfig(replay_sweeps=64))["replay_share"].to_numpy()
+    assert (short[waited] > 0.05).mean() < 0.9

@@ -227,7 +227,10 @@ class FeatureConfig:
         How far down the chains of waits (within the iteration) the ``replay_*`` columns pass
         the time a slow transfer or a slow compute gap cost: one op per sweep, stopping once
         nothing moves. The iteration replayed without them is what a log can say of the job
-        without its fault. The bundled model learnt them at 64.
+        without its fault. An iteration's chains end, so this only bounds the work: the
+        default is far beyond the longest chain of the simulator's jobs (a slow GPU's delay
+        reaches the last data-parallel reduce-scatter of a 1,024-GPU LLaMA2-70B job some 100
+        ops down; 64, the bundled model's until stop 83, stopped short of it).
     """
 
     window: int = 10
@@ -239,7 +242,7 @@ class FeatureConfig:
     level_memory: int = 20
     chain_hops: int = 16
     stage_min_instances: int = 4
-    replay_sweeps: int = 64
+    replay_sweeps: int = 4096
 
     def __post_init__(self) -> None:
         for name in ("window", "level_memory", "chain_hops", "stage_min_instances",
