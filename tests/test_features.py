@@ -634,7 +634,7 @@ def test_replay_follows_a_slow_gpu_to_the_end_of_the_iteration():
     # A slow GPU on the first pipeline stage of LLaMA2-70B delays its replica's arrival at every
     # stage's data-parallel reduce-scatter, which every other replica waits for: the delay
     # reaches them some 100 ops down the chains of waits. The replay must follow it that far
-    # (64 sweeps, the default until stop 83, left a fifth of them with no share).
+    # (64 sweeps, the earlier default, left a fifth of them with no share).
     fault = FaultSpec(kind="gpu_slow", ranks=(0,), start_iteration=4, severity=0.5)
     ops = simulate(SimConfig(gpus=64, model="llama2-70b", iterations=8, seed=3,
                              faults=(fault,))).ops

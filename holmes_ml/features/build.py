@@ -230,7 +230,7 @@ class FeatureConfig:
         without its fault. An iteration's chains end, so this only bounds the work: the
         default is far beyond the longest chain of the simulator's jobs (a slow GPU's delay
         reaches the last data-parallel reduce-scatter of a 1,024-GPU LLaMA2-70B job some 100
-        ops down; 64, the bundled model's until stop 83, stopped short of it).
+        ops down; 64, the earlier default, stopped short of it).
     """
 
     window: int = 10
