@@ -152,8 +152,8 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "chain_xfer_ratio",
     "chain_xfer_hist_ratio",
     # the iteration replayed without its slow transfers and slow compute gaps (each more than
-    # 15 % over its step's usual one taken back to it, the delays they passed on through every
-    # wait recomputed): the share of this copy's duration they added, and this copy against its
+    # 15 % and 3 robust std devs over its step's usual one taken back to it, the delays they
+    # passed on through every wait recomputed): the share of this copy's duration they added, and this copy against its
     # stage step's copies as replayed (robust z): what a log can say of the fault-free twin
     "replay_share",
     "replay_stage_z",
@@ -535,8 +535,12 @@ def _stage_step(put, key: np.ndarray, dur: np.ndarray, min_spread: float,
 
 
 #: a transfer or a compute gap more than this many times its step's usual one counts as slowed
-#: (:func:`_replay`)
+#: (:func:`_replay`) ...
 _REPLAY_SLOW = 1.15
+#: ... when it is also this many robust standard deviations above its stage step's usual one
+#: (the label's spread, ``holmes_ml.simulator.engine.ABNORMAL_SPREAD``): at 10 % jitter, 15 %
+#: alone took a fifth of a healthy job's copies for slowed (``replay_share`` over 0.1)
+_REPLAY_SPREAD = 3.0
 
 
 def replay_gain(inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray,
@@ -580,17 +584,26 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     A transfer more than :data:`_REPLAY_SLOW` times its step's typical one (``xfer_ratio``,
     ``step_xfer_ratio``) loses the excess, and so does a gap between a rank's previous op and
     this one (its compute) more than that over the median gap of its stage step (``code``, as
-    :func:`_stage_step`); :func:`replay_gain` passes the gains down the chains of waits
+    :func:`_stage_step`), each only when it is also :data:`_REPLAY_SPREAD` robust standard
+    deviations above its stage step's median (of the ratios, of the gaps): in a noisy cluster
+    jitter alone passes 15 %, and the replay took a healthy job's jitter for slowdowns it then
+    passed down every wait. :func:`replay_gain` passes the gains down the chains of waits
     (``FeatureConfig.replay_sweeps`` ops deep). ``replay_share`` is how much shorter the copy
     would have been, over its duration; ``replay_stage_z`` is the copy against its stage
     step's copies as replayed, in robust standard deviations. ``layout``: ``code``'s
     :func:`~holmes_ml.features._segments.group_layout`, if the caller has it."""
     layout = seg.group_layout(code) if layout is None else layout
     gap = compute_gaps_kernel(start_ns, prev_op, dur)
-    excess, gap_excess = replay_excess_kernel(xfer, xfer_ratio, gap,
-                                              seg.group_median(*layout, gap), code, prev_op,
-                                              _REPLAY_SLOW)
-    del gap
+    # a gap or a transfer ratio is slowed past its stage step's ceiling: 15 % over the step's
+    # usual value, and outside the spread jitter gives the step's copies
+    usual, mad = seg.group_median_mad(*layout, gap)
+    gap_ceiling = np.maximum(_REPLAY_SLOW * usual, usual + _REPLAY_SPREAD * 1.4826 * mad)
+    ratio_usual, ratio_mad = seg.group_median_mad(*layout, xfer_ratio)
+    ratio_ceiling = np.maximum(_REPLAY_SLOW, ratio_usual + _REPLAY_SPREAD * 1.4826 * ratio_mad)
+    del mad, ratio_usual, ratio_mad
+    excess, gap_excess = replay_excess_kernel(xfer, xfer_ratio, ratio_ceiling, gap, usual,
+                                              gap_ceiling, code, prev_op)
+    del gap, usual, gap_ceiling, ratio_ceiling
     gain = replay_gain(inst, start_ns, prev_op, dur, excess, gap_excess, cfg.replay_sweeps)
     del excess, gap_excess
     put("replay_share", gain / np.maximum(dur, _EPS_US))
