@@ -1035,11 +1035,12 @@ def compute_gaps_kernel(start_ns, prev_op, dur):
 
 
 @numba.njit(cache=True, nogil=True)
-def replay_excess_kernel(xfer, xfer_ratio, ratio_ceiling, gap, usual, ceiling, code, prev_op):
+def replay_excess_kernel(xfer, xfer_ratio, ratio_ceiling, gap, usual, gap_ceiling, code,
+                         prev_op):
     """``(excess, gap_excess)`` per row: for a transfer whose ratio to its step's typical one
     (``xfer_ratio``) is over its stage step's ceiling (``ratio_ceiling[code]``), the part over
     that typical one, and, for a compute gap over its stage step's ceiling
-    (``ceiling[code]``), the part over the step's median gap (``usual[code]``), as
+    (``gap_ceiling[code]``), the part over the step's median gap (``usual[code]``), as
     :func:`holmes_ml.features.build._replay` documents."""
     n = len(xfer)
     excess = np.empty(n)
@@ -1049,5 +1050,5 @@ def replay_excess_kernel(xfer, xfer_ratio, ratio_ceiling, gap, usual, ceiling, c
         excess[i] = xfer[i] - xfer[i] / _maximum(r, 1.0) if r > ratio_ceiling[code[i]] else 0.0
         u = usual[code[i]]
         g = gap[i]
-        gap_excess[i] = g - u if (prev_op[i] >= 0 and u > 0 and g > ceiling[code[i]]) else 0.0
+        gap_excess[i] = g - u if (prev_op[i] >= 0 and u > 0 and g > gap_ceiling[code[i]]) else 0.0
     return excess, gap_excess

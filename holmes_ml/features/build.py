@@ -153,8 +153,9 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "chain_xfer_hist_ratio",
     # the iteration replayed without its slow transfers and slow compute gaps (each more than
     # 15 % and 3 robust std devs over its step's usual one taken back to it, the delays they
-    # passed on through every wait recomputed): the share of this copy's duration they added, and this copy against its
-    # stage step's copies as replayed (robust z): what a log can say of the fault-free twin
+    # passed on through every wait recomputed): the share of this copy's duration they added,
+    # and this copy against its stage step's copies as replayed (robust z): what a log can say
+    # of the fault-free twin
     "replay_share",
     "replay_stage_z",
 )
