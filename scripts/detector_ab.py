@@ -23,7 +23,11 @@ FILE`` keeps the held-out rows for the next run); ``--model bundled --sized 1.3`
 ``--preset default --scales 64 128 256 512 1024 2048`` trains on the preset's mixes drawn over
 other scales (each scale's runs as the preset draws them; the simulator seeds of a later mix move
 with the number of runs before it); ``--preset default --trees 300 --leaves 63 --learning-rate
-0.05`` trains a larger forest of the shipped configuration (its screen as shipped).
+0.05`` trains a larger forest of the shipped configuration (its screen as shipped);
+``--preset default --random-state 0 1 2`` trains it once per random state (the trees' column
+samples, the screen's) and prints each scale's range over them: the random state alone moves
+the 1,024-GPU jobs' F1 by about 0.002 and the kind grid's cells by up to 0.05 (docs/results.md),
+so compare two mixes over several states, not one.
 """
 
 from __future__ import annotations
@@ -131,6 +135,9 @@ def main() -> None:
                         help="... of at most this many leaves (31 shipped)")
     parser.add_argument("--learning-rate", type=float, default=None,
                         help="... at this learning rate (0.08 shipped)")
+    parser.add_argument("--random-state", type=int, nargs="+", default=[0], metavar="N",
+                        help="train each --preset once per random state (0 shipped) and, "
+                             "with several, print each scale's range over them")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[],
                         help="also score each candidate at these decision thresholds (the "
                              "unscreened model's scores), beside its own threshold")
@@ -158,21 +165,32 @@ def main() -> None:
     scale_of = np.array([c.gpus for c in cfgs])[gh]
     print(f"held-out rows ready: {len(yh):,} rows, {int(yh.sum()):,} abnormal "
           f"({time.perf_counter() - t0:.0f} s)")
-    candidates = [("preset", p) for p in args.preset] + [("model", m) for m in args.model]
-    for kind, what in candidates:
+    states = list(dict.fromkeys(args.random_state))
+    candidates = ([("preset", p, rs) for p in args.preset for rs in states]
+                  + [("model", m, None) for m in args.model])
+    rows: dict[str, list[dict]] = {}  # preset -> its row at each random state
+    data: dict[str, tuple] = {}  # preset -> its training rows, drawn once for every state
+    for kind, what, state in candidates:
         name = f"{kind} {what}" + (f" over {' '.join(map(str, args.scales))} GPUs"
                                    if kind == "preset" and args.scales else "")
         if kind == "preset" and forest:
             name += " with " + ", ".join(f"{k[10:]} {v:g}" for k, v in forest.items())
+        if kind == "preset" and states != [0]:
+            name += f", random state {state}"
         t = time.perf_counter()
         if kind == "preset":
-            X, y, run, w = make_dataset(runs[what], return_weights=True)
-            det = default_estimator(0).set_params(**forest)
+            if what not in data:
+                data[what] = make_dataset(runs[what], return_weights=True)
+            X, y, run, w = data[what]
+            det = default_estimator(state).set_params(**forest)
             det = det.fit(X, y, groups=run, threshold_weights=w)
+            del X, y, run, w
         else:
             det = default_model() if what == "bundled" else load_model(what)
         pred = np.asarray(det.predict(Xh)).astype(bool)
         row = _scores_row(name, yh, pred, scale_of, scales, wh)
+        if kind == "preset":
+            rows.setdefault(what, []).append(row)
         print(f"\n{name} ({time.perf_counter() - t:.0f} s): F1 by scale "
               + ", ".join(f"{s}: {row[str(s)]}" for s in scales)
               + f"; mean {row['mean']}, pooled {row['all']}, precision {row['precision']}")
@@ -188,6 +206,12 @@ def main() -> None:
                 print(f"  threshold {t:g}: F1 by scale "
                       + ", ".join(f"{s}: {row[str(s)]}" for s in scales)
                       + f"; pooled {row['all']}, precision {row['precision']}")
+    for what, got in rows.items():
+        if len(got) > 1:
+            print(f"\npreset {what} over random states {' '.join(map(str, states))}: F1 by scale "
+                  + ", ".join(f"{s}: {min(r[str(s)] for r in got)}-{max(r[str(s)] for r in got)}"
+                              for s in scales)
+                  + f"; pooled {min(r['all'] for r in got)}-{max(r['all'] for r in got)}")
 
 
 if __name__ == "__main__":
