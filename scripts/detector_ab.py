@@ -170,7 +170,7 @@ def main() -> None:
     candidates = ([("preset", p, rs) for p in args.preset for rs in states]
                   + [("model", m, None) for m in args.model])
     rows: dict[str, list[dict]] = {}  # preset -> its row at each random state
-    data: dict[str, tuple] = {}  # preset -> its training rows, drawn once for every state
+    drawn, data = None, None  # the preset whose training rows are held, and those rows
     for kind, what, state in candidates:
         name = f"{kind} {what}" + (f" over {' '.join(map(str, args.scales))} GPUs"
                                    if kind == "preset" and args.scales else "")
@@ -180,12 +180,12 @@ def main() -> None:
             name += f", random state {state}"
         t = time.perf_counter()
         if kind == "preset":
-            if what not in data:
-                data[what] = make_dataset(runs[what], return_weights=True)
-            X, y, run, w = data[what]
+            if drawn != what:  # candidates run preset by preset: one preset's rows at a time
+                drawn, data = what, None
+                data = make_dataset(runs[what], return_weights=True)
+            X, y, run, w = data
             det = default_estimator(state).set_params(**forest)
             det = det.fit(X, y, groups=run, threshold_weights=w)
-            del X, y, run, w
         else:
             det = default_model() if what == "bundled" else load_model(what)
         pred = np.asarray(det.predict(Xh)).astype(bool)
