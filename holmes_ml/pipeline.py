@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from holmes_ml._stats import MAD_TO_SD
 from holmes_ml._text import few
 from holmes_ml.features import (
     IrregularityConfig,
@@ -215,7 +216,7 @@ def compute_jitter(ops: pd.DataFrame, gap: np.ndarray | None = None) -> float:
     pair = k >= 2
     if not pair.any():
         return 0.0
-    return float(1.4826 * np.median(dev[pair] * np.sqrt(k[pair] / (k[pair] - 1.0))))
+    return float(MAD_TO_SD * np.median(dev[pair] * np.sqrt(k[pair] / (k[pair] - 1.0))))
 
 
 def _transfer_scores(
@@ -253,7 +254,7 @@ def _transfer_scores(
     inst_cls[inst] = cls  # an instance's copies share their class
     by = pd.Series(shortest).groupby(inst_cls)
     typical = by.transform("median").to_numpy()
-    sigma = 1.4826 * (pd.Series(shortest) - typical).abs().groupby(inst_cls).transform(
+    sigma = MAD_TO_SD * (pd.Series(shortest) - typical).abs().groupby(inst_cls).transform(
         "median").to_numpy()
     bar = np.maximum.reduce([np.full(n_inst, cfg.min_wait_us), 3.0 * sigma,
                              cfg.rel_excess * typical])
@@ -517,7 +518,7 @@ def _class_stats(
     g = np.r_[0.0, (so[1:] - eo[:-1]) / 1e3]
     g[np.r_[True, ro[1:] != ro[:-1]]] = 0.0
     gap[order] = np.maximum(g, 0.0)
-    return med, 1.4826 * mad, gap
+    return med, MAD_TO_SD * mad, gap
 
 
 def _score(

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from holmes_ml._stats import MAD_TO_SD
 from holmes_ml.features import _segments as seg
 from holmes_ml.features._kernels import (
     HISTORY_KERNEL_OUTPUTS,
@@ -167,7 +168,6 @@ OP_CODES: dict[str, int] = {op: i for i, op in enumerate(OP_TYPES)}
 
 _REQUIRED = ("iteration", "rank", "op", "group", "seq", "nbytes", "start_ns", "duration_us")
 _EPS_US = 1e-3  # 1 ns: denominators in microseconds never go below this
-_MAD_TO_SD = 1.4826  # a normal spread's standard deviation over its median absolute deviation
 _COL = {name: i for i, name in enumerate(FEATURE_COLUMNS)}
 
 
@@ -512,7 +512,7 @@ def _crowd(code: np.ndarray, values: np.ndarray, min_spread: float,
     if (bound[1:] == bound[:-1]).any():
         raise ValueError("_crowd: the codes are not dense")  # a programming error
     med, mad = seg.group_median_mad(bound, rows, values)
-    sd = np.maximum(np.maximum(_MAD_TO_SD * mad, min_spread * np.abs(med)), _EPS_US)
+    sd = np.maximum(np.maximum(MAD_TO_SD * mad, min_spread * np.abs(med)), _EPS_US)
     return med, sd
 
 
@@ -599,9 +599,9 @@ def _replay(put, inst: np.ndarray, start_ns: np.ndarray, prev_op: np.ndarray, du
     # a gap or a transfer ratio is slowed past its stage step's ceiling: 15 % over the step's
     # usual value, and outside the spread jitter gives the step's copies
     usual, mad = seg.group_median_mad(*layout, gap)
-    gap_ceiling = np.maximum(_REPLAY_SLOW * usual, usual + _REPLAY_SPREAD * _MAD_TO_SD * mad)
+    gap_ceiling = np.maximum(_REPLAY_SLOW * usual, usual + _REPLAY_SPREAD * MAD_TO_SD * mad)
     ratio_usual, ratio_mad = seg.group_median_mad(*layout, xfer_ratio)
-    ratio_ceiling = np.maximum(_REPLAY_SLOW, ratio_usual + _REPLAY_SPREAD * _MAD_TO_SD * ratio_mad)
+    ratio_ceiling = np.maximum(_REPLAY_SLOW, ratio_usual + _REPLAY_SPREAD * MAD_TO_SD * ratio_mad)
     del mad, ratio_usual, ratio_mad
     excess, gap_excess = replay_excess_kernel(xfer, xfer_ratio, ratio_ceiling, gap, usual,
                                               gap_ceiling, code, prev_op)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from holmes_ml._stats import MAD_TO_SD
 from holmes_ml.simulator.calibrate import Calibration, load_calibration
 from holmes_ml.simulator.cluster import Cluster, Family
 from holmes_ml.simulator.config import SimConfig
@@ -77,7 +78,7 @@ def _usual_ceiling(dur0: np.ndarray | None) -> float:
     :data:`ABNORMAL_SPREAD` robust standard deviations (1.4826 x median absolute deviation)."""
     assert dur0 is not None  # only called with the twin
     med = float(np.median(dur0))
-    return med + ABNORMAL_SPREAD * 1.4826 * float(np.median(np.abs(dur0 - med)))
+    return med + ABNORMAL_SPREAD * MAD_TO_SD * float(np.median(np.abs(dur0 - med)))
 
 
 def _pairs(pairs: list[tuple[str, str]]) -> str:
