@@ -51,26 +51,30 @@ def test_scale_free_estimator_heldout_floor(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 7])
-def test_default_preset_is_the_plain_runs_then_as_many_noisy_ones(seed):
-    """``default`` = the ``plain`` runs unchanged, then as many runs from the noisy mix, drawn
-    from their own stream (so adding a mix never moves the runs a preset already had); every
-    fault kind meets every pattern at every scale in each mix."""
+def test_default_preset_is_the_plain_runs_then_as_many_noisy_then_as_many_mild_ones(seed):
+    """``default`` = the ``plain`` runs unchanged, then as many runs from the noisy mix, then as
+    many from the mild one, each drawn from its own stream (so adding a mix never moves the
+    runs a preset already had); every fault kind meets every pattern at every scale in each
+    mix."""
     from holmes_ml.models.training import _KINDS, _PATTERNS, MIXES, PRESETS
 
     plain, default = scenarios("plain", seed), scenarios("default", seed)
     scales, runs, _ = PRESETS["plain"]
     assert len(plain) == len(scales) * runs
+    assert len(default) == 3 * len(plain)
     assert default[: len(plain)] == plain
-    noisy = default[len(plain):]
-    assert len(noisy) == len(plain)
+    noisy, mild = default[len(plain): 2 * len(plain)], default[2 * len(plain):]
     lo, hi = MIXES["noisy"]["jitter"]
     assert all(lo <= c.jitter <= hi for c in noisy)
     assert max(c.jitter for c in noisy) > MIXES["plain"]["jitter"][1]  # beyond the plain range
     assert {c.comm_drift for c in noisy} <= set(MIXES["noisy"]["comm_drift"])
     assert any(c.comm_drift > 0 for c in noisy)
-    assert all(c.comm_drift == 0 for c in plain)
+    assert all(c.comm_drift == 0 for c in plain + mild)
+    lo, hi = MIXES["mild"]["severity"]
+    assert all(lo <= c.faults[0].severity <= hi for c in mild if c.faults)
+    assert all(c.faults[0].severity >= MIXES["plain"]["severity"][0] for c in plain if c.faults)
     assert len({c.seed for c in default}) == len(default)  # every run its own simulator seed
-    for mix in (plain, noisy):
+    for mix in (plain, noisy, mild):
         assert sum(1 for c in mix if not c.faults) == len(scales)  # one healthy run per scale
         met = {(c.gpus, c.faults[0].kind, c.faults[0].pattern) for c in mix if c.faults}
         assert met == {(g, k, p) for g in scales for k in _KINDS for p in _PATTERNS}
@@ -103,7 +107,7 @@ def test_scenarios_over_other_scales_keep_the_first_mixs_shared_scales():
     own = scenarios("default", seed=0)
     wider = scenarios("default", seed=0, scales=(64, 128, 256, 512, 1024, 2048))
     per_mix = 5 * 16
-    assert len(wider) == len(own) + 2 * 16
+    assert len(wider) == len(own) + 3 * 16  # 16 runs of 2,048 GPUs in each mix
     assert wider[:per_mix] == own[:per_mix]  # the plain mix's runs at 64-1,024 GPUs as they were
     assert {c.gpus for c in wider} == {64, 128, 256, 512, 1024, 2048}
     with pytest.raises(ValueError, match="scales"):

@@ -130,7 +130,7 @@ def heldout_scenarios(quick: bool = False) -> list:
 GRID_KINDS: tuple[str, ...] = ("gpu_slow", "host_stall", "nic_slow", "link_slow",
                                "switch_congested")
 #: The grid's simulator seeds start here: clear of the training presets' (``seed * 1000`` plus
-#: the run's place, under 60 for the bundled model's seed 0) and of the ten held-out jobs' (500+)
+#: the run's place, under 240 for the bundled model's seed 0) and of the ten held-out jobs' (500+)
 GRID_FIRST_SEED = 7000
 
 
@@ -185,7 +185,7 @@ def _grid_rows(truth: np.ndarray, pred: np.ndarray, run_of: np.ndarray, cfgs,
 
 
 #: Rows of each class (abnormal, normal) KNN and the SVM are trained on: their fit and
-#: prediction grow faster than the rows, and the default preset has 412 k abnormal ones
+#: prediction grow faster than the rows, and the default preset has 585 k abnormal ones
 SMALL_FIT_ROWS = 30_000
 
 #: Other (neither abnormal nor affected) ops scored per held-out job, full run / ``quick``

@@ -54,9 +54,10 @@ def register(app: typer.Typer) -> None:
         preset: str | None = typer.Option(
             None, "--preset", show_default=False,
             help="Simulator scenario mix, when no PATH is given: default (the bundled model's: "
-            "160 runs of 64-1,024 GPUs, every fault kind in every pattern at every scale, half "
-            "at 1-6 % compute jitter, half at up to 10 % with transfer drift), plain (its first "
-            "half alone), quick (8 runs of 64-128 GPUs: to try the command) or tiny (3 runs of "
+            "240 runs of 64-1,024 GPUs, every fault kind in every pattern at every scale in "
+            "each of three mixes: at 1-6 % compute jitter, at up to 10 % with transfer drift, "
+            "and at 1-6 % with mild faults, severity 0.08-0.35), plain (its first third alone), "
+            "quick (8 runs of 64-128 GPUs: to try the command) or tiny (3 runs of "
             "64 GPUs, seconds: for tests).  [default: default]"
         ),
         estimator: str = typer.Option(
