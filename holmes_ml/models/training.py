@@ -51,9 +51,10 @@ PRESETS: dict[str, tuple[tuple[int, ...], int, int]] = {
 #: Knob ranges of a mix of runs: ``plain`` (compute jitter 1-6 %, no transfer drift, fault
 #: severities 0.2-0.9), ``noisy`` (jitter up to 10 %, transfers up to 20 % slower by the end:
 #: the clusters that ``holmes bench localize`` draws its healthy and noisy sweeps from) and
-#: ``mild`` (the plain clusters with faults of severity 0.08-0.35: a fault that lengthens its
-#: ops by about the label's 15 %, as a severity-0.5 slow GPU lengthens a 128-member
-#: data-parallel reduce-scatter, so the trees see copies on both sides of the label's line).
+#: ``mild`` (the plain clusters with faults of severity 0.08-0.35: small enough that many of
+#: the copies they lengthen lie near the label's 15 % line, as a severity-0.5 slow GPU leaves
+#: the reduce-scatters of a 128-member data-parallel group, so the trees see copies on both
+#: sides of it).
 MIXES: dict[str, dict[str, tuple[float, ...]]] = {
     "plain": {"jitter": (0.01, 0.06), "comm_drift": (0.0,), "severity": (0.2, 0.9)},
     "noisy": {"jitter": (0.01, 0.10), "comm_drift": (0.0, 0.0, 0.1, 0.2),
@@ -66,8 +67,8 @@ MIXES: dict[str, dict[str, tuple[float, ...]]] = {
 #: many mild ones: with the lowest-level columns (``FeatureConfig.level_memory``) a model that
 #: never saw transfers drift takes a drifting level for a persistent fault, and names NICs and
 #: links on healthy noisy clusters; one that never saw mild faults misses the copies a fault
-#: lengthens by little more than the label's 15 %, which a persistent fault leaves at 1,024 GPUs
-#: and more. ``plain`` is the plain runs alone (the bundled model's mix, at 6 runs per scale,
+#: lengthens by little more than the label's 15 %, which a persistent slow GPU leaves on
+#: LLaMA2-70B at 1,024 GPUs and more. ``plain`` is the plain runs alone (the bundled model's mix, at 6 runs per scale,
 #: until the level columns came; docs/results.md says what each mix gives).
 PRESET_MIXES: dict[str, tuple[str, ...]] = {
     "default": ("plain", "noisy", "mild"),
@@ -110,6 +111,7 @@ def _mix(shape: tuple[tuple[int, ...], int, int], knobs: dict[str, tuple[float, 
 
     scales, runs, iters = shape
     lo, hi = knobs["jitter"]
+    weakest, strongest = knobs["severity"]
     comm = knobs["comm_drift"]
     out: list[Any] = []
     k = 0
@@ -123,7 +125,7 @@ def _mix(shape: tuple[tuple[int, ...], int, int], knobs: dict[str, tuple[float, 
                 kind = _KINDS[k % len(_KINDS)]
                 pattern = _PATTERNS[(k // len(_KINDS)) % len(_PATTERNS)]
                 k += 1
-                sev = float(rng.uniform(*knobs["severity"]))
+                sev = float(rng.uniform(weakest, strongest))
                 start = int(rng.integers(3, iters // 2))
                 faults = (FaultSpec(kind=kind, pattern=pattern, severity=sev,
                                     start_iteration=start),)
