@@ -1,4 +1,5 @@
-"""Constants of robust statistics shared by the simulator's labels, the features and the pipeline."""
+"""Constants of robust statistics shared by the simulator's labels, the features and the
+pipeline."""
 
 from __future__ import annotations
 

@@ -68,8 +68,9 @@ MIXES: dict[str, dict[str, tuple[float, ...]]] = {
 #: never saw transfers drift takes a drifting level for a persistent fault, and names NICs and
 #: links on healthy noisy clusters; one that never saw mild faults misses the copies a fault
 #: lengthens by little more than the label's 15 %, which a persistent slow GPU leaves on
-#: LLaMA2-70B at 1,024 GPUs and more. ``plain`` is the plain runs alone (the bundled model's mix, at 6 runs per scale,
-#: until the level columns came; docs/results.md says what each mix gives).
+#: LLaMA2-70B at 1,024 GPUs and more. ``plain`` is the plain runs alone (the bundled model's
+#: mix, at 6 runs per scale, until the level columns came; docs/results.md says what each mix
+#: gives).
 PRESET_MIXES: dict[str, tuple[str, ...]] = {
     "default": ("plain", "noisy", "mild"),
     "plain": ("plain",),
