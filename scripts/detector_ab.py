@@ -26,9 +26,9 @@ with the number of runs before it); ``--preset default --trees 300 --leaves 63 -
 0.05`` trains a larger forest of the shipped configuration (its screen as shipped);
 ``--preset default --random-state 0 1 2 3 4`` trains it once per random state (the trees'
 column samples, the screen's) and prints each scale's range over them: over states 0-4 the
-random state alone moves the 1,024-GPU jobs' F1 over 0.949-0.956 and the kind grid's persistent
-faults at 1,024 GPUs over 0.896-0.947 (docs/results.md), so compare two mixes over several
-states, not one.
+random state alone moves the 1,024-GPU jobs' F1 over 0.945-0.958 (0.949-0.956 before the mild
+third of the default mix) and the kind grid's persistent faults at 1,024 GPUs over 0.937-0.956
+(0.896-0.947; docs/results.md), so compare two mixes over several states, not one.
 """
 
 from __future__ import annotations

@@ -185,7 +185,8 @@ def _grid_rows(truth: np.ndarray, pred: np.ndarray, run_of: np.ndarray, cfgs,
 
 
 #: Rows of each class (abnormal, normal) KNN and the SVM are trained on: their fit and
-#: prediction grow faster than the rows, and the default preset has 585 k abnormal ones
+#: prediction grow faster than the rows, and the default preset has hundreds of thousands of
+#: abnormal ones
 SMALL_FIT_ROWS = 30_000
 
 #: Other (neither abnormal nor affected) ops scored per held-out job, full run / ``quick``
